@@ -1,0 +1,290 @@
+//! The contract between gangway and the places it runs nodes.
+//!
+//! Every provider (the embedded `local` one, `ssh` pools, AWS, GCP) implements
+//! [`Provider`]. The failover loop in the main crate only ever sees this trait
+//! and the one error type, [`ProviderError`], whose kind tells it whether to
+//! fail over ([`ErrorKind::Capacity`], [`ErrorKind::Quota`]), retry
+//! ([`ErrorKind::Transient`]) or stop and tell the user.
+#![deny(missing_docs)]
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Where a launch should land: one zone of one region of one cloud.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Placement {
+    /// Provider name, e.g. `aws`, `gcp`, `local`.
+    pub cloud: String,
+    /// Region, e.g. `us-east-1`.
+    pub region: String,
+    /// Zone, e.g. `us-east-1a` (or a zone id such as `use1-az2`).
+    pub zone: String,
+}
+
+impl fmt::Display for Placement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.cloud, self.region, self.zone)
+    }
+}
+
+/// A cluster's name as the user gave it, used to tag every resource.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ClusterName(pub String);
+
+impl fmt::Display for ClusterName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A provider's own id for one node (an EC2 instance id, a GCE name, a pid group).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct InstanceId(pub String);
+
+impl fmt::Display for InstanceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What to launch: exactly `count` nodes of one type in one zone.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LaunchRequest {
+    /// The cluster every node is tagged with.
+    pub cluster: ClusterName,
+    /// Who launched it (tagged too, for `down --all` sweeps).
+    pub owner: String,
+    /// Where.
+    pub placement: Placement,
+    /// Provider instance type.
+    pub instance_type: String,
+    /// Number of nodes; fewer is a failure, never a partial success.
+    pub count: u32,
+    /// Spot (preemptible) or on-demand.
+    pub use_spot: bool,
+    /// Accelerator name and count per node, if any.
+    pub accelerator: Option<(String, f32)>,
+    /// Root disk size in GiB.
+    pub disk_size_gib: Option<u32>,
+    /// Image (AMI id, image family, docker image) if pinned.
+    pub image_id: Option<String>,
+    /// Idempotency token: a retried launch with the same token never doubles the cluster.
+    pub client_token: String,
+    /// Provider-specific options from the task's `config.<provider>` section, as JSON.
+    pub provider_config: Option<serde_json_value::Value>,
+}
+
+/// A tiny JSON value so this crate stays free of heavy dependencies.
+pub mod serde_json_value {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Serialize};
+
+    /// A JSON-like value.
+    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+    #[serde(untagged)]
+    pub enum Value {
+        /// null
+        Null,
+        /// true/false
+        Bool(bool),
+        /// a number
+        Number(f64),
+        /// a string
+        String(String),
+        /// a list
+        List(Vec<Value>),
+        /// a map
+        Map(BTreeMap<String, Value>),
+    }
+}
+
+/// The observed state of one node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeState {
+    /// Requested, not yet running.
+    Pending,
+    /// Running.
+    Running,
+    /// Stopped (disk kept).
+    Stopped,
+    /// Terminated by the user or gangway.
+    Terminated,
+    /// Taken away by the provider (spot reclaim); `reason` is the provider's words.
+    Preempted {
+        /// The provider's reason.
+        reason: String,
+    },
+}
+
+/// One node as a provider reports it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Node {
+    /// Provider id.
+    pub id: InstanceId,
+    /// State.
+    pub state: NodeState,
+    /// Private address the other nodes reach it on.
+    pub private_ip: String,
+    /// Address gangway reaches it on (may equal `private_ip`).
+    pub public_ip: Option<String>,
+    /// Where it is.
+    pub placement: Placement,
+    /// Network path from the root switch down, e.g. `["spine1", "leaf2"]`.
+    pub topology: Vec<String>,
+    /// Free-form provider facts (ssh port, user, pid group...).
+    pub extra: BTreeMap<String, String>,
+}
+
+/// What kind of failure a provider hit; decides what the failover loop does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ErrorKind {
+    /// No capacity for this request here: block this zone/type and try the next.
+    Capacity,
+    /// Over a quota or limit: block this region and try the next.
+    Quota,
+    /// Credentials missing or refused: stop.
+    Auth,
+    /// The request itself is wrong: stop.
+    InvalidRequest,
+    /// Try again later (throttling, network): retry with backoff.
+    Transient,
+    /// Anything else: stop.
+    Fatal,
+}
+
+impl ErrorKind {
+    /// Whether the failover loop should move on to the next candidate.
+    pub fn fails_over(self) -> bool {
+        matches!(self, ErrorKind::Capacity | ErrorKind::Quota)
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ErrorKind::Capacity => "out of capacity",
+            ErrorKind::Quota => "quota exceeded",
+            ErrorKind::Auth => "authentication failed",
+            ErrorKind::InvalidRequest => "invalid request",
+            ErrorKind::Transient => "transient error",
+            ErrorKind::Fatal => "error",
+        })
+    }
+}
+
+/// The one error every provider returns.
+#[derive(Clone, Debug, thiserror::Error, Serialize, Deserialize)]
+#[error("{provider} {location}: {kind}: {message}")]
+pub struct ProviderError {
+    /// What kind of failure.
+    pub kind: ErrorKind,
+    /// Provider name.
+    pub provider: String,
+    /// Region and/or zone, as precise as known.
+    pub location: String,
+    /// The provider's own words (never credentials).
+    pub message: String,
+}
+
+impl ProviderError {
+    /// Builds an error.
+    pub fn new(
+        kind: ErrorKind,
+        provider: impl Into<String>,
+        location: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        ProviderError {
+            kind,
+            provider: provider.into(),
+            location: location.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Result of a provider call.
+pub type Result<T> = std::result::Result<T, ProviderError>;
+
+/// What `check` found: whether the provider can be used, and how to fix it if not.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CheckReport {
+    /// Usable at all.
+    pub ok: bool,
+    /// Identity in use (account, project, user), never a secret.
+    pub identity: Option<String>,
+    /// Regions that can be used.
+    pub regions: Vec<String>,
+    /// What to do when not ok.
+    pub hint: Option<String>,
+}
+
+/// A place gangway can run nodes. Every method is idempotent.
+#[async_trait::async_trait]
+pub trait Provider: Send + Sync {
+    /// Provider name as used in `infra:` (e.g. `aws`).
+    fn name(&self) -> &str;
+
+    /// Credentials and usable regions.
+    async fn check(&self) -> Result<CheckReport>;
+
+    /// Launch exactly `req.count` nodes in one zone, or fail leaving none of
+    /// them running. Reuses nodes already tagged with the cluster and creates
+    /// only the shortfall; a retry with the same client token never doubles.
+    async fn launch(&self, req: &LaunchRequest) -> Result<Vec<Node>>;
+
+    /// Every node tagged with the cluster, including preempted ones.
+    async fn describe(&self, cluster: &ClusterName) -> Result<Vec<Node>>;
+
+    /// Stop (keep disks). Safe on half-created clusters.
+    async fn stop(&self, cluster: &ClusterName) -> Result<()>;
+
+    /// Start stopped nodes.
+    async fn start(&self, cluster: &ClusterName) -> Result<Vec<Node>>;
+
+    /// Terminate everything tagged with the cluster. Safe on half-created
+    /// clusters and when nothing exists.
+    async fn terminate(&self, cluster: &ClusterName) -> Result<()>;
+
+    /// Network path per node, root first. Providers without topology data
+    /// return the paths already on the nodes.
+    async fn topology(&self, nodes: &[Node]) -> Result<Vec<Vec<String>>> {
+        Ok(nodes.iter().map(|n| n.topology.clone()).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_capacity_and_quota_fail_over() {
+        let all = [
+            ErrorKind::Capacity,
+            ErrorKind::Quota,
+            ErrorKind::Auth,
+            ErrorKind::InvalidRequest,
+            ErrorKind::Transient,
+            ErrorKind::Fatal,
+        ];
+        let over: Vec<_> = all.into_iter().filter(|k| k.fails_over()).collect();
+        assert_eq!(over, vec![ErrorKind::Capacity, ErrorKind::Quota]);
+    }
+
+    #[test]
+    fn error_names_provider_location_and_words() {
+        let e = ProviderError::new(
+            ErrorKind::Capacity,
+            "aws",
+            "us-east-1/us-east-1a",
+            "InsufficientInstanceCapacity: no p5.48xlarge",
+        );
+        assert_eq!(
+            e.to_string(),
+            "aws us-east-1/us-east-1a: out of capacity: InsufficientInstanceCapacity: no p5.48xlarge"
+        );
+    }
+}

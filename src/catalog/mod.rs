@@ -1,0 +1,462 @@
+//! The instance catalog: what can be rented where, and for how much.
+//!
+//! The embedded default ships inside the binary ([`Catalog::embedded`]).
+//! [`Catalog::load_dir`] reads SkyPilot's published v8 layout
+//! (`<cloud>/vms.csv`) or gangway's own (`<cloud>.csv`) and overlays it by
+//! cloud. Both end up as [`Offering`]s: one instance type in one zone.
+
+mod skypilot;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::Path;
+
+use serde::Serialize;
+
+pub use skypilot::load_skypilot_csv;
+
+/// Accelerator name meaning "whatever GPU the task asks for" (local provider).
+pub const ANY_ACCELERATOR: &str = "*";
+
+/// Prices older than this many days earn a warning.
+pub const STALE_AFTER_DAYS: i64 = 90;
+
+/// One instance type in one zone, with its prices.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Offering {
+    /// `aws`, `gcp`, ...
+    pub cloud: String,
+    /// Provider instance type (GCP N1 hosts keep their bare name).
+    pub instance_type: String,
+    /// Canonical GPU name; `None` for CPU-only types.
+    pub accelerator: Option<String>,
+    /// GPUs per instance.
+    pub accelerator_count: f32,
+    /// Memory per GPU, GiB.
+    pub accelerator_memory_gib: Option<f32>,
+    /// vCPUs.
+    pub vcpus: f32,
+    /// Memory, GiB.
+    pub memory_gib: f32,
+    /// Region.
+    pub region: String,
+    /// Zone (AWS rows from SkyPilot catalogs carry zone ids such as `use1-az2`).
+    pub zone: String,
+    /// On-demand USD/hour.
+    pub price: Option<f64>,
+    /// Spot USD/hour.
+    pub spot_price: Option<f64>,
+    /// Supports cluster placement (AWS placement group, GCP compact policy).
+    pub placement: bool,
+    /// Supports EFA.
+    pub efa: bool,
+}
+
+/// A calendar date (prices' "taken" date).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Date {
+    /// Year.
+    pub y: i32,
+    /// Month 1-12.
+    pub m: u32,
+    /// Day 1-31.
+    pub d: u32,
+}
+
+impl Date {
+    /// Parses `YYYY-MM-DD`.
+    pub fn parse(s: &str) -> Option<Date> {
+        let mut it = s.trim().splitn(3, '-');
+        let y = it.next()?.parse().ok()?;
+        let m = it.next()?.parse().ok()?;
+        let d = it.next()?.parse().ok()?;
+        ((1..=12).contains(&m) && (1..=31).contains(&d)).then_some(Date { y, m, d })
+    }
+
+    /// Days since 1970-01-01 (proleptic Gregorian).
+    pub fn days(&self) -> i64 {
+        let (y, m) = if self.m <= 2 {
+            (self.y as i64 - 1, self.m as i64 + 9)
+        } else {
+            (self.y as i64, self.m as i64 - 3)
+        };
+        let era = y.div_euclid(400);
+        let yoe = y - era * 400;
+        let doy = (153 * m + 2) / 5 + self.d as i64 - 1;
+        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+        era * 146_097 + doe - 719_468
+    }
+
+    /// Today, from the system clock (UTC).
+    pub fn today() -> Date {
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(0);
+        Date::from_days(secs.div_euclid(86_400))
+    }
+
+    /// Inverse of [`Date::days`].
+    pub fn from_days(z: i64) -> Date {
+        let z = z + 719_468;
+        let era = z.div_euclid(146_097);
+        let doe = z - era * 146_097;
+        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+        let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+        let y = (yoe + era * 400 + i64::from(m <= 2)) as i32;
+        Date { y, m, d }
+    }
+}
+
+impl fmt::Display for Date {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:04}-{:02}-{:02}", self.y, self.m, self.d)
+    }
+}
+
+/// Where one cloud's offerings came from.
+#[derive(Clone, Debug, Serialize)]
+pub struct Source {
+    /// Cloud.
+    pub cloud: String,
+    /// `embedded` or a file path.
+    pub origin: String,
+    /// When the prices were taken, if known.
+    pub taken: Option<Date>,
+    /// Rows loaded.
+    pub rows: usize,
+}
+
+/// All offerings, with an index by accelerator for fast lookups.
+#[derive(Clone, Debug, Default)]
+pub struct Catalog {
+    offerings: Vec<Offering>,
+    /// Lower-cased accelerator name (or "" for CPU-only) -> offering indexes.
+    by_accel: HashMap<String, Vec<u32>>,
+    /// Where each cloud came from.
+    pub sources: Vec<Source>,
+    /// Rows that could not be used, as `file:line: reason`.
+    pub warnings: Vec<String>,
+}
+
+/// Why a catalog could not be loaded at all.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    /// The directory or a file could not be read.
+    #[error("{path}: {reason}")]
+    Io {
+        /// Path.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// The file has a layout we cannot read.
+    #[error("{path}: {reason}")]
+    Layout {
+        /// Path.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+const EMBEDDED: &[(&str, &str)] = &[
+    ("aws", include_str!("data/aws.csv")),
+    ("gcp", include_str!("data/gcp.csv")),
+    ("local", include_str!("data/local.csv")),
+];
+
+impl Catalog {
+    /// The catalog compiled into the binary.
+    pub fn embedded() -> Catalog {
+        let mut c = Catalog::default();
+        for (cloud, text) in EMBEDDED {
+            let (rows, taken, warnings) = parse_own(cloud, text, &format!("embedded {cloud}.csv"));
+            debug_assert!(warnings.is_empty(), "embedded catalog: {warnings:?}");
+            c.sources.push(Source {
+                cloud: cloud.to_string(),
+                origin: "embedded".into(),
+                taken,
+                rows: rows.len(),
+            });
+            c.offerings.extend(rows);
+            c.warnings.extend(warnings);
+        }
+        c.reindex();
+        c
+    }
+
+    /// A catalog of exactly these offerings (tests, benchmarks, refresh).
+    pub fn from_offerings(offerings: Vec<Offering>) -> Catalog {
+        let mut c = Catalog {
+            offerings,
+            ..Catalog::default()
+        };
+        c.reindex();
+        c
+    }
+
+    /// Replaces every offering of the clouds in `other` with `other`'s.
+    pub fn overlay(&mut self, other: Catalog) {
+        let clouds: Vec<String> = other.sources.iter().map(|s| s.cloud.clone()).collect();
+        self.offerings.retain(|o| !clouds.contains(&o.cloud));
+        self.sources.retain(|s| !clouds.contains(&s.cloud));
+        self.offerings.extend(other.offerings);
+        self.sources.extend(other.sources);
+        self.warnings.extend(other.warnings);
+        self.reindex();
+    }
+
+    /// Loads a directory of `<cloud>/vms.csv` (SkyPilot v8) and/or
+    /// `<cloud>.csv` (gangway's format) files.
+    pub fn load_dir(dir: &Path) -> Result<Catalog, CatalogError> {
+        let io = |path: &Path, e: std::io::Error| CatalogError::Io {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        };
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .map_err(|e| io(dir, e))?
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .collect();
+        entries.sort();
+        let mut c = Catalog::default();
+        for path in entries {
+            let (cloud, file) = if path.is_dir() {
+                let f = path.join("vms.csv");
+                if !f.is_file() {
+                    continue;
+                }
+                (name_of(&path), f)
+            } else if path.extension().is_some_and(|e| e == "csv") {
+                (
+                    path.file_stem()
+                        .map(|s| s.to_string_lossy().to_string())
+                        .unwrap_or_default(),
+                    path.clone(),
+                )
+            } else {
+                continue;
+            };
+            let text = std::fs::read_to_string(&file).map_err(|e| io(&file, e))?;
+            let shown = file.display().to_string();
+            let first = text.lines().find(|l| !l.starts_with('#')).unwrap_or("");
+            let (rows, taken, warnings) = if first.starts_with("instance_type,") {
+                parse_own(&cloud, &text, &shown)
+            } else {
+                let (rows, warnings) = load_skypilot_csv(&cloud, &text, &shown)?;
+                (rows, None, warnings)
+            };
+            c.sources.push(Source {
+                cloud: cloud.clone(),
+                origin: shown,
+                taken,
+                rows: rows.len(),
+            });
+            c.offerings.extend(rows);
+            c.warnings.extend(warnings);
+        }
+        if c.sources.is_empty() {
+            return Err(CatalogError::Layout {
+                path: dir.display().to_string(),
+                reason: "no catalog files found (expected <cloud>/vms.csv or <cloud>.csv)".into(),
+            });
+        }
+        c.reindex();
+        Ok(c)
+    }
+
+    fn reindex(&mut self) {
+        self.by_accel.clear();
+        for (i, o) in self.offerings.iter().enumerate() {
+            let key = o
+                .accelerator
+                .as_deref()
+                .unwrap_or("")
+                .to_ascii_lowercase();
+            self.by_accel.entry(key).or_default().push(i as u32);
+        }
+    }
+
+    /// Every offering.
+    pub fn offerings(&self) -> &[Offering] {
+        &self.offerings
+    }
+
+    /// Offerings whose accelerator is `name` (case-insensitive), or CPU-only
+    /// ones for `""`. Local wildcard offerings are not included.
+    pub fn with_accelerator(&self, name: &str) -> impl Iterator<Item = &Offering> {
+        self.by_accel
+            .get(&name.to_ascii_lowercase())
+            .into_iter()
+            .flatten()
+            .map(|i| &self.offerings[*i as usize])
+    }
+
+    /// Offerings that provide any GPU name (the local provider's).
+    pub fn wildcard(&self) -> impl Iterator<Item = &Offering> {
+        self.with_accelerator(ANY_ACCELERATOR)
+    }
+
+    /// Distinct accelerator names, in their catalog spelling, sorted.
+    pub fn accelerator_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .by_accel
+            .values()
+            .filter_map(|v| self.offerings[v[0] as usize].accelerator.clone())
+            .filter(|n| n != ANY_ACCELERATOR)
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Sources whose prices are older than [`STALE_AFTER_DAYS`] on `today`.
+    pub fn stale_sources(&self, today: Date) -> Vec<(&Source, i64)> {
+        self.sources
+            .iter()
+            .filter_map(|s| s.taken.map(|t| (s, today.days() - t.days())))
+            .filter(|(_, age)| *age > STALE_AFTER_DAYS)
+            .collect()
+    }
+}
+
+fn name_of(p: &Path) -> String {
+    p.file_name()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_default()
+}
+
+/// Parses gangway's own catalog format. Returns rows, taken date, warnings.
+fn parse_own(cloud: &str, text: &str, shown: &str) -> (Vec<Offering>, Option<Date>, Vec<String>) {
+    let mut taken = None;
+    let mut rows = Vec::new();
+    let mut warnings = Vec::new();
+    let mut header_seen = false;
+    for (i, line) in text.lines().enumerate() {
+        let lineno = i + 1;
+        let line = line.trim_end_matches('\r');
+        if let Some(c) = line.strip_prefix('#') {
+            if let Some(d) = c.trim().strip_prefix("taken:") {
+                taken = Date::parse(d);
+            }
+            continue;
+        }
+        if line.trim().is_empty() {
+            continue;
+        }
+        if !header_seen {
+            header_seen = true;
+            continue;
+        }
+        match parse_own_row(cloud, line) {
+            Ok(o) => rows.push(o),
+            Err(e) => warnings.push(format!("{shown}:{lineno}: {e}")),
+        }
+    }
+    (rows, taken, warnings)
+}
+
+fn parse_own_row(cloud: &str, line: &str) -> Result<Offering, String> {
+    let f: Vec<&str> = line.split(',').map(str::trim).collect();
+    if f.len() != 12 {
+        return Err(format!("expected 12 fields, found {}", f.len()));
+    }
+    let num = |i: usize, name: &str| -> Result<Option<f64>, String> {
+        if f[i].is_empty() {
+            return Ok(None);
+        }
+        f[i].parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && *v >= 0.0)
+            .map(Some)
+            .ok_or_else(|| format!("{name}: '{}' is not a number", f[i]))
+    };
+    if f[0].is_empty() || f[6].is_empty() || f[7].is_empty() {
+        return Err("instance_type, region and zone are required".into());
+    }
+    let accelerator = (!f[1].is_empty()).then(|| f[1].to_string());
+    let count = num(2, "accelerator_count")?.unwrap_or(0.0) as f32;
+    if accelerator.is_some() && count <= 0.0 {
+        return Err("accelerator_count must be positive for a GPU type".into());
+    }
+    let price = num(8, "price")?;
+    let spot_price = num(9, "spot_price")?;
+    if price.is_none() && spot_price.is_none() {
+        return Err("no price and no spot_price".into());
+    }
+    Ok(Offering {
+        cloud: cloud.to_string(),
+        instance_type: f[0].to_string(),
+        accelerator,
+        accelerator_count: count,
+        accelerator_memory_gib: num(3, "accelerator_memory_gib")?.map(|v| v as f32),
+        vcpus: num(4, "vcpus")?.unwrap_or(0.0) as f32,
+        memory_gib: num(5, "memory_gib")?.unwrap_or(0.0) as f32,
+        region: f[6].to_string(),
+        zone: f[7].to_string(),
+        price,
+        spot_price,
+        placement: !f[10].is_empty(),
+        efa: f[11].eq_ignore_ascii_case("true"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_round_trip_and_age() {
+        let d = Date::parse("2026-11-30").unwrap();
+        assert_eq!(Date::from_days(d.days()), d);
+        assert_eq!(Date::parse("2026-12-02").unwrap().days() - d.days(), 2);
+        assert_eq!(Date { y: 1970, m: 1, d: 1 }.days(), 0);
+        assert_eq!(Date::parse("2024-03-01").unwrap().days() - Date::parse("2024-02-28").unwrap().days(), 2);
+        assert!(Date::parse("2026-13-01").is_none());
+    }
+
+    #[test]
+    fn embedded_catalog_loads_cleanly_with_a_date() {
+        let c = Catalog::embedded();
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        for cloud in ["aws", "gcp", "local"] {
+            let s = c.sources.iter().find(|s| s.cloud == cloud).unwrap();
+            assert!(s.rows > 0, "{cloud} has no rows");
+            assert!(s.taken.is_some(), "{cloud} has no taken date");
+        }
+        let names = c.accelerator_names();
+        for gpu in ["H200", "H100", "A100-80GB", "A100", "L40S", "L4", "A10G", "T4", "V100"] {
+            assert!(names.iter().any(|n| n == gpu), "{gpu} missing from {names:?}");
+        }
+        assert!(c.wildcard().all(|o| o.cloud == "local"));
+    }
+
+    #[test]
+    fn staleness_is_reported_after_90_days() {
+        let mut c = Catalog::default();
+        c.sources.push(Source {
+            cloud: "aws".into(),
+            origin: "x".into(),
+            taken: Date::parse("2026-01-01"),
+            rows: 1,
+        });
+        assert!(c.stale_sources(Date::parse("2026-03-31").unwrap()).is_empty());
+        let stale = c.stale_sources(Date::parse("2026-04-02").unwrap());
+        assert_eq!(stale.len(), 1);
+        assert_eq!(stale[0].1, 91);
+    }
+
+    #[test]
+    fn bad_rows_in_own_format_are_reported_with_line() {
+        let text = "# taken: 2026-01-01\ninstance_type,accelerator,accelerator_count,accelerator_memory_gib,vcpus,memory_gib,region,zone,price,spot_price,placement,efa\nx1,T4,1,16,4,16,r,r-a,0.5,,,false\nx2,T4,1,16,4,16,r,r-a,abc,,,false\nx3,T4\n";
+        let (rows, taken, warnings) = parse_own("aws", text, "t.csv");
+        assert_eq!(rows.len(), 1);
+        assert_eq!(taken, Date::parse("2026-01-01"));
+        assert_eq!(warnings.len(), 2);
+        assert!(warnings[0].starts_with("t.csv:4: price: 'abc'"), "{}", warnings[0]);
+        assert!(warnings[1].starts_with("t.csv:5: expected 12 fields"), "{}", warnings[1]);
+    }
+}

@@ -1,0 +1,138 @@
+//! `gangway show-gpus`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use clap::Args;
+use serde::Serialize;
+use serde_json::json;
+
+use super::{load_catalog, print_json, table, Output};
+use crate::catalog::{Offering, ANY_ACCELERATOR};
+use crate::{Error, ExitCode};
+
+/// `gangway show-gpus [NAME]`.
+#[derive(Debug, Args)]
+pub struct ShowGpusArgs {
+    /// Only this GPU (case-insensitive), e.g. H100.
+    pub name: Option<String>,
+    /// Only this cloud.
+    #[arg(long)]
+    pub cloud: Option<String>,
+}
+
+/// The cheapest place for one market.
+#[derive(Debug, Serialize, Clone)]
+pub struct Cheapest {
+    /// USD per instance-hour.
+    pub price: f64,
+    /// Instance type.
+    pub instance_type: String,
+    /// Region.
+    pub region: String,
+}
+
+/// One row: a GPU, a count, a cloud.
+#[derive(Debug, Serialize)]
+pub struct GpuRow {
+    /// GPU name.
+    pub accelerator: String,
+    /// GPUs per instance.
+    pub count: f32,
+    /// Memory per GPU, GiB.
+    pub memory_gib: Option<f32>,
+    /// Cloud.
+    pub cloud: String,
+    /// Cheapest on-demand.
+    pub on_demand: Option<Cheapest>,
+    /// Cheapest spot.
+    pub spot: Option<Cheapest>,
+}
+
+fn better(cur: &mut Option<Cheapest>, price: Option<f64>, o: &Offering) {
+    if let Some(p) = price {
+        if cur.as_ref().is_none_or(|c| p < c.price) {
+            *cur = Some(Cheapest {
+                price: p,
+                instance_type: o.instance_type.clone(),
+                region: o.region.clone(),
+            });
+        }
+    }
+}
+
+/// Groups the catalog by (GPU, count, cloud) with the cheapest prices.
+pub fn gpu_rows(offerings: &[Offering], name: Option<&str>, cloud: Option<&str>) -> Vec<GpuRow> {
+    let mut rows: BTreeMap<(String, u32, String), GpuRow> = BTreeMap::new();
+    for o in offerings {
+        let Some(acc) = o.accelerator.as_deref() else { continue };
+        if acc == ANY_ACCELERATOR
+            || name.is_some_and(|n| !n.eq_ignore_ascii_case(acc))
+            || cloud.is_some_and(|c| c != o.cloud)
+        {
+            continue;
+        }
+        let key = (acc.to_string(), (o.accelerator_count * 100.0) as u32, o.cloud.clone());
+        let row = rows.entry(key).or_insert_with(|| GpuRow {
+            accelerator: acc.to_string(),
+            count: o.accelerator_count,
+            memory_gib: o.accelerator_memory_gib,
+            cloud: o.cloud.clone(),
+            on_demand: None,
+            spot: None,
+        });
+        better(&mut row.on_demand, o.price, o);
+        better(&mut row.spot, o.spot_price, o);
+    }
+    rows.into_values().collect()
+}
+
+/// `gangway show-gpus`.
+pub fn show_gpus(a: &ShowGpusArgs, catalog_dir: Option<&Path>, out: Output) -> Result<ExitCode, Error> {
+    let catalog = load_catalog(catalog_dir)?;
+    let rows = gpu_rows(catalog.offerings(), a.name.as_deref(), a.cloud.as_deref());
+    if rows.is_empty() {
+        let names = catalog.accelerator_names();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let hint = a
+            .name
+            .as_deref()
+            .and_then(|n| crate::spec::closest_name(n, &refs))
+            .map(|n| format!("did you mean '{n}'?"))
+            .unwrap_or_else(|| format!("known GPUs: {}", names.join(", ")));
+        return Err(Error::Usage {
+            message: format!(
+                "no GPU offering matches {}{}",
+                a.name.as_deref().unwrap_or("any GPU"),
+                a.cloud.as_deref().map(|c| format!(" on {c}")).unwrap_or_default()
+            ),
+            hint: Some(hint),
+        });
+    }
+    if out == Output::Json {
+        print_json(&json!({ "gpus": rows }))?;
+        return Ok(ExitCode::Ok);
+    }
+    let price = |c: &Option<Cheapest>| match c {
+        Some(c) => format!("{:.2} ({}, {})", c.price, c.instance_type, c.region),
+        None => "-".into(),
+    };
+    let table_rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.accelerator.clone(),
+                format!("{}", r.count),
+                r.memory_gib.map(|m| format!("{m:.0}")).unwrap_or_else(|| "-".into()),
+                r.cloud.clone(),
+                price(&r.on_demand),
+                price(&r.spot),
+            ]
+        })
+        .collect();
+    table::print(
+        &["GPU", "COUNT", "GIB/GPU", "CLOUD", "CHEAPEST ON-DEMAND $/H", "CHEAPEST SPOT $/H"],
+        &table_rows,
+    )?;
+    Ok(ExitCode::Ok)
+}

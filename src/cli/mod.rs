@@ -1,0 +1,255 @@
+//! Command-line interface: clap definitions, dispatch, and output.
+//!
+//! Each command returns `Result<ExitCode, Error>`; `main` prints errors.
+
+mod catalog_cmd;
+mod gpus;
+mod plan;
+mod table;
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+
+use crate::catalog::{Catalog, Date};
+use crate::{Error, ExitCode};
+
+pub use plan::TaskArgs;
+
+/// Multi-cloud GPU launcher for training runs.
+#[derive(Debug, Parser)]
+#[command(name = "gangway", version, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    /// More log output (-v info, -vv debug, -vvv trace); RUST_LOG also works.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    /// Output format.
+    #[arg(long, short = 'o', global = true, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+
+    /// Load a catalog directory (SkyPilot v8 `<cloud>/vms.csv` or gangway `<cloud>.csv`)
+    /// over the embedded one.
+    #[arg(long, global = true, env = "GANGWAY_CATALOG_DIR", value_name = "DIR")]
+    pub catalog: Option<PathBuf>,
+
+    /// The command.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Output formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// Human-readable tables and lines.
+    Table,
+    /// One JSON document on stdout.
+    Json,
+}
+
+/// gangway's commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Launch a task: optimize, provision, set up and run.
+    Launch(LaunchArgs),
+    /// Run a task or command on an existing cluster.
+    Exec(StubArgs),
+    /// Show clusters.
+    Status(StubArgs),
+    /// Show a cluster's job queue.
+    Queue(StubArgs),
+    /// Show or follow a job's logs.
+    Logs(StubArgs),
+    /// Cancel a job on a cluster.
+    Cancel(StubArgs),
+    /// Tear a cluster down.
+    Down(StubArgs),
+    /// Stop a cluster (keep disks).
+    Stop(StubArgs),
+    /// Start a stopped cluster.
+    Start(StubArgs),
+    /// Stop or tear down a cluster after it is idle.
+    Autostop(StubArgs),
+    /// Managed jobs that survive preemption.
+    Jobs(StubArgs),
+    /// Check credentials and which clouds can be used.
+    Check(StubArgs),
+    /// GPU types, counts and cheapest prices by cloud.
+    #[command(name = "show-gpus")]
+    ShowGpus(gpus::ShowGpusArgs),
+    /// Print the ranked failover plan for a task without launching.
+    Optimize(OptimizeArgs),
+    /// Inspect or refresh the price catalog.
+    Catalog {
+        /// What to do.
+        #[command(subcommand)]
+        action: catalog_cmd::CatalogAction,
+    },
+    /// Print shell completions.
+    Completions {
+        /// Shell.
+        shell: clap_complete::Shell,
+    },
+}
+
+/// Arguments of commands not built yet; accepted so `--help` works.
+#[derive(Debug, Args)]
+pub struct StubArgs {
+    /// Arguments.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub args: Vec<String>,
+}
+
+/// `gangway optimize`.
+#[derive(Debug, Args)]
+pub struct OptimizeArgs {
+    /// The task and overrides.
+    #[command(flatten)]
+    pub task: TaskArgs,
+    /// Rows shown in the table (0: all). JSON always has every row.
+    #[arg(long, default_value_t = 20)]
+    pub limit: usize,
+    /// Instance types kept per cloud and region.
+    #[arg(long, default_value_t = crate::optimizer::DEFAULT_TYPES_PER_REGION)]
+    pub types_per_region: usize,
+}
+
+/// `gangway launch`.
+#[derive(Debug, Args)]
+pub struct LaunchArgs {
+    /// The task and overrides.
+    #[command(flatten)]
+    pub task: TaskArgs,
+    /// Only print the plan.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Cluster name.
+    #[arg(short = 'c', long)]
+    pub cluster: Option<String>,
+    /// Do not ask for confirmation.
+    #[arg(short = 'y', long)]
+    pub yes: bool,
+    /// Return once the run has started.
+    #[arg(short = 'd', long)]
+    pub detach: bool,
+    /// Tear the cluster down after the run.
+    #[arg(long)]
+    pub down: bool,
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> Result<ExitCode, Error> {
+    let out = cli.output;
+    match cli.command {
+        Command::Optimize(a) => plan::optimize(&a, cli.catalog.as_deref(), out, a.limit),
+        Command::Launch(a) => plan::launch(&a, cli.catalog.as_deref(), out),
+        Command::ShowGpus(a) => gpus::show_gpus(&a, cli.catalog.as_deref(), out),
+        Command::Catalog { action } => catalog_cmd::run(action, cli.catalog.as_deref(), out),
+        Command::Completions { shell } => {
+            let mut cmd = Cli::command();
+            let mut stdout = std::io::stdout().lock();
+            clap_complete::generate(shell, &mut cmd, "gangway", &mut stdout);
+            stdout.flush()?;
+            Ok(ExitCode::Ok)
+        }
+        Command::Exec(_) => stub("exec (arrives with the local provider and gang startup)"),
+        Command::Status(_) => stub("status (arrives with cluster state)"),
+        Command::Queue(_) => stub("queue (arrives with gang startup)"),
+        Command::Logs(_) => stub("logs (arrives with gang startup)"),
+        Command::Cancel(_) => stub("cancel (arrives with gang startup)"),
+        Command::Down(_) => stub("down (arrives with the local provider)"),
+        Command::Stop(_) => stub("stop (arrives with the local provider)"),
+        Command::Start(_) => stub("start (arrives with the local provider)"),
+        Command::Autostop(_) => stub("autostop (arrives with cluster state)"),
+        Command::Jobs(_) => stub("jobs (arrives with managed jobs)"),
+        Command::Check(_) => stub("check (arrives with the cloud providers)"),
+    }
+}
+
+fn stub(what: &str) -> Result<ExitCode, Error> {
+    Err(Error::NotImplemented(what.to_string()))
+}
+
+/// The embedded catalog, overlaid with `dir` if given; warns on stderr
+/// about stale prices and skipped rows.
+pub fn load_catalog(dir: Option<&std::path::Path>) -> Result<Catalog, Error> {
+    let mut c = Catalog::embedded();
+    if let Some(dir) = dir {
+        c.overlay(Catalog::load_dir(dir)?);
+    }
+    for (s, age) in c.stale_sources(Date::today()) {
+        eprintln!(
+            "warning: {} prices from {} were taken on {} ({age} days ago); \
+             refresh them with `gangway catalog refresh` or pass --catalog DIR",
+            s.cloud,
+            s.origin,
+            s.taken.map(|d| d.to_string()).unwrap_or_default()
+        );
+    }
+    if !c.warnings.is_empty() {
+        eprintln!(
+            "warning: skipped {} catalog row(s) that could not be parsed:",
+            c.warnings.len()
+        );
+        for w in c.warnings.iter().take(10) {
+            eprintln!("  {w}");
+        }
+        if c.warnings.len() > 10 {
+            eprintln!("  ... and {} more (see `gangway catalog show`)", c.warnings.len() - 10);
+        }
+    }
+    Ok(c)
+}
+
+/// Writes a JSON document to stdout.
+pub(crate) fn print_json(v: &serde_json::Value) -> Result<(), Error> {
+    let mut stdout = std::io::stdout().lock();
+    serde_json::to_writer_pretty(&mut stdout, v).map_err(std::io::Error::from)?;
+    writeln!(stdout)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn output_flag_parses_and_rejects_unknown() {
+        let c = Cli::try_parse_from(["gangway", "optimize", "t.yaml", "--output", "json"]).unwrap();
+        assert_eq!(c.output, Output::Json);
+        assert!(Cli::try_parse_from(["gangway", "optimize", "t.yaml", "-o", "xml"]).is_err());
+    }
+
+    #[test]
+    fn verbose_counts() {
+        let c = Cli::try_parse_from(["gangway", "-vv", "show-gpus"]).unwrap();
+        assert_eq!(c.verbose, 2);
+    }
+
+    #[test]
+    fn launch_flags_parse() {
+        let c = Cli::try_parse_from([
+            "gangway", "launch", "t.yaml", "-c", "x", "--gpus", "A100:8", "--num-nodes", "2",
+            "--use-spot", "--env", "A=1", "-y", "-d", "--down", "--dry-run",
+        ])
+        .unwrap();
+        let Command::Launch(a) = c.command else { panic!("not launch") };
+        assert!(a.dry_run && a.yes && a.detach && a.down);
+        assert_eq!(a.cluster.as_deref(), Some("x"));
+        assert_eq!(a.task.gpus.as_deref(), Some("A100:8"));
+        assert_eq!(a.task.num_nodes, Some(2));
+        assert!(a.task.use_spot);
+        assert_eq!(a.task.env, vec!["A=1"]);
+    }
+
+    #[test]
+    fn num_nodes_must_be_positive() {
+        assert!(Cli::try_parse_from(["gangway", "optimize", "t.yaml", "--num-nodes", "0"]).is_err());
+    }
+}

@@ -1,0 +1,234 @@
+//! `gangway optimize` and `gangway launch --dry-run`.
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use serde_json::json;
+
+use super::{load_catalog, print_json, table, LaunchArgs, OptimizeArgs, Output};
+use crate::optimizer::{self, Blocklist, Candidate, Options};
+use crate::spec::{self, Choice, ResourceSpec, Task};
+use crate::{Error, ExitCode};
+
+/// A task file and the flags that override it.
+#[derive(Debug, Args)]
+pub struct TaskArgs {
+    /// The task file (YAML).
+    #[arg(value_name = "TASK.yaml")]
+    pub task: PathBuf,
+    /// Where to run: cloud[/region[/zone]], `*` for any part.
+    #[arg(long)]
+    pub infra: Option<String>,
+    /// GPUs per node, e.g. A100:8 (replaces the task's accelerators).
+    #[arg(long)]
+    pub gpus: Option<String>,
+    /// vCPUs per node, e.g. 8 or 8+.
+    #[arg(long)]
+    pub cpus: Option<String>,
+    /// Memory per node in GiB, e.g. 64+.
+    #[arg(long)]
+    pub memory: Option<String>,
+    /// Exact instance type.
+    #[arg(long)]
+    pub instance_type: Option<String>,
+    /// Number of nodes.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub num_nodes: Option<u32>,
+    /// Use spot instances.
+    #[arg(long)]
+    pub use_spot: bool,
+    /// Set an env value: KEY=VALUE (repeatable).
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// Read env values from a dotenv file.
+    #[arg(long, value_name = "FILE")]
+    pub env_file: Option<PathBuf>,
+    /// Set a secret value: KEY=VALUE (repeatable; never printed or stored).
+    #[arg(long = "secret", value_name = "KEY=VALUE")]
+    pub secret: Vec<String>,
+}
+
+fn apply_to_all(task: &mut Task, f: impl Fn(&mut ResourceSpec)) {
+    f(&mut task.resources.base);
+    if let Choice::AnyOf(items) | Choice::Ordered(items) = &mut task.resources.choice {
+        items.iter_mut().for_each(f);
+    }
+}
+
+fn flag_spec(flag: &str, text: &str) -> Result<ResourceSpec, Error> {
+    spec::parse_flag(flag, text).map_err(|e| Error::Usage {
+        message: format!("{flag} '{text}': {}", e.message),
+        hint: e.hint,
+    })
+}
+
+impl TaskArgs {
+    /// Loads the task and applies every override. Missing env values are
+    /// left as they are; see [`Task::missing_values`].
+    pub fn load(&self) -> Result<Task, Error> {
+        let mut task = spec::load(&self.task)?;
+        let mut envs = Vec::new();
+        if let Some(f) = &self.env_file {
+            envs.extend(spec::read_env_file(f).map_err(|e| Error::usage(e, None))?);
+        }
+        for e in &self.env {
+            envs.push(spec::parse_assignment(e).map_err(|m| {
+                Error::usage(format!("--env: {m}"), Some("write --env KEY=VALUE"))
+            })?);
+        }
+        task.set_envs(&envs);
+        let mut secrets = Vec::new();
+        for s in &self.secret {
+            // Never echo the value back, even in an error.
+            let name = s.split('=').next().unwrap_or("");
+            secrets.push(spec::parse_assignment(s).map_err(|_| {
+                Error::usage(
+                    format!("--secret {name}=...: expected KEY=VALUE with a valid name"),
+                    Some("write --secret KEY=VALUE"),
+                )
+            })?);
+        }
+        task.set_secrets(&secrets);
+        if let Some(n) = self.num_nodes {
+            task.num_nodes = n;
+        }
+        if let Some(t) = &self.infra {
+            let s = flag_spec("--infra", t)?;
+            apply_to_all(&mut task, |r| r.infra = s.infra.clone());
+        }
+        if let Some(t) = &self.gpus {
+            let s = flag_spec("--gpus", t)?;
+            apply_to_all(&mut task, |r| {
+                r.accelerators = s.accelerators.clone();
+                r.instance_type = None;
+            });
+        }
+        if let Some(t) = &self.cpus {
+            let s = flag_spec("--cpus", t)?;
+            apply_to_all(&mut task, |r| r.cpus = s.cpus);
+        }
+        if let Some(t) = &self.memory {
+            let s = flag_spec("--memory", t)?;
+            apply_to_all(&mut task, |r| r.memory = s.memory);
+        }
+        if let Some(t) = &self.instance_type {
+            apply_to_all(&mut task, |r| r.instance_type = Some(t.clone()));
+        }
+        if self.use_spot {
+            apply_to_all(&mut task, |r| r.use_spot = Some(true));
+        }
+        Ok(task)
+    }
+}
+
+fn task_name(task: &Task, path: &Path) -> String {
+    task.display_name(path)
+}
+
+/// Builds the plan for a task.
+pub fn plan(
+    args: &TaskArgs,
+    catalog_dir: Option<&Path>,
+    types_per_region: usize,
+) -> Result<(Task, Vec<Candidate>), Error> {
+    let task = args.load()?;
+    let catalog = load_catalog(catalog_dir)?;
+    let opts = Options {
+        types_per_region: types_per_region.max(1),
+        ..Options::default()
+    };
+    let plan = optimizer::optimize(&task, &catalog, &Blocklist::default(), &opts).map_err(
+        |why| Error::NoResources {
+            task: task_name(&task, &args.task),
+            why,
+        },
+    )?;
+    Ok((task, plan))
+}
+
+/// `gangway optimize`.
+pub fn optimize(
+    a: &OptimizeArgs,
+    catalog_dir: Option<&Path>,
+    out: Output,
+    limit: usize,
+) -> Result<ExitCode, Error> {
+    let (task, plan) = plan(&a.task, catalog_dir, a.types_per_region)?;
+    render(&task, &a.task.task, &plan, out, limit)?;
+    Ok(ExitCode::Ok)
+}
+
+/// `gangway launch` (only `--dry-run` until the local provider lands).
+pub fn launch(a: &LaunchArgs, catalog_dir: Option<&Path>, out: Output) -> Result<ExitCode, Error> {
+    let (task, plan) = plan(&a.task, catalog_dir, optimizer::DEFAULT_TYPES_PER_REGION)?;
+    let missing = task.missing_values();
+    if !missing.is_empty() {
+        return Err(Error::usage(
+            format!(
+                "{}: no value for {}",
+                a.task.task.display(),
+                missing.join(", ")
+            ),
+            Some("give each with --env KEY=VALUE or --secret KEY=VALUE, or list them in --env-file"),
+        ));
+    }
+    if a.dry_run {
+        render(&task, &a.task.task, &plan, out, 20)?;
+        return Ok(ExitCode::Ok);
+    }
+    Err(Error::NotImplemented(
+        "launch (provisioning arrives with the local provider; use --dry-run to see the plan)".into(),
+    ))
+}
+
+fn render(task: &Task, path: &Path, plan: &[Candidate], out: Output, limit: usize) -> Result<(), Error> {
+    if out == Output::Json {
+        return print_json(&json!({ "plan": plan }));
+    }
+    let missing = task.missing_values();
+    if !missing.is_empty() {
+        eprintln!(
+            "note: {} must be given with --env/--secret before launch",
+            missing.join(", ")
+        );
+    }
+    let best = &plan[0];
+    println!(
+        "Plan for '{}': {} node{}, {} candidate{}; cheapest {} {} at ${:.2}/h",
+        task_name(task, path),
+        task.num_nodes,
+        if task.num_nodes == 1 { "" } else { "s" },
+        plan.len(),
+        if plan.len() == 1 { "" } else { "s" },
+        best.cloud,
+        best.instance_type,
+        best.total_per_hour
+    );
+    let shown = if limit == 0 { plan.len() } else { limit.min(plan.len()) };
+    let rows: Vec<Vec<String>> = plan[..shown]
+        .iter()
+        .map(|c| {
+            vec![
+                c.cloud.clone(),
+                c.region.clone(),
+                c.zone.clone(),
+                c.instance_type.clone(),
+                match &c.accelerator {
+                    Some(a) => format!("{a}:{}", c.accelerator_count),
+                    None => "-".into(),
+                },
+                if c.use_spot { "yes" } else { "no" }.into(),
+                format!("{:.4}", c.price_per_node_hour),
+                format!("{:.4}", c.total_per_hour),
+            ]
+        })
+        .collect();
+    table::print(
+        &["CLOUD", "REGION", "ZONE", "INSTANCE TYPE", "GPUS", "SPOT", "$/H PER NODE", "$/H TOTAL"],
+        &rows,
+    )?;
+    if shown < plan.len() {
+        println!("... and {} more (--limit 0 shows all)", plan.len() - shown);
+    }
+    Ok(())
+}

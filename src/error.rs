@@ -1,0 +1,91 @@
+//! The library's error type and the process exit codes it maps to.
+
+use crate::catalog::CatalogError;
+use crate::optimizer::Infeasible;
+use crate::spec::SpecError;
+
+/// Exit codes, as documented in the README.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ExitCode {
+    /// Success.
+    Ok = 0,
+    /// The job itself failed.
+    JobFailed = 1,
+    /// Bad input: task file, flags, catalog directory.
+    BadInput = 2,
+    /// No resources anywhere in the plan.
+    NoResources = 3,
+    /// Credentials missing or refused.
+    Credentials = 4,
+    /// Interrupted or cancelled.
+    Interrupted = 5,
+    /// A bug or an unimplemented command.
+    Internal = 10,
+}
+
+/// Everything a command can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A task file was refused.
+    #[error("{0}")]
+    Spec(#[from] SpecError),
+    /// Flags or other input were wrong.
+    #[error("{message}")]
+    Usage {
+        /// What is wrong.
+        message: String,
+        /// What to do.
+        hint: Option<String>,
+    },
+    /// A catalog could not be loaded.
+    #[error("catalog: {0}")]
+    Catalog(#[from] CatalogError),
+    /// The optimizer found nothing.
+    #[error("no feasible placement for {task}")]
+    NoResources {
+        /// The task's name.
+        task: String,
+        /// Why (printed as the error's details).
+        why: Infeasible,
+    },
+    /// A command that a later version fills in.
+    #[error("not implemented yet: {0}")]
+    NotImplemented(String),
+    /// Writing output failed.
+    #[error("cannot write output: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl Error {
+    /// The exit code for this error.
+    pub fn exit_code(&self) -> ExitCode {
+        match self {
+            Error::Spec(_) | Error::Usage { .. } | Error::Catalog(_) => ExitCode::BadInput,
+            Error::NoResources { .. } => ExitCode::NoResources,
+            Error::NotImplemented(_) | Error::Io(_) => ExitCode::Internal,
+        }
+    }
+
+    /// Lines to print under the message, each a `Caused by`/`hint` line.
+    pub fn details(&self) -> Vec<String> {
+        match self {
+            Error::Usage { hint: Some(h), .. } => vec![format!("hint: {h}")],
+            Error::NoResources { why, .. } => {
+                let mut v: Vec<String> = why.reasons.iter().map(|r| format!("- {r}")).collect();
+                v.push("hint: relax the constraints above, or see `gangway show-gpus` for what exists where".into());
+                v
+            }
+            Error::NotImplemented(_) => vec!["hint: this command arrives in a later release; see the README's feature table".into()],
+            _ => Vec::new(),
+        }
+    }
+
+    /// Shorthand for a usage error.
+    pub fn usage(message: impl Into<String>, hint: Option<&str>) -> Error {
+        Error::Usage {
+            message: message.into(),
+            hint: hint.map(str::to_string),
+        }
+    }
+}

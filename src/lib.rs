@@ -1,0 +1,14 @@
+//! gangway: a multi-cloud GPU launcher for training runs.
+//!
+//! The flow is `spec` (task files) → `optimizer` (catalog × resources →
+//! ranked failover plan) → provisioning and gang startup (later issues).
+//! Logic never prints; the `cli` module renders.
+#![deny(missing_docs)]
+
+pub mod catalog;
+pub mod cli;
+pub mod error;
+pub mod optimizer;
+pub mod spec;
+
+pub use error::{Error, ExitCode};

@@ -1,0 +1,286 @@
+//! Task files: reading, validating and overriding them.
+//!
+//! [`load`] reads a file with hard limits on size and shape and returns a
+//! [`Task`] or one [`SpecError`] that names the file, line, column and field.
+
+mod decode;
+pub mod model;
+pub mod yaml;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+pub use model::*;
+
+/// Largest task file we read. Real ones are a few KiB.
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+
+/// Why a task file was refused.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpecError {
+    /// The file (or `<string>`).
+    pub file: String,
+    /// 1-based line, 0 when the error is about the whole file.
+    pub line: usize,
+    /// 1-based column, 0 when the error is about the whole file.
+    pub col: usize,
+    /// Dotted field path (`resources.accelerators`), empty at top level.
+    pub field: String,
+    /// What is wrong and what was expected.
+    pub message: String,
+    /// What to do about it.
+    pub hint: Option<String>,
+    /// Whether the input is valid but uses something gangway does not support.
+    pub unsupported: bool,
+}
+
+impl fmt::Display for SpecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file)?;
+        if self.line > 0 {
+            write!(f, ":{}:{}", self.line, self.col)?;
+        }
+        write!(f, ": ")?;
+        if !self.field.is_empty() {
+            write!(f, "{}: ", self.field)?;
+        }
+        write!(f, "{}", self.message)?;
+        if let Some(h) = &self.hint {
+            write!(f, "\n  hint: {h}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for SpecError {}
+
+fn whole_file(file: &str, message: String, hint: Option<&str>) -> SpecError {
+    SpecError {
+        file: file.to_string(),
+        line: 0,
+        col: 0,
+        field: String::new(),
+        message,
+        hint: hint.map(str::to_string),
+        unsupported: false,
+    }
+}
+
+/// Reads and validates a task file.
+pub fn load(path: &Path) -> Result<Task, SpecError> {
+    let file = path.display().to_string();
+    let meta = std::fs::metadata(path).map_err(|e| {
+        let hint = (e.kind() == std::io::ErrorKind::NotFound)
+            .then_some("check the path; task files are YAML, e.g. examples/hello.yaml");
+        whole_file(&file, format!("cannot read task file: {}", io_reason(&e)), hint)
+    })?;
+    if meta.is_dir() {
+        return Err(whole_file(
+            &file,
+            "is a directory, expected a task file".into(),
+            Some("pass the YAML file inside it, e.g. DIR/task.yaml"),
+        ));
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(whole_file(
+            &file,
+            format!(
+                "task file is {} bytes; the limit is {} bytes",
+                meta.len(),
+                MAX_FILE_BYTES
+            ),
+            Some("task files describe a job; put data in file_mounts or workdir instead"),
+        ));
+    }
+    // Read at most the limit even if the file grows under us.
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    {
+        use std::io::Read;
+        let f = std::fs::File::open(path).map_err(|e| {
+            whole_file(&file, format!("cannot read task file: {}", io_reason(&e)), None)
+        })?;
+        f.take(MAX_FILE_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| {
+                whole_file(&file, format!("cannot read task file: {}", io_reason(&e)), None)
+            })?;
+    }
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(whole_file(
+            &file,
+            format!("task file is larger than {MAX_FILE_BYTES} bytes"),
+            None,
+        ));
+    }
+    let text = match String::from_utf8(bytes) {
+        Ok(t) => t,
+        Err(e) => {
+            let good = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+            let line = good.iter().filter(|b| **b == b'\n').count() + 1;
+            let line_start = good
+                .iter()
+                .rposition(|b| *b == b'\n')
+                .map_or(0, |p| p + 1);
+            let col = String::from_utf8_lossy(&good[line_start..]).chars().count() + 1;
+            return Err(SpecError {
+                file,
+                line,
+                col,
+                field: String::new(),
+                message: "file is not valid UTF-8".into(),
+                hint: Some("save the task file as UTF-8 text".into()),
+                unsupported: false,
+            });
+        }
+    };
+    parse_str(&text, &file)
+}
+
+fn io_reason(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => "no such file".into(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".into(),
+        _ => e.to_string(),
+    }
+}
+
+/// Parses task YAML; `file` names it in errors.
+pub fn parse_str(text: &str, file: &str) -> Result<Task, SpecError> {
+    if text.trim().is_empty() {
+        return Err(whole_file(
+            file,
+            "task file is empty".into(),
+            Some("a task needs at least `run:`; see examples/hello.yaml"),
+        ));
+    }
+    let docs = yaml::parse(text).map_err(|e| SpecError {
+        file: file.to_string(),
+        line: e.pos.line,
+        col: e.pos.col,
+        field: String::new(),
+        message: e.message,
+        hint: e.hint,
+        unsupported: false,
+    })?;
+    let docs: Vec<_> = docs
+        .docs
+        .into_iter()
+        .filter(|d| !matches!(d.kind, yaml::Kind::Null))
+        .collect();
+    match docs.len() {
+        0 => Err(whole_file(
+            file,
+            "task file has no content".into(),
+            Some("a task needs at least `run:`; see examples/hello.yaml"),
+        )),
+        1 => decode::task(&docs[0], file),
+        n => Err(SpecError {
+            file: file.to_string(),
+            line: docs[1].pos.line,
+            col: docs[1].pos.col,
+            field: String::new(),
+            message: format!(
+                "not supported yet: multi-document pipelines (this file has {n} YAML documents)"
+            ),
+            hint: Some("split the pipeline into one task file per stage and launch each".into()),
+            unsupported: true,
+        }),
+    }
+}
+
+/// Splits `KEY=VALUE` (for `--env` and `--secret`).
+pub fn parse_assignment(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected KEY=VALUE, got '{s}'"))?;
+    if k.is_empty() || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(format!(
+            "'{k}' is not a valid environment variable name (letters, digits, _)"
+        ));
+    }
+    Ok((k.to_string(), v.to_string()))
+}
+
+/// Reads a dotenv-style file: `KEY=VALUE` lines, `#` comments, optional `export `.
+pub fn read_env_file(path: &Path) -> Result<Vec<(String, String)>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("{}: cannot read env file: {}", path.display(), io_reason(&e)))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let line = line.strip_prefix("export ").unwrap_or(line);
+        let (k, v) =
+            parse_assignment(line).map_err(|e| format!("{}:{}: {e}", path.display(), i + 1))?;
+        let v = v
+            .strip_prefix('"')
+            .and_then(|v| v.strip_suffix('"'))
+            .or_else(|| v.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')))
+            .unwrap_or(&v)
+            .to_string();
+        out.push((k, v));
+    }
+    Ok(out)
+}
+
+impl Task {
+    /// Applies `--env` values; later values win.
+    pub fn set_envs(&mut self, given: &[(String, String)]) {
+        for (k, v) in given {
+            match self.envs.iter_mut().find(|(name, _)| name == k) {
+                Some(slot) => slot.1 = Some(v.clone()),
+                None => self.envs.push((k.clone(), Some(v.clone()))),
+            }
+        }
+    }
+
+    /// Applies `--secret` values; later values win.
+    pub fn set_secrets(&mut self, given: &[(String, String)]) {
+        for (k, v) in given {
+            match self.secrets.iter_mut().find(|(name, _)| name == k) {
+                Some(slot) => slot.1 = Some(Secret::new(v.clone())),
+                None => self.secrets.push((k.clone(), Some(Secret::new(v.clone())))),
+            }
+        }
+    }
+
+    /// Names of envs and secrets still missing a value.
+    pub fn missing_values(&self) -> Vec<String> {
+        self.envs
+            .iter()
+            .filter(|(_, v)| v.is_none())
+            .map(|(k, _)| k.clone())
+            .chain(
+                self.secrets
+                    .iter()
+                    .filter(|(_, v)| v.is_none())
+                    .map(|(k, _)| k.clone()),
+            )
+            .collect()
+    }
+
+    /// The file a task came from, for messages.
+    pub fn display_name(&self, path: &Path) -> String {
+        self.name.clone().unwrap_or_else(|| {
+            PathBuf::from(path.file_stem().unwrap_or_default())
+                .display()
+                .to_string()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;
+
+/// The allowed name closest to `key`, if close enough to be a typo.
+pub fn closest_name<'a>(key: &str, allowed: &[&'a str]) -> Option<&'a str> {
+    decode::closest(key, allowed)
+}
+
+/// Parses the value of `--gpus`, `--infra`, `--cpus` or `--memory` into the
+/// resource field it overrides; the error is the task field's error.
+pub fn parse_flag(flag: &str, text: &str) -> Result<ResourceSpec, SpecError> {
+    decode::flag(flag, text)
+}
