@@ -76,7 +76,10 @@ impl Error {
                 v.push("hint: relax the constraints above, or see `gangway show-gpus` for what exists where".into());
                 v
             }
-            Error::NotImplemented(_) => vec!["hint: this command arrives in a later release; see the README's feature table".into()],
+            Error::NotImplemented(_) => vec![
+                "hint: this command arrives in a later release; see the README's feature table"
+                    .into(),
+            ],
             _ => Vec::new(),
         }
     }

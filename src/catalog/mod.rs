@@ -272,11 +272,7 @@ impl Catalog {
     fn reindex(&mut self) {
         self.by_accel.clear();
         for (i, o) in self.offerings.iter().enumerate() {
-            let key = o
-                .accelerator
-                .as_deref()
-                .unwrap_or("")
-                .to_ascii_lowercase();
+            let key = o.accelerator.as_deref().unwrap_or("").to_ascii_lowercase();
             self.by_accel.entry(key).or_default().push(i as u32);
         }
     }
@@ -413,8 +409,19 @@ mod tests {
         let d = Date::parse("2026-11-30").unwrap();
         assert_eq!(Date::from_days(d.days()), d);
         assert_eq!(Date::parse("2026-12-02").unwrap().days() - d.days(), 2);
-        assert_eq!(Date { y: 1970, m: 1, d: 1 }.days(), 0);
-        assert_eq!(Date::parse("2024-03-01").unwrap().days() - Date::parse("2024-02-28").unwrap().days(), 2);
+        assert_eq!(
+            Date {
+                y: 1970,
+                m: 1,
+                d: 1
+            }
+            .days(),
+            0
+        );
+        assert_eq!(
+            Date::parse("2024-03-01").unwrap().days() - Date::parse("2024-02-28").unwrap().days(),
+            2
+        );
         assert!(Date::parse("2026-13-01").is_none());
     }
 
@@ -428,8 +435,21 @@ mod tests {
             assert!(s.taken.is_some(), "{cloud} has no taken date");
         }
         let names = c.accelerator_names();
-        for gpu in ["H200", "H100", "A100-80GB", "A100", "L40S", "L4", "A10G", "T4", "V100"] {
-            assert!(names.iter().any(|n| n == gpu), "{gpu} missing from {names:?}");
+        for gpu in [
+            "H200",
+            "H100",
+            "A100-80GB",
+            "A100",
+            "L40S",
+            "L4",
+            "A10G",
+            "T4",
+            "V100",
+        ] {
+            assert!(
+                names.iter().any(|n| n == gpu),
+                "{gpu} missing from {names:?}"
+            );
         }
         assert!(c.wildcard().all(|o| o.cloud == "local"));
     }
@@ -443,7 +463,9 @@ mod tests {
             taken: Date::parse("2026-01-01"),
             rows: 1,
         });
-        assert!(c.stale_sources(Date::parse("2026-03-31").unwrap()).is_empty());
+        assert!(c
+            .stale_sources(Date::parse("2026-03-31").unwrap())
+            .is_empty());
         let stale = c.stale_sources(Date::parse("2026-04-02").unwrap());
         assert_eq!(stale.len(), 1);
         assert_eq!(stale[0].1, 91);
@@ -456,7 +478,15 @@ mod tests {
         assert_eq!(rows.len(), 1);
         assert_eq!(taken, Date::parse("2026-01-01"));
         assert_eq!(warnings.len(), 2);
-        assert!(warnings[0].starts_with("t.csv:4: price: 'abc'"), "{}", warnings[0]);
-        assert!(warnings[1].starts_with("t.csv:5: expected 12 fields"), "{}", warnings[1]);
+        assert!(
+            warnings[0].starts_with("t.csv:4: price: 'abc'"),
+            "{}",
+            warnings[0]
+        );
+        assert!(
+            warnings[1].starts_with("t.csv:5: expected 12 fields"),
+            "{}",
+            warnings[1]
+        );
     }
 }

@@ -85,6 +85,8 @@ pub fn load_skypilot_csv(
     }
     if !gpus.is_empty() {
         let joined = attach_gpus(&hosts, gpus, shown, &mut warnings);
+        // Hosts of GPU-bound families cannot be rented without their GPUs.
+        hosts.retain(|h| h.accelerator.is_some() || !gpu_bound_host(&h.instance_type));
         hosts.extend(joined);
     }
     Ok((hosts, warnings))
@@ -116,8 +118,9 @@ fn row(cloud: &str, r: &csv::StringRecord, c: &Cols) -> Result<Option<Offering>,
     if accelerator.is_some() && count <= 0.0 {
         return Err("AcceleratorCount must be positive when AcceleratorName is set".into());
     }
-    let price = num(Some(c.price), "Price")?;
-    let spot_price = num(c.spot, "SpotPrice")?;
+    // Published catalogs use 0 for "no price here"; nothing is free.
+    let price = num(Some(c.price), "Price")?.filter(|p| *p > 0.0);
+    let spot_price = num(c.spot, "SpotPrice")?.filter(|p| *p > 0.0);
     if price.is_none() && spot_price.is_none() {
         return Err("no Price and no SpotPrice".into());
     }
@@ -160,6 +163,13 @@ fn gpu_memory_gib(info: &str) -> Option<f32> {
     digits.parse::<f32>().ok().map(|mib| mib / 1024.0)
 }
 
+/// GCP machine families that only exist with their GPUs attached.
+fn gpu_bound_host(t: &str) -> bool {
+    ["a2-", "a3-", "a4-", "a4x-", "g2-", "g4-"]
+        .iter()
+        .any(|p| t.starts_with(p))
+}
+
 /// Host types a GCP GPU row attaches to: the A2/A3/A4/G2 families carry a
 /// fixed number of GPUs; T4/V100/P100/P4 attach to N1 hosts within a vCPU
 /// limit per GPU count.
@@ -179,7 +189,13 @@ fn hosts_for(gpu: &str, count: f32, host: &Offering) -> bool {
         "B200" => t == format!("a4-highgpu-{n}g"),
         "L4" => {
             let per = match n {
-                1 => &["g2-standard-4", "g2-standard-8", "g2-standard-12", "g2-standard-16", "g2-standard-32"][..],
+                1 => &[
+                    "g2-standard-4",
+                    "g2-standard-8",
+                    "g2-standard-12",
+                    "g2-standard-16",
+                    "g2-standard-32",
+                ][..],
                 2 => &["g2-standard-24"][..],
                 4 => &["g2-standard-48"][..],
                 8 => &["g2-standard-96"][..],
@@ -230,7 +246,9 @@ fn attach_gpus(
     let mut out = Vec::new();
     for (g, line) in gpus {
         let Some(name) = g.accelerator.as_deref() else {
-            warnings.push(format!("{shown}:{line}: a row with no InstanceType must name an accelerator"));
+            warnings.push(format!(
+                "{shown}:{line}: a row with no InstanceType must name an accelerator"
+            ));
             continue;
         };
         let mut matched = false;
@@ -251,7 +269,11 @@ fn attach_gpus(
             });
         }
         if !matched {
-            tracing::debug!("{shown}:{line}: no host type for {name}:{} in {}", g.accelerator_count, g.zone);
+            tracing::debug!(
+                "{shown}:{line}: no host type for {name}:{} in {}",
+                g.accelerator_count,
+                g.zone
+            );
         }
     }
     out
@@ -289,7 +311,10 @@ n1-standard-96,96.0,360.0,,,,us-central1,us-central1-a,4.5,1.0
         assert_eq!(p4d.zone, "use1-az2");
         assert!(p4d.efa && p4d.placement);
         assert_eq!(rows[1].spot_price, None);
-        assert_eq!(warnings, vec!["aws/vms.csv:4: AcceleratorCount: 'one' is not a number"]);
+        assert_eq!(
+            warnings,
+            vec!["aws/vms.csv:4: AcceleratorCount: 'one' is not a number"]
+        );
     }
 
     #[test]
@@ -319,6 +344,9 @@ n1-standard-96,96.0,360.0,,,,us-central1,us-central1-a,4.5,1.0
     #[test]
     fn missing_columns_are_a_layout_error() {
         let e = load_skypilot_csv("x", "Foo,Bar\n1,2\n", "x/vms.csv").unwrap_err();
-        assert!(e.to_string().contains("missing column 'InstanceType'"), "{e}");
+        assert!(
+            e.to_string().contains("missing column 'InstanceType'"),
+            "{e}"
+        );
     }
 }

@@ -51,7 +51,9 @@ pub fn run(action: CatalogAction, dir: Option<&Path>, out: Output) -> Result<Exi
                     vec![
                         s.cloud.clone(),
                         s.rows.to_string(),
-                        s.taken.map(|d| d.to_string()).unwrap_or_else(|| "unknown".into()),
+                        s.taken
+                            .map(|d| d.to_string())
+                            .unwrap_or_else(|| "unknown".into()),
                         s.taken
                             .map(|d| (today.days() - d.days()).to_string())
                             .unwrap_or_else(|| "-".into()),

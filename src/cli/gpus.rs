@@ -65,14 +65,20 @@ fn better(cur: &mut Option<Cheapest>, price: Option<f64>, o: &Offering) {
 pub fn gpu_rows(offerings: &[Offering], name: Option<&str>, cloud: Option<&str>) -> Vec<GpuRow> {
     let mut rows: BTreeMap<(String, u32, String), GpuRow> = BTreeMap::new();
     for o in offerings {
-        let Some(acc) = o.accelerator.as_deref() else { continue };
+        let Some(acc) = o.accelerator.as_deref() else {
+            continue;
+        };
         if acc == ANY_ACCELERATOR
             || name.is_some_and(|n| !n.eq_ignore_ascii_case(acc))
             || cloud.is_some_and(|c| c != o.cloud)
         {
             continue;
         }
-        let key = (acc.to_string(), (o.accelerator_count * 100.0) as u32, o.cloud.clone());
+        let key = (
+            acc.to_string(),
+            (o.accelerator_count * 100.0) as u32,
+            o.cloud.clone(),
+        );
         let row = rows.entry(key).or_insert_with(|| GpuRow {
             accelerator: acc.to_string(),
             count: o.accelerator_count,
@@ -88,7 +94,11 @@ pub fn gpu_rows(offerings: &[Offering], name: Option<&str>, cloud: Option<&str>)
 }
 
 /// `gangway show-gpus`.
-pub fn show_gpus(a: &ShowGpusArgs, catalog_dir: Option<&Path>, out: Output) -> Result<ExitCode, Error> {
+pub fn show_gpus(
+    a: &ShowGpusArgs,
+    catalog_dir: Option<&Path>,
+    out: Output,
+) -> Result<ExitCode, Error> {
     let catalog = load_catalog(catalog_dir)?;
     let rows = gpu_rows(catalog.offerings(), a.name.as_deref(), a.cloud.as_deref());
     if rows.is_empty() {
@@ -104,7 +114,10 @@ pub fn show_gpus(a: &ShowGpusArgs, catalog_dir: Option<&Path>, out: Output) -> R
             message: format!(
                 "no GPU offering matches {}{}",
                 a.name.as_deref().unwrap_or("any GPU"),
-                a.cloud.as_deref().map(|c| format!(" on {c}")).unwrap_or_default()
+                a.cloud
+                    .as_deref()
+                    .map(|c| format!(" on {c}"))
+                    .unwrap_or_default()
             ),
             hint: Some(hint),
         });
@@ -123,7 +136,9 @@ pub fn show_gpus(a: &ShowGpusArgs, catalog_dir: Option<&Path>, out: Output) -> R
             vec![
                 r.accelerator.clone(),
                 format!("{}", r.count),
-                r.memory_gib.map(|m| format!("{m:.0}")).unwrap_or_else(|| "-".into()),
+                r.memory_gib
+                    .map(|m| format!("{m:.0}"))
+                    .unwrap_or_else(|| "-".into()),
                 r.cloud.clone(),
                 price(&r.on_demand),
                 price(&r.spot),
@@ -131,7 +146,14 @@ pub fn show_gpus(a: &ShowGpusArgs, catalog_dir: Option<&Path>, out: Output) -> R
         })
         .collect();
     table::print(
-        &["GPU", "COUNT", "GIB/GPU", "CLOUD", "CHEAPEST ON-DEMAND $/H", "CHEAPEST SPOT $/H"],
+        &[
+            "GPU",
+            "COUNT",
+            "GIB/GPU",
+            "CLOUD",
+            "CHEAPEST ON-DEMAND $/H",
+            "CHEAPEST SPOT $/H",
+        ],
         &table_rows,
     )?;
     Ok(ExitCode::Ok)

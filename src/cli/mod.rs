@@ -196,7 +196,10 @@ pub fn load_catalog(dir: Option<&std::path::Path>) -> Result<Catalog, Error> {
             eprintln!("  {w}");
         }
         if c.warnings.len() > 10 {
-            eprintln!("  ... and {} more (see `gangway catalog show`)", c.warnings.len() - 10);
+            eprintln!(
+                "  ... and {} more (see `gangway catalog show`)",
+                c.warnings.len() - 10
+            );
         }
     }
     Ok(c)
@@ -235,11 +238,27 @@ mod tests {
     #[test]
     fn launch_flags_parse() {
         let c = Cli::try_parse_from([
-            "gangway", "launch", "t.yaml", "-c", "x", "--gpus", "A100:8", "--num-nodes", "2",
-            "--use-spot", "--env", "A=1", "-y", "-d", "--down", "--dry-run",
+            "gangway",
+            "launch",
+            "t.yaml",
+            "-c",
+            "x",
+            "--gpus",
+            "A100:8",
+            "--num-nodes",
+            "2",
+            "--use-spot",
+            "--env",
+            "A=1",
+            "-y",
+            "-d",
+            "--down",
+            "--dry-run",
         ])
         .unwrap();
-        let Command::Launch(a) = c.command else { panic!("not launch") };
+        let Command::Launch(a) = c.command else {
+            panic!("not launch")
+        };
         assert!(a.dry_run && a.yes && a.detach && a.down);
         assert_eq!(a.cluster.as_deref(), Some("x"));
         assert_eq!(a.task.gpus.as_deref(), Some("A100:8"));
@@ -250,6 +269,8 @@ mod tests {
 
     #[test]
     fn num_nodes_must_be_positive() {
-        assert!(Cli::try_parse_from(["gangway", "optimize", "t.yaml", "--num-nodes", "0"]).is_err());
+        assert!(
+            Cli::try_parse_from(["gangway", "optimize", "t.yaml", "--num-nodes", "0"]).is_err()
+        );
     }
 }

@@ -72,9 +72,11 @@ impl TaskArgs {
             envs.extend(spec::read_env_file(f).map_err(|e| Error::usage(e, None))?);
         }
         for e in &self.env {
-            envs.push(spec::parse_assignment(e).map_err(|m| {
-                Error::usage(format!("--env: {m}"), Some("write --env KEY=VALUE"))
-            })?);
+            envs.push(
+                spec::parse_assignment(e).map_err(|m| {
+                    Error::usage(format!("--env: {m}"), Some("write --env KEY=VALUE"))
+                })?,
+            );
         }
         task.set_envs(&envs);
         let mut secrets = Vec::new();
@@ -137,12 +139,13 @@ pub fn plan(
         types_per_region: types_per_region.max(1),
         ..Options::default()
     };
-    let plan = optimizer::optimize(&task, &catalog, &Blocklist::default(), &opts).map_err(
-        |why| Error::NoResources {
-            task: task_name(&task, &args.task),
-            why,
-        },
-    )?;
+    let plan =
+        optimizer::optimize(&task, &catalog, &Blocklist::default(), &opts).map_err(|why| {
+            Error::NoResources {
+                task: task_name(&task, &args.task),
+                why,
+            }
+        })?;
     Ok((task, plan))
 }
 
@@ -169,7 +172,9 @@ pub fn launch(a: &LaunchArgs, catalog_dir: Option<&Path>, out: Output) -> Result
                 a.task.task.display(),
                 missing.join(", ")
             ),
-            Some("give each with --env KEY=VALUE or --secret KEY=VALUE, or list them in --env-file"),
+            Some(
+                "give each with --env KEY=VALUE or --secret KEY=VALUE, or list them in --env-file",
+            ),
         ));
     }
     if a.dry_run {
@@ -177,11 +182,18 @@ pub fn launch(a: &LaunchArgs, catalog_dir: Option<&Path>, out: Output) -> Result
         return Ok(ExitCode::Ok);
     }
     Err(Error::NotImplemented(
-        "launch (provisioning arrives with the local provider; use --dry-run to see the plan)".into(),
+        "launch (provisioning arrives with the local provider; use --dry-run to see the plan)"
+            .into(),
     ))
 }
 
-fn render(task: &Task, path: &Path, plan: &[Candidate], out: Output, limit: usize) -> Result<(), Error> {
+fn render(
+    task: &Task,
+    path: &Path,
+    plan: &[Candidate],
+    out: Output,
+    limit: usize,
+) -> Result<(), Error> {
     if out == Output::Json {
         return print_json(&json!({ "plan": plan }));
     }
@@ -204,7 +216,11 @@ fn render(task: &Task, path: &Path, plan: &[Candidate], out: Output, limit: usiz
         best.instance_type,
         best.total_per_hour
     );
-    let shown = if limit == 0 { plan.len() } else { limit.min(plan.len()) };
+    let shown = if limit == 0 {
+        plan.len()
+    } else {
+        limit.min(plan.len())
+    };
     let rows: Vec<Vec<String>> = plan[..shown]
         .iter()
         .map(|c| {
@@ -224,7 +240,16 @@ fn render(task: &Task, path: &Path, plan: &[Candidate], out: Output, limit: usiz
         })
         .collect();
     table::print(
-        &["CLOUD", "REGION", "ZONE", "INSTANCE TYPE", "GPUS", "SPOT", "$/H PER NODE", "$/H TOTAL"],
+        &[
+            "CLOUD",
+            "REGION",
+            "ZONE",
+            "INSTANCE TYPE",
+            "GPUS",
+            "SPOT",
+            "$/H PER NODE",
+            "$/H TOTAL",
+        ],
         &rows,
     )?;
     if shown < plan.len() {

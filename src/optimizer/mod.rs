@@ -13,7 +13,7 @@ use std::time::SystemTime;
 use serde::Serialize;
 
 use crate::catalog::{Catalog, Offering, ANY_ACCELERATOR};
-use crate::spec::{Accelerators, ResourceSpec, Task};
+use crate::spec::{Accelerators, Quantity, ResourceSpec, Task};
 
 /// How many instance types to keep per (group, cloud, region).
 pub const DEFAULT_TYPES_PER_REGION: usize = 3;
@@ -150,32 +150,36 @@ fn pool<'c>(catalog: &'c Catalog, spec: &ResourceSpec) -> Vec<&'c Offering> {
     out
 }
 
+/// A CPU-only task that names no size gets at least 4 vCPUs, as SkyPilot
+/// does, rather than the smallest burstable machine in the catalog.
+pub const DEFAULT_CPUS: Quantity = Quantity {
+    value: 4.0,
+    at_least: true,
+};
+
+fn default_cpus(spec: &ResourceSpec) -> Option<Quantity> {
+    (spec.accelerators.is_none() && spec.instance_type.is_none() && spec.memory.is_none())
+        .then_some(DEFAULT_CPUS)
+}
+
 type Stage<'a> = (&'a str, Box<dyn Fn(&Offering) -> bool + 'a>);
 
 /// Filters in the order they are explained when nothing survives.
-fn stages<'a>(
-    spec: &'a ResourceSpec,
-    blocklist: &'a Blocklist,
-    now: SystemTime,
-) -> Vec<Stage<'a>> {
+fn stages<'a>(spec: &'a ResourceSpec, blocklist: &'a Blocklist, now: SystemTime) -> Vec<Stage<'a>> {
     let spot = spec.use_spot.unwrap_or(false);
     let mut v: Vec<Stage<'a>> = Vec::new();
-    if let Some((_, count)) = accel_of(spec) {
-        v.push(("count", Box::new(move |o| same_count(o.accelerator_count, count))));
-    }
-    let local_pinned = spec.infra.cloud.as_deref() == Some("local");
     v.push((
         "cloud",
         Box::new(move |o| match spec.infra.cloud.as_deref() {
             Some(c) => o.cloud == c,
-            // The local provider's fake GPUs are only used when asked for.
-            None => o.cloud != "local" || o.accelerator.is_none(),
+            // The local provider runs on this machine: only when asked for.
+            None => o.cloud != "local",
         }),
     ));
-    if !local_pinned {
+    if let Some((_, count)) = accel_of(spec) {
         v.push((
-            "wildcard",
-            Box::new(|o| o.accelerator.as_deref() != Some(ANY_ACCELERATOR)),
+            "count",
+            Box::new(move |o| same_count(o.accelerator_count, count)),
         ));
     }
     v.push((
@@ -194,9 +198,10 @@ fn stages<'a>(
                 .is_none_or(|t| o.instance_type == t)
         }),
     ));
+    let cpus = spec.cpus.or_else(|| default_cpus(spec));
     v.push((
         "cpus",
-        Box::new(move |o| spec.cpus.is_none_or(|q| q.admits(o.vcpus as f64))),
+        Box::new(move |o| cpus.is_none_or(|q| q.admits(o.vcpus as f64))),
     ));
     v.push((
         "memory",
@@ -222,7 +227,10 @@ fn stages<'a>(
             }
         }),
     ));
-    v.push(("blocklist", Box::new(move |o| blocklist.blocks(o, now).is_none())));
+    v.push((
+        "blocklist",
+        Box::new(move |o| blocklist.blocks(o, now).is_none()),
+    ));
     v
 }
 
@@ -366,7 +374,12 @@ fn counts(v: &[&Offering]) -> String {
 }
 
 /// Says which constraint eliminated the last offerings for `spec`.
-pub fn explain(catalog: &Catalog, spec: &ResourceSpec, blocklist: &Blocklist, now: SystemTime) -> String {
+pub fn explain(
+    catalog: &Catalog,
+    spec: &ResourceSpec,
+    blocklist: &Blocklist,
+    now: SystemTime,
+) -> String {
     let what = match (accel_of(spec), &spec.instance_type) {
         (Some((n, c)), _) => format!("{n}:{c}"),
         (None, Some(t)) => format!("instance type {t}"),
@@ -408,9 +421,13 @@ pub fn explain(catalog: &Catalog, spec: &ResourceSpec, blocklist: &Blocklist, no
                 accel_of(spec).map(|a| a.0).unwrap_or_default(),
                 counts(&left)
             ),
-            "cloud" | "wildcard" => format!(
-                "{what} is offered only on {clouds}; not on {}",
-                spec.infra.cloud.as_deref().unwrap_or("any cloud without infra: local")
+            "cloud" => format!(
+                "{} is offered only on {clouds}; not on {}",
+                accel_of(spec).map_or(what.as_str(), |a| a.0),
+                spec.infra
+                    .cloud
+                    .as_deref()
+                    .unwrap_or("any cloud but local (use infra: local)")
             ),
             "region" => match spec.infra.cloud.as_deref() {
                 Some(cloud) => format!(
@@ -435,7 +452,10 @@ pub fn explain(catalog: &Catalog, spec: &ResourceSpec, blocklist: &Blocklist, no
             ),
             "cpus" => format!(
                 "no {what} offering has cpus {} (offered: {})",
-                spec.cpus.map(|q| q.to_string()).unwrap_or_default(),
+                spec.cpus
+                    .or_else(|| default_cpus(spec))
+                    .map(|q| q.to_string())
+                    .unwrap_or_default(),
                 list(left.iter().map(|o| format!("{}", o.vcpus)))
             ),
             "memory" => format!(
@@ -445,7 +465,11 @@ pub fn explain(catalog: &Catalog, spec: &ResourceSpec, blocklist: &Blocklist, no
             ),
             "market" => format!(
                 "{what} has no {} price where the other constraints allow",
-                if spec.use_spot.unwrap_or(false) { "spot" } else { "on-demand" }
+                if spec.use_spot.unwrap_or(false) {
+                    "spot"
+                } else {
+                    "on-demand"
+                }
             ),
             "max_hourly_cost" => {
                 let spot = spec.use_spot.unwrap_or(false);
