@@ -187,20 +187,12 @@ pub fn load_catalog(dir: Option<&std::path::Path>) -> Result<Catalog, Error> {
             s.taken.map(|d| d.to_string()).unwrap_or_default()
         );
     }
-    if !c.warnings.is_empty() {
+    if let Some(first) = c.warnings.first() {
         eprintln!(
-            "warning: skipped {} catalog row(s) that could not be parsed:",
+            "warning: skipped {} catalog row(s) that could not be used (first: {first}); \
+             `gangway catalog show` lists them all",
             c.warnings.len()
         );
-        for w in c.warnings.iter().take(10) {
-            eprintln!("  {w}");
-        }
-        if c.warnings.len() > 10 {
-            eprintln!(
-                "  ... and {} more (see `gangway catalog show`)",
-                c.warnings.len() - 10
-            );
-        }
     }
     Ok(c)
 }

@@ -66,6 +66,13 @@ impl TaskArgs {
     /// Loads the task and applies every override. Missing env values are
     /// left as they are; see [`Task::missing_values`].
     pub fn load(&self) -> Result<Task, Error> {
+        // Flags first: a wrong flag is reported before the file is read.
+        let parse =
+            |flag: &str, v: &Option<String>| v.as_ref().map(|t| flag_spec(flag, t)).transpose();
+        let infra = parse("--infra", &self.infra)?;
+        let gpus = parse("--gpus", &self.gpus)?;
+        let cpus = parse("--cpus", &self.cpus)?;
+        let memory = parse("--memory", &self.memory)?;
         let mut task = spec::load(&self.task)?;
         let mut envs = Vec::new();
         if let Some(f) = &self.env_file {
@@ -94,23 +101,19 @@ impl TaskArgs {
         if let Some(n) = self.num_nodes {
             task.num_nodes = n;
         }
-        if let Some(t) = &self.infra {
-            let s = flag_spec("--infra", t)?;
+        if let Some(s) = infra {
             apply_to_all(&mut task, |r| r.infra = s.infra.clone());
         }
-        if let Some(t) = &self.gpus {
-            let s = flag_spec("--gpus", t)?;
+        if let Some(s) = gpus {
             apply_to_all(&mut task, |r| {
                 r.accelerators = s.accelerators.clone();
                 r.instance_type = None;
             });
         }
-        if let Some(t) = &self.cpus {
-            let s = flag_spec("--cpus", t)?;
+        if let Some(s) = cpus {
             apply_to_all(&mut task, |r| r.cpus = s.cpus);
         }
-        if let Some(t) = &self.memory {
-            let s = flag_spec("--memory", t)?;
+        if let Some(s) = memory {
             apply_to_all(&mut task, |r| r.memory = s.memory);
         }
         if let Some(t) = &self.instance_type {

@@ -391,12 +391,9 @@ pub fn explain(
             (Some((n, _)), _) => {
                 let names = catalog.accelerator_names();
                 let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-                let lower: Vec<String> = refs.iter().map(|n| n.to_ascii_lowercase()).collect();
-                let lrefs: Vec<&str> = lower.iter().map(String::as_str).collect();
-                match crate::spec::closest_name(n, &lrefs) {
-                    Some(i) => format!(
-                        "no offering of accelerator '{n}' in the catalog; did you mean '{}'?",
-                        refs[lrefs.iter().position(|x| *x == i).unwrap_or(0)]
+                match crate::spec::closest_name(n, &refs) {
+                    Some(near) => format!(
+                        "no offering of accelerator '{n}' in the catalog; did you mean '{near}'?"
                     ),
                     None => format!(
                         "no offering of accelerator '{n}' in the catalog (known: {})",

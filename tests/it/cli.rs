@@ -1,0 +1,439 @@
+//! The CLI's contract: exit codes, JSON shapes, messages.
+
+use serde_json::Value;
+
+use crate::common::{gangway, parts, root, write};
+
+const FIXTURE: &str = "tests/fixtures/catalog";
+
+fn json(stdout: &str) -> Value {
+    serde_json::from_str(stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}):\n{stdout}"))
+}
+
+fn task(dir: &tempfile::TempDir, yaml: &str) -> String {
+    write(dir.path(), "task.yaml", yaml).display().to_string()
+}
+
+#[test]
+fn optimize_json_is_the_documented_shape_cheapest_first() {
+    let d = tempfile::tempdir().unwrap();
+    let t = task(&d, "num_nodes: 4\nresources:\n  any_of:\n    - accelerators: H100:8\n    - accelerators: A100:8\nrun: x\n");
+    let (code, out, err) = parts(&gangway(["optimize", &t, "--output", "json"]));
+    assert_eq!(code, 0, "{err}");
+    let v = json(&out);
+    let plan = v["plan"].as_array().expect("plan is a list");
+    assert!(plan.len() >= 4, "{plan:?}");
+    let keys = [
+        "cloud",
+        "region",
+        "zone",
+        "instance_type",
+        "accelerator",
+        "accelerator_count",
+        "use_spot",
+        "nodes",
+        "price_per_node_hour",
+        "total_per_hour",
+    ];
+    let mut last = 0.0;
+    for row in plan {
+        let obj = row.as_object().unwrap();
+        let mut got: Vec<&str> = obj.keys().map(String::as_str).collect();
+        got.sort();
+        let mut want = keys.to_vec();
+        want.sort();
+        assert_eq!(got, want);
+        assert_eq!(row["nodes"], 4);
+        assert_eq!(row["accelerator_count"], 8.0);
+        assert!(["H100", "A100"].contains(&row["accelerator"].as_str().unwrap()));
+        let per = row["price_per_node_hour"].as_f64().unwrap();
+        let total = row["total_per_hour"].as_f64().unwrap();
+        assert!((total - 4.0 * per).abs() < 1e-9);
+        assert!(total >= last, "not cheapest first: {total} after {last}");
+        last = total;
+    }
+    // Several clouds and regions stay in the plan for failover.
+    let clouds: std::collections::BTreeSet<_> =
+        plan.iter().map(|r| r["cloud"].as_str().unwrap()).collect();
+    assert!(
+        clouds.contains("aws") && clouds.contains("gcp"),
+        "{clouds:?}"
+    );
+}
+
+#[test]
+fn skypilot_catalog_dir_gives_a_golden_plan_and_names_bad_rows() {
+    let d = tempfile::tempdir().unwrap();
+    let t = task(
+        &d,
+        "resources:\n  accelerators: H100:8\n  use_spot: true\nrun: x\n",
+    );
+    let (code, out, err) = parts(&gangway([
+        "optimize",
+        &t,
+        "--catalog",
+        FIXTURE,
+        "-o",
+        "json",
+    ]));
+    assert_eq!(code, 0, "{err}");
+    let rows: Vec<String> = json(&out)["plan"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            format!(
+                "{} {} {} {:.5}",
+                r["cloud"].as_str().unwrap(),
+                r["zone"].as_str().unwrap(),
+                r["instance_type"].as_str().unwrap(),
+                r["total_per_hour"].as_f64().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        vec![
+            "aws use1-az4 p5.48xlarge 19.75000",
+            "aws use1-az2 p5.48xlarge 21.50000",
+            "gcp us-central1-a a3-highgpu-8g 33.86318",
+        ]
+    );
+    assert!(
+        err.contains("tests/fixtures/catalog/aws/vms.csv:7: Price: 'not-a-price' is not a number"),
+        "{err}"
+    );
+    // A V100 attaches to an N1 host; the offering costs host + GPU.
+    let t = task(
+        &d,
+        "resources:\n  accelerators: V100\n  infra: gcp\nrun: x\n",
+    );
+    let (code, out, err) = parts(&gangway([
+        "optimize",
+        &t,
+        "--catalog",
+        FIXTURE,
+        "-o",
+        "json",
+    ]));
+    assert_eq!(code, 0, "{err}");
+    let plan = json(&out)["plan"].clone();
+    assert_eq!(plan[0]["instance_type"], "n1-highmem-8");
+    assert!((plan[0]["price_per_node_hour"].as_f64().unwrap() - (0.4736 + 2.48)).abs() < 1e-9);
+    // The same directory through the environment variable.
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_gangway"))
+        .args(["optimize", &t, "-o", "json"])
+        .env("GANGWAY_CATALOG_DIR", root().join(FIXTURE))
+        .output()
+        .unwrap();
+    assert_eq!(json(&String::from_utf8_lossy(&o.stdout))["plan"], plan);
+}
+
+#[test]
+fn table_output_lists_the_plan() {
+    let d = tempfile::tempdir().unwrap();
+    let t = task(&d, "name: t\nresources:\n  accelerators: H100:8\nrun: x\n");
+    let (code, out, _) = parts(&gangway(["optimize", &t, "--catalog", FIXTURE]));
+    assert_eq!(code, 0);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].starts_with(
+            "Plan for 't': 1 node, 4 candidates; cheapest aws p5.48xlarge at $55.04/h"
+        ),
+        "{out}"
+    );
+    assert!(
+        lines[1].starts_with("CLOUD") && lines[1].contains("$/H TOTAL"),
+        "{out}"
+    );
+    assert_eq!(lines.len(), 6, "{out}");
+    let (_, out, _) = parts(&gangway([
+        "optimize",
+        &t,
+        "--catalog",
+        FIXTURE,
+        "--limit",
+        "1",
+    ]));
+    assert!(out.contains("... and 3 more"), "{out}");
+}
+
+#[test]
+fn no_feasible_placement_exits_3_and_says_why() {
+    let d = tempfile::tempdir().unwrap();
+    let t = task(
+        &d,
+        "resources:\n  accelerators: H200:8\n  infra: '*/eu-north-1'\nrun: x\n",
+    );
+    let (code, out, err) = parts(&gangway(["optimize", &t]));
+    assert_eq!(code, 3, "{err}");
+    assert!(out.is_empty());
+    assert!(
+        err.contains("H200:8 is offered only on aws, gcp; none of them in region eu-north-1"),
+        "{err}"
+    );
+    let (code, _, _) = parts(&gangway(["launch", "--dry-run", &t]));
+    assert_eq!(code, 3);
+}
+
+#[test]
+fn show_gpus_lists_cheapest_by_cloud_and_refuses_unknown_names() {
+    let (code, out, err) = parts(&gangway(["show-gpus", "h100", "-o", "json"]));
+    assert_eq!(code, 0, "{err}");
+    let v = json(&out);
+    let rows = v["gpus"].as_array().unwrap();
+    assert!(rows.iter().all(|r| r["accelerator"] == "H100"));
+    for cloud in ["aws", "gcp"] {
+        assert!(
+            rows.iter()
+                .any(|r| r["cloud"] == cloud && r["count"] == 8.0),
+            "{cloud} H100:8 missing"
+        );
+    }
+    for r in rows {
+        if let (Some(od), Some(spot)) = (
+            r["on_demand"]["price"].as_f64(),
+            r["spot"]["price"].as_f64(),
+        ) {
+            assert!(spot < od, "spot above on-demand in {r}");
+        }
+    }
+    let (code, out, _) = parts(&gangway([
+        "show-gpus",
+        "--catalog",
+        FIXTURE,
+        "--cloud",
+        "aws",
+    ]));
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("H100") && out.contains("A100") && !out.contains("V100"),
+        "{out}"
+    );
+    let (code, _, err) = parts(&gangway(["show-gpus", "H10"]));
+    assert_eq!(code, 2);
+    assert!(err.contains("did you mean 'H100'?"), "{err}");
+}
+
+#[test]
+fn unfinished_commands_say_so_with_exit_10() {
+    let d = tempfile::tempdir().unwrap();
+    let t = task(&d, "run: echo hi\n");
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["launch", &t],
+        vec!["exec", "c", "ls"],
+        vec!["status"],
+        vec!["queue", "c"],
+        vec!["logs", "c"],
+        vec!["cancel", "c"],
+        vec!["down", "c"],
+        vec!["stop", "c"],
+        vec!["start", "c"],
+        vec!["autostop", "c", "-i", "10"],
+        vec!["jobs", "queue"],
+        vec!["check"],
+        vec!["catalog", "refresh"],
+    ];
+    for args in cases {
+        let (code, out, err) = parts(&gangway(&args));
+        assert_eq!(code, 10, "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?}");
+        assert!(err.contains("not implemented yet"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn help_version_completions_and_bad_flags() {
+    let (code, out, _) = parts(&gangway(["--help"]));
+    assert_eq!(code, 0);
+    for cmd in [
+        "launch",
+        "exec",
+        "status",
+        "logs",
+        "down",
+        "stop",
+        "start",
+        "jobs",
+        "check",
+        "show-gpus",
+        "optimize",
+        "catalog",
+    ] {
+        assert!(out.contains(cmd), "--help lacks {cmd}");
+    }
+    let (code, out, _) = parts(&gangway(["--version"]));
+    assert_eq!(code, 0);
+    assert!(out.starts_with("gangway "));
+    for shell in ["bash", "zsh", "fish"] {
+        let (code, out, _) = parts(&gangway(["completions", shell]));
+        assert_eq!(code, 0);
+        assert!(
+            out.contains("optimize") && out.contains("show-gpus"),
+            "{shell}"
+        );
+    }
+    let (code, _, err) = parts(&gangway(["optimize", "--no-such-flag", "x.yaml"]));
+    assert_eq!(code, 2, "{err}");
+    let (code, _, err) = parts(&gangway(["optimize", "x.yaml", "--gpus", "A100:zero"]));
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("--gpus 'A100:zero': expected a GPU count after ':', found 'zero'"),
+        "{err}"
+    );
+    let (code, _, err) = parts(&gangway(["optimize", "x.yaml", "--infra", "awss"]));
+    assert_eq!(code, 2);
+    assert!(err.contains("did you mean 'aws'?"), "{err}");
+}
+
+#[test]
+fn overrides_change_the_plan() {
+    let d = tempfile::tempdir().unwrap();
+    let t = task(&d, "resources:\n  accelerators: A100:8\nrun: x\n");
+    let (code, out, err) = parts(&gangway([
+        "optimize",
+        &t,
+        "--catalog",
+        FIXTURE,
+        "--gpus",
+        "H100:8",
+        "--infra",
+        "aws/us-east-1",
+        "--use-spot",
+        "--num-nodes",
+        "2",
+        "-o",
+        "json",
+    ]));
+    assert_eq!(code, 0, "{err}");
+    let plan = json(&out)["plan"].clone();
+    assert_eq!(plan.as_array().unwrap().len(), 2);
+    assert_eq!(plan[0]["zone"], "use1-az4");
+    assert_eq!(plan[0]["use_spot"], true);
+    assert_eq!(plan[0]["nodes"], 2);
+    assert!((plan[0]["total_per_hour"].as_f64().unwrap() - 39.5).abs() < 1e-9);
+}
+
+#[test]
+fn required_envs_and_secrets_must_be_given_and_secrets_never_show() {
+    let d = tempfile::tempdir().unwrap();
+    let t = task(
+        &d,
+        "envs:\n  DATA: null\nsecrets:\n  HF_TOKEN: null\nrun: echo $DATA\n",
+    );
+    let (code, _, err) = parts(&gangway(["launch", "--dry-run", &t]));
+    assert_eq!(code, 2);
+    assert!(err.contains("no value for DATA, HF_TOKEN"), "{err}");
+    let env_file = write(d.path(), "vals.env", "# comment\nexport DATA=\"/data\"\n");
+    let secret = "hf_superSecretValue123";
+    let (code, out, err) = parts(&gangway([
+        "launch",
+        "--dry-run",
+        &t,
+        "--env-file",
+        env_file.to_str().unwrap(),
+        "--secret",
+        &format!("HF_TOKEN={secret}"),
+        "-o",
+        "json",
+        "-vvv",
+    ]));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        !out.contains(secret) && !err.contains(secret),
+        "secret leaked"
+    );
+    // A malformed --secret must not echo its value either.
+    let (code, _, err) = parts(&gangway([
+        "launch",
+        "--dry-run",
+        &t,
+        "--secret",
+        &format!("1BAD={secret}"),
+    ]));
+    assert_eq!(code, 2);
+    assert!(!err.contains(secret), "{err}");
+    // optimize plans without the values but notes them.
+    let (code, _, err) = parts(&gangway(["optimize", &t]));
+    assert_eq!(code, 0);
+    assert!(err.contains("DATA, HF_TOKEN must be given"), "{err}");
+}
+
+#[test]
+fn stale_prices_and_bad_catalog_dirs_are_reported() {
+    let d = tempfile::tempdir().unwrap();
+    let t = task(
+        &d,
+        "resources:\n  accelerators: A10G\n  infra: aws\nrun: x\n",
+    );
+    let (code, _, err) = parts(&gangway([
+        "optimize",
+        &t,
+        "--catalog",
+        "tests/fixtures/stale",
+    ]));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("aws prices from tests/fixtures/stale/aws.csv were taken on 2020-01-15"),
+        "{err}"
+    );
+    assert!(err.contains("days ago"), "{err}");
+    let (code, _, err) = parts(&gangway([
+        "optimize",
+        &t,
+        "--catalog",
+        "/nonexistent/catalog",
+    ]));
+    assert_eq!(code, 2);
+    assert!(err.contains("/nonexistent/catalog"), "{err}");
+    let empty = tempfile::tempdir().unwrap();
+    let (code, _, err) = parts(&gangway([
+        "optimize",
+        &t,
+        "--catalog",
+        empty.path().to_str().unwrap(),
+    ]));
+    assert_eq!(code, 2);
+    assert!(err.contains("no catalog files found"), "{err}");
+}
+
+#[test]
+fn catalog_show_reports_sources_and_dates() {
+    let (code, out, err) = parts(&gangway(["catalog", "show", "-o", "json"]));
+    assert_eq!(code, 0, "{err}");
+    let v = json(&out);
+    let clouds: Vec<&str> = v["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["cloud"].as_str().unwrap())
+        .collect();
+    assert_eq!(clouds, vec!["aws", "gcp", "local"]);
+    assert!(v["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|s| s["taken"].is_string() && s["rows"].as_u64().unwrap() > 0));
+    assert_eq!(v["warnings"].as_array().unwrap().len(), 0);
+}
+
+#[test]
+fn every_example_plans() {
+    let mut n = 0;
+    for e in std::fs::read_dir(root().join("examples")).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "yaml") {
+            n += 1;
+            let (code, out, err) = parts(&gangway([
+                "optimize".as_ref(),
+                p.as_os_str(),
+                "-o".as_ref(),
+                "json".as_ref(),
+            ]));
+            assert_eq!(code, 0, "{}: {err}", p.display());
+            assert!(!json(&out)["plan"].as_array().unwrap().is_empty());
+        }
+    }
+    assert!(n >= 3);
+}

@@ -1,0 +1,5 @@
+//! Integration tests: the real binary, end to end.
+
+mod cli;
+mod common;
+mod compat;
