@@ -27,8 +27,9 @@ pub enum ExitCode {
 /// Everything a command can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A task file was refused.
-    #[error("{0}")]
+    /// A task file was refused. Transparent: the `SpecError` is the whole
+    /// message, not a cause to print again under it.
+    #[error(transparent)]
     Spec(#[from] SpecError),
     /// Flags or other input were wrong.
     #[error("{message}")]

@@ -51,7 +51,10 @@ const TOP_FIELDS: &[&str] = &[
 
 /// SkyPilot features we recognise but do not run yet.
 const TOP_UNSUPPORTED: &[(&str, &str)] = &[
-    ("service", "service (serving replicas; use `sky serve` for now)"),
+    (
+        "service",
+        "service (serving replicas; use `sky serve` for now)",
+    ),
     ("pool", "pool (worker pools)"),
     ("volumes", "volumes"),
     ("execution", "job groups (`execution:`)"),
@@ -93,19 +96,8 @@ struct Cx<'a> {
 }
 
 impl Cx<'_> {
-    fn err(&self, node: &Node, field: &str, message: impl Into<String>) -> SpecError {
-        SpecError {
-            file: self.file.to_string(),
-            line: node.pos.line,
-            col: node.pos.col,
-            field: field.to_string(),
-            message: message.into(),
-            hint: None,
-            unsupported: false,
-        }
-    }
-
-    fn err_hint(
+    /// An error at `node`; every error says what to do about it.
+    fn err(
         &self,
         node: &Node,
         field: &str,
@@ -113,45 +105,50 @@ impl Cx<'_> {
         hint: impl Into<String>,
     ) -> SpecError {
         SpecError {
+            file: self.file.to_string(),
+            line: node.pos.line,
+            col: node.pos.col,
+            field: field.to_string(),
+            message: message.into(),
             hint: Some(hint.into()),
-            ..self.err(node, field, message)
+            unsupported: false,
         }
     }
 
-    fn expected(&self, node: &Node, field: &str, what: &str) -> SpecError {
+    fn expected(&self, node: &Node, field: &str, what: &str, hint: impl Into<String>) -> SpecError {
         self.err(
             node,
             field,
             format!("expected {what}, found {}", node.describe()),
+            hint,
         )
     }
 
-    /// The entries of a mapping, with unknown and duplicate keys refused.
+    /// The entries of a mapping, with unknown keys refused. (Duplicate keys
+    /// never get here: the YAML reader refuses them.) `hint` is for when the
+    /// node is not a mapping at all.
     fn fields<'n>(
         &self,
         node: &'n Node,
         field: &str,
         allowed: &[&str],
+        hint: &str,
     ) -> R<Vec<(&'n str, &'n Node, &'n Node)>> {
         let Kind::Map(items) = &node.kind else {
-            return Err(self.expected(node, field, "a mapping of fields"));
+            return Err(self.expected(node, field, "a mapping of fields", hint));
         };
         let mut out: Vec<(&str, &Node, &Node)> = Vec::with_capacity(items.len());
         for (k, v) in items {
             let Kind::Scalar { text: key, .. } = &k.kind else {
-                return Err(self.expected(k, field, "a field name"));
+                return Err(self.expected(
+                    k,
+                    field,
+                    "a field name",
+                    format!("field names are plain words: {}", allowed.join(", ")),
+                ));
             };
-            let path = join(field, key);
             if !allowed.contains(&key.as_str()) {
                 return Err(self.unknown_field(k, field, key, allowed));
-            }
-            if out.iter().any(|(seen, _, _)| *seen == key) {
-                return Err(self.err_hint(
-                    k,
-                    &path,
-                    format!("field '{key}' appears twice"),
-                    "remove one of them",
-                ));
             }
             out.push((key.as_str(), k, v));
         }
@@ -165,13 +162,21 @@ impl Cx<'_> {
             Some(b) => format!("did you mean '{b}'?"),
             None => format!("expected one of: {}", allowed.join(", ")),
         };
-        self.err_hint(k, &path, format!("unknown field '{key}'"), hint)
+        self.err(k, &path, format!("unknown field '{key}'"), hint)
     }
 
     fn string(&self, node: &Node, field: &str) -> R<String> {
         match &node.kind {
             Kind::Scalar { text, .. } => Ok(text.clone()),
-            _ => Err(self.expected(node, field, "a string")),
+            Kind::Null => {
+                Err(self.expected(node, field, "a string", "write a value after the ':'"))
+            }
+            _ => Err(self.expected(
+                node,
+                field,
+                "a string",
+                "write a single value; quote it if it starts with '[' or '{'",
+            )),
         }
     }
 
@@ -194,7 +199,7 @@ impl Cx<'_> {
                 _ => {}
             }
         }
-        Err(self.err_hint(
+        Err(self.err(
             node,
             field,
             format!("expected true or false, found {}", shown(node)),
@@ -202,7 +207,7 @@ impl Cx<'_> {
         ))
     }
 
-    fn number(&self, node: &Node, field: &str) -> R<f64> {
+    fn number(&self, node: &Node, field: &str, hint: &str) -> R<f64> {
         if let Kind::Scalar { text, .. } = &node.kind {
             if let Ok(v) = text.trim().parse::<f64>() {
                 if v.is_finite() {
@@ -214,20 +219,16 @@ impl Cx<'_> {
             node,
             field,
             format!("expected a number, found {}", shown(node)),
+            hint,
         ))
     }
 
-    fn whole(&self, node: &Node, field: &str, min: u64, max: u64) -> R<u64> {
+    fn whole(&self, node: &Node, field: &str, min: u64, max: u64, hint: &str) -> R<u64> {
         if let Kind::Scalar { text, .. } = &node.kind {
             if let Ok(v) = text.trim().parse::<u64>() {
                 if (min..=max).contains(&v) {
                     return Ok(v);
                 }
-                return Err(self.err(
-                    node,
-                    field,
-                    format!("expected a whole number from {min} to {max}, found {v}"),
-                ));
             }
         }
         Err(self.err(
@@ -237,14 +238,8 @@ impl Cx<'_> {
                 "expected a whole number from {min} to {max}, found {}",
                 shown(node)
             ),
+            hint,
         ))
-    }
-
-    fn seq<'n>(&self, node: &'n Node, field: &str, what: &str) -> R<&'n [Node]> {
-        match &node.kind {
-            Kind::Seq(items) => Ok(items),
-            _ => Err(self.expected(node, field, what)),
-        }
     }
 }
 
@@ -257,10 +252,16 @@ fn join(parent: &str, key: &str) -> String {
 }
 
 fn shown(node: &Node) -> String {
+    const MAX: usize = 40;
     match &node.kind {
         Kind::Scalar { text, .. } => {
-            let t: String = text.chars().take(40).collect();
-            format!("'{t}'")
+            let t: String = text.chars().take(MAX).collect();
+            let more = if text.chars().nth(MAX).is_some() {
+                "..."
+            } else {
+                ""
+            };
+            format!("'{t}{more}'")
         }
         _ => node.describe().to_string(),
     }
@@ -271,7 +272,12 @@ pub fn closest<'a>(key: &str, allowed: &[&'a str]) -> Option<&'a str> {
     let lower = key.to_ascii_lowercase();
     allowed
         .iter()
-        .map(|a| (strsim::damerau_levenshtein(&lower, a), *a))
+        .map(|a| {
+            (
+                strsim::damerau_levenshtein(&lower, &a.to_ascii_lowercase()),
+                *a,
+            )
+        })
         .filter(|(d, a)| *d <= 2.max(a.len() / 4))
         .min()
         .map(|(_, a)| a)
@@ -285,7 +291,7 @@ pub fn task(doc: &Node, file: &str) -> R<Task> {
                 if let Some((_, what)) = TOP_UNSUPPORTED.iter().find(|(n, _)| n == text) {
                     return Err(SpecError {
                         unsupported: true,
-                        ..cx.err_hint(
+                        ..cx.err(
                             k,
                             text,
                             format!("not supported yet: {what}"),
@@ -296,7 +302,13 @@ pub fn task(doc: &Node, file: &str) -> R<Task> {
             }
         }
     }
-    let fields = cx.fields(doc, "", TOP_FIELDS)?;
+    let fields = cx.fields(
+        doc,
+        "",
+        TOP_FIELDS,
+        "a task file is a mapping of fields such as `run: python train.py`; \
+         see examples/hello.yaml",
+    )?;
     let mut t = Task {
         num_nodes: 1,
         ..Task::default()
@@ -305,7 +317,10 @@ pub fn task(doc: &Node, file: &str) -> R<Task> {
         match key {
             "name" => t.name = cx.opt_string(v, key)?,
             "workdir" => t.workdir = workdir(&cx, v)?,
-            "num_nodes" => t.num_nodes = cx.whole(v, key, 1, 4096)? as u32,
+            "num_nodes" => {
+                t.num_nodes =
+                    cx.whole(v, key, 1, 4096, "write how many machines to launch, e.g. 2")? as u32
+            }
             "resources" => t.resources = resources(&cx, v)?,
             "envs" => t.envs = env_map(&cx, v, key)?,
             "secrets" => {
@@ -330,14 +345,19 @@ fn command(cx: &Cx, v: &Node, field: &str) -> R<Option<String>> {
     match &v.kind {
         Kind::Null => Ok(None),
         Kind::Scalar { text, .. } => Ok(Some(text.clone())),
-        _ => Err(cx.err_hint(
+        _ => Err(cx.err(
             v,
             field,
-            format!("expected a shell command (a string), found {}", v.describe()),
+            format!(
+                "expected a shell command (a string), found {}",
+                v.describe()
+            ),
             format!("use a block string: `{field}: |` followed by indented lines"),
         )),
     }
 }
+
+const WORKDIR_HINT: &str = "write e.g. workdir: {url: https://github.com/org/repo, ref: main}";
 
 fn workdir(cx: &Cx, v: &Node) -> R<Option<Workdir>> {
     match &v.kind {
@@ -346,24 +366,18 @@ fn workdir(cx: &Cx, v: &Node) -> R<Option<Workdir>> {
         Kind::Map(_) => {
             let mut url = None;
             let mut git_ref = None;
-            for (key, _k, val) in cx.fields(v, "workdir", &["url", "ref"])? {
+            for (key, _k, val) in cx.fields(v, "workdir", &["url", "ref"], WORKDIR_HINT)? {
                 let path = join("workdir", key);
                 match key {
                     "url" => url = Some(cx.string(val, &path)?),
                     _ => git_ref = cx.opt_string(val, &path)?,
                 }
             }
-            let url = url.ok_or_else(|| {
-                cx.err_hint(
-                    v,
-                    "workdir",
-                    "a git workdir needs 'url'",
-                    "workdir: {url: https://github.com/org/repo, ref: main}",
-                )
-            })?;
+            let url =
+                url.ok_or_else(|| cx.err(v, "workdir", "a git workdir needs 'url'", WORKDIR_HINT))?;
             Ok(Some(Workdir::Git { url, git_ref }))
         }
-        _ => Err(cx.expected(v, "workdir", "a directory path or {url, ref}")),
+        _ => Err(cx.expected(v, "workdir", "a directory path or {url, ref}", WORKDIR_HINT)),
     }
 }
 
@@ -371,7 +385,14 @@ fn env_map(cx: &Cx, v: &Node, field: &str) -> R<Vec<(String, Option<String>)>> {
     let items = match &v.kind {
         Kind::Null => return Ok(Vec::new()),
         Kind::Map(items) => items,
-        _ => return Err(cx.expected(v, field, "a mapping of NAME: value")),
+        _ => {
+            return Err(cx.expected(
+                v,
+                field,
+                "a mapping of NAME: value",
+                format!("write `NAME: value` lines indented under {field}:"),
+            ))
+        }
     };
     let mut out: Vec<(String, Option<String>)> = Vec::new();
     for (k, val) in items {
@@ -381,29 +402,24 @@ fn env_map(cx: &Cx, v: &Node, field: &str) -> R<Vec<(String, Option<String>)>> {
             || name.starts_with(|c: char| c.is_ascii_digit())
             || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
         {
-            return Err(cx.err_hint(
+            return Err(cx.err(
                 k,
                 &path,
                 format!("'{name}' is not a valid environment variable name"),
                 "use letters, digits and _, not starting with a digit",
             ));
         }
-        if out.iter().any(|(n, _)| *n == name) {
-            return Err(cx.err_hint(
-                k,
-                &path,
-                format!("'{name}' appears twice"),
-                "remove one of them",
-            ));
-        }
         let value = match &val.kind {
             Kind::Null => None,
             Kind::Scalar { text, .. } => Some(text.clone()),
             _ => {
-                return Err(cx.err_hint(
+                return Err(cx.err(
                     val,
                     &path,
-                    format!("expected a string, number or null, found {}", val.describe()),
+                    format!(
+                        "expected a string, number or null, found {}",
+                        val.describe()
+                    ),
                     "quote the value; null means it must be given with --env/--secret",
                 ))
             }
@@ -412,6 +428,9 @@ fn env_map(cx: &Cx, v: &Node, field: &str) -> R<Vec<(String, Option<String>)>> {
     }
     Ok(out)
 }
+
+const MOUNT_HINT: &str =
+    "write e.g. /data: ./data, /data: s3://bucket, or /data: {source: s3://bucket, mode: MOUNT}";
 
 fn file_mounts(cx: &Cx, v: &Node) -> R<Vec<FileMount>> {
     let items = match &v.kind {
@@ -422,6 +441,7 @@ fn file_mounts(cx: &Cx, v: &Node) -> R<Vec<FileMount>> {
                 v,
                 "file_mounts",
                 "a mapping of /node/path: source",
+                "write `/path/on/node: source` lines indented under file_mounts:",
             ))
         }
     };
@@ -438,6 +458,7 @@ fn file_mounts(cx: &Cx, v: &Node) -> R<Vec<FileMount>> {
                     val,
                     &path,
                     &["name", "source", "store", "persistent", "mode"],
+                    MOUNT_HINT,
                 )? {
                     let fp = join(&path, key);
                     match key {
@@ -449,7 +470,7 @@ fn file_mounts(cx: &Cx, v: &Node) -> R<Vec<FileMount>> {
                             let m = cx.string(fv, &fp)?;
                             let up = m.to_ascii_uppercase();
                             if !["MOUNT", "COPY", "MOUNT_CACHED"].contains(&up.as_str()) {
-                                return Err(cx.err_hint(
+                                return Err(cx.err(
                                     fv,
                                     &fp,
                                     format!("unknown mode '{m}'"),
@@ -473,6 +494,7 @@ fn file_mounts(cx: &Cx, v: &Node) -> R<Vec<FileMount>> {
                     val,
                     &path,
                     "a local path, a bucket URI, or {name, source, store, mode}",
+                    MOUNT_HINT,
                 ))
             }
         };
@@ -486,7 +508,12 @@ fn config(cx: &Cx, v: &Node) -> R<Option<serde_json::Value>> {
         return Ok(None);
     }
     if !matches!(v.kind, Kind::Map(_)) {
-        return Err(cx.expected(v, "config", "a mapping"));
+        return Err(cx.expected(
+            v,
+            "config",
+            "a mapping",
+            "write provider settings as `key: value` lines indented under config:",
+        ));
     }
     Ok(Some(to_json(v)))
 }
@@ -503,10 +530,7 @@ pub fn to_json(v: &Node) -> serde_json::Value {
             t => {
                 if let Ok(i) = t.parse::<i64>() {
                     Value::from(i)
-                } else if let Some(f) = t
-                    .parse::<f64>()
-                    .ok()
-                    .and_then(serde_json::Number::from_f64)
+                } else if let Some(f) = t.parse::<f64>().ok().and_then(serde_json::Number::from_f64)
                 {
                     Value::Number(f)
                 } else {
@@ -539,6 +563,7 @@ fn checkpoint(cx: &Cx, v: &Node) -> R<Checkpoint> {
         v,
         "checkpoint",
         &["path", "storage", "sync_interval", "signal", "grace_period"],
+        "write e.g. checkpoint: {path: /ckpt, storage: s3://bucket/run1, sync_interval: 10m}",
     )? {
         let path = join("checkpoint", key);
         match key {
@@ -547,18 +572,19 @@ fn checkpoint(cx: &Cx, v: &Node) -> R<Checkpoint> {
             "sync_interval" => c.sync_interval_s = duration(cx, val, &path)?,
             "grace_period" => c.grace_s = duration(cx, val, &path)?,
             _ => {
-                let s = cx.string(val, &path)?.to_ascii_uppercase();
-                let s = if s.starts_with("SIG") {
-                    s
+                let written = cx.string(val, &path)?;
+                let up = written.to_ascii_uppercase();
+                let s = if up.starts_with("SIG") {
+                    up
                 } else {
-                    format!("SIG{s}")
+                    format!("SIG{up}")
                 };
                 const SIGNALS: &[&str] = &["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP"];
                 if !SIGNALS.contains(&s.as_str()) {
-                    return Err(cx.err_hint(
+                    return Err(cx.err(
                         val,
                         &path,
-                        format!("unknown signal '{s}'"),
+                        format!("unknown signal '{written}'"),
                         format!("expected one of {}", SIGNALS.join(", ")),
                     ));
                 }
@@ -572,7 +598,7 @@ fn checkpoint(cx: &Cx, v: &Node) -> R<Checkpoint> {
 /// `90`, `"90s"`, `"15m"`, `"6h"`, `"2d"` as seconds.
 fn duration(cx: &Cx, v: &Node, field: &str) -> R<u64> {
     let bad = || {
-        cx.err_hint(
+        cx.err(
             v,
             field,
             format!("expected a duration, found {}", shown(v)),
@@ -602,18 +628,36 @@ fn resources(cx: &Cx, v: &Node) -> R<Resources> {
     if matches!(v.kind, Kind::Null) {
         return Ok(r);
     }
-    let fields = cx.fields(v, "resources", RESOURCE_FIELDS)?;
+    let fields = cx.fields(
+        v,
+        "resources",
+        RESOURCE_FIELDS,
+        "write fields such as `accelerators: A100:8` indented under resources:; \
+         for alternatives, use any_of: or ordered: with a list",
+    )?;
     r.base = resource_spec(cx, &fields, "resources")?;
-    let mut any_of = None;
-    let mut ordered = None;
     for (key, k, val) in &fields {
         let path = join("resources", key);
         match *key {
-            "any_of" => any_of = Some((k, items(cx, val, &path)?)),
-            "ordered" => ordered = Some((k, items(cx, val, &path)?)),
+            "any_of" | "ordered" => {
+                if r.choice != Choice::Single {
+                    return Err(cx.err(
+                        k,
+                        &path,
+                        "any_of and ordered cannot both be set",
+                        "use any_of for cheapest-of, ordered for a preference order",
+                    ));
+                }
+                let items = items(cx, val, &path)?;
+                r.choice = if *key == "any_of" {
+                    Choice::AnyOf(items)
+                } else {
+                    Choice::Ordered(items)
+                };
+            }
             "job_recovery" | "spot_recovery" => {
                 if r.job_recovery.is_some() {
-                    return Err(cx.err_hint(
+                    return Err(cx.err(
                         k,
                         &path,
                         "both job_recovery and spot_recovery are set",
@@ -625,32 +669,30 @@ fn resources(cx: &Cx, v: &Node) -> R<Resources> {
             _ => {}
         }
     }
-    r.choice = match (any_of, ordered) {
-        (Some((k, _)), Some(_)) => {
-            return Err(cx.err_hint(
-                k,
-                "resources.any_of",
-                "any_of and ordered cannot both be set",
-                "use any_of for cheapest-of, ordered for a preference order",
-            ))
-        }
-        (Some((_, v)), None) => Choice::AnyOf(v),
-        (None, Some((_, v))) => Choice::Ordered(v),
-        (None, None) => Choice::Single,
-    };
     Ok(r)
 }
 
 fn items(cx: &Cx, v: &Node, field: &str) -> R<Vec<ResourceSpec>> {
-    let list = cx.seq(v, field, "a list of resource sets")?;
-    if list.is_empty() {
-        return Err(cx.err_hint(
-            v,
-            field,
-            "expected at least one resource set, found an empty list",
-            "remove the key or add items like `- accelerators: A100:8`",
-        ));
-    }
+    let example = "e.g. `- accelerators: A100:8` for each alternative";
+    let list = match &v.kind {
+        Kind::Seq(list) if !list.is_empty() => list,
+        Kind::Seq(_) => {
+            return Err(cx.err(
+                v,
+                field,
+                "expected at least one resource set, found an empty list",
+                format!("remove the key or add items, {example}"),
+            ))
+        }
+        _ => {
+            return Err(cx.expected(
+                v,
+                field,
+                "a list of resource sets",
+                format!("write a list, {example}"),
+            ))
+        }
+    };
     let allowed: Vec<&str> = RESOURCE_FIELDS
         .iter()
         .copied()
@@ -659,26 +701,33 @@ fn items(cx: &Cx, v: &Node, field: &str) -> R<Vec<ResourceSpec>> {
     let mut out = Vec::new();
     for (i, item) in list.iter().enumerate() {
         let path = format!("{field}[{i}]");
-        let fields = cx.fields(item, &path, &allowed).map_err(|e| {
-            // A nested any_of/ordered/job_recovery deserves a plainer message.
-            match &item.kind {
-                Kind::Map(kv) => kv
-                    .iter()
-                    .find_map(|(k, _)| match &k.kind {
-                        Kind::Scalar { text, .. } if ITEM_EXCLUDED.contains(&text.as_str()) => {
-                            Some(cx.err_hint(
-                                k,
-                                &join(&path, text),
-                                format!("'{text}' cannot appear inside {field}"),
-                                "put it at the top level of resources",
-                            ))
-                        }
-                        _ => None,
-                    })
-                    .unwrap_or(e),
-                _ => e,
+        // A nested any_of/ordered/job_recovery deserves a plainer message
+        // than "unknown field".
+        if let Kind::Map(kv) = &item.kind {
+            for (k, _) in kv {
+                if let Kind::Scalar { text, .. } = &k.kind {
+                    if ITEM_EXCLUDED.contains(&text.as_str()) {
+                        let hint = if text.ends_with("_recovery") {
+                            "put it at the top level of resources; it applies to every item"
+                        } else {
+                            "alternatives do not nest; list every combination as its own item"
+                        };
+                        return Err(cx.err(
+                            k,
+                            &join(&path, text),
+                            format!("'{text}' cannot appear inside {field}"),
+                            hint,
+                        ));
+                    }
+                }
             }
-        })?;
+        }
+        let fields = cx.fields(
+            item,
+            &path,
+            &allowed,
+            &format!("each item is a set of fields, {example}"),
+        )?;
         out.push(resource_spec(cx, &fields, &path)?);
     }
     Ok(out)
@@ -686,17 +735,17 @@ fn items(cx: &Cx, v: &Node, field: &str) -> R<Vec<ResourceSpec>> {
 
 fn resource_spec(cx: &Cx, fields: &[(&str, &Node, &Node)], parent: &str) -> R<ResourceSpec> {
     let mut s = ResourceSpec::default();
-    let mut infra_node: Option<&Node> = None;
-    let mut legacy: Option<&Node> = None;
+    let mut has_infra = false;
+    let mut legacy: Option<(&str, &Node)> = None;
     for (key, k, v) in fields {
         let path = join(parent, key);
         match *key {
             "infra" => {
-                infra_node = Some(k);
+                has_infra = true;
                 s.infra = infra(cx, v, &path)?;
             }
             "cloud" | "region" | "zone" => {
-                legacy.get_or_insert(k);
+                legacy.get_or_insert((key, k));
                 let val = cx.opt_string(v, &path)?;
                 let val = val.filter(|x| x != "*");
                 match *key {
@@ -730,7 +779,7 @@ fn resource_spec(cx: &Cx, fields: &[(&str, &Node, &Node)], parent: &str) -> R<Re
                         &["standard", "best"]
                     };
                     if !ok.contains(&t.to_ascii_lowercase().as_str()) {
-                        return Err(cx.err_hint(
+                        return Err(cx.err(
                             v,
                             &path,
                             format!("unknown {key} '{t}'"),
@@ -759,9 +808,18 @@ fn resource_spec(cx: &Cx, fields: &[(&str, &Node, &Node)], parent: &str) -> R<Re
                 }
             }
             "max_hourly_cost" => {
-                let c = cx.number(v, &path)?;
+                let hint = "write the most to pay per node-hour in USD, e.g. 12.5";
+                let c = cx.number(v, &path, hint)?;
                 if c <= 0.0 {
-                    return Err(cx.err(v, &path, "expected a positive price in USD per node-hour"));
+                    return Err(cx.err(
+                        v,
+                        &path,
+                        format!(
+                            "expected a positive price in USD per node-hour, found {}",
+                            shown(v)
+                        ),
+                        hint,
+                    ));
                 }
                 s.max_hourly_cost = Some(c);
             }
@@ -770,12 +828,14 @@ fn resource_spec(cx: &Cx, fields: &[(&str, &Node, &Node)], parent: &str) -> R<Re
             _ => {}
         }
     }
-    if let (Some(i), Some(_)) = (infra_node, legacy) {
-        return Err(cx.err_hint(
-            i,
-            &join(parent, "infra"),
-            "infra and cloud/region/zone cannot both be set",
-            "keep infra: cloud/region/zone and remove the older fields",
+    if let (true, Some((name, k))) = (has_infra, legacy) {
+        return Err(cx.err(
+            k,
+            &join(parent, name),
+            format!("{name} cannot be combined with infra"),
+            format!(
+                "infra replaces cloud, region and zone (e.g. infra: aws/us-east-1); remove {name}"
+            ),
         ));
     }
     if let (Some(it), Some(Accelerators::AnyOf(_) | Accelerators::Ordered(_))) =
@@ -786,7 +846,7 @@ fn resource_spec(cx: &Cx, fields: &[(&str, &Node, &Node)], parent: &str) -> R<Re
             .find(|(k, _, _)| *k == "accelerators")
             .map(|(_, k, _)| *k)
             .expect("accelerators was set from a field");
-        return Err(cx.err_hint(
+        return Err(cx.err(
             node,
             &join(parent, "accelerators"),
             format!("a set or list of accelerators cannot be combined with instance_type '{it}'"),
@@ -798,7 +858,12 @@ fn resource_spec(cx: &Cx, fields: &[(&str, &Node, &Node)], parent: &str) -> R<Re
 
 fn env_like_pairs(cx: &Cx, v: &Node, field: &str) -> R<Vec<(String, String)>> {
     let Kind::Map(items) = &v.kind else {
-        return Err(cx.expected(v, field, "a mapping of key: value"));
+        return Err(cx.expected(
+            v,
+            field,
+            "a mapping of key: value",
+            "write `key: value` lines indented under labels:",
+        ));
     };
     items
         .iter()
@@ -823,7 +888,7 @@ fn cloud_name(cx: &Cx, v: &Node, field: &str, name: &str) -> R<String> {
         Some(c) => format!("did you mean '{c}'?"),
         None => "expected a cloud such as aws, gcp, azure, lambda, local or ssh".into(),
     };
-    Err(cx.err_hint(v, field, format!("unknown cloud '{name}'"), hint))
+    Err(cx.err(v, field, format!("unknown cloud '{name}'"), hint))
 }
 
 fn infra(cx: &Cx, v: &Node, field: &str) -> R<Infra> {
@@ -831,12 +896,19 @@ fn infra(cx: &Cx, v: &Node, field: &str) -> R<Infra> {
         return Ok(Infra::default());
     };
     let parts: Vec<&str> = text.split('/').collect();
-    if text.trim().is_empty() || parts.len() > 3 || parts.iter().any(|p| p.trim().is_empty()) {
-        return Err(cx.err_hint(
+    let hint = if parts.len() > 3 {
+        Some("infra has at most three parts, e.g. gcp/us-central1/us-central1-a")
+    } else if parts.iter().any(|p| p.trim().is_empty()) {
+        Some("no part may be empty; write * for any, e.g. */us-east-1")
+    } else {
+        None
+    };
+    if let Some(hint) = hint {
+        return Err(cx.err(
             v,
             field,
             format!("expected cloud[/region[/zone]], found '{text}'"),
-            "e.g. aws, aws/us-east-1, gcp/us-central1/us-central1-a, */us-east-1",
+            hint,
         ));
     }
     let part = |i: usize| {
@@ -864,39 +936,45 @@ fn accel_text(cx: &Cx, v: &Node, field: &str, text: &str, count: Option<&Node>) 
         None => (text.trim(), None),
     };
     if name.is_empty() || name.contains(char::is_whitespace) {
-        return Err(cx.err_hint(
+        return Err(cx.err(
             v,
             field,
             format!("expected an accelerator name, found '{text}'"),
             hint,
         ));
     }
-    let count = match (count_text, count) {
-        (Some(_), Some(n)) if !matches!(n.kind, Kind::Null) => {
-            return Err(cx.err_hint(
+    // The count, and the node to blame if it is out of range.
+    let (count, at) = match (count_text, count.filter(|n| !matches!(n.kind, Kind::Null))) {
+        (Some(_), Some(n)) => {
+            return Err(cx.err(n, field, format!("'{text}' already has a count"), hint))
+        }
+        (Some(c), None) => match c.parse::<f32>() {
+            Ok(c) => (c, v),
+            Err(_) => {
+                return Err(cx.err(
+                    v,
+                    field,
+                    format!("expected a GPU count after ':', found '{c}'"),
+                    hint,
+                ))
+            }
+        },
+        (None, Some(n)) => {
+            let count = cx.number(
                 n,
                 field,
-                format!("'{text}' already has a count"),
-                hint,
-            ))
+                "write a GPU count per name, e.g. {A100: 8, H100: 8}",
+            )?;
+            (count as f32, n)
         }
-        (Some(c), _) => c.parse::<f32>().map_err(|_| {
-            cx.err_hint(
-                v,
-                field,
-                format!("expected a GPU count after ':', found '{c}'"),
-                hint,
-            )
-        })?,
-        (None, Some(n)) if !matches!(n.kind, Kind::Null) => cx.number(n, field)? as f32,
-        _ => 1.0,
+        (None, None) => (1.0, v),
     };
     if !(count > 0.0 && count <= 64.0) {
-        return Err(cx.err_hint(
-            v,
+        return Err(cx.err(
+            at,
             field,
-            format!("expected a GPU count from 0 to 64, found {count}"),
-            hint,
+            format!("expected a GPU count above 0 and at most 64, found {count}"),
+            "write GPUs per node, e.g. A100:8 (fractions like T4:0.5 share a GPU)",
         ));
     }
     Ok(Accel {
@@ -915,6 +993,8 @@ fn accel_pairs(cx: &Cx, items: &[(Node, Node)], field: &str) -> R<Vec<Accel>> {
         .collect()
 }
 
+const NO_GPUS_HINT: &str = "write e.g. A100:8, or remove the field for no GPUs";
+
 fn accelerators(cx: &Cx, v: &Node, field: &str) -> R<Option<Accelerators>> {
     match &v.kind {
         Kind::Null => Ok(None),
@@ -923,7 +1003,12 @@ fn accelerators(cx: &Cx, v: &Node, field: &str) -> R<Option<Accelerators>> {
         )?))),
         Kind::Map(items) => {
             if items.is_empty() {
-                return Err(cx.expected(v, field, "at least one accelerator"));
+                return Err(cx.err(
+                    v,
+                    field,
+                    "expected at least one accelerator, found an empty mapping",
+                    NO_GPUS_HINT,
+                ));
             }
             let mut v = accel_pairs(cx, items, field)?;
             Ok(Some(if v.len() == 1 {
@@ -934,7 +1019,12 @@ fn accelerators(cx: &Cx, v: &Node, field: &str) -> R<Option<Accelerators>> {
         }
         Kind::Seq(list) => {
             if list.is_empty() {
-                return Err(cx.expected(v, field, "at least one accelerator"));
+                return Err(cx.err(
+                    v,
+                    field,
+                    "expected at least one accelerator, found an empty list",
+                    NO_GPUS_HINT,
+                ));
             }
             let mut out = Vec::new();
             for item in list {
@@ -944,7 +1034,7 @@ fn accelerators(cx: &Cx, v: &Node, field: &str) -> R<Option<Accelerators>> {
                         out.extend(accel_pairs(cx, pairs, field)?)
                     }
                     _ => {
-                        return Err(cx.err_hint(
+                        return Err(cx.err(
                             item,
                             field,
                             format!(
@@ -966,7 +1056,12 @@ fn quantity(cx: &Cx, v: &Node, field: &str, unit: &str) -> R<Option<Quantity>> {
         if matches!(v.kind, Kind::Null) {
             return Ok(None);
         }
-        return Err(cx.expected(v, field, &format!("a number of {unit}, like 4 or \"4+\"")));
+        return Err(cx.expected(
+            v,
+            field,
+            &format!("a number of {unit}"),
+            format!("write e.g. 8 for exactly 8, or \"8+\" for at least 8 {unit}"),
+        ));
     };
     let t = text.trim();
     let (num, at_least) = match t.strip_suffix('+') {
@@ -980,7 +1075,7 @@ fn quantity(cx: &Cx, v: &Node, field: &str, unit: &str) -> R<Option<Quantity>> {
         .trim();
     match num.parse::<f64>() {
         Ok(value) if value > 0.0 && value.is_finite() => Ok(Some(Quantity { value, at_least })),
-        _ => Err(cx.err_hint(
+        _ => Err(cx.err(
             v,
             field,
             format!("expected a positive number of {unit}, found '{text}'"),
@@ -989,12 +1084,14 @@ fn quantity(cx: &Cx, v: &Node, field: &str, unit: &str) -> R<Option<Quantity>> {
     }
 }
 
+const DISK_HINT: &str = "write e.g. 256 or 1024GB";
+
 fn disk_size(cx: &Cx, v: &Node, field: &str) -> R<Option<u32>> {
     let Kind::Scalar { text, .. } = &v.kind else {
         if matches!(v.kind, Kind::Null) {
             return Ok(None);
         }
-        return Err(cx.expected(v, field, "a disk size in GB"));
+        return Err(cx.expected(v, field, "a disk size in GB", DISK_HINT));
     };
     let t = text.trim();
     let (num, mult) = if let Some(n) = t.strip_suffix("TB").or_else(|| t.strip_suffix("TiB")) {
@@ -1006,19 +1103,20 @@ fn disk_size(cx: &Cx, v: &Node, field: &str) -> R<Option<u32>> {
     };
     match num.trim().parse::<u32>() {
         Ok(n) if n > 0 && n.checked_mul(mult).is_some_and(|g| g <= 65_536) => Ok(Some(n * mult)),
-        _ => Err(cx.err_hint(
+        _ => Err(cx.err(
             v,
             field,
             format!("expected a disk size from 1 to 65536 GB, found '{text}'"),
-            "write e.g. 256 or 1024GB",
+            DISK_HINT,
         )),
     }
 }
 
 fn ports(cx: &Cx, v: &Node, field: &str) -> R<Vec<PortRange>> {
+    let hint = "write e.g. 8080, 8000-8010, or a list of them";
     let one = |n: &Node| -> R<PortRange> {
         let Kind::Scalar { text, .. } = &n.kind else {
-            return Err(cx.expected(n, field, "a port like 8080 or a range like 8000-8010"));
+            return Err(cx.expected(n, field, "a port like 8080 or a range like 8000-8010", hint));
         };
         let p = |s: &str| s.trim().parse::<u16>().ok().filter(|p| *p > 0);
         let range = match text.split_once('-') {
@@ -1027,11 +1125,17 @@ fn ports(cx: &Cx, v: &Node, field: &str) -> R<Vec<PortRange>> {
         };
         match range {
             Some(r) if r.start <= r.end => Ok(r),
-            _ => Err(cx.err_hint(
+            Some(r) => Err(cx.err(
+                n,
+                field,
+                format!("port range '{text}' ends before it starts"),
+                format!("write the lower port first: {}-{}", r.end, r.start),
+            )),
+            None => Err(cx.err(
                 n,
                 field,
                 format!("expected a port from 1 to 65535 or a range, found '{text}'"),
-                "write e.g. 8080 or 8000-8010",
+                hint,
             )),
         }
     };
@@ -1042,6 +1146,9 @@ fn ports(cx: &Cx, v: &Node, field: &str) -> R<Vec<PortRange>> {
     }
 }
 
+const RECOVERY_HINT: &str =
+    "write e.g. job_recovery: FAILOVER or job_recovery: {strategy: FAILOVER, max_restarts_on_errors: 3}";
+
 fn job_recovery(cx: &Cx, v: &Node, field: &str) -> R<JobRecovery> {
     let strategy = |n: &Node, path: &str| -> R<Option<String>> {
         let Some(s) = cx.opt_string(n, path)? else {
@@ -1050,7 +1157,7 @@ fn job_recovery(cx: &Cx, v: &Node, field: &str) -> R<JobRecovery> {
         let up = s.to_ascii_uppercase();
         const STRATEGIES: &[&str] = &["FAILOVER", "EAGER_NEXT_REGION", "NONE"];
         if !STRATEGIES.contains(&up.as_str()) {
-            return Err(cx.err_hint(
+            return Err(cx.err(
                 n,
                 path,
                 format!("unknown recovery strategy '{s}'"),
@@ -1071,13 +1178,24 @@ fn job_recovery(cx: &Cx, v: &Node, field: &str) -> R<JobRecovery> {
             for (key, _k, val) in cx.fields(
                 v,
                 field,
-                &["strategy", "max_restarts_on_errors", "recover_on_exit_codes"],
+                &[
+                    "strategy",
+                    "max_restarts_on_errors",
+                    "recover_on_exit_codes",
+                ],
+                RECOVERY_HINT,
             )? {
                 let path = join(field, key);
                 match key {
                     "strategy" => r.strategy = strategy(val, &path)?,
                     "max_restarts_on_errors" => {
-                        r.max_restarts_on_errors = cx.whole(val, &path, 0, 1000)? as u32
+                        r.max_restarts_on_errors = cx.whole(
+                            val,
+                            &path,
+                            0,
+                            1000,
+                            "write how many times to restart after the job fails, e.g. 3",
+                        )? as u32
                     }
                     _ => {
                         let codes: Vec<&Node> = match &val.kind {
@@ -1085,8 +1203,13 @@ fn job_recovery(cx: &Cx, v: &Node, field: &str) -> R<JobRecovery> {
                             _ => vec![val],
                         };
                         for c in codes {
-                            r.recover_on_exit_codes
-                                .push(cx.whole(c, &path, 0, 255)? as i32);
+                            r.recover_on_exit_codes.push(cx.whole(
+                                c,
+                                &path,
+                                0,
+                                255,
+                                "write exit codes or a list of them, e.g. [33, 34]",
+                            )? as i32);
                         }
                     }
                 }
@@ -1097,12 +1220,12 @@ fn job_recovery(cx: &Cx, v: &Node, field: &str) -> R<JobRecovery> {
                 v,
                 field,
                 "a strategy name or {strategy, max_restarts_on_errors, recover_on_exit_codes}",
+                RECOVERY_HINT,
             ))
         }
     }
     Ok(r)
 }
-
 
 /// Parses a command-line override the same way as the task field it
 /// replaces, so `--gpus`, `--infra`, `--cpus` and `--memory` accept and

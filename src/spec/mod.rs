@@ -69,11 +69,22 @@ fn whole_file(file: &str, message: String, hint: Option<&str>) -> SpecError {
 /// Reads and validates a task file.
 pub fn load(path: &Path) -> Result<Task, SpecError> {
     let file = path.display().to_string();
-    let meta = std::fs::metadata(path).map_err(|e| {
-        let hint = (e.kind() == std::io::ErrorKind::NotFound)
-            .then_some("check the path; task files are YAML, e.g. examples/hello.yaml");
-        whole_file(&file, format!("cannot read task file: {}", io_reason(&e)), hint)
-    })?;
+    let cannot_read = |e: std::io::Error| {
+        let hint = match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                Some("check the path; task files are YAML, e.g. examples/hello.yaml")
+            }
+            std::io::ErrorKind::PermissionDenied => Some("check the file's permissions"),
+            _ => None,
+        };
+        whole_file(
+            &file,
+            format!("cannot read task file: {}", io_reason(&e)),
+            hint,
+        )
+    };
+    let size_hint = Some("task files describe a job; put data in file_mounts or workdir instead");
+    let meta = std::fs::metadata(path).map_err(cannot_read)?;
     if meta.is_dir() {
         return Err(whole_file(
             &file,
@@ -89,27 +100,23 @@ pub fn load(path: &Path) -> Result<Task, SpecError> {
                 meta.len(),
                 MAX_FILE_BYTES
             ),
-            Some("task files describe a job; put data in file_mounts or workdir instead"),
+            size_hint,
         ));
     }
     // Read at most the limit even if the file grows under us.
     let mut bytes = Vec::with_capacity(meta.len() as usize);
     {
         use std::io::Read;
-        let f = std::fs::File::open(path).map_err(|e| {
-            whole_file(&file, format!("cannot read task file: {}", io_reason(&e)), None)
-        })?;
+        let f = std::fs::File::open(path).map_err(cannot_read)?;
         f.take(MAX_FILE_BYTES + 1)
             .read_to_end(&mut bytes)
-            .map_err(|e| {
-                whole_file(&file, format!("cannot read task file: {}", io_reason(&e)), None)
-            })?;
+            .map_err(cannot_read)?;
     }
     if bytes.len() as u64 > MAX_FILE_BYTES {
         return Err(whole_file(
             &file,
             format!("task file is larger than {MAX_FILE_BYTES} bytes"),
-            None,
+            size_hint,
         ));
     }
     let text = match String::from_utf8(bytes) {
@@ -117,10 +124,7 @@ pub fn load(path: &Path) -> Result<Task, SpecError> {
         Err(e) => {
             let good = &e.as_bytes()[..e.utf8_error().valid_up_to()];
             let line = good.iter().filter(|b| **b == b'\n').count() + 1;
-            let line_start = good
-                .iter()
-                .rposition(|b| *b == b'\n')
-                .map_or(0, |p| p + 1);
+            let line_start = good.iter().rposition(|b| *b == b'\n').map_or(0, |p| p + 1);
             let col = String::from_utf8_lossy(&good[line_start..]).chars().count() + 1;
             return Err(SpecError {
                 file,
@@ -157,7 +161,7 @@ pub fn parse_str(text: &str, file: &str) -> Result<Task, SpecError> {
         file: file.to_string(),
         line: e.pos.line,
         col: e.pos.col,
-        field: String::new(),
+        field: e.field,
         message: e.message,
         hint: e.hint,
         unsupported: false,
@@ -203,8 +207,13 @@ pub fn parse_assignment(s: &str) -> Result<(String, String), String> {
 
 /// Reads a dotenv-style file: `KEY=VALUE` lines, `#` comments, optional `export `.
 pub fn read_env_file(path: &Path) -> Result<Vec<(String, String)>, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("{}: cannot read env file: {}", path.display(), io_reason(&e)))?;
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        format!(
+            "{}: cannot read env file: {}",
+            path.display(),
+            io_reason(&e)
+        )
+    })?;
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();

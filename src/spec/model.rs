@@ -313,7 +313,9 @@ impl Resources {
                 Some(Accelerators::AnyOf(v)) => vec![v.iter().map(with).collect()],
                 // A list is an order of preference, except inside `any_of`,
                 // where everything competes on price.
-                Some(Accelerators::Ordered(v)) if ordered_items || self.choice == Choice::Single => {
+                Some(Accelerators::Ordered(v))
+                    if ordered_items || self.choice == Choice::Single =>
+                {
                     v.iter().map(|a| vec![with(a)]).collect()
                 }
                 Some(Accelerators::Ordered(v)) => vec![v.iter().map(with).collect()],

@@ -78,6 +78,8 @@ impl Node {
 pub struct YamlError {
     /// Where.
     pub pos: Pos,
+    /// Dotted path of the key or item involved, empty when unknown.
+    pub field: String,
     /// What.
     pub message: String,
     /// What to do.
@@ -97,20 +99,88 @@ fn pos_of(m: saphyr_parser::Marker) -> Pos {
     }
 }
 
-fn scan_error(e: ScanError) -> YamlError {
-    let info = e.info().to_string();
-    let hint = if info.contains("recursion limit") {
-        Some(format!("nesting is limited to {MAX_DEPTH} levels"))
-    } else if info.contains("tab") {
-        Some("YAML indentation must use spaces, not tabs".to_string())
+fn nesting_error(pos: Pos) -> YamlError {
+    YamlError {
+        pos,
+        field: String::new(),
+        message: format!("nesting deeper than {MAX_DEPTH} levels"),
+        hint: Some("task files are shallow; check for runaway brackets".into()),
+    }
+}
+
+fn scan_error(e: ScanError, text: &str, stack: &[Frame]) -> YamlError {
+    let pos = pos_of(*e.marker());
+    let info = e.info();
+    if info.contains("recursion limit") {
+        // The scanner's own (deeper) limit on `[`/`{` can trip before ours.
+        return nesting_error(pos);
+    }
+    let hint = if info.contains("tab") {
+        "YAML indentation must use spaces, not tabs".to_string()
+    } else if info.contains("escape") {
+        "inside double quotes write \\\\ for a backslash, or use single quotes".to_string()
+    } else if info.contains("quoted scalar") {
+        "check that the quote opened here is closed; a quoted string that goes on \
+         to the next line needs that line indented"
+            .to_string()
+    } else if info.contains("unknown anchor") {
+        "define the anchor (&name) before an alias (*name) uses it".to_string()
+    } else if let Some((c, at)) = open_flow(text, stack) {
+        format!(
+            "this is inside the '{c}' opened at line {}, column {}; check that it is closed",
+            at.line, at.col
+        )
+    } else if info.contains("did not find expected key") {
+        "this line is indented differently from the lines around it; \
+         the keys of one mapping must line up"
+            .to_string()
+    } else if info.contains("mapping values are not allowed") {
+        "quote values that contain ': ', and check the indentation of this line".to_string()
     } else {
-        Some("check the indentation and quoting around this point".to_string())
+        "check the indentation and quoting around this point".to_string()
     };
     YamlError {
-        pos: pos_of(*e.marker()),
+        pos,
+        field: path_of(stack),
         message: format!("invalid YAML: {info}"),
-        hint,
+        hint: Some(hint),
     }
+}
+
+/// The innermost `[` or `{` that is still open, and where it is.
+fn open_flow(text: &str, stack: &[Frame]) -> Option<(char, Pos)> {
+    stack.iter().rev().find_map(|f| {
+        let pos = match f {
+            Frame::Seq { pos, .. } | Frame::Map { pos, .. } => *pos,
+        };
+        let c = text
+            .lines()
+            .nth(pos.line - 1)?
+            .chars()
+            .nth(pos.col - 1)
+            .filter(|c| matches!(c, '[' | '{'))?;
+        Some((c, pos))
+    })
+}
+
+/// The dotted path (`resources.any_of[0].cloud`) to where the parser is.
+fn path_of(stack: &[Frame]) -> String {
+    let mut path = String::new();
+    for frame in stack {
+        match frame {
+            Frame::Seq { items, .. } => path.push_str(&format!("[{}]", items.len())),
+            Frame::Map { key: Some(k), .. } => {
+                if let Kind::Scalar { text, .. } = &k.kind {
+                    if !path.is_empty() {
+                        path.push('.');
+                    }
+                    path.push_str(text);
+                }
+            }
+            Frame::Map { key: None, .. } => {}
+        }
+    }
+    path
 }
 
 enum Frame {
@@ -124,6 +194,8 @@ enum Frame {
         anchor: usize,
         items: Vec<(Node, Node)>,
         key: Option<Node>,
+        /// Scalar keys so far, to refuse duplicates.
+        seen: HashMap<String, Pos>,
     },
 }
 
@@ -156,23 +228,56 @@ pub fn parse(text: &str) -> Result<Documents, YamlError> {
     let mut anchors: HashMap<usize, (Node, usize)> = HashMap::new();
     let mut total = 0usize;
 
-    // Adds a finished node to its parent, or finishes a document.
-    fn push(stack: &mut [Frame], docs: &mut Vec<Node>, node: Node) {
-        match stack.last_mut() {
-            None => docs.push(node),
-            Some(Frame::Seq { items, .. }) => items.push(node),
-            Some(Frame::Map { items, key, .. }) => match key.take() {
-                None => *key = Some(node),
-                Some(k) => items.push((k, node)),
+    // Adds a finished node to its parent, or finishes a document. A key
+    // that its mapping already has is an error.
+    fn push(stack: &mut [Frame], docs: &mut Vec<Node>, node: Node) -> Result<(), YamlError> {
+        let twice = match stack.last_mut() {
+            None => {
+                docs.push(node);
+                None
+            }
+            Some(Frame::Seq { items, .. }) => {
+                items.push(node);
+                None
+            }
+            Some(Frame::Map {
+                items, key, seen, ..
+            }) => match key.take() {
+                Some(k) => {
+                    items.push((k, node));
+                    None
+                }
+                None => {
+                    let at = node.pos;
+                    let first = match &node.kind {
+                        Kind::Scalar { text, .. } => seen.insert(text.clone(), at),
+                        _ => None,
+                    };
+                    *key = Some(node);
+                    first.map(|first| (first, at))
+                }
             },
+        };
+        match twice {
+            None => Ok(()),
+            Some((first, pos)) => Err(YamlError {
+                pos,
+                field: path_of(stack),
+                message: format!(
+                    "key appears twice; the first is at line {}, column {}",
+                    first.line, first.col
+                ),
+                hint: Some("remove one of them".into()),
+            }),
         }
     }
 
     while let Some(ev) = parser.next_event() {
-        let (event, span) = ev.map_err(scan_error)?;
+        let (event, span) = ev.map_err(|e| scan_error(e, text, &stack))?;
         let pos = pos_of(span.start);
         let too_big = |pos| YamlError {
             pos,
+            field: String::new(),
             message: format!("document expands to more than {MAX_NODES} nodes"),
             hint: Some(
                 "task files are small; this looks like an alias bomb (anchors expanding anchors)"
@@ -186,8 +291,11 @@ pub fn parse(text: &str) -> Result<Documents, YamlError> {
                 let Some((node, size)) = anchors.get(&id) else {
                     return Err(YamlError {
                         pos,
+                        field: path_of(&stack),
                         message: "alias refers to an unknown anchor".into(),
-                        hint: None,
+                        hint: Some(
+                            "define the anchor (&name) before an alias (*name) uses it".into(),
+                        ),
                     });
                 };
                 total = total.saturating_add(*size);
@@ -196,7 +304,7 @@ pub fn parse(text: &str) -> Result<Documents, YamlError> {
                 }
                 let mut node = node.clone();
                 node.pos = pos;
-                push(&mut stack, &mut docs, node);
+                push(&mut stack, &mut docs, node)?;
             }
             Event::Scalar(text, style, anchor, _tag) => {
                 total += 1;
@@ -204,29 +312,25 @@ pub fn parse(text: &str) -> Result<Documents, YamlError> {
                     return Err(too_big(pos));
                 }
                 let quoted = !matches!(style, ScalarStyle::Plain);
-                let kind = if !quoted && matches!(text.as_ref(), "" | "~" | "null" | "Null" | "NULL")
-                {
-                    Kind::Null
-                } else {
-                    Kind::Scalar {
-                        text: text.into_owned(),
-                        quoted,
-                    }
-                };
+                let kind =
+                    if !quoted && matches!(text.as_ref(), "" | "~" | "null" | "Null" | "NULL") {
+                        Kind::Null
+                    } else {
+                        Kind::Scalar {
+                            text: text.into_owned(),
+                            quoted,
+                        }
+                    };
                 let node = Node { kind, pos };
                 if anchor > 0 {
                     anchors.insert(anchor, (node.clone(), 1));
                 }
-                push(&mut stack, &mut docs, node);
+                push(&mut stack, &mut docs, node)?;
             }
             Event::SequenceStart(anchor, _) | Event::MappingStart(anchor, _) => {
                 total += 1;
                 if stack.len() >= MAX_DEPTH {
-                    return Err(YamlError {
-                        pos,
-                        message: format!("nesting deeper than {MAX_DEPTH} levels"),
-                        hint: Some("task files are shallow; check for runaway brackets".into()),
-                    });
+                    return Err(nesting_error(pos));
                 }
                 if matches!(event, Event::SequenceStart(..)) {
                     stack.push(Frame::Seq {
@@ -240,6 +344,7 @@ pub fn parse(text: &str) -> Result<Documents, YamlError> {
                         anchor,
                         items: Vec::new(),
                         key: None,
+                        seen: HashMap::new(),
                     });
                 }
             }
@@ -267,7 +372,7 @@ pub fn parse(text: &str) -> Result<Documents, YamlError> {
                     let size = count_nodes(&node);
                     anchors.insert(anchor, (node.clone(), size));
                 }
-                push(&mut stack, &mut docs, node);
+                push(&mut stack, &mut docs, node)?;
             }
         }
     }
@@ -326,6 +431,25 @@ mod tests {
             .collect::<String>();
         let e = parse(&s).err().expect("deep block must fail");
         assert!(e.message.contains("nesting"), "{}", e.message);
+    }
+
+    #[test]
+    fn duplicate_keys_are_refused_with_their_path() {
+        let e = parse("a:\n  - b: 1\n    b: 2\n").err().expect("duplicate");
+        assert_eq!(
+            (e.pos, e.field.as_str()),
+            (Pos { line: 3, col: 5 }, "a[0].b")
+        );
+        assert!(e.message.contains("line 2, column 5"), "{}", e.message);
+        // The same key in different mappings is fine.
+        assert!(parse("a: {k: 1}\nb: {k: 2}\nc:\n  - k: 1\n  - k: 2\n").is_ok());
+    }
+
+    #[test]
+    fn an_unclosed_bracket_is_named_in_the_hint() {
+        let e = parse("a: [1, 2\nb: 3\n").err().expect("unclosed");
+        let hint = e.hint.unwrap_or_default();
+        assert!(hint.contains("'[' opened at line 1, column 4"), "{hint}");
     }
 
     #[test]
