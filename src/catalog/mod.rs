@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
 
+use gangway_provider::PriceQuote;
 use serde::Serialize;
 
 pub use skypilot::load_skypilot_csv;
@@ -50,6 +51,17 @@ pub struct Offering {
     pub placement: bool,
     /// Supports EFA.
     pub efa: bool,
+}
+
+/// Integer keys of one offering, for fast ranking and pruning.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Keys {
+    /// Rank in (cloud, region, zone, instance type) order.
+    pub rank: u32,
+    /// Id of its (cloud, region).
+    pub region: u32,
+    /// Id of its instance type.
+    pub ty: u32,
 }
 
 /// A calendar date (prices' "taken" date).
@@ -136,6 +148,11 @@ pub struct Catalog {
     offerings: Vec<Offering>,
     /// Lower-cased accelerator name (or "" for CPU-only) -> offering indexes.
     by_accel: HashMap<String, Vec<u32>>,
+    /// Per offering: its rank in (cloud, region, zone, instance type) order,
+    /// the id of its (cloud, region) and of its instance type. Computed once
+    /// at load so ranking and pruning compare integers, not strings.
+    keys: Vec<Keys>,
+    regions: usize,
     /// Where each cloud came from.
     pub sources: Vec<Source>,
     /// Rows that could not be used, as `file:line: reason`.
@@ -275,6 +292,83 @@ impl Catalog {
             let key = o.accelerator.as_deref().unwrap_or("").to_ascii_lowercase();
             self.by_accel.entry(key).or_default().push(i as u32);
         }
+        let mut order: Vec<u32> = (0..self.offerings.len() as u32).collect();
+        let offerings = &self.offerings;
+        order.sort_by(|a, b| {
+            let (a, b) = (&offerings[*a as usize], &offerings[*b as usize]);
+            (&a.cloud, &a.region, &a.zone, &a.instance_type).cmp(&(
+                &b.cloud,
+                &b.region,
+                &b.zone,
+                &b.instance_type,
+            ))
+        });
+        let mut regions: HashMap<(&str, &str), u32> = HashMap::new();
+        let mut types: HashMap<&str, u32> = HashMap::new();
+        let mut keys = vec![Keys::default(); offerings.len()];
+        for (rank, i) in order.iter().enumerate() {
+            let o = &offerings[*i as usize];
+            let next = regions.len() as u32;
+            let region = *regions.entry((&o.cloud, &o.region)).or_insert(next);
+            let next = types.len() as u32;
+            let ty = *types.entry(&o.instance_type).or_insert(next);
+            keys[*i as usize] = Keys {
+                rank: rank as u32,
+                region,
+                ty,
+            };
+        }
+        self.regions = regions.len();
+        self.keys = keys;
+    }
+
+    /// Integer keys of offering `i` (see [`Keys`]).
+    pub fn keys(&self, i: u32) -> Keys {
+        self.keys[i as usize]
+    }
+
+    /// Number of distinct (cloud, region) pairs; region ids are below it.
+    pub fn region_count(&self) -> usize {
+        self.regions
+    }
+
+    /// Offering by index.
+    pub fn get(&self, i: u32) -> &Offering {
+        &self.offerings[i as usize]
+    }
+
+    /// Indexes of offerings whose accelerator is `name` (case-insensitive),
+    /// or of CPU-only ones for `""`.
+    pub fn indexes_with_accelerator(&self, name: &str) -> &[u32] {
+        self.by_accel
+            .get(&name.to_ascii_lowercase())
+            .map_or(&[], Vec::as_slice)
+    }
+
+    /// Replaces prices of `cloud`'s offerings with live quotes (the refresh
+    /// hook each provider fills in) and marks the source as taken `today`.
+    /// A quote without a zone applies to every zone of its region. Returns
+    /// how many offerings changed.
+    pub fn apply_quotes(&mut self, cloud: &str, quotes: &[PriceQuote], today: Date) -> usize {
+        let mut changed = 0;
+        for o in self.offerings.iter_mut().filter(|o| o.cloud == cloud) {
+            let quote = quotes.iter().find(|q| {
+                q.instance_type == o.instance_type
+                    && q.region == o.region
+                    && q.zone.as_deref().is_none_or(|z| z == o.zone)
+            });
+            if let Some(q) = quote {
+                o.price = q.price.or(o.price);
+                o.spot_price = q.spot_price.or(o.spot_price);
+                changed += 1;
+            }
+        }
+        if changed > 0 {
+            for s in self.sources.iter_mut().filter(|s| s.cloud == cloud) {
+                s.taken = Some(today);
+            }
+        }
+        changed
     }
 
     /// Every offering.
@@ -285,10 +379,8 @@ impl Catalog {
     /// Offerings whose accelerator is `name` (case-insensitive), or CPU-only
     /// ones for `""`. Local wildcard offerings are not included.
     pub fn with_accelerator(&self, name: &str) -> impl Iterator<Item = &Offering> {
-        self.by_accel
-            .get(&name.to_ascii_lowercase())
-            .into_iter()
-            .flatten()
+        self.indexes_with_accelerator(name)
+            .iter()
             .map(|i| &self.offerings[*i as usize])
     }
 
@@ -469,6 +561,60 @@ mod tests {
         let stale = c.stale_sources(Date::parse("2026-04-02").unwrap());
         assert_eq!(stale.len(), 1);
         assert_eq!(stale[0].1, 91);
+    }
+
+    #[test]
+    fn quotes_replace_prices_and_refresh_the_date() {
+        let mut c = Catalog::embedded();
+        let before: Vec<Offering> = c
+            .offerings()
+            .iter()
+            .filter(|o| o.instance_type == "p5.48xlarge" && o.region == "us-east-1")
+            .cloned()
+            .collect();
+        assert!(before.len() >= 2);
+        let zone = before[0].zone.clone();
+        let today = Date::parse("2027-01-01").unwrap();
+        let quotes = [
+            PriceQuote {
+                instance_type: "p5.48xlarge".into(),
+                region: "us-east-1".into(),
+                zone: None,
+                price: Some(50.0),
+                spot_price: None,
+            },
+            PriceQuote {
+                instance_type: "p5.48xlarge".into(),
+                region: "us-east-1".into(),
+                zone: Some(zone.clone()),
+                price: None,
+                spot_price: Some(12.5),
+            },
+        ];
+        // The first matching quote wins per offering: the region-wide one.
+        let n = c.apply_quotes("aws", &quotes[1..], today);
+        assert_eq!(n, 1);
+        let n = c.apply_quotes("aws", &quotes[..1], today);
+        assert_eq!(n, before.len());
+        for o in c
+            .offerings()
+            .iter()
+            .filter(|o| o.instance_type == "p5.48xlarge" && o.region == "us-east-1")
+        {
+            assert_eq!(o.price, Some(50.0));
+            if o.zone == zone {
+                assert_eq!(o.spot_price, Some(12.5));
+            }
+        }
+        assert_eq!(
+            c.sources.iter().find(|s| s.cloud == "aws").unwrap().taken,
+            Some(today)
+        );
+        assert_eq!(
+            c.apply_quotes("gcp", &quotes, today),
+            0,
+            "quotes are per cloud"
+        );
     }
 
     #[test]

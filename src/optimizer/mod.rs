@@ -8,6 +8,7 @@
 //! has somewhere to go.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use serde::Serialize;
@@ -52,7 +53,7 @@ pub struct Candidate {
     pub group: usize,
     /// The resolved resources this candidate satisfies.
     #[serde(skip)]
-    pub spec: ResourceSpec,
+    pub spec: Arc<ResourceSpec>,
 }
 
 /// One blocked place, until `until`. `None` fields match everything.
@@ -132,20 +133,18 @@ fn same_count(a: f32, b: f32) -> bool {
     (a - b).abs() < 1e-4
 }
 
-/// The offerings that could serve `spec` before any filter but the accelerator.
-fn pool<'c>(catalog: &'c Catalog, spec: &ResourceSpec) -> Vec<&'c Offering> {
-    let local_pinned = spec.infra.cloud.as_deref() == Some("local");
-    let mut out: Vec<&Offering> = match (accel_of(spec), &spec.instance_type) {
-        (Some((name, _)), _) => catalog.with_accelerator(name).collect(),
-        (None, Some(t)) => catalog
-            .offerings()
-            .iter()
-            .filter(|o| &o.instance_type == t)
+/// Indexes of the offerings that could serve `spec`, before any filter but
+/// the accelerator name.
+fn pool(catalog: &Catalog, spec: &ResourceSpec) -> Vec<u32> {
+    let mut out: Vec<u32> = match (accel_of(spec), &spec.instance_type) {
+        (Some((name, _)), _) => catalog.indexes_with_accelerator(name).to_vec(),
+        (None, Some(t)) => (0..catalog.offerings().len() as u32)
+            .filter(|i| &catalog.get(*i).instance_type == t)
             .collect(),
-        (None, None) => catalog.with_accelerator("").collect(),
+        (None, None) => catalog.indexes_with_accelerator("").to_vec(),
     };
-    if local_pinned && accel_of(spec).is_some() {
-        out.extend(catalog.wildcard());
+    if spec.infra.cloud.as_deref() == Some("local") && accel_of(spec).is_some() {
+        out.extend_from_slice(catalog.indexes_with_accelerator(ANY_ACCELERATOR));
     }
     out
 }
@@ -162,76 +161,110 @@ fn default_cpus(spec: &ResourceSpec) -> Option<Quantity> {
         .then_some(DEFAULT_CPUS)
 }
 
-type Stage<'a> = (&'a str, Box<dyn Fn(&Offering) -> bool + 'a>);
+/// The filters, in the order they are explained when nothing survives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    Cloud,
+    Count,
+    Region,
+    Zone,
+    InstanceType,
+    Cpus,
+    Memory,
+    Market,
+    MaxCost,
+    Blocked,
+}
 
-/// Filters in the order they are explained when nothing survives.
-fn stages<'a>(spec: &'a ResourceSpec, blocklist: &'a Blocklist, now: SystemTime) -> Vec<Stage<'a>> {
-    let spot = spec.use_spot.unwrap_or(false);
-    let mut v: Vec<Stage<'a>> = Vec::new();
-    v.push((
-        "cloud",
-        Box::new(move |o| match spec.infra.cloud.as_deref() {
-            Some(c) => o.cloud == c,
-            // The local provider runs on this machine: only when asked for.
-            None => o.cloud != "local",
-        }),
-    ));
-    if let Some((_, count)) = accel_of(spec) {
-        v.push((
-            "count",
-            Box::new(move |o| same_count(o.accelerator_count, count)),
-        ));
+const STAGES: [Stage; 10] = [
+    Stage::Cloud,
+    Stage::Count,
+    Stage::Region,
+    Stage::Zone,
+    Stage::InstanceType,
+    Stage::Cpus,
+    Stage::Memory,
+    Stage::Market,
+    Stage::MaxCost,
+    Stage::Blocked,
+];
+
+/// One resolved spec's constraints, ready to test offerings against.
+struct Filter<'a> {
+    spec: &'a ResourceSpec,
+    count: Option<f32>,
+    cpus: Option<Quantity>,
+    spot: bool,
+    blocklist: &'a Blocklist,
+    now: SystemTime,
+}
+
+impl<'a> Filter<'a> {
+    fn new(spec: &'a ResourceSpec, blocklist: &'a Blocklist, now: SystemTime) -> Self {
+        Filter {
+            spec,
+            count: accel_of(spec).map(|a| a.1),
+            cpus: spec.cpus.or_else(|| default_cpus(spec)),
+            spot: spec.use_spot.unwrap_or(false),
+            blocklist,
+            now,
+        }
     }
-    v.push((
-        "region",
-        Box::new(move |o| spec.infra.region.as_deref().is_none_or(|r| o.region == r)),
-    ));
-    v.push((
-        "zone",
-        Box::new(move |o| spec.infra.zone.as_deref().is_none_or(|z| o.zone == z)),
-    ));
-    v.push((
-        "instance_type",
-        Box::new(move |o| {
-            spec.instance_type
+
+    fn price(&self, o: &Offering) -> Option<f64> {
+        if self.spot {
+            o.spot_price
+        } else {
+            o.price
+        }
+    }
+
+    fn pass(&self, stage: Stage, o: &Offering) -> bool {
+        let infra = &self.spec.infra;
+        match stage {
+            Stage::Cloud => match infra.cloud.as_deref() {
+                Some(c) => o.cloud == c,
+                // The local provider runs on this machine: only when asked for.
+                None => o.cloud != "local",
+            },
+            Stage::Count => self
+                .count
+                .is_none_or(|c| same_count(o.accelerator_count, c)),
+            Stage::Region => infra.region.as_deref().is_none_or(|r| o.region == r),
+            Stage::Zone => infra.zone.as_deref().is_none_or(|z| o.zone == z),
+            Stage::InstanceType => self
+                .spec
+                .instance_type
                 .as_deref()
-                .is_none_or(|t| o.instance_type == t)
-        }),
-    ));
-    let cpus = spec.cpus.or_else(|| default_cpus(spec));
-    v.push((
-        "cpus",
-        Box::new(move |o| cpus.is_none_or(|q| q.admits(o.vcpus as f64))),
-    ));
-    v.push((
-        "memory",
-        Box::new(move |o| spec.memory.is_none_or(|q| q.admits(o.memory_gib as f64))),
-    ));
-    v.push((
-        "market",
-        Box::new(move |o| {
-            if spot {
-                o.spot_price.is_some()
-            } else {
-                o.price.is_some()
-            }
-        }),
-    ));
-    v.push((
-        "max_hourly_cost",
-        Box::new(move |o| {
-            let p = if spot { o.spot_price } else { o.price };
-            match (spec.max_hourly_cost, p) {
+                .is_none_or(|t| o.instance_type == t),
+            Stage::Cpus => self.cpus.is_none_or(|q| q.admits(o.vcpus as f64)),
+            Stage::Memory => self
+                .spec
+                .memory
+                .is_none_or(|q| q.admits(o.memory_gib as f64)),
+            Stage::Market => self.price(o).is_some(),
+            Stage::MaxCost => match (self.spec.max_hourly_cost, self.price(o)) {
                 (Some(max), Some(p)) => p <= max + 1e-9,
                 _ => true,
-            }
-        }),
-    ));
-    v.push((
-        "blocklist",
-        Box::new(move |o| blocklist.blocks(o, now).is_none()),
-    ));
-    v
+            },
+            Stage::Blocked => self.blocklist.blocks(o, self.now).is_none(),
+        }
+    }
+
+    fn feasible(&self, o: &Offering) -> bool {
+        STAGES.iter().all(|s| self.pass(*s, o))
+    }
+}
+
+/// A feasible offering for one spec, before it becomes a [`Candidate`].
+#[derive(Clone, Copy)]
+struct Hit {
+    price: f64,
+    total: f64,
+    spot: bool,
+    rank: u32,
+    idx: u32,
+    spec: u32,
 }
 
 /// Ranks every feasible placement of `task`.
@@ -242,21 +275,63 @@ pub fn optimize(
     opts: &Options,
 ) -> Result<Vec<Candidate>, Infeasible> {
     let groups = task.resources.preference_groups();
+    let nodes = task.num_nodes;
     let mut plan: Vec<Candidate> = Vec::new();
     let mut reasons = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for (gi, group) in groups.iter().enumerate() {
-        let mut in_group: Vec<Candidate> = Vec::new();
-        for spec in group {
-            let found = candidates_for(task, catalog, blocklist, opts, spec, gi);
-            if found.is_empty() {
+        let mut hits: Vec<Hit> = Vec::new();
+        for (si, spec) in group.iter().enumerate() {
+            let f = Filter::new(spec, blocklist, opts.now);
+            let before = hits.len();
+            for idx in pool(catalog, spec) {
+                let o = catalog.get(idx);
+                if f.feasible(o) {
+                    let price = f.price(o).expect("the market stage checked the price");
+                    hits.push(Hit {
+                        price,
+                        total: price * nodes as f64,
+                        spot: f.spot,
+                        rank: catalog.keys(idx).rank,
+                        idx,
+                        spec: si as u32,
+                    });
+                }
+            }
+            if hits.len() == before {
                 reasons.push(explain(catalog, spec, blocklist, opts.now));
             }
-            in_group.extend(found);
         }
-        rank(&mut in_group);
-        plan.extend(keep_best_per_region(in_group, opts.types_per_region));
+        let specs: Vec<Arc<ResourceSpec>> = group.iter().cloned().map(Arc::new).collect();
+        for h in keep_best_per_region(catalog, hits, opts.types_per_region) {
+            let o = catalog.get(h.idx);
+            let spec = &specs[h.spec as usize];
+            let accelerator = match (&o.accelerator, accel_of(spec)) {
+                (Some(a), Some((asked, _))) if a == ANY_ACCELERATOR => Some(asked.to_string()),
+                (a, _) => a.clone(),
+            };
+            // The same placement can come from two alternatives; keep the first.
+            if !seen.insert((h.idx, h.spot, accelerator.clone())) {
+                continue;
+            }
+            plan.push(Candidate {
+                cloud: o.cloud.clone(),
+                region: o.region.clone(),
+                zone: o.zone.clone(),
+                instance_type: o.instance_type.clone(),
+                accelerator,
+                accelerator_count: o.accelerator_count,
+                use_spot: h.spot,
+                nodes,
+                price_per_node_hour: h.price,
+                total_per_hour: h.total,
+                vcpus: o.vcpus,
+                memory_gib: o.memory_gib,
+                group: gi,
+                spec: Arc::clone(spec),
+            });
+        }
     }
-    dedup(&mut plan);
     if plan.is_empty() {
         reasons.dedup();
         return Err(Infeasible { reasons });
@@ -264,93 +339,71 @@ pub fn optimize(
     Ok(plan)
 }
 
-fn candidates_for(
-    task: &Task,
-    catalog: &Catalog,
-    blocklist: &Blocklist,
-    opts: &Options,
-    spec: &ResourceSpec,
-    group: usize,
-) -> Vec<Candidate> {
-    let spot = spec.use_spot.unwrap_or(false);
-    let filters = stages(spec, blocklist, opts.now);
-    let accel = accel_of(spec);
-    pool(catalog, spec)
-        .into_iter()
-        .filter(|o| filters.iter().all(|(_, f)| f(o)))
-        .filter_map(|o| {
-            let price = if spot { o.spot_price } else { o.price }?;
-            let accelerator = match (&o.accelerator, accel) {
-                (Some(a), Some((asked, _))) if a == ANY_ACCELERATOR => Some(asked.to_string()),
-                (a, _) => a.clone(),
-            };
-            Some(Candidate {
-                cloud: o.cloud.clone(),
-                region: o.region.clone(),
-                zone: o.zone.clone(),
-                instance_type: o.instance_type.clone(),
-                accelerator,
-                accelerator_count: o.accelerator_count,
-                use_spot: spot,
-                nodes: task.num_nodes,
-                price_per_node_hour: price,
-                total_per_hour: price * task.num_nodes as f64,
-                vcpus: o.vcpus,
-                memory_gib: o.memory_gib,
-                group,
-                spec: spec.clone(),
+/// Ranking order: cheapest first; spot before on-demand at equal price;
+/// then (cloud, region, zone, type) order; then the user's item order.
+fn by_rank(a: &Hit, b: &Hit) -> std::cmp::Ordering {
+    a.total
+        .total_cmp(&b.total)
+        .then(b.spot.cmp(&a.spot))
+        .then(a.rank.cmp(&b.rank))
+        .then(a.spec.cmp(&b.spec))
+}
+
+/// FxHash: a fast hasher for the integer keys below (no untrusted input).
+#[derive(Default)]
+struct Fx(u64);
+
+impl std::hash::Hasher for Fx {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(*b as u64);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+type FxMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<Fx>>;
+
+/// Keeps, per (cloud, region), the `n` cheapest (instance type, market)
+/// pairs with every zone they are offered in, and returns them ranked.
+/// Selects before sorting, so only the survivors are sorted.
+fn keep_best_per_region(catalog: &Catalog, hits: Vec<Hit>, n: usize) -> Vec<Hit> {
+    let key = |h: &Hit| {
+        let k = catalog.keys(h.idx);
+        (u64::from(k.region) << 33) | (u64::from(k.ty) << 1) | u64::from(h.spot)
+    };
+    // The best hit of each (region, type, market).
+    let mut best: FxMap<u64, Hit> = FxMap::default();
+    for h in &hits {
+        best.entry(key(h))
+            .and_modify(|b| {
+                if by_rank(h, b).is_lt() {
+                    *b = *h
+                }
             })
-        })
-        .collect()
-}
-
-fn rank(v: &mut [Candidate]) {
-    v.sort_by(|a, b| {
-        a.total_per_hour
-            .total_cmp(&b.total_per_hour)
-            .then_with(|| a.use_spot.cmp(&b.use_spot).reverse())
-            .then_with(|| a.cloud.cmp(&b.cloud))
-            .then_with(|| a.region.cmp(&b.region))
-            .then_with(|| a.zone.cmp(&b.zone))
-            .then_with(|| a.instance_type.cmp(&b.instance_type))
-    });
-}
-
-/// Keeps, per (cloud, region), the cheapest `n` instance types with every
-/// zone they are offered in. Input must be ranked; order is preserved.
-fn keep_best_per_region(ranked: Vec<Candidate>, n: usize) -> Vec<Candidate> {
-    let mut types: HashMap<(String, String), BTreeSet<(String, bool)>> = HashMap::new();
-    ranked
+            .or_insert(*h);
+    }
+    // Per region, the n best pairs.
+    let mut per_region: FxMap<u32, Vec<(u64, Hit)>> = FxMap::default();
+    for (k, h) in best {
+        per_region.entry((k >> 33) as u32).or_default().push((k, h));
+    }
+    let mut kept: FxMap<u64, ()> = FxMap::default();
+    for pairs in per_region.values_mut() {
+        pairs.sort_unstable_by(|a, b| by_rank(&a.1, &b.1));
+        kept.extend(pairs.iter().take(n).map(|(k, _)| (*k, ())));
+    }
+    let mut out: Vec<Hit> = hits
         .into_iter()
-        .filter(|c| {
-            let kept = types
-                .entry((c.cloud.clone(), c.region.clone()))
-                .or_default();
-            let key = (c.instance_type.clone(), c.use_spot);
-            if kept.contains(&key) {
-                return true;
-            }
-            if kept.len() < n {
-                kept.insert(key);
-                return true;
-            }
-            false
-        })
-        .collect()
-}
-
-/// The same placement can come from two alternatives; keep the first.
-fn dedup(plan: &mut Vec<Candidate>) {
-    let mut seen = std::collections::HashSet::new();
-    plan.retain(|c| {
-        seen.insert((
-            c.cloud.clone(),
-            c.zone.clone(),
-            c.instance_type.clone(),
-            c.use_spot,
-            c.accelerator.clone(),
-        ))
-    });
+        .filter(|h| kept.contains_key(&key(h)))
+        .collect();
+    out.sort_unstable_by(by_rank);
+    out
 }
 
 fn list(items: impl IntoIterator<Item = String>) -> String {
@@ -385,7 +438,10 @@ pub fn explain(
         (None, Some(t)) => format!("instance type {t}"),
         (None, None) => "a CPU-only instance".to_string(),
     };
-    let mut left = pool(catalog, spec);
+    let mut left: Vec<&Offering> = pool(catalog, spec)
+        .into_iter()
+        .map(|i| catalog.get(i))
+        .collect();
     if left.is_empty() {
         return match (accel_of(spec), &spec.instance_type) {
             (Some((n, _)), _) => {
@@ -405,20 +461,21 @@ pub fn explain(
             (None, None) => "the catalog has no CPU-only instance types".into(),
         };
     }
-    for (name, f) in stages(spec, blocklist, now) {
-        let next: Vec<&Offering> = left.iter().copied().filter(|o| f(o)).collect();
+    let f = Filter::new(spec, blocklist, now);
+    for stage in STAGES {
+        let next: Vec<&Offering> = left.iter().copied().filter(|o| f.pass(stage, o)).collect();
         if !next.is_empty() {
             left = next;
             continue;
         }
         let clouds = list(left.iter().map(|o| o.cloud.clone()));
-        return match name {
-            "count" => format!(
+        return match stage {
+            Stage::Count => format!(
                 "{what} is not offered; {} comes with {} per instance",
                 accel_of(spec).map(|a| a.0).unwrap_or_default(),
                 counts(&left)
             ),
-            "cloud" => format!(
+            Stage::Cloud => format!(
                 "{} is offered only on {clouds}; not on {}",
                 accel_of(spec).map_or(what.as_str(), |a| a.0),
                 spec.infra
@@ -426,7 +483,7 @@ pub fn explain(
                     .as_deref()
                     .unwrap_or("any cloud but local (use infra: local)")
             ),
-            "region" => match spec.infra.cloud.as_deref() {
+            Stage::Region => match spec.infra.cloud.as_deref() {
                 Some(cloud) => format!(
                     "{what} on {cloud} is not offered in region {} (regions: {})",
                     spec.infra.region.as_deref().unwrap_or(""),
@@ -437,30 +494,27 @@ pub fn explain(
                     spec.infra.region.as_deref().unwrap_or("")
                 ),
             },
-            "zone" => format!(
+            Stage::Zone => format!(
                 "{what} is not offered in zone {} (zones: {})",
                 spec.infra.zone.as_deref().unwrap_or(""),
                 list(left.iter().map(|o| o.zone.clone()))
             ),
-            "instance_type" => format!(
+            Stage::InstanceType => format!(
                 "{what} is not offered as instance type {} (types: {})",
                 spec.instance_type.as_deref().unwrap_or(""),
                 list(left.iter().map(|o| o.instance_type.clone()))
             ),
-            "cpus" => format!(
+            Stage::Cpus => format!(
                 "no {what} offering has cpus {} (offered: {})",
-                spec.cpus
-                    .or_else(|| default_cpus(spec))
-                    .map(|q| q.to_string())
-                    .unwrap_or_default(),
+                f.cpus.map(|q| q.to_string()).unwrap_or_default(),
                 list(left.iter().map(|o| format!("{}", o.vcpus)))
             ),
-            "memory" => format!(
+            Stage::Memory => format!(
                 "no {what} offering has memory {} GiB (offered: {})",
                 spec.memory.map(|q| q.to_string()).unwrap_or_default(),
                 list(left.iter().map(|o| format!("{}", o.memory_gib)))
             ),
-            "market" => format!(
+            Stage::Market => format!(
                 "{what} has no {} price where the other constraints allow",
                 if spec.use_spot.unwrap_or(false) {
                     "spot"
@@ -468,7 +522,7 @@ pub fn explain(
                     "on-demand"
                 }
             ),
-            "max_hourly_cost" => {
+            Stage::MaxCost => {
                 let spot = spec.use_spot.unwrap_or(false);
                 let cheapest = left
                     .iter()
@@ -479,7 +533,7 @@ pub fn explain(
                     spec.max_hourly_cost.unwrap_or_default()
                 )
             }
-            _ => {
+            Stage::Blocked => {
                 let reasons: BTreeSet<String> = left
                     .iter()
                     .filter_map(|o| blocklist.blocks(o, now).map(|b| b.reason.clone()))

@@ -4,3 +4,4 @@ mod bad_specs;
 mod cli;
 mod common;
 mod compat;
+mod spec;

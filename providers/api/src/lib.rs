@@ -222,6 +222,21 @@ pub struct CheckReport {
     pub hint: Option<String>,
 }
 
+/// A live price for one instance type, from a provider's own API.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PriceQuote {
+    /// Instance type.
+    pub instance_type: String,
+    /// Region.
+    pub region: String,
+    /// Zone, or `None` for a price that holds in every zone of the region.
+    pub zone: Option<String>,
+    /// On-demand USD/hour, if quoted.
+    pub price: Option<f64>,
+    /// Spot USD/hour, if quoted.
+    pub spot_price: Option<f64>,
+}
+
 /// A place gangway can run nodes. Every method is idempotent.
 #[async_trait::async_trait]
 pub trait Provider: Send + Sync {
@@ -248,6 +263,22 @@ pub trait Provider: Send + Sync {
     /// Terminate everything tagged with the cluster. Safe on half-created
     /// clusters and when nothing exists.
     async fn terminate(&self, cluster: &ClusterName) -> Result<()>;
+
+    /// Live prices for these instance types in these regions: the catalog
+    /// refresh hook. Providers without a price API keep the default.
+    async fn prices(
+        &self,
+        instance_types: &[String],
+        regions: &[String],
+    ) -> Result<Vec<PriceQuote>> {
+        let _ = (instance_types, regions);
+        Err(ProviderError::new(
+            ErrorKind::InvalidRequest,
+            self.name(),
+            "",
+            "this provider has no price API; its catalog prices stay as shipped",
+        ))
+    }
 
     /// Network path per node, root first. Providers without topology data
     /// return the paths already on the nodes.
