@@ -4,7 +4,7 @@
 Usage: python3 bench/process.py [path/to/gangway]   (default target/release/gangway)
 
 Runs each command many times, reports the median and p90 wall time and the
-largest peak RSS (from wait4's rusage). Build first: cargo build --release.
+largest peak RSS (from GNU time, /usr/bin/time). Build first: cargo build --release.
 """
 import os
 import statistics
@@ -24,15 +24,26 @@ COMMANDS = [
 ]
 
 
+TIME = "/usr/bin/time"  # GNU time: execs the child from a small process
+
+
 def run_once(args):
     start = time.perf_counter()
-    p = subprocess.Popen([BIN] + args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _, status, usage = os.wait4(p.pid, 0)
+    p = subprocess.run([BIN] + args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     elapsed = time.perf_counter() - start
-    code = os.waitstatus_to_exitcode(status)
-    if code != 0:
-        sys.exit(f"{' '.join(args)} exited {code}")
-    return elapsed, usage.ru_maxrss  # KiB on Linux
+    if p.returncode != 0:
+        sys.exit(f"{' '.join(args)} exited {p.returncode}")
+    return elapsed
+
+
+def peak_rss_kib(args):
+    """Peak RSS of the command itself. Python's own wait4 rusage would count
+    the forked copy of this interpreter before exec, so GNU time measures."""
+    if not os.path.exists(TIME):
+        return float("nan")
+    p = subprocess.run([TIME, "-f", "%M", BIN] + args, cwd=ROOT, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, text=True)
+    return int(p.stderr.strip().splitlines()[-1])
 
 
 def main():
@@ -42,11 +53,8 @@ def main():
     print(f"{'command':60} {'median ms':>10} {'p90 ms':>8} {'peak RSS MiB':>13}")
     for args in COMMANDS:
         run_once(args)  # warm the page cache
-        times, rss = [], []
-        for _ in range(RUNS):
-            t, m = run_once(args)
-            times.append(t * 1000)
-            rss.append(m / 1024)
+        times = [run_once(args) * 1000 for _ in range(RUNS)]
+        rss = [peak_rss_kib(args) / 1024 for _ in range(5)]
         times.sort()
         p90 = times[int(len(times) * 0.9) - 1]
         print(f"{'gangway ' + ' '.join(args):60} {statistics.median(times):10.2f} {p90:8.2f} {max(rss):13.1f}")

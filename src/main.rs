@@ -23,10 +23,15 @@ fn main() -> std::process::ExitCode {
     let code = match result {
         Ok(Ok(code)) => code,
         Ok(Err(e)) => {
-            eprintln!("gangway: error: {e}");
+            let message = e.to_string();
+            eprintln!("gangway: error: {message}");
             let mut src = std::error::Error::source(&e);
             while let Some(s) = src {
-                eprintln!("  Caused by: {s}");
+                // A cause the message already quotes is not news.
+                let cause = s.to_string();
+                if !message.contains(&cause) {
+                    eprintln!("  Caused by: {cause}");
+                }
                 src = s.source();
             }
             for line in e.details() {

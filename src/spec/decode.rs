@@ -1068,11 +1068,15 @@ fn quantity(cx: &Cx, v: &Node, field: &str, unit: &str) -> R<Option<Quantity>> {
         Some(n) => (n.trim(), true),
         None => (t, false),
     };
-    let num = num
-        .strip_suffix("GB")
-        .or_else(|| num.strip_suffix("GiB"))
-        .unwrap_or(num)
-        .trim();
+    // Only memory takes a unit; `cpus: 4GB` is a mistake, not 4 vCPUs.
+    let num = if unit.contains("memory") {
+        num.strip_suffix("GB")
+            .or_else(|| num.strip_suffix("GiB"))
+            .unwrap_or(num)
+            .trim()
+    } else {
+        num
+    };
     match num.parse::<f64>() {
         Ok(value) if value > 0.0 && value.is_finite() => Ok(Some(Quantity { value, at_least })),
         _ => Err(cx.err(

@@ -387,6 +387,10 @@ fn stale_prices_and_bad_catalog_dirs_are_reported() {
     ]));
     assert_eq!(code, 2);
     assert!(err.contains("/nonexistent/catalog"), "{err}");
+    assert!(
+        !err.contains("Caused by"),
+        "the cause repeats the message: {err}"
+    );
     let empty = tempfile::tempdir().unwrap();
     let (code, _, err) = parts(&gangway([
         "optimize",

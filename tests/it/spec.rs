@@ -224,6 +224,14 @@ fn legacy_cloud_fields_wildcards_and_recovery_forms() {
             zone: None
         }
     );
+    let t = parse_str("resources:\n  memory: 64GB+\n", "t").unwrap();
+    assert_eq!(
+        t.resources.base.memory,
+        Some(Quantity {
+            value: 64.0,
+            at_least: true
+        })
+    );
     let t = parse_str("resources:\n  infra: k8s\n", "t").unwrap();
     assert_eq!(t.resources.base.infra.cloud.as_deref(), Some("kubernetes"));
     let t = parse_str(
