@@ -142,13 +142,22 @@ pub fn plan(
         types_per_region: types_per_region.max(1),
         ..Options::default()
     };
-    let plan =
-        optimizer::optimize(&task, &catalog, &Blocklist::default(), &opts).map_err(|why| {
-            Error::NoResources {
-                task: task_name(&task, &args.task),
-                why,
-            }
-        })?;
+    tracing::info!(
+        offerings = catalog.offerings().len(),
+        clouds = catalog.sources.len(),
+        "catalog loaded"
+    );
+    let started = std::time::Instant::now();
+    let result = optimizer::optimize(&task, &catalog, &Blocklist::default(), &opts);
+    tracing::info!(
+        candidates = result.as_ref().map_or(0, Vec::len),
+        elapsed_us = started.elapsed().as_micros() as u64,
+        "optimized"
+    );
+    let plan = result.map_err(|why| Error::NoResources {
+        task: task_name(&task, &args.task),
+        why,
+    })?;
     Ok((task, plan))
 }
 

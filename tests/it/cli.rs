@@ -62,6 +62,16 @@ fn optimize_json_is_the_documented_shape_cheapest_first() {
     );
 }
 
+/// `gangway optimize TASK --catalog FIXTURE -o json EXTRA...`, which must
+/// succeed: the plan and stderr.
+fn fixture_plan(task: &str, extra: &[&str]) -> (Value, String) {
+    let mut args = vec!["optimize", task, "--catalog", FIXTURE, "-o", "json"];
+    args.extend_from_slice(extra);
+    let (code, out, err) = parts(&gangway(&args));
+    assert_eq!(code, 0, "{err}");
+    (json(&out)["plan"].clone(), err)
+}
+
 #[test]
 fn skypilot_catalog_dir_gives_a_golden_plan_and_names_bad_rows() {
     let d = tempfile::tempdir().unwrap();
@@ -69,16 +79,8 @@ fn skypilot_catalog_dir_gives_a_golden_plan_and_names_bad_rows() {
         &d,
         "resources:\n  accelerators: H100:8\n  use_spot: true\nrun: x\n",
     );
-    let (code, out, err) = parts(&gangway([
-        "optimize",
-        &t,
-        "--catalog",
-        FIXTURE,
-        "-o",
-        "json",
-    ]));
-    assert_eq!(code, 0, "{err}");
-    let rows: Vec<String> = json(&out)["plan"]
+    let (plan, err) = fixture_plan(&t, &[]);
+    let rows: Vec<String> = plan
         .as_array()
         .unwrap()
         .iter()
@@ -109,16 +111,7 @@ fn skypilot_catalog_dir_gives_a_golden_plan_and_names_bad_rows() {
         &d,
         "resources:\n  accelerators: V100\n  infra: gcp\nrun: x\n",
     );
-    let (code, out, err) = parts(&gangway([
-        "optimize",
-        &t,
-        "--catalog",
-        FIXTURE,
-        "-o",
-        "json",
-    ]));
-    assert_eq!(code, 0, "{err}");
-    let plan = json(&out)["plan"].clone();
+    let (plan, _) = fixture_plan(&t, &[]);
     assert_eq!(plan[0]["instance_type"], "n1-highmem-8");
     assert!((plan[0]["price_per_node_hour"].as_f64().unwrap() - (0.4736 + 2.48)).abs() < 1e-9);
     // The same directory through the environment variable.
@@ -291,23 +284,18 @@ fn help_version_completions_and_bad_flags() {
 fn overrides_change_the_plan() {
     let d = tempfile::tempdir().unwrap();
     let t = task(&d, "resources:\n  accelerators: A100:8\nrun: x\n");
-    let (code, out, err) = parts(&gangway([
-        "optimize",
+    let (plan, _) = fixture_plan(
         &t,
-        "--catalog",
-        FIXTURE,
-        "--gpus",
-        "H100:8",
-        "--infra",
-        "aws/us-east-1",
-        "--use-spot",
-        "--num-nodes",
-        "2",
-        "-o",
-        "json",
-    ]));
-    assert_eq!(code, 0, "{err}");
-    let plan = json(&out)["plan"].clone();
+        &[
+            "--gpus",
+            "H100:8",
+            "--infra",
+            "aws/us-east-1",
+            "--use-spot",
+            "--num-nodes",
+            "2",
+        ],
+    );
     assert_eq!(plan.as_array().unwrap().len(), 2);
     assert_eq!(plan[0]["zone"], "use1-az4");
     assert_eq!(plan[0]["use_spot"], true);
@@ -358,6 +346,25 @@ fn required_envs_and_secrets_must_be_given_and_secrets_never_show() {
     let (code, _, err) = parts(&gangway(["optimize", &t]));
     assert_eq!(code, 0);
     assert!(err.contains("DATA, HF_TOKEN must be given"), "{err}");
+}
+
+#[test]
+fn verbose_logs_go_to_stderr_only() {
+    let (code, out, err) = parts(&gangway([
+        "-v",
+        "optimize",
+        "examples/train.yaml",
+        "-o",
+        "json",
+    ]));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("catalog loaded") && err.contains("optimized"),
+        "{err}"
+    );
+    json(&out);
+    let (_, _, quiet) = parts(&gangway(["optimize", "examples/train.yaml", "-o", "json"]));
+    assert!(!quiet.contains("catalog loaded"), "{quiet}");
 }
 
 #[test]
