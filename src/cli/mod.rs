@@ -181,7 +181,7 @@ pub fn load_catalog(dir: Option<&std::path::Path>) -> Result<Catalog, Error> {
     for (s, age) in c.stale_sources(Date::today()) {
         eprintln!(
             "warning: {} prices from {} were taken on {} ({age} days ago); \
-             refresh them with `gangway catalog refresh` or pass --catalog DIR",
+             pass --catalog DIR with newer prices (live refresh arrives with the cloud providers)",
             s.cloud,
             s.origin,
             s.taken.map(|d| d.to_string()).unwrap_or_default()
