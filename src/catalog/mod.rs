@@ -384,11 +384,6 @@ impl Catalog {
             .map(|i| &self.offerings[*i as usize])
     }
 
-    /// Offerings that provide any GPU name (the local provider's).
-    pub fn wildcard(&self) -> impl Iterator<Item = &Offering> {
-        self.with_accelerator(ANY_ACCELERATOR)
-    }
-
     /// Distinct accelerator names, in their catalog spelling, sorted.
     pub fn accelerator_names(&self) -> Vec<String> {
         let mut names: Vec<String> = self
@@ -543,7 +538,9 @@ mod tests {
                 "{gpu} missing from {names:?}"
             );
         }
-        assert!(c.wildcard().all(|o| o.cloud == "local"));
+        assert!(c
+            .with_accelerator(ANY_ACCELERATOR)
+            .all(|o| o.cloud == "local"));
     }
 
     #[test]

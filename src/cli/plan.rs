@@ -126,10 +126,6 @@ impl TaskArgs {
     }
 }
 
-fn task_name(task: &Task, path: &Path) -> String {
-    task.display_name(path)
-}
-
 /// Builds the plan for a task.
 pub fn plan(
     args: &TaskArgs,
@@ -155,7 +151,7 @@ pub fn plan(
         "optimized"
     );
     let plan = result.map_err(|why| Error::NoResources {
-        task: task_name(&task, &args.task),
+        task: task.display_name(&args.task),
         why,
     })?;
     Ok((task, plan))
@@ -219,7 +215,7 @@ fn render(
     let best = &plan[0];
     println!(
         "Plan for '{}': {} node{}, {} candidate{}; cheapest {} {} at ${:.2}/h",
-        task_name(task, path),
+        task.display_name(path),
         task.num_nodes,
         if task.num_nodes == 1 { "" } else { "s" },
         plan.len(),

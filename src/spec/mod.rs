@@ -8,7 +8,7 @@ pub mod model;
 pub mod yaml;
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 pub use model::*;
 
@@ -273,9 +273,9 @@ impl Task {
     /// The file a task came from, for messages.
     pub fn display_name(&self, path: &Path) -> String {
         self.name.clone().unwrap_or_else(|| {
-            PathBuf::from(path.file_stem().unwrap_or_default())
-                .display()
-                .to_string()
+            path.file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default()
         })
     }
 }
