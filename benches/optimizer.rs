@@ -53,7 +53,7 @@ fn generated(rows: usize) -> Catalog {
             region,
             zone,
             price: Some(base * jitter),
-            spot_price: (i % 3 != 0).then_some(base * jitter * 0.4),
+            spot_price: (!i.is_multiple_of(3)).then_some(base * jitter * 0.4),
             placement: true,
             efa: false,
         });

@@ -2,7 +2,10 @@
 
 use crate::catalog::CatalogError;
 use crate::optimizer::Infeasible;
+use crate::provision::{ProvisionError, TeardownError};
 use crate::spec::SpecError;
+use crate::state::StateError;
+use gangway_provider::{ErrorKind, ProviderError};
 
 /// Exit codes, as documented in the README.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +59,35 @@ pub enum Error {
     /// Writing output failed.
     #[error("cannot write output: {0}")]
     Io(#[from] std::io::Error),
+    /// The state database or a lock failed.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// Provisioning found no cluster.
+    #[error(transparent)]
+    Provision(#[from] ProvisionError),
+    /// Tearing down, stopping or starting failed.
+    #[error(transparent)]
+    Teardown(#[from] TeardownError),
+    /// A provider refused outside provisioning.
+    #[error(transparent)]
+    Provider(#[from] ProviderError),
+    /// Something the user named does not exist.
+    #[error("{message}")]
+    NotFound {
+        /// What.
+        message: String,
+        /// What to do.
+        hint: Option<String>,
+    },
+}
+
+fn provider_exit(e: &ProviderError) -> ExitCode {
+    match e.kind {
+        ErrorKind::Auth => ExitCode::Credentials,
+        ErrorKind::InvalidRequest => ExitCode::BadInput,
+        ErrorKind::Capacity | ErrorKind::Quota | ErrorKind::Transient => ExitCode::NoResources,
+        ErrorKind::Fatal => ExitCode::Internal,
+    }
 }
 
 impl Error {
@@ -65,13 +97,53 @@ impl Error {
             Error::Spec(_) | Error::Usage { .. } | Error::Catalog(_) => ExitCode::BadInput,
             Error::NoResources { .. } => ExitCode::NoResources,
             Error::NotImplemented(_) | Error::Io(_) => ExitCode::Internal,
+            Error::State(StateError::Busy { .. }) => ExitCode::BadInput,
+            Error::State(_) => ExitCode::Internal,
+            Error::Provision(ProvisionError::Exhausted { .. }) => ExitCode::NoResources,
+            Error::Provision(ProvisionError::Provider(e))
+            | Error::Teardown(TeardownError::Provider(e))
+            | Error::Provider(e) => provider_exit(e),
+            Error::Provision(ProvisionError::State(_)) | Error::Teardown(_) => ExitCode::Internal,
+            Error::NotFound { .. } => ExitCode::BadInput,
         }
     }
 
     /// Lines to print under the message, each a `Caused by`/`hint` line.
     pub fn details(&self) -> Vec<String> {
         match self {
-            Error::Usage { hint: Some(h), .. } => vec![format!("hint: {h}")],
+            Error::Usage { hint: Some(h), .. } | Error::NotFound { hint: Some(h), .. } => {
+                vec![format!("hint: {h}")]
+            }
+            Error::State(StateError::Busy { .. }) => vec![
+                "hint: wait for it to finish (`gangway status` shows it), or pick another name with -c"
+                    .into(),
+            ],
+            Error::Provision(ProvisionError::Exhausted { attempts, .. }) => {
+                let mut v: Vec<String> = attempts
+                    .iter()
+                    .map(|a| {
+                        format!(
+                            "- {}/{}/{} {}{}: {}",
+                            a.cloud,
+                            a.region,
+                            a.zone,
+                            a.instance_type,
+                            if a.use_spot { " (spot)" } else { "" },
+                            a.outcome
+                        )
+                    })
+                    .collect();
+                v.push("hint: allow more zones, regions or GPU types (infra, any_of), try --use-spot, or raise config.local.capacity on the local provider".into());
+                v
+            }
+            Error::Provision(ProvisionError::Provider(e)) | Error::Provider(e)
+                if e.kind == ErrorKind::Auth =>
+            {
+                vec![format!("hint: `gangway check` says how to set up {} credentials", e.provider)]
+            }
+            Error::Teardown(_) => vec![
+                "hint: the cluster is kept as TERMINATING; run `gangway down` again once the provider answers".into(),
+            ],
             Error::NoResources { why, .. } => {
                 let mut v: Vec<String> = why.reasons.iter().map(|r| format!("- {r}")).collect();
                 v.push("hint: relax the constraints above, or see `gangway show-gpus` for what exists where".into());

@@ -8,7 +8,10 @@
 pub mod catalog;
 pub mod cli;
 pub mod error;
+pub mod gang;
 pub mod optimizer;
+pub mod provision;
 pub mod spec;
+pub mod state;
 
 pub use error::{Error, ExitCode};

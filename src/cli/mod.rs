@@ -3,8 +3,12 @@
 //! Each command returns `Result<ExitCode, Error>`; `main` prints errors.
 
 mod catalog_cmd;
+mod cluster;
 mod gpus;
+mod interrupts;
+mod launch;
 mod plan;
+mod progress;
 mod table;
 
 use std::io::Write;
@@ -54,23 +58,23 @@ pub enum Command {
     /// Launch a task: optimize, provision, set up and run.
     Launch(LaunchArgs),
     /// Run a task or command on an existing cluster.
-    Exec(StubArgs),
+    Exec(cluster::ExecArgs),
     /// Show clusters.
-    Status(StubArgs),
+    Status(cluster::StatusArgs),
     /// Show a cluster's job queue.
-    Queue(StubArgs),
+    Queue(cluster::QueueArgs),
     /// Show or follow a job's logs.
-    Logs(StubArgs),
+    Logs(cluster::LogsArgs),
     /// Cancel a job on a cluster.
-    Cancel(StubArgs),
-    /// Tear a cluster down.
-    Down(StubArgs),
+    Cancel(cluster::CancelArgs),
+    /// Tear clusters down (terminate every node).
+    Down(cluster::DownArgs),
     /// Stop a cluster (keep disks).
-    Stop(StubArgs),
+    Stop(cluster::NamesArgs),
     /// Start a stopped cluster.
-    Start(StubArgs),
+    Start(cluster::NamesArgs),
     /// Stop or tear down a cluster after it is idle.
-    Autostop(StubArgs),
+    Autostop(cluster::AutostopArgs),
     /// Managed jobs that survive preemption.
     Jobs(StubArgs),
     /// Check credentials and which clouds can be used.
@@ -90,6 +94,18 @@ pub enum Command {
     Completions {
         /// Shell.
         shell: clap_complete::Shell,
+    },
+    /// Internal: drive a job (started detached by launch and exec).
+    #[command(name = "__drive", hide = true)]
+    Drive {
+        /// Job id.
+        job: i64,
+    },
+    /// Internal: wait for a cluster to be idle, then stop it.
+    #[command(name = "__autostop", hide = true)]
+    AutostopWatch {
+        /// Cluster.
+        cluster: String,
     },
 }
 
@@ -143,7 +159,7 @@ pub fn run(cli: Cli) -> Result<ExitCode, Error> {
     let out = cli.output;
     match cli.command {
         Command::Optimize(a) => plan::optimize(&a, cli.catalog.as_deref(), out, a.limit),
-        Command::Launch(a) => plan::launch(&a, cli.catalog.as_deref(), out),
+        Command::Launch(a) => launch::launch(&a, cli.catalog.as_deref(), out),
         Command::ShowGpus(a) => gpus::show_gpus(&a, cli.catalog.as_deref(), out),
         Command::Catalog { action } => catalog_cmd::run(action, cli.catalog.as_deref(), out),
         Command::Completions { shell } => {
@@ -153,15 +169,17 @@ pub fn run(cli: Cli) -> Result<ExitCode, Error> {
             stdout.flush()?;
             Ok(ExitCode::Ok)
         }
-        Command::Exec(_) => stub("exec (arrives with the local provider and gang startup)"),
-        Command::Status(_) => stub("status (arrives with cluster state)"),
-        Command::Queue(_) => stub("queue (arrives with gang startup)"),
-        Command::Logs(_) => stub("logs (arrives with gang startup)"),
-        Command::Cancel(_) => stub("cancel (arrives with gang startup)"),
-        Command::Down(_) => stub("down (arrives with the local provider)"),
-        Command::Stop(_) => stub("stop (arrives with the local provider)"),
-        Command::Start(_) => stub("start (arrives with the local provider)"),
-        Command::Autostop(_) => stub("autostop (arrives with cluster state)"),
+        Command::Exec(a) => cluster::exec(&a, out),
+        Command::Status(a) => cluster::status(&a, out),
+        Command::Queue(a) => cluster::queue(&a, out),
+        Command::Logs(a) => cluster::logs(&a),
+        Command::Cancel(a) => cluster::cancel(&a, out),
+        Command::Down(a) => cluster::down(&a, out),
+        Command::Stop(a) => cluster::stop(&a, out),
+        Command::Start(a) => cluster::start(&a, out),
+        Command::Autostop(a) => cluster::autostop(&a, out),
+        Command::Drive { job } => launch::drive(job),
+        Command::AutostopWatch { cluster } => cluster::autostop_watch(&cluster),
         Command::Jobs(_) => stub("jobs (arrives with managed jobs)"),
         Command::Check(_) => stub("check (arrives with the cloud providers)"),
     }
@@ -174,11 +192,23 @@ fn stub(what: &str) -> Result<ExitCode, Error> {
 /// The embedded catalog, overlaid with `dir` if given; warns on stderr
 /// about stale prices and skipped rows.
 pub fn load_catalog(dir: Option<&std::path::Path>) -> Result<Catalog, Error> {
+    load_catalog_for(dir, |_| true)
+}
+
+/// Like [`load_catalog`], but only warns about stale prices of the clouds
+/// `relevant` picks (a launch on `local` need not hear about GCP's prices).
+pub fn load_catalog_for(
+    dir: Option<&std::path::Path>,
+    relevant: impl Fn(&str) -> bool,
+) -> Result<Catalog, Error> {
     let mut c = Catalog::embedded();
     if let Some(dir) = dir {
         c.overlay(Catalog::load_dir(dir)?);
     }
     for (s, age) in c.stale_sources(Date::today()) {
+        if !relevant(&s.cloud) {
+            continue;
+        }
         eprintln!(
             "warning: {} prices from {} were taken on {} ({age} days ago); \
              pass --catalog DIR with newer prices (live refresh arrives with the cloud providers)",

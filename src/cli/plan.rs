@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use serde_json::json;
 
-use super::{load_catalog, print_json, table, LaunchArgs, OptimizeArgs, Output};
+use super::{load_catalog_for, print_json, table, OptimizeArgs, Output};
 use crate::optimizer::{self, Blocklist, Candidate, Options};
 use crate::spec::{self, Choice, ResourceSpec, Task};
 use crate::{Error, ExitCode};
@@ -126,6 +126,17 @@ impl TaskArgs {
     }
 }
 
+/// The clouds a task is pinned to, if every alternative pins one.
+fn pinned_clouds(task: &Task) -> Option<Vec<String>> {
+    let specs: Vec<ResourceSpec> = match &task.resources.choice {
+        Choice::AnyOf(items) | Choice::Ordered(items) => {
+            items.iter().map(|i| i.over(&task.resources.base)).collect()
+        }
+        _ => vec![task.resources.base.clone()],
+    };
+    specs.iter().map(|s| s.infra.cloud.clone()).collect()
+}
+
 /// Builds the plan for a task.
 pub fn plan(
     args: &TaskArgs,
@@ -133,7 +144,11 @@ pub fn plan(
     types_per_region: usize,
 ) -> Result<(Task, Vec<Candidate>), Error> {
     let task = args.load()?;
-    let catalog = load_catalog(catalog_dir)?;
+    // Stale prices matter only for the clouds the task may land on.
+    let pinned = pinned_clouds(&task);
+    let catalog = load_catalog_for(catalog_dir, |cloud| {
+        pinned.as_ref().is_none_or(|p| p.iter().any(|c| c == cloud))
+    })?;
     let opts = Options {
         types_per_region: types_per_region.max(1),
         ..Options::default()
@@ -169,33 +184,20 @@ pub fn optimize(
     Ok(ExitCode::Ok)
 }
 
-/// `gangway launch` (only `--dry-run` until the local provider lands).
-pub fn launch(a: &LaunchArgs, catalog_dir: Option<&Path>, out: Output) -> Result<ExitCode, Error> {
-    let (task, plan) = plan(&a.task, catalog_dir, optimizer::DEFAULT_TYPES_PER_REGION)?;
+/// Refuses a task whose required env or secret values were not given.
+pub fn require_values(task: &Task, path: &Path) -> Result<(), Error> {
     let missing = task.missing_values();
-    if !missing.is_empty() {
-        return Err(Error::usage(
-            format!(
-                "{}: no value for {}",
-                a.task.task.display(),
-                missing.join(", ")
-            ),
-            Some(
-                "give each with --env KEY=VALUE or --secret KEY=VALUE, or list them in --env-file",
-            ),
-        ));
+    if missing.is_empty() {
+        return Ok(());
     }
-    if a.dry_run {
-        render(&task, &a.task.task, &plan, out, 20)?;
-        return Ok(ExitCode::Ok);
-    }
-    Err(Error::NotImplemented(
-        "launch (provisioning arrives with the local provider; use --dry-run to see the plan)"
-            .into(),
+    Err(Error::usage(
+        format!("{}: no value for {}", path.display(), missing.join(", ")),
+        Some("give each with --env KEY=VALUE or --secret KEY=VALUE, or list them in --env-file"),
     ))
 }
 
-fn render(
+/// Prints a plan.
+pub fn render(
     task: &Task,
     path: &Path,
     plan: &[Candidate],

@@ -72,33 +72,8 @@ pub struct LaunchRequest {
     pub image_id: Option<String>,
     /// Idempotency token: a retried launch with the same token never doubles the cluster.
     pub client_token: String,
-    /// Provider-specific options from the task's `config.<provider>` section, as JSON.
-    pub provider_config: Option<serde_json_value::Value>,
-}
-
-/// A tiny JSON value so this crate stays free of heavy dependencies.
-pub mod serde_json_value {
-    use std::collections::BTreeMap;
-
-    use serde::{Deserialize, Serialize};
-
-    /// A JSON-like value.
-    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-    #[serde(untagged)]
-    pub enum Value {
-        /// null
-        Null,
-        /// true/false
-        Bool(bool),
-        /// a number
-        Number(f64),
-        /// a string
-        String(String),
-        /// a list
-        List(Vec<Value>),
-        /// a map
-        Map(BTreeMap<String, Value>),
-    }
+    /// Provider-specific options from the task's `config.<provider>` section.
+    pub provider_config: Option<serde_json::Value>,
 }
 
 /// The observed state of one node.
@@ -134,7 +109,9 @@ pub struct Node {
     pub placement: Placement,
     /// Network path from the root switch down, e.g. `["spine1", "leaf2"]`.
     pub topology: Vec<String>,
-    /// Free-form provider facts (ssh port, user, pid group...).
+    /// Free-form provider facts (ssh port, user, work directory...). Keys
+    /// starting with `env.` are environment variables every command on the
+    /// node gets (e.g. `env.CUDA_VISIBLE_DEVICES`).
     pub extra: BTreeMap<String, String>,
 }
 

@@ -1,0 +1,263 @@
+//! `config.local`: the options a task gives the local cloud.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::ZONES;
+
+/// Nodes a zone can run at once when the task does not say.
+pub(crate) const DEFAULT_CAPACITY: u64 = 256;
+
+/// Every key `config.local` may have.
+pub(crate) const KNOWN_KEYS: &[&str] = &[
+    "capacity",
+    "topology",
+    "seed",
+    "preempt_after_s",
+    "notice_s",
+    "boot_s",
+];
+
+/// How many running nodes each zone takes.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Capacity {
+    /// The same limit in every zone.
+    All(u64),
+    /// Per zone; zones not named get [`DEFAULT_CAPACITY`].
+    PerZone(BTreeMap<String, u64>),
+}
+
+/// `config.local`, checked.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct LocalConfig {
+    /// `capacity`.
+    pub capacity: Capacity,
+    /// `topology`: switch paths by launch index.
+    pub topology: Option<Vec<String>>,
+    /// `seed`: shuffles the order nodes and addresses come back in.
+    pub seed: Option<u64>,
+    /// `preempt_after_s` (spot launches only).
+    pub preempt_after_s: Option<f64>,
+    /// `notice_s`: how long before the preemption its notice appears.
+    pub notice_s: f64,
+    /// `boot_s`: how long a launch takes to return, as a cloud's boot does.
+    pub boot_s: f64,
+}
+
+impl Default for LocalConfig {
+    fn default() -> Self {
+        LocalConfig {
+            capacity: Capacity::All(DEFAULT_CAPACITY),
+            topology: None,
+            seed: None,
+            preempt_after_s: None,
+            notice_s: 0.0,
+            boot_s: 0.0,
+        }
+    }
+}
+
+impl LocalConfig {
+    /// Running nodes `zone` takes.
+    pub fn capacity(&self, zone: &str) -> u64 {
+        match &self.capacity {
+            Capacity::All(n) => *n,
+            Capacity::PerZone(m) => m.get(zone).copied().unwrap_or(DEFAULT_CAPACITY),
+        }
+    }
+
+    /// Parses `config.local`; `None` and `null` are the defaults. The error
+    /// is the message of an invalid-request error.
+    pub fn parse(value: Option<&Value>) -> Result<LocalConfig, String> {
+        let mut cfg = LocalConfig::default();
+        let map = match value {
+            None | Some(Value::Null) => return Ok(cfg),
+            Some(Value::Object(map)) => map,
+            Some(other) => {
+                return Err(format!(
+                    "config.local must be a mapping with keys {}, got {}",
+                    KNOWN_KEYS.join(", "),
+                    kind_of(other)
+                ))
+            }
+        };
+        for (key, v) in map {
+            match key.as_str() {
+                "capacity" => cfg.capacity = parse_capacity(v)?,
+                "topology" => cfg.topology = Some(parse_topology(v)?),
+                "seed" => {
+                    cfg.seed = Some(v.as_u64().ok_or_else(|| {
+                        format!(
+                            "config.local.seed must be a non-negative integer, got {}",
+                            kind_of(v)
+                        )
+                    })?)
+                }
+                "preempt_after_s" => cfg.preempt_after_s = Some(seconds("preempt_after_s", v)?),
+                "notice_s" => cfg.notice_s = seconds("notice_s", v)?,
+                "boot_s" => cfg.boot_s = seconds("boot_s", v)?,
+                other => {
+                    return Err(format!(
+                        "config.local.{other} is not an option of the local cloud; it knows {}",
+                        KNOWN_KEYS.join(", ")
+                    ))
+                }
+            }
+        }
+        Ok(cfg)
+    }
+}
+
+fn parse_capacity(v: &Value) -> Result<Capacity, String> {
+    let shape = || {
+        format!(
+            "config.local.capacity must be a non-negative integer or a mapping from zone ({}) to one, got {}",
+            ZONES.join(", "),
+            kind_of(v)
+        )
+    };
+    match v {
+        Value::Number(n) => n.as_u64().map(Capacity::All).ok_or_else(shape),
+        Value::Object(m) => {
+            let mut zones = BTreeMap::new();
+            for (zone, n) in m {
+                if !ZONES.contains(&zone.as_str()) {
+                    return Err(format!(
+                        "config.local.capacity.{zone}: no such zone; the local cloud has {}",
+                        ZONES.join(", ")
+                    ));
+                }
+                let n = n.as_u64().ok_or_else(|| {
+                    format!(
+                        "config.local.capacity.{zone} must be a non-negative integer, got {}",
+                        kind_of(n)
+                    )
+                })?;
+                zones.insert(zone.clone(), n);
+            }
+            Ok(Capacity::PerZone(zones))
+        }
+        _ => Err(shape()),
+    }
+}
+
+fn parse_topology(v: &Value) -> Result<Vec<String>, String> {
+    let shape = || {
+        format!(
+            "config.local.topology must be a list of switch paths like \"spine1/leaf2\", got {}",
+            kind_of(v)
+        )
+    };
+    let list = v.as_array().ok_or_else(shape)?;
+    list.iter()
+        .enumerate()
+        .map(|(i, item)| {
+            item.as_str().map(str::to_owned).ok_or_else(|| {
+                format!(
+                    "config.local.topology[{i}] must be a switch path like \"spine1/leaf2\", got {}",
+                    kind_of(item)
+                )
+            })
+        })
+        .collect()
+}
+
+fn seconds(key: &str, v: &Value) -> Result<f64, String> {
+    match v.as_f64() {
+        Some(s) if (0.0..1e9).contains(&s) => Ok(s),
+        _ => Err(format!(
+            "config.local.{key} must be a number of seconds >= 0, got {}",
+            match v {
+                Value::Number(n) => n.to_string(),
+                other => kind_of(other).to_owned(),
+            }
+        )),
+    }
+}
+
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "a mapping",
+    }
+}
+
+/// Splits a switch path, `"spine1/leaf2"` ⇒ `["spine1", "leaf2"]`.
+pub(crate) fn split_path(path: &str) -> Vec<String> {
+    path.split('/')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn defaults_and_full() {
+        assert_eq!(LocalConfig::parse(None).unwrap(), LocalConfig::default());
+        assert_eq!(
+            LocalConfig::parse(Some(&Value::Null)).unwrap(),
+            LocalConfig::default()
+        );
+        let c = LocalConfig::parse(Some(&json!({
+            "capacity": {"local-a": 2},
+            "topology": ["s1/l1", "s1/l2"],
+            "seed": 7,
+            "preempt_after_s": 1,
+            "notice_s": 0.5
+        })))
+        .unwrap();
+        assert_eq!(c.capacity("local-a"), 2);
+        assert_eq!(c.capacity("local-b"), DEFAULT_CAPACITY);
+        assert_eq!(c.seed, Some(7));
+        assert_eq!(c.preempt_after_s, Some(1.0));
+        assert_eq!(c.notice_s, 0.5);
+        let c = LocalConfig::parse(Some(&json!({"capacity": 3}))).unwrap();
+        assert_eq!(c.capacity("local-c"), 3);
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        for (v, needle) in [
+            (json!({"capacity": "lots"}), "config.local.capacity"),
+            (json!({"capacity": -1}), "config.local.capacity"),
+            (
+                json!({"capacity": {"local-z": 1}}),
+                "config.local.capacity.local-z",
+            ),
+            (
+                json!({"capacity": {"local-a": 1.5}}),
+                "config.local.capacity.local-a",
+            ),
+            (json!({"topology": "s1/l1"}), "config.local.topology"),
+            (json!({"topology": [1]}), "config.local.topology[0]"),
+            (json!({"seed": "x"}), "config.local.seed"),
+            (
+                json!({"preempt_after_s": -1}),
+                "config.local.preempt_after_s",
+            ),
+            (json!({"notice_s": "soon"}), "config.local.notice_s"),
+            (json!({"capactiy": 1}), "config.local.capactiy"),
+            (json!([1]), "config.local must be a mapping"),
+        ] {
+            let e = LocalConfig::parse(Some(&v)).unwrap_err();
+            assert!(e.contains(needle), "{v}: {e}");
+        }
+    }
+
+    #[test]
+    fn paths_split_on_slash() {
+        assert_eq!(split_path("spine1/leaf2"), vec!["spine1", "leaf2"]);
+        assert!(split_path("").is_empty());
+        assert_eq!(split_path("/a//b/"), vec!["a", "b"]);
+    }
+}

@@ -1,0 +1,414 @@
+//! The local cloud's own state on disk: the lock, one record per instance,
+//! one directory per node, and the allocation of ids and addresses.
+
+use std::collections::HashSet;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::net::Ipv4Addr;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// Whether an instance runs. Preemption is not a stored state: it is read off
+/// the clock against [`Record::preempt_at_ms`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum RecState {
+    /// Running (or preempted, once `preempt_at_ms` has passed).
+    Running,
+    /// Stopped by the user; its directory is kept.
+    Stopped,
+}
+
+/// `root/instances/<id>.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Record {
+    pub id: String,
+    pub cluster: String,
+    pub owner: String,
+    pub client_token: String,
+    pub region: String,
+    pub zone: String,
+    pub instance_type: String,
+    pub use_spot: bool,
+    pub ip: String,
+    pub topology: Vec<String>,
+    pub state: RecState,
+    pub gpus: u32,
+    pub launch_index: u32,
+    pub created_ms: u64,
+    pub preempt_at_ms: Option<u64>,
+    pub notice_at_ms: Option<u64>,
+    pub market_pid: Option<u32>,
+}
+
+impl Record {
+    /// Whether the market has taken the node back by `now_ms`.
+    pub fn preempted(&self, now_ms: u64) -> bool {
+        self.state == RecState::Running && self.preempt_at_ms.is_some_and(|t| t <= now_ms)
+    }
+
+    /// Whether it holds a slot of its zone's capacity.
+    pub fn holds_capacity(&self, now_ms: u64) -> bool {
+        self.state == RecState::Running && !self.preempted(now_ms)
+    }
+}
+
+/// Paths under the provider's root.
+#[derive(Clone, Debug)]
+pub(crate) struct Layout {
+    pub root: PathBuf,
+}
+
+impl Layout {
+    pub fn lock_path(&self) -> PathBuf {
+        self.root.join("lock")
+    }
+    pub fn instances(&self) -> PathBuf {
+        self.root.join("instances")
+    }
+    pub fn nodes(&self) -> PathBuf {
+        self.root.join("nodes")
+    }
+    pub fn record_path(&self, id: &str) -> PathBuf {
+        self.instances().join(format!("{id}.json"))
+    }
+    pub fn node_dir(&self, id: &str) -> PathBuf {
+        self.nodes().join(id)
+    }
+
+    /// Takes the exclusive lock every mutation holds, creating the root on
+    /// first use. Blocks until the lock is free; released on drop.
+    pub fn lock(&self) -> io::Result<LockGuard> {
+        fs::create_dir_all(self.instances())?;
+        fs::create_dir_all(self.nodes())?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(self.lock_path())?;
+        loop {
+            // SAFETY: flock on a descriptor this function owns.
+            let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+            if rc == 0 {
+                return Ok(LockGuard { _file: file });
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
+    /// Every record, in no particular order. A missing root is an empty
+    /// cloud; a record deleted while being listed is skipped.
+    pub fn read_records(&self) -> io::Result<Vec<Record>> {
+        let dir = self.instances();
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut out = Vec::new();
+        for entry in entries {
+            let entry = entry?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if name.starts_with('.') || !name.ends_with(".json") {
+                continue;
+            }
+            let bytes = match fs::read(entry.path()) {
+                Ok(b) => b,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            let rec: Record = serde_json::from_slice(&bytes).map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: {e}", entry.path().display()),
+                )
+            })?;
+            out.push(rec);
+        }
+        Ok(out)
+    }
+
+    /// Writes a record atomically: temporary file, fsync, rename, fsync of
+    /// the directory.
+    pub fn write_record(&self, rec: &Record) -> io::Result<()> {
+        let dir = self.instances();
+        let tmp = dir.join(format!(".{}.json.tmp", rec.id));
+        let mut bytes = serde_json::to_vec_pretty(rec).map_err(io::Error::other)?;
+        bytes.push(b'\n');
+        {
+            let mut f = File::create(&tmp)?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+        }
+        fs::rename(&tmp, self.record_path(&rec.id))?;
+        sync_dir(&dir);
+        Ok(())
+    }
+
+    /// Deletes a record; a missing one is fine.
+    pub fn remove_record(&self, id: &str) -> io::Result<()> {
+        match fs::remove_file(self.record_path(id)) {
+            Ok(()) => {
+                sync_dir(&self.instances());
+                Ok(())
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Creates the node's directory tree (idempotent).
+    pub fn make_node_dirs(&self, id: &str) -> io::Result<()> {
+        let dir = self.node_dir(id);
+        for sub in ["home", "procs", "metadata"] {
+            fs::create_dir_all(dir.join(sub))?;
+        }
+        Ok(())
+    }
+
+    /// Removes the node's directory tree; a missing one is fine.
+    pub fn remove_node_dir(&self, id: &str) -> io::Result<()> {
+        match fs::remove_dir_all(self.node_dir(id)) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Removes what a killed process can leave behind: temporary record
+    /// files and node directories without a record. Only under the lock,
+    /// where nothing is being created.
+    pub fn sweep_leftovers(&self, records: &[Record]) -> io::Result<()> {
+        if let Ok(entries) = fs::read_dir(self.instances()) {
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                if name
+                    .to_str()
+                    .is_some_and(|n| n.starts_with('.') && n.ends_with(".tmp"))
+                {
+                    let _ = fs::remove_file(entry.path());
+                }
+            }
+        }
+        let known: HashSet<&str> = records.iter().map(|r| r.id.as_str()).collect();
+        if let Ok(entries) = fs::read_dir(self.nodes()) {
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let Some(name) = name.to_str() else { continue };
+                if !known.contains(name) {
+                    crate::kill_registered(&entry.path().join("procs"));
+                    self.remove_node_dir(name)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A fresh instance id, `local-` and 12 hex digits, used by no record
+    /// and no directory and not in `taken`.
+    pub fn new_id(&self, taken: &HashSet<String>) -> String {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        loop {
+            let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+            let nanos = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0);
+            let pid = u64::from(std::process::id());
+            let x = splitmix64(nanos ^ (pid << 40) ^ n.wrapping_mul(0xA24B_AED4_963E_E407));
+            let id = format!("local-{:012x}", x & 0xffff_ffff_ffff);
+            if !taken.contains(&id)
+                && !self.record_path(&id).exists()
+                && !self.node_dir(&id).exists()
+            {
+                return id;
+            }
+        }
+    }
+}
+
+/// Holds the provider's exclusive lock until dropped.
+pub(crate) struct LockGuard {
+    _file: File,
+}
+
+fn sync_dir(dir: &Path) {
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+/// First address handed out.
+const FIRST_ADDR: Ipv4Addr = Ipv4Addr::new(127, 0, 10, 1);
+/// Last address of 127.0.0.0/8 a node may get.
+const LAST_ADDR: Ipv4Addr = Ipv4Addr::new(127, 255, 255, 254);
+
+/// `n` loopback addresses not in `used`, ascending from 127.0.10.1, never
+/// ending in .0 or .255; `None` when 127.0.0.0/8 is full.
+///
+/// Linux answers on every address of 127.0.0.0/8, so each node gets its own.
+/// macOS only has 127.0.0.1 on its loopback interface; the fallback there
+/// (every node on 127.0.0.1 with distinct port ranges) is not built yet.
+#[cfg(test)]
+pub(crate) fn allocate_addresses(used: &HashSet<Ipv4Addr>, n: usize) -> Option<Vec<Ipv4Addr>> {
+    allocate_addresses_from(FIRST_ADDR, used, n)
+}
+
+/// The first address of the /24 this root's nodes start in. Each gangway
+/// home gets its own block (picked by a hash of its path), so two homes on
+/// one machine (two users, parallel tests) do not hand out the same
+/// address and collide on ports.
+pub(crate) fn first_address(root: &Path) -> Ipv4Addr {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in root.as_os_str().as_encoded_bytes() {
+        h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+    }
+    let h = splitmix64(h);
+    Ipv4Addr::new(127, 1 + (h % 254) as u8, (h >> 8) as u8, 1)
+}
+
+/// Like [`allocate_addresses`], starting at `first` and wrapping around.
+pub(crate) fn allocate_addresses_from(
+    first: Ipv4Addr,
+    used: &HashSet<Ipv4Addr>,
+    n: usize,
+) -> Option<Vec<Ipv4Addr>> {
+    let mut out = Vec::with_capacity(n);
+    if n == 0 {
+        return Some(out);
+    }
+    let start = u32::from(first).max(u32::from(FIRST_ADDR));
+    let all = (start..=u32::from(LAST_ADDR)).chain(u32::from(FIRST_ADDR)..start);
+    for a in all {
+        let last = a & 0xff;
+        if last == 0 || last == 255 {
+            continue;
+        }
+        let addr = Ipv4Addr::from(a);
+        if !used.contains(&addr) {
+            out.push(addr);
+            if out.len() == n {
+                return Some(out);
+            }
+        }
+    }
+    None
+}
+
+/// One step of splitmix64, used as a mixer.
+pub(crate) fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A tiny deterministic generator (splitmix64) for `config.local.seed`.
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        let out = splitmix64(self.0);
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        out
+    }
+
+    /// Fisher–Yates.
+    pub fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            let j = (self.next_u64() % (i as u64 + 1)) as usize;
+            items.swap(i, j);
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_skip_network_and_broadcast_and_used() {
+        let a = allocate_addresses(&HashSet::new(), 3).unwrap();
+        assert_eq!(
+            a,
+            vec![
+                Ipv4Addr::new(127, 0, 10, 1),
+                Ipv4Addr::new(127, 0, 10, 2),
+                Ipv4Addr::new(127, 0, 10, 3)
+            ]
+        );
+        let used: HashSet<_> = (1..=254).map(|i| Ipv4Addr::new(127, 0, 10, i)).collect();
+        let a = allocate_addresses(&used, 2).unwrap();
+        assert_eq!(
+            a,
+            vec![Ipv4Addr::new(127, 0, 11, 1), Ipv4Addr::new(127, 0, 11, 2)]
+        );
+        let mut used = HashSet::new();
+        used.insert(Ipv4Addr::new(127, 0, 10, 1));
+        let a = allocate_addresses(&used, 1).unwrap();
+        assert_eq!(a, vec![Ipv4Addr::new(127, 0, 10, 2)]);
+    }
+
+    #[test]
+    fn shuffle_is_deterministic_and_a_permutation() {
+        let mut a: Vec<u32> = (0..10).collect();
+        let mut b = a.clone();
+        Rng::new(42).shuffle(&mut a);
+        Rng::new(42).shuffle(&mut b);
+        assert_eq!(a, b);
+        assert_ne!(a, (0..10).collect::<Vec<_>>());
+        let mut sorted = a.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..10).collect::<Vec<_>>());
+        let mut c: Vec<u32> = (0..10).collect();
+        Rng::new(43).shuffle(&mut c);
+        assert_ne!(a, c);
+    }
+
+    #[test]
+    fn record_state_is_lowercase_on_disk() {
+        let r = Record {
+            id: "local-000000000001".into(),
+            cluster: "c".into(),
+            owner: "o".into(),
+            client_token: "t".into(),
+            region: "local".into(),
+            zone: "local-a".into(),
+            instance_type: "local.cpu".into(),
+            use_spot: false,
+            ip: "127.0.10.1".into(),
+            topology: vec![],
+            state: RecState::Stopped,
+            gpus: 0,
+            launch_index: 0,
+            created_ms: 1,
+            preempt_at_ms: None,
+            notice_at_ms: None,
+            market_pid: None,
+        };
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["state"], "stopped");
+        assert_eq!(serde_json::from_value::<Record>(v).unwrap(), r);
+    }
+}

@@ -1,0 +1,762 @@
+//! Commands on existing clusters: status, queue, logs, cancel, exec, down,
+//! stop, start, autostop.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use serde_json::json;
+
+use super::launch::{
+    check_name, exit_for, follow, gangway_home, job_spec, runtime, secrets_of, submit,
+};
+use super::progress::Progress;
+use super::{print_json, table, Output};
+use crate::gang::{assign_ranks, JobSpec, GRACE};
+use crate::provision::{self, node_rows, Providers, TeardownError};
+use crate::state::{ClusterRow, ClusterStatus, JobRow, OwnerLock, Store};
+use crate::{Error, ExitCode};
+use gangway_provider::ClusterName;
+
+/// `gangway status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Only these clusters (shows their nodes too).
+    pub clusters: Vec<String>,
+}
+
+/// `gangway queue`.
+#[derive(Debug, Args)]
+pub struct QueueArgs {
+    /// The cluster.
+    pub cluster: String,
+}
+
+/// `gangway logs`.
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    /// The cluster.
+    pub cluster: String,
+    /// The job (default: the latest).
+    pub job: Option<i64>,
+    /// Print what is there and return, even if the job is still running.
+    #[arg(long)]
+    pub no_follow: bool,
+    /// Only this rank's output, without prefixes.
+    #[arg(long)]
+    pub rank: Option<u32>,
+}
+
+/// `gangway cancel`.
+#[derive(Debug, Args)]
+pub struct CancelArgs {
+    /// The cluster.
+    pub cluster: String,
+    /// Jobs to cancel (default: the latest live one).
+    pub jobs: Vec<i64>,
+    /// Every live job on the cluster.
+    #[arg(long)]
+    pub all: bool,
+}
+
+/// `gangway exec`.
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// The cluster.
+    pub cluster: String,
+    /// A task file, or a command to run on every node.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "TASK.yaml|COMMAND"
+    )]
+    pub target: Vec<String>,
+    /// Set an env value: KEY=VALUE (repeatable).
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// Set a secret value: KEY=VALUE (repeatable; never printed or stored).
+    #[arg(long = "secret", value_name = "KEY=VALUE")]
+    pub secret: Vec<String>,
+    /// Nodes to run on (default: the task's, or every node for a command).
+    #[arg(long)]
+    pub num_nodes: Option<u32>,
+    /// Return once the job is submitted.
+    #[arg(short = 'd', long)]
+    pub detach: bool,
+}
+
+/// `gangway down`.
+#[derive(Debug, Args)]
+pub struct DownArgs {
+    /// Clusters to tear down.
+    pub clusters: Vec<String>,
+    /// Every cluster.
+    #[arg(long, short = 'a')]
+    pub all: bool,
+    /// Do not ask for confirmation.
+    #[arg(short = 'y', long)]
+    pub yes: bool,
+}
+
+/// `gangway stop` / `gangway start`.
+#[derive(Debug, Args)]
+pub struct NamesArgs {
+    /// Clusters.
+    #[arg(required = true)]
+    pub clusters: Vec<String>,
+}
+
+/// `gangway autostop`.
+#[derive(Debug, Args)]
+pub struct AutostopArgs {
+    /// The cluster.
+    pub cluster: String,
+    /// Idle minutes before stopping (0: as soon as it is idle).
+    #[arg(short = 'i', long = "idle-minutes", required_unless_present = "cancel")]
+    pub idle_minutes: Option<u32>,
+    /// Tear down instead of stopping.
+    #[arg(long)]
+    pub down: bool,
+    /// Turn autostop off.
+    #[arg(long, conflicts_with_all = ["idle_minutes", "down"])]
+    pub cancel: bool,
+}
+
+fn open() -> Result<(PathBuf, Store), Error> {
+    let home = gangway_home()?;
+    let store = Store::open(&home)?;
+    Ok((home, store))
+}
+
+fn cluster_row(store: &Store, name: &str) -> Result<ClusterRow, Error> {
+    store.cluster(name)?.ok_or_else(|| Error::NotFound {
+        message: format!("no cluster named '{name}'"),
+        hint: Some("`gangway status` lists the clusters".into()),
+    })
+}
+
+fn ago(ms: i64) -> String {
+    let s = ((crate::state::now_ms() - ms) / 1000).max(0);
+    match s {
+        0..=59 => format!("{s}s ago"),
+        60..=3599 => format!("{}m ago", s / 60),
+        3600..=86399 => format!("{}h ago", s / 3600),
+        _ => format!("{}d ago", s / 86400),
+    }
+}
+
+fn duration(ms: i64) -> String {
+    let s = (ms / 1000).max(0);
+    if s < 60 {
+        format!("{s}s")
+    } else if s < 3600 {
+        format!("{}m{:02}s", s / 60, s % 60)
+    } else {
+        format!("{}h{:02}m", s / 3600, (s % 3600) / 60)
+    }
+}
+
+/// A cluster's shown status: an `INIT` no process works on was interrupted.
+fn shown_status(store: &Store, c: &ClusterRow) -> String {
+    match c.status {
+        ClusterStatus::Init | ClusterStatus::Terminating if !store.cluster_locked(&c.name) => {
+            format!("{} (interrupted)", c.status)
+        }
+        s => s.to_string(),
+    }
+}
+
+/// `gangway status`.
+pub fn status(a: &StatusArgs, out: Output) -> Result<ExitCode, Error> {
+    let (_, store) = open()?;
+    store.reap_dead_jobs()?;
+    let mut clusters = store.clusters()?;
+    if !a.clusters.is_empty() {
+        for n in &a.clusters {
+            cluster_row(&store, n)?;
+        }
+        clusters.retain(|c| a.clusters.contains(&c.name));
+    }
+    let active = store.active_jobs()?;
+    let live = |name: &str| active.iter().filter(|j| j.cluster == name).count();
+    if out == Output::Json {
+        let rows: Vec<serde_json::Value> = clusters
+            .iter()
+            .map(|c| {
+                let mut v = serde_json::to_value(c).unwrap_or_default();
+                v["shown_status"] = json!(shown_status(&store, c));
+                v["active_jobs"] = json!(live(&c.name));
+                if !a.clusters.is_empty() {
+                    v["nodes"] = json!(store.nodes(&c.name).unwrap_or_default());
+                }
+                v
+            })
+            .collect();
+        print_json(&json!({ "clusters": rows }))?;
+        return Ok(ExitCode::Ok);
+    }
+    if clusters.is_empty() {
+        println!("No clusters. Launch one with `gangway launch TASK.yaml`.");
+        return Ok(ExitCode::Ok);
+    }
+    let rows: Vec<Vec<String>> = clusters
+        .iter()
+        .map(|c| {
+            let infra = match (&c.cloud, &c.region, &c.zone) {
+                (Some(cl), Some(r), Some(z)) => format!("{cl}/{r}/{z}"),
+                _ => "-".into(),
+            };
+            let gpus = c
+                .accelerator
+                .as_ref()
+                .map(|g| format!(" ({g}:{})", c.accelerator_count))
+                .unwrap_or_default();
+            vec![
+                c.name.clone(),
+                shown_status(&store, c),
+                infra,
+                format!(
+                    "{}x {}{gpus}{}",
+                    c.num_nodes,
+                    c.instance_type.as_deref().unwrap_or("-"),
+                    if c.use_spot { " spot" } else { "" }
+                ),
+                c.price_per_hour
+                    .map(|p| format!("{p:.2}"))
+                    .unwrap_or_else(|| "-".into()),
+                live(&c.name).to_string(),
+                match c.autostop_idle_min {
+                    Some(m) => format!("{m}m{}", if c.autostop_down { " (down)" } else { "" }),
+                    None => "-".into(),
+                },
+                ago(c.launched_at),
+            ]
+        })
+        .collect();
+    table::print(
+        &[
+            "NAME",
+            "STATUS",
+            "INFRA",
+            "RESOURCES",
+            "$/H",
+            "JOBS",
+            "AUTOSTOP",
+            "LAUNCHED",
+        ],
+        &rows,
+    )?;
+    for c in &clusters {
+        if shown_status(&store, c).ends_with("(interrupted)") {
+            println!(
+                "note: '{}' was interrupted while {}; `gangway down {0}` removes whatever was created{}",
+                c.name,
+                if c.status == ClusterStatus::Init { "launching" } else { "tearing down" },
+                c.last_error.as_deref().map(|e| format!(" (last error: {e})")).unwrap_or_default()
+            );
+        }
+    }
+    if !a.clusters.is_empty() {
+        for c in &clusters {
+            let nodes = store.nodes(&c.name)?;
+            if nodes.is_empty() {
+                continue;
+            }
+            println!("\nNodes of '{}':", c.name);
+            let rows: Vec<Vec<String>> = nodes
+                .iter()
+                .map(|n| {
+                    vec![
+                        n.rank.to_string(),
+                        n.instance_id.clone(),
+                        n.private_ip.clone(),
+                        n.zone.clone(),
+                        if n.topology.is_empty() {
+                            "-".into()
+                        } else {
+                            n.topology.clone()
+                        },
+                        n.state.clone(),
+                    ]
+                })
+                .collect();
+            table::print(
+                &["RANK", "ID", "ADDRESS", "ZONE", "TOPOLOGY", "STATE"],
+                &rows,
+            )?;
+        }
+    }
+    Ok(ExitCode::Ok)
+}
+
+fn job_rows(jobs: &[JobRow]) -> Vec<Vec<String>> {
+    jobs.iter()
+        .map(|j| {
+            let dur = match (j.started_at, j.ended_at) {
+                (Some(s), Some(e)) => duration(e - s),
+                (Some(s), None) => duration(crate::state::now_ms() - s),
+                _ => "-".into(),
+            };
+            vec![
+                j.id.to_string(),
+                j.name.clone().unwrap_or_else(|| "-".into()),
+                ago(j.submitted_at),
+                dur,
+                j.status.to_string(),
+                j.detail
+                    .as_deref()
+                    .and_then(|d| d.lines().next())
+                    .unwrap_or("")
+                    .to_string(),
+            ]
+        })
+        .collect()
+}
+
+/// `gangway queue`.
+pub fn queue(a: &QueueArgs, out: Output) -> Result<ExitCode, Error> {
+    let (_, store) = open()?;
+    cluster_row(&store, &a.cluster)?;
+    store.reap_dead_jobs()?;
+    let jobs = store.jobs(&a.cluster)?;
+    if out == Output::Json {
+        print_json(&json!({ "cluster": a.cluster, "jobs": jobs }))?;
+        return Ok(ExitCode::Ok);
+    }
+    if jobs.is_empty() {
+        println!("No jobs on '{}'.", a.cluster);
+        return Ok(ExitCode::Ok);
+    }
+    table::print(
+        &["ID", "NAME", "SUBMITTED", "DURATION", "STATUS", "DETAIL"],
+        &job_rows(&jobs),
+    )?;
+    Ok(ExitCode::Ok)
+}
+
+fn pick_job(store: &Store, cluster: &str, job: Option<i64>) -> Result<JobRow, Error> {
+    let jobs = store.jobs(cluster)?;
+    let found = match job {
+        Some(id) => jobs.into_iter().find(|j| j.id == id),
+        None => jobs.into_iter().last(),
+    };
+    found.ok_or_else(|| Error::NotFound {
+        message: match job {
+            Some(id) => format!("cluster '{cluster}' has no job {id}"),
+            None => format!("cluster '{cluster}' has no jobs"),
+        },
+        hint: Some(format!("`gangway queue {cluster}` lists its jobs")),
+    })
+}
+
+/// `gangway logs`.
+pub fn logs(a: &LogsArgs) -> Result<ExitCode, Error> {
+    let (_, store) = open()?;
+    cluster_row(&store, &a.cluster)?;
+    store.reap_dead_jobs()?;
+    let job = pick_job(&store, &a.cluster, a.job)?;
+    if a.no_follow || job.status.is_terminal() {
+        let dir = store.job_log_dir(job.id);
+        let path = match a.rank {
+            Some(r) => dir.join(format!("rank-{r}.log")),
+            None => dir.join("job.log"),
+        };
+        match std::fs::File::open(&path) {
+            Ok(mut f) => {
+                std::io::copy(&mut f, &mut std::io::stdout().lock())?;
+            }
+            Err(_) if a.rank.is_some() => {
+                return Err(Error::NotFound {
+                    message: format!(
+                        "job {} has no output from rank {}",
+                        job.id,
+                        a.rank.unwrap_or(0)
+                    ),
+                    hint: None,
+                })
+            }
+            Err(_) => {}
+        }
+        return Ok(ExitCode::Ok);
+    }
+    let status = follow(&store, job.id, true, a.rank)?;
+    Ok(exit_for(status))
+}
+
+/// `gangway cancel`.
+pub fn cancel(a: &CancelArgs, out: Output) -> Result<ExitCode, Error> {
+    let (_, store) = open()?;
+    cluster_row(&store, &a.cluster)?;
+    store.reap_dead_jobs()?;
+    let live: Vec<JobRow> = store
+        .jobs(&a.cluster)?
+        .into_iter()
+        .filter(|j| !j.status.is_terminal())
+        .collect();
+    let chosen: Vec<&JobRow> = if a.all {
+        live.iter().collect()
+    } else if a.jobs.is_empty() {
+        live.last().into_iter().collect()
+    } else {
+        for id in &a.jobs {
+            if !live.iter().any(|j| j.id == *id) {
+                let j = pick_job(&store, &a.cluster, Some(*id))?;
+                return Err(Error::usage(
+                    format!("job {id} has already ended ({})", j.status),
+                    None,
+                ));
+            }
+        }
+        live.iter().filter(|j| a.jobs.contains(&j.id)).collect()
+    };
+    if chosen.is_empty() {
+        if out == Output::Json {
+            print_json(&json!({ "cancelled": [] }))?;
+        } else {
+            println!("No live jobs on '{}'.", a.cluster);
+        }
+        return Ok(ExitCode::Ok);
+    }
+    for j in &chosen {
+        signal_driver(&store, j, libc::SIGTERM);
+    }
+    // Wait for the drivers to record the ending (they give ranks GRACE).
+    let deadline = std::time::Instant::now() + GRACE + Duration::from_secs(5);
+    let mut ended = Vec::new();
+    for j in &chosen {
+        loop {
+            store.reap_dead_jobs()?;
+            let now = store.job(j.id)?;
+            match now {
+                Some(n) if !n.status.is_terminal() && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Some(n) => {
+                    ended.push(n);
+                    break;
+                }
+                None => break,
+            }
+        }
+    }
+    if out == Output::Json {
+        print_json(&json!({ "cancelled": ended }))?;
+    } else {
+        for j in &ended {
+            println!("Job {} {}", j.id, j.status);
+        }
+    }
+    Ok(ExitCode::Ok)
+}
+
+fn signal_driver(store: &Store, j: &JobRow, sig: i32) {
+    if let Some(pid) = j.driver_pid {
+        if OwnerLock::is_held(&store.job_lock_path(j.id)) {
+            // SAFETY: kill(2) on the pid of a driver whose lock is held.
+            unsafe {
+                libc::kill(pid as i32, sig);
+            }
+        }
+    }
+}
+
+/// `gangway exec`.
+pub fn exec(a: &ExecArgs, out: Output) -> Result<ExitCode, Error> {
+    let (home, store) = open()?;
+    check_name(&a.cluster)?;
+    let row = cluster_row(&store, &a.cluster)?;
+    if row.status != ClusterStatus::Up {
+        return Err(Error::usage(
+            format!("cluster '{}' is {}, not UP", a.cluster, row.status),
+            Some(&format!(
+                "`gangway start {}` starts a stopped cluster",
+                a.cluster
+            )),
+        ));
+    }
+    let first = &a.target[0];
+    let is_task = a.target.len() == 1
+        && (first.ends_with(".yaml") || first.ends_with(".yml"))
+        && std::path::Path::new(first).is_file();
+    let (mut spec, secrets): (JobSpec, Vec<(String, String)>) = if is_task {
+        let args = super::TaskArgs {
+            task: PathBuf::from(first),
+            infra: None,
+            gpus: None,
+            cpus: None,
+            memory: None,
+            instance_type: None,
+            num_nodes: a.num_nodes,
+            use_spot: false,
+            env: a.env.clone(),
+            env_file: None,
+            secret: a.secret.clone(),
+        };
+        let task = args.load()?;
+        super::plan::require_values(&task, &args.task)?;
+        (
+            job_spec(&task, &args.task, false, false)?,
+            secrets_of(&task),
+        )
+    } else {
+        let mut envs = Vec::new();
+        for e in &a.env {
+            envs.push(
+                crate::spec::parse_assignment(e)
+                    .map_err(|m| Error::usage(format!("--env: {m}"), None))?,
+            );
+        }
+        let mut secrets = Vec::new();
+        for s in &a.secret {
+            let name = s.split('=').next().unwrap_or("");
+            secrets.push(crate::spec::parse_assignment(s).map_err(|_| {
+                Error::usage(
+                    format!("--secret {name}=...: expected KEY=VALUE with a valid name"),
+                    None,
+                )
+            })?);
+        }
+        let spec = JobSpec {
+            run: Some(a.target.join(" ")),
+            envs,
+            secret_names: secrets.iter().map(|(k, _)| k.clone()).collect(),
+            num_nodes: a.num_nodes.unwrap_or(row.num_nodes),
+            ..JobSpec::default()
+        };
+        (spec, secrets)
+    };
+    if spec.num_nodes > row.num_nodes {
+        return Err(Error::usage(
+            format!(
+                "the job needs {} nodes; cluster '{}' has {}",
+                spec.num_nodes, a.cluster, row.num_nodes
+            ),
+            None,
+        ));
+    }
+    spec.gpus_per_node = row.accelerator_count.ceil() as u32;
+    let progress = Progress::new(out);
+    submit(
+        &store, &home, &a.cluster, spec, &secrets, a.detach, out, &progress,
+    )
+}
+
+fn confirm_names(what: &str, names: &[String], yes: bool) -> Result<bool, Error> {
+    use std::io::{IsTerminal, Write};
+    if yes || !std::io::stdin().is_terminal() {
+        return Ok(true);
+    }
+    eprint!("{what} {}? [Y/n] ", names.join(", "));
+    std::io::stderr().flush()?;
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line)?;
+    let a = line.trim().to_ascii_lowercase();
+    Ok(a.is_empty() || a == "y" || a == "yes")
+}
+
+/// `gangway down`.
+pub fn down(a: &DownArgs, out: Output) -> Result<ExitCode, Error> {
+    let (home, store) = open()?;
+    let names: Vec<String> = if a.all {
+        store.clusters()?.into_iter().map(|c| c.name).collect()
+    } else if a.clusters.is_empty() {
+        return Err(Error::usage(
+            "name the clusters to tear down, or pass --all",
+            None,
+        ));
+    } else {
+        for n in &a.clusters {
+            cluster_row(&store, n)?;
+        }
+        a.clusters.clone()
+    };
+    if names.is_empty() {
+        if out == Output::Json {
+            print_json(&json!({ "terminated": [] }))?;
+        } else {
+            println!("No clusters.");
+        }
+        return Ok(ExitCode::Ok);
+    }
+    if out == Output::Table && !confirm_names("Tear down", &names, a.yes)? {
+        return Ok(ExitCode::Interrupted);
+    }
+    let providers = Providers::new(&home);
+    let rt = runtime()?;
+    let mut done = Vec::new();
+    let mut first_err: Option<Error> = None;
+    for n in &names {
+        let result = store
+            .lock_cluster(n, "launching or tearing down")
+            .map_err(Error::from)
+            .and_then(|_lock| {
+                rt.block_on(provision::teardown(&store, n, &providers))
+                    .map_err(Error::from)
+            });
+        match result {
+            Ok(()) => {
+                if out == Output::Table {
+                    println!("Terminated cluster '{n}'.");
+                }
+                done.push(n.clone());
+            }
+            Err(e) => {
+                eprintln!("gangway: error: {n}: {e}");
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    if out == Output::Json {
+        print_json(&json!({ "terminated": done }))?;
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(ExitCode::Ok),
+    }
+}
+
+/// `gangway stop`.
+pub fn stop(a: &NamesArgs, out: Output) -> Result<ExitCode, Error> {
+    let (home, store) = open()?;
+    let providers = Providers::new(&home);
+    let rt = runtime()?;
+    for n in &a.clusters {
+        let row = cluster_row(&store, n)?;
+        let _lock = store.lock_cluster(n, "launching or tearing down")?;
+        let cloud = row.cloud.clone().unwrap_or_default();
+        let p = providers
+            .get(&cloud)
+            .ok_or_else(|| TeardownError::NoProvider(cloud.clone()))?;
+        provision::stop_drivers(&store, n)?;
+        rt.block_on(p.stop(&ClusterName(n.clone())))?;
+        store.set_status(n, ClusterStatus::Stopped, None)?;
+        store.event(n, None, "stop", "stopped")?;
+        if out == Output::Table {
+            println!("Stopped cluster '{n}'.");
+        }
+    }
+    if out == Output::Json {
+        print_json(&json!({ "stopped": a.clusters }))?;
+    }
+    Ok(ExitCode::Ok)
+}
+
+/// `gangway start`.
+pub fn start(a: &NamesArgs, out: Output) -> Result<ExitCode, Error> {
+    let (home, mut store) = open()?;
+    let providers = Providers::new(&home);
+    let rt = runtime()?;
+    for n in &a.clusters {
+        let row = cluster_row(&store, n)?;
+        if row.status == ClusterStatus::Up {
+            if out == Output::Table {
+                println!("Cluster '{n}' is already up.");
+            }
+            continue;
+        }
+        let _lock = store.lock_cluster(n, "launching or tearing down")?;
+        let cloud = row.cloud.clone().unwrap_or_default();
+        let p = providers
+            .get(&cloud)
+            .ok_or_else(|| TeardownError::NoProvider(cloud.clone()))?;
+        let nodes = rt.block_on(p.start(&ClusterName(n.clone())))?;
+        let ranked = assign_ranks(nodes);
+        store.set_nodes(n, ClusterStatus::Up, &node_rows(&ranked))?;
+        store.event(n, None, "start", "started")?;
+        if out == Output::Table {
+            println!("Started cluster '{n}' ({} node(s)).", ranked.len());
+        }
+    }
+    if out == Output::Json {
+        print_json(&json!({ "started": a.clusters }))?;
+    }
+    Ok(ExitCode::Ok)
+}
+
+/// `gangway autostop`.
+pub fn autostop(a: &AutostopArgs, out: Output) -> Result<ExitCode, Error> {
+    let (home, store) = open()?;
+    cluster_row(&store, &a.cluster)?;
+    if a.cancel {
+        store.set_autostop(&a.cluster, None, false)?;
+        if out == Output::Table {
+            println!("Autostop off for '{}'.", a.cluster);
+        }
+        return Ok(ExitCode::Ok);
+    }
+    let idle = a.idle_minutes.unwrap_or(0);
+    store.set_autostop(&a.cluster, Some(idle), a.down)?;
+    // One watcher per cluster; a second start finds the lock held and exits.
+    let exe = std::env::current_exe()?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("__autostop")
+        .arg(&a.cluster)
+        .env("GANGWAY_HOME", &home)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    cmd.spawn()?;
+    if out == Output::Json {
+        print_json(&json!({ "cluster": a.cluster, "idle_minutes": idle, "down": a.down }))?;
+    } else {
+        println!(
+            "'{}' will be {} after {idle} idle minute(s).",
+            a.cluster,
+            if a.down { "torn down" } else { "stopped" }
+        );
+    }
+    Ok(ExitCode::Ok)
+}
+
+/// `gangway __autostop CLUSTER`: waits until the cluster has been idle long
+/// enough, then stops or tears it down.
+pub fn autostop_watch(cluster: &str) -> Result<ExitCode, Error> {
+    let (home, store) = open()?;
+    let lock_path = home.join("locks").join(format!("autostop-{cluster}.lock"));
+    let Some(_lock) = OwnerLock::try_acquire(&lock_path)? else {
+        return Ok(ExitCode::Ok);
+    };
+    let mut idle_since = crate::state::now_ms();
+    loop {
+        let Some(row) = store.cluster(cluster)? else {
+            return Ok(ExitCode::Ok);
+        };
+        let Some(idle_min) = row.autostop_idle_min else {
+            return Ok(ExitCode::Ok);
+        };
+        if row.status != ClusterStatus::Up {
+            return Ok(ExitCode::Ok);
+        }
+        store.reap_dead_jobs()?;
+        let jobs = store.jobs(cluster)?;
+        if jobs.iter().any(|j| !j.status.is_terminal()) {
+            idle_since = crate::state::now_ms();
+        } else if let Some(end) = jobs.iter().filter_map(|j| j.ended_at).max() {
+            idle_since = idle_since.max(end);
+        }
+        if crate::state::now_ms() - idle_since >= i64::from(idle_min) * 60_000 {
+            let providers = Providers::new(&home);
+            let rt = runtime()?;
+            let Ok(_l) = store.lock_cluster(cluster, "autostopping") else {
+                std::thread::sleep(Duration::from_secs(1));
+                continue;
+            };
+            if row.autostop_down {
+                store.event(cluster, None, "autostop", "idle: tearing down")?;
+                rt.block_on(provision::teardown(&store, cluster, &providers))?;
+            } else {
+                let cloud = row.cloud.clone().unwrap_or_default();
+                if let Some(p) = providers.get(&cloud) {
+                    rt.block_on(p.stop(&ClusterName(cluster.to_string())))?;
+                    store.set_status(cluster, ClusterStatus::Stopped, None)?;
+                    store.event(cluster, None, "autostop", "idle: stopped")?;
+                }
+            }
+            return Ok(ExitCode::Ok);
+        }
+        let pause = if idle_min == 0 { 500 } else { 5_000 };
+        std::thread::sleep(Duration::from_millis(pause));
+    }
+}

@@ -1,0 +1,470 @@
+//! `gangway launch` and `gangway exec`: provision if needed, submit a job,
+//! follow it.
+
+use std::io::{IsTerminal, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::progress::Progress;
+use super::{interrupts, print_json, LaunchArgs, Output};
+use crate::gang::JobSpec;
+use crate::optimizer;
+use crate::provision::{self, Providers, RetryPolicy};
+use crate::spec::{MountSource, Task, Workdir};
+use crate::state::{ClusterStatus, JobStatus, NewCluster, OwnerLock, Reserved, Store};
+use crate::{Error, ExitCode};
+
+/// `$GANGWAY_HOME`, or `~/.gangway`.
+pub fn gangway_home() -> Result<PathBuf, Error> {
+    if let Some(h) = std::env::var_os("GANGWAY_HOME").filter(|h| !h.is_empty()) {
+        return Ok(PathBuf::from(h));
+    }
+    match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        Some(h) => Ok(PathBuf::from(h).join(".gangway")),
+        None => Err(Error::usage(
+            "neither GANGWAY_HOME nor HOME is set; gangway needs a directory for its state",
+            Some("export GANGWAY_HOME=/some/dir"),
+        )),
+    }
+}
+
+/// Checks a cluster name: letters, digits, `-`, `_`, `.`; starts with a letter.
+pub fn check_name(name: &str) -> Result<(), Error> {
+    let ok = name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_alphabetic())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::usage(
+            format!("cluster name '{name}' is not valid"),
+            Some("use up to 63 letters, digits, '-', '_' or '.', starting with a letter"),
+        ))
+    }
+}
+
+fn generated_name() -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let h = (t ^ ((std::process::id() as u64) << 20)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    format!("gangway-{:04x}", h >> 48)
+}
+
+fn local_path(p: &str) -> PathBuf {
+    let expanded = match (p.strip_prefix("~/"), std::env::var_os("HOME")) {
+        (Some(rest), Some(home)) => PathBuf::from(home).join(rest),
+        _ => PathBuf::from(p),
+    };
+    std::path::absolute(&expanded).unwrap_or(expanded)
+}
+
+/// What a task runs, ready to store with a job.
+pub fn job_spec(
+    task: &Task,
+    task_file: &Path,
+    setup: bool,
+    down_after: bool,
+) -> Result<JobSpec, Error> {
+    let workdir = match &task.workdir {
+        None => None,
+        Some(Workdir::Path(p)) => {
+            let path = local_path(p);
+            if !path.is_dir() {
+                return Err(Error::usage(
+                    format!(
+                        "{}: workdir {} is not a directory",
+                        task_file.display(),
+                        path.display()
+                    ),
+                    Some("workdir is resolved against the directory you run gangway from"),
+                ));
+            }
+            Some(path)
+        }
+        Some(Workdir::Git { url, .. }) => {
+            return Err(Error::NotImplemented(format!(
+                "workdir from a git repository ({url}); clone it and give the local path"
+            )))
+        }
+    };
+    let mut mounts = Vec::new();
+    for m in &task.file_mounts {
+        match &m.source {
+            MountSource::Local(src) => {
+                let path = local_path(src);
+                if !path.exists() {
+                    return Err(Error::usage(
+                        format!(
+                            "{}: file_mounts.{}: {} does not exist",
+                            task_file.display(),
+                            m.dest,
+                            path.display()
+                        ),
+                        None,
+                    ));
+                }
+                mounts.push((m.dest.clone(), path));
+            }
+            _ => {
+                return Err(Error::NotImplemented(format!(
+                    "file_mounts.{}: bucket and storage mounts (local paths work)",
+                    m.dest
+                )))
+            }
+        }
+    }
+    Ok(JobSpec {
+        name: task.name.clone(),
+        setup: if setup { task.setup.clone() } else { None },
+        run: task.run.clone(),
+        envs: task
+            .envs
+            .iter()
+            .filter_map(|(k, v)| v.clone().map(|v| (k.clone(), v)))
+            .collect(),
+        secret_names: task.secrets.iter().map(|(k, _)| k.clone()).collect(),
+        workdir,
+        file_mounts: mounts,
+        num_nodes: task.num_nodes,
+        gpus_per_node: 0,
+        checkpoint_dir: task.checkpoint.as_ref().and_then(|c| c.path.clone()),
+        down_after,
+    })
+}
+
+/// Secret values of a task, for the driver's pipe.
+pub fn secrets_of(task: &Task) -> Vec<(String, String)> {
+    task.secrets
+        .iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| (k.clone(), v.expose().to_string())))
+        .collect()
+}
+
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Error> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(Error::Io)
+}
+
+fn confirm(question: &str) -> Result<bool, Error> {
+    if !std::io::stdin().is_terminal() {
+        return Ok(true);
+    }
+    eprint!("{question} [Y/n] ");
+    std::io::stderr().flush()?;
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line)?;
+    let a = line.trim().to_ascii_lowercase();
+    Ok(a.is_empty() || a == "y" || a == "yes")
+}
+
+/// `gangway launch`.
+pub fn launch(a: &LaunchArgs, catalog_dir: Option<&Path>, out: Output) -> Result<ExitCode, Error> {
+    let (task, plan) =
+        super::plan::plan(&a.task, catalog_dir, optimizer::DEFAULT_TYPES_PER_REGION)?;
+    super::plan::require_values(&task, &a.task.task)?;
+    if a.dry_run {
+        super::plan::render(&task, &a.task.task, &plan, out, 20)?;
+        return Ok(ExitCode::Ok);
+    }
+    let name = match &a.cluster {
+        Some(n) => n.clone(),
+        None => generated_name(),
+    };
+    check_name(&name)?;
+    let spec = job_spec(&task, &a.task.task, true, a.down)?;
+    let secrets = secrets_of(&task);
+    let home = gangway_home()?;
+    let mut store = Store::open(&home)?;
+    let progress = Progress::new(out);
+
+    let lock = store.lock_cluster(&name, "launching")?;
+    let config = task.config.as_ref().map(|c| c.to_string());
+    let token = format!("{name}-{}", generated_name().trim_start_matches("gangway-"));
+    let reserved = store.reserve_cluster(&NewCluster {
+        name: &name,
+        num_nodes: task.num_nodes,
+        client_token: &token,
+        provider_config: config,
+    })?;
+    let row = match reserved {
+        Reserved::Existing(row) => {
+            match row.status {
+                ClusterStatus::Up => {}
+                ClusterStatus::Stopped => {
+                    return Err(Error::usage(
+                        format!("cluster '{name}' is stopped"),
+                        Some(&format!(
+                            "start it with `gangway start {name}`, or pick another name with -c"
+                        )),
+                    ))
+                }
+                _ => {
+                    return Err(Error::usage(
+                        format!(
+                            "cluster '{name}' is being torn down{}",
+                            row.last_error
+                                .as_deref()
+                                .map(|e| format!(" (last error: {e})"))
+                                .unwrap_or_default()
+                        ),
+                        Some(&format!(
+                            "run `gangway down {name}` to finish, then launch again"
+                        )),
+                    ))
+                }
+            }
+            if row.num_nodes < task.num_nodes {
+                return Err(Error::usage(
+                    format!(
+                        "cluster '{name}' has {} node(s); the task needs {}",
+                        row.num_nodes, task.num_nodes
+                    ),
+                    Some("launch a new cluster with another -c name, or `gangway down` this one first"),
+                ));
+            }
+            progress.line(&format!(
+                "Reusing cluster '{name}' ({} node(s), {})",
+                row.num_nodes, row.status
+            ));
+            row
+        }
+        Reserved::New(row) | Reserved::Resumed(row) => {
+            let best = &plan[0];
+            if !a.yes
+                && out == Output::Table
+                && !confirm(&format!(
+                    "Launch '{name}': {} x {} on {}/{}/{} at ${:.2}/h?",
+                    best.nodes,
+                    best.instance_type,
+                    best.cloud,
+                    best.region,
+                    best.zone,
+                    best.total_per_hour
+                ))?
+            {
+                store.remove_cluster(&name)?;
+                return Ok(ExitCode::Interrupted);
+            }
+            let providers = Providers::new(&home);
+            let rt = runtime()?;
+            let result = rt.block_on(provision::provision(
+                &store,
+                &row,
+                &plan,
+                &providers,
+                &progress,
+                RetryPolicy::default(),
+            ));
+            match result {
+                Ok(p) => {
+                    store.set_nodes(&name, ClusterStatus::Up, &p.nodes)?;
+                    progress.line(&format!(
+                        "Cluster '{name}' is up: {} node(s), head {}",
+                        p.nodes.len(),
+                        p.nodes[0].private_ip
+                    ));
+                    store.cluster(&name)?.expect("cluster row exists")
+                }
+                Err(e) => {
+                    let cleaned = match &e {
+                        provision::ProvisionError::Exhausted { attempts, .. } => attempts
+                            .iter()
+                            .all(|a| !a.outcome.contains("cleanup failed")),
+                        provision::ProvisionError::Provider(_) => true,
+                        provision::ProvisionError::State(_) => false,
+                    };
+                    if cleaned {
+                        store.remove_cluster(&name)?;
+                    } else {
+                        store.set_status(&name, ClusterStatus::Init, Some(&e.to_string()))?;
+                    }
+                    return Err(e.into());
+                }
+            }
+        }
+    };
+    drop(lock);
+    let mut spec = spec;
+    spec.gpus_per_node = row.accelerator_count.ceil() as u32;
+    submit(
+        &store, &home, &name, spec, &secrets, a.detach, out, &progress,
+    )
+}
+
+/// Stores the job, starts its driver, and follows it unless `detach`.
+#[allow(clippy::too_many_arguments)]
+pub fn submit(
+    store: &Store,
+    home: &Path,
+    cluster: &str,
+    spec: JobSpec,
+    secrets: &[(String, String)],
+    detach: bool,
+    out: Output,
+    progress: &Progress,
+) -> Result<ExitCode, Error> {
+    let text = serde_json::to_string(&spec).map_err(|e| Error::Io(e.into()))?;
+    let id = store.add_job(cluster, spec.name.as_deref(), &text)?;
+    let log_dir = store.job_log_dir(id);
+    std::fs::create_dir_all(&log_dir)?;
+    let driver_log = std::fs::File::create(log_dir.join("driver.log"))?;
+    let exe = std::env::current_exe()?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("__drive")
+        .arg(id.to_string())
+        .env("GANGWAY_HOME", home)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(driver_log);
+    // Its own process group: Ctrl-C in this terminal reaches only us, and
+    // we decide what the driver is told.
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    // The driver records its own pid once it holds the job's lock.
+    let mut child = cmd.spawn()?;
+    {
+        let mut stdin = child.stdin.take().expect("piped");
+        let payload = serde_json::to_string(secrets).map_err(|e| Error::Io(e.into()))?;
+        stdin.write_all(payload.as_bytes())?;
+    }
+    store.event(cluster, Some(id), "job", &format!("job {id} submitted"))?;
+    if detach {
+        if out == Output::Json {
+            print_json(&json!({ "cluster": cluster, "job_id": id, "status": "SUBMITTED" }))?;
+        } else {
+            progress.line(&format!(
+                "Job {id} submitted on '{cluster}'; follow it with `gangway logs {cluster} {id}`"
+            ));
+        }
+        return Ok(ExitCode::Ok);
+    }
+    let status = follow(store, id, out != Output::Json, None)?;
+    let job = store.job(id)?;
+    if out == Output::Json {
+        let nodes = store.nodes(cluster).unwrap_or_default();
+        print_json(&json!({
+            "cluster": cluster,
+            "job_id": id,
+            "status": status,
+            "detail": job.as_ref().and_then(|j| j.detail.clone()),
+            "nodes": nodes,
+        }))?;
+    } else if status == JobStatus::FailedDriver {
+        // Every other ending is the last line of the job's own log.
+        let detail = job
+            .and_then(|j| j.detail)
+            .map(|d| format!(": {d}"))
+            .unwrap_or_default();
+        progress.line(&format!("Job {id} {status}{detail}"));
+    }
+    Ok(exit_for(status))
+}
+
+/// The exit code for a job's ending.
+pub fn exit_for(s: JobStatus) -> ExitCode {
+    match s {
+        JobStatus::Succeeded => ExitCode::Ok,
+        JobStatus::Cancelled => ExitCode::Interrupted,
+        _ => ExitCode::JobFailed,
+    }
+}
+
+/// Copies a job's log to stdout until the job ends and its driver exits.
+/// Ctrl-C once asks the driver to stop the job gracefully, twice to kill it.
+/// `rank`: follow one rank's raw log instead of the combined one.
+pub fn follow(store: &Store, id: i64, print: bool, rank: Option<u32>) -> Result<JobStatus, Error> {
+    interrupts::install();
+    let dir = store.job_log_dir(id);
+    let path = match rank {
+        Some(r) => dir.join(format!("rank-{r}.log")),
+        None => dir.join("job.log"),
+    };
+    let lock = store.job_lock_path(id);
+    let mut pos = 0u64;
+    let mut sent = interrupts::count();
+    let mut stdout = std::io::stdout();
+    let mut ended_at: Option<std::time::Instant> = None;
+    loop {
+        if print {
+            if let Ok(mut f) = std::fs::File::open(&path) {
+                let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+                if len > pos {
+                    f.seek(SeekFrom::Start(pos))?;
+                    let mut buf = Vec::with_capacity((len - pos) as usize);
+                    Read::by_ref(&mut f).take(len - pos).read_to_end(&mut buf)?;
+                    pos += buf.len() as u64;
+                    stdout.write_all(&buf)?;
+                    stdout.flush()?;
+                }
+            }
+        }
+        let job = store.job(id)?.ok_or_else(|| Error::NotFound {
+            message: format!("job {id} no longer exists (its cluster was taken down)"),
+            hint: None,
+        })?;
+        let c = interrupts::count();
+        if let (true, false, Some(pid)) = (c > sent, job.status.is_terminal(), job.driver_pid) {
+            sent = c;
+            // SAFETY: kill(2) on the driver this job records.
+            unsafe {
+                libc::kill(pid as i32, libc::SIGTERM);
+            }
+            eprintln!(
+                "{}",
+                if c == 1 {
+                    "gangway: stopping the job (Ctrl-C again to kill it)"
+                } else {
+                    "gangway: killing the job"
+                }
+            );
+        }
+        let driver_alive = OwnerLock::is_held(&lock);
+        if job.status.is_terminal() {
+            // Keep copying until the driver has exited (it may be tearing
+            // the cluster down), but not forever.
+            let t = *ended_at.get_or_insert_with(std::time::Instant::now);
+            if !driver_alive || t.elapsed() > Duration::from_secs(120) {
+                if print {
+                    // One last read for lines written just before the end.
+                    if let Ok(mut f) = std::fs::File::open(&path) {
+                        f.seek(SeekFrom::Start(pos))?;
+                        std::io::copy(&mut f, &mut stdout)?;
+                    }
+                }
+                return Ok(job.status);
+            }
+        } else if !driver_alive && job.driver_pid.is_some() {
+            store.reap_dead_jobs()?;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// Reads the secrets a launcher writes to the driver's stdin.
+pub fn read_driver_secrets() -> Vec<(String, String)> {
+    let mut s = String::new();
+    let _ = std::io::stdin().read_to_string(&mut s);
+    serde_json::from_str(&s).unwrap_or_default()
+}
+
+/// `gangway __drive JOB`: the detached job driver.
+pub fn drive(job: i64) -> Result<ExitCode, Error> {
+    let home = gangway_home()?;
+    let secrets = read_driver_secrets();
+    let rt = runtime()?;
+    match rt.block_on(crate::gang::drive(&home, job, secrets)) {
+        Ok(s) => Ok(exit_for(s)),
+        Err(e) => {
+            eprintln!("gangway driver: job {job}: {e}");
+            Ok(ExitCode::Internal)
+        }
+    }
+}

@@ -1,0 +1,557 @@
+//! The job driver: sync, setup on all, barrier, run on all, stop the gang
+//! when a rank fails, record how it ended.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::ExitStatus;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gangway_provider::{ClusterName, NodeState};
+use tokio::task::JoinSet;
+
+use super::{node_env, transport_for, GangInfo, JobSpec, NodeCommand, Phase, Transport};
+use crate::provision::{teardown, Providers};
+use crate::state::{JobStatus, NodeRow, OwnerLock, StateError, Store};
+
+/// How long ranks get between SIGTERM and SIGKILL.
+pub const GRACE: Duration = Duration::from_secs(10);
+
+/// What stopped a phase early.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Cancel {
+    None,
+    Graceful,
+    Kill,
+}
+
+/// How a phase ended.
+enum PhaseEnd {
+    Ok,
+    Failed { rank: usize, what: String },
+    Cancelled,
+}
+
+/// `exited with code 3`, `was killed by signal 9 (SIGKILL)`.
+pub fn describe_exit(s: &ExitStatus) -> String {
+    if let Some(c) = s.code() {
+        return format!("exited with code {c}");
+    }
+    match s.signal() {
+        Some(sig) => format!("was killed by signal {sig}{}", signal_name(sig)),
+        None => "ended in an unknown way".into(),
+    }
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGKILL => " (SIGKILL)",
+        libc::SIGTERM => " (SIGTERM)",
+        libc::SIGINT => " (SIGINT)",
+        libc::SIGSEGV => " (SIGSEGV)",
+        libc::SIGABRT => " (SIGABRT)",
+        _ => "",
+    }
+}
+
+/// The job's combined log (rank-prefixed lines) and per-rank logs.
+#[derive(Clone)]
+struct Logs {
+    dir: std::path::PathBuf,
+    combined: Arc<Mutex<File>>,
+}
+
+impl Logs {
+    fn open(dir: &Path) -> std::io::Result<Logs> {
+        std::fs::create_dir_all(dir)?;
+        let combined = File::options()
+            .create(true)
+            .append(true)
+            .open(dir.join("job.log"))?;
+        Ok(Logs {
+            dir: dir.to_path_buf(),
+            combined: Arc::new(Mutex::new(combined)),
+        })
+    }
+
+    /// A line from gangway itself.
+    fn say(&self, line: &str) {
+        if let Ok(mut f) = self.combined.lock() {
+            let _ = writeln!(f, "gangway: {line}");
+        }
+    }
+
+    /// Copies a node's output into its rank log and the combined log.
+    fn pump(
+        &self,
+        reader: std::io::PipeReader,
+        rank: usize,
+        ip: &str,
+        phase: Phase,
+    ) -> std::thread::JoinHandle<Vec<String>> {
+        let prefix = match phase {
+            Phase::Setup => format!("(setup rank {rank}, {ip}) "),
+            Phase::Run => format!("(rank {rank}, {ip}) "),
+        };
+        let own = File::options()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("rank-{rank}.log")));
+        let combined = Arc::clone(&self.combined);
+        std::thread::spawn(move || {
+            let mut own = own.ok();
+            let mut tail: std::collections::VecDeque<String> = Default::default();
+            let mut r = BufReader::new(reader);
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                match r.read_until(b'\n', &mut line) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                if !line.ends_with(b"\n") {
+                    line.push(b'\n');
+                }
+                if let Some(f) = own.as_mut() {
+                    let _ = f.write_all(&line);
+                }
+                if let Ok(mut f) = combined.lock() {
+                    let _ = f.write_all(prefix.as_bytes());
+                    let _ = f.write_all(&line);
+                }
+                tail.push_back(String::from_utf8_lossy(&line).trim_end().to_string());
+                if tail.len() > 20 {
+                    tail.pop_front();
+                }
+            }
+            tail.into()
+        })
+    }
+}
+
+/// Errors that stop a driver before it can record an ending.
+#[derive(Debug, thiserror::Error)]
+pub enum DriveError {
+    /// State database.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// Something else.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Drives job `job_id` to its end; `secrets` came over the driver's pipe.
+/// Returns the job's final status.
+pub async fn drive(
+    home: &Path,
+    job_id: i64,
+    secrets: Vec<(String, String)>,
+) -> Result<JobStatus, DriveError> {
+    let store = Store::open(home)?;
+    let lock_path = store.job_lock_path(job_id);
+    let Some(_lock) = OwnerLock::acquire(&lock_path, Duration::from_secs(10))? else {
+        return Err(DriveError::Other(format!(
+            "job {job_id} already has a driver"
+        )));
+    };
+    store.set_job_driver(job_id, std::process::id())?;
+    let job = store
+        .job(job_id)?
+        .ok_or_else(|| DriveError::Other(format!("no job {job_id}")))?;
+    if job.status.is_terminal() {
+        return Ok(job.status);
+    }
+    let spec: JobSpec = serde_json::from_str(&job.spec)
+        .map_err(|e| DriveError::Other(format!("job {job_id}: unreadable spec: {e}")))?;
+    let logs = Logs::open(&store.job_log_dir(job_id))
+        .map_err(|e| DriveError::Other(format!("job {job_id}: cannot write logs: {e}")))?;
+
+    let (cancel_tx, mut cancel) = tokio::sync::watch::channel(Cancel::None);
+    spawn_signal_watch(cancel_tx);
+
+    let (status, detail) = run_job(
+        &store,
+        &job.cluster,
+        job_id,
+        &spec,
+        &secrets,
+        &logs,
+        &mut cancel,
+    )
+    .await?;
+    store.set_job_status(job_id, status, detail.as_deref())?;
+    store.event(
+        &job.cluster,
+        Some(job_id),
+        "job",
+        &format!(
+            "job {job_id} {status}{}",
+            detail
+                .as_deref()
+                .map(|d| format!(": {d}"))
+                .unwrap_or_default()
+        ),
+    )?;
+    logs.say(&format!(
+        "job {job_id} {status}{}",
+        detail
+            .as_deref()
+            .map(|d| format!(": {d}"))
+            .unwrap_or_default()
+    ));
+    if spec.down_after {
+        logs.say(&format!("tearing down cluster {} (--down)", job.cluster));
+        let providers = Providers::new(home);
+        match store.lock_cluster(&job.cluster, "tearing down") {
+            Ok(_l) => {
+                if let Err(e) = teardown(&store, &job.cluster, &providers).await {
+                    logs.say(&format!(
+                        "teardown failed: {e}; run `gangway down {}`",
+                        job.cluster
+                    ));
+                }
+            }
+            Err(e) => logs.say(&format!("teardown skipped: {e}")),
+        }
+    }
+    Ok(status)
+}
+
+fn spawn_signal_watch(tx: tokio::sync::watch::Sender<Cancel>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    tokio::spawn(async move {
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            // First signal: graceful; any further one: kill.
+            let next = if *tx.borrow() == Cancel::None {
+                Cancel::Graceful
+            } else {
+                Cancel::Kill
+            };
+            let _ = tx.send(next);
+        }
+    });
+}
+
+async fn run_job(
+    store: &Store,
+    cluster: &str,
+    job_id: i64,
+    spec: &JobSpec,
+    secrets: &[(String, String)],
+    logs: &Logs,
+    cancel: &mut tokio::sync::watch::Receiver<Cancel>,
+) -> Result<(JobStatus, Option<String>), DriveError> {
+    // Jobs on one cluster run one at a time, in submission order.
+    loop {
+        store.reap_dead_jobs()?;
+        let earlier = store
+            .jobs(cluster)?
+            .into_iter()
+            .any(|j| j.id < job_id && !j.status.is_terminal());
+        if !earlier {
+            break;
+        }
+        if *cancel.borrow() != Cancel::None {
+            return Ok((
+                JobStatus::Cancelled,
+                Some("cancelled while waiting in the queue".into()),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let Some(row) = store.cluster(cluster)? else {
+        return Ok((
+            JobStatus::Failed,
+            Some(format!("cluster {cluster} no longer exists")),
+        ));
+    };
+    let mut nodes = store.nodes(cluster)?;
+    if nodes.len() < spec.num_nodes as usize {
+        return Ok((
+            JobStatus::Failed,
+            Some(format!(
+                "the job needs {} nodes; cluster {cluster} has {}",
+                spec.num_nodes,
+                nodes.len()
+            )),
+        ));
+    }
+    nodes.truncate(spec.num_nodes.max(1) as usize);
+    let cloud = row.cloud.clone().unwrap_or_default();
+    let Some(transport) = transport_for(&cloud) else {
+        return Ok((
+            JobStatus::Failed,
+            Some(format!("no transport for {cloud} nodes yet")),
+        ));
+    };
+    let checkpoint = transport.node_path(
+        &nodes[0],
+        spec.checkpoint_dir
+            .as_deref()
+            .unwrap_or(super::DEFAULT_CHECKPOINT_DIR),
+    );
+    let info = GangInfo {
+        spec,
+        secrets,
+        nodes: &nodes,
+        cluster,
+        job_id,
+        checkpoint_dir: checkpoint,
+    };
+
+    store.set_job_status(job_id, JobStatus::SettingUp, None)?;
+    // Files first, on every node.
+    for n in &nodes {
+        let ck = transport.node_path(
+            n,
+            spec.checkpoint_dir
+                .as_deref()
+                .unwrap_or(super::DEFAULT_CHECKPOINT_DIR),
+        );
+        let _ = std::fs::create_dir_all(&ck);
+        let mut uploads: Vec<(&Path, &str)> = Vec::new();
+        if let Some(w) = &spec.workdir {
+            uploads.push((w.as_path(), super::WORKDIR_ON_NODE));
+        }
+        for (dest, src) in &spec.file_mounts {
+            uploads.push((src.as_path(), dest.as_str()));
+        }
+        for (src, dest) in uploads {
+            if let Err(e) = transport.upload(n, src, dest) {
+                return Ok((JobStatus::FailedSetup, Some(e.to_string())));
+            }
+        }
+    }
+    if let Some(setup) = spec.setup.as_deref().filter(|s| !s.trim().is_empty()) {
+        logs.say(&format!("setup on {} node(s)", nodes.len()));
+        match phase(
+            Phase::Setup,
+            setup,
+            &info,
+            transport.as_ref(),
+            store,
+            logs,
+            cancel,
+        )
+        .await?
+        {
+            PhaseEnd::Ok => logs.say("setup done on every node"),
+            PhaseEnd::Failed { rank, what } => {
+                return Ok((JobStatus::FailedSetup, Some(format!("setup on {what}")))).inspect(
+                    |_| {
+                        logs.say(&format!(
+                            "setup failed on rank {rank}; the run does not start"
+                        ))
+                    },
+                );
+            }
+            PhaseEnd::Cancelled => {
+                return Ok((JobStatus::Cancelled, Some("cancelled during setup".into())))
+            }
+        }
+    }
+    let Some(run) = spec.run.as_deref().filter(|s| !s.trim().is_empty()) else {
+        return Ok((JobStatus::Succeeded, Some("no run commands".into())));
+    };
+    match phase(
+        Phase::Run,
+        run,
+        &info,
+        transport.as_ref(),
+        store,
+        logs,
+        cancel,
+    )
+    .await?
+    {
+        PhaseEnd::Ok => Ok((JobStatus::Succeeded, None)),
+        PhaseEnd::Failed { what, .. } => {
+            let preempted = preemption(store.home(), &cloud, cluster, &nodes).await;
+            Ok((
+                JobStatus::Failed,
+                Some(match preempted {
+                    Some(p) => format!("{what}; {p}"),
+                    None => what,
+                }),
+            ))
+        }
+        PhaseEnd::Cancelled => Ok((JobStatus::Cancelled, Some("cancelled by the user".into()))),
+    }
+}
+
+/// Says which node the provider took away, if it did.
+async fn preemption(home: &Path, cloud: &str, cluster: &str, nodes: &[NodeRow]) -> Option<String> {
+    let p = Providers::new(home).get(cloud)?;
+    let seen = p.describe(&ClusterName(cluster.to_string())).await.ok()?;
+    seen.iter().find_map(|n| match &n.state {
+        NodeState::Preempted { reason } => {
+            let rank = nodes
+                .iter()
+                .find(|r| r.instance_id == n.id.0)
+                .map(|r| r.rank);
+            Some(format!(
+                "node {}{} was preempted: {reason}",
+                n.id,
+                rank.map(|r| format!(" (rank {r})")).unwrap_or_default()
+            ))
+        }
+        _ => None,
+    })
+}
+
+async fn phase(
+    which: Phase,
+    script: &str,
+    info: &GangInfo<'_>,
+    transport: &dyn Transport,
+    store: &Store,
+    logs: &Logs,
+    cancel: &mut tokio::sync::watch::Receiver<Cancel>,
+) -> Result<PhaseEnd, DriveError> {
+    let nodes = info.nodes;
+    let cwd = super::WORKDIR_ON_NODE.to_string();
+    let mut set: JoinSet<(usize, std::io::Result<ExitStatus>)> = JoinSet::new();
+    let mut pgids: Vec<Option<u32>> = vec![None; nodes.len()];
+    let mut pumps = Vec::new();
+    let mut end: Option<PhaseEnd> = None;
+    for (rank, node) in nodes.iter().enumerate() {
+        let cmd = NodeCommand {
+            script: script.to_string(),
+            env: node_env(which, info, rank),
+            cwd: cwd.clone(),
+        };
+        let spawned = std::io::pipe()
+            .map_err(|e| super::TransportError {
+                node: format!("rank {rank} ({})", node.private_ip),
+                what: "cannot make an output pipe".into(),
+                source: e,
+            })
+            .and_then(|(r, w)| transport.spawn(node, &cmd, w).map(|c| (r, c)));
+        match spawned {
+            Ok((reader, mut child)) => {
+                pgids[rank] = child.id();
+                pumps.push((rank, logs.pump(reader, rank, &node.private_ip, which)));
+                set.spawn(async move { (rank, child.wait().await) });
+            }
+            Err(e) => {
+                end = Some(PhaseEnd::Failed {
+                    rank,
+                    what: e.to_string(),
+                });
+                break;
+            }
+        }
+    }
+    if end.is_none() && which == Phase::Run {
+        // Every rank was started; record it (the run's clock starts here).
+        store.set_job_status(info.job_id, JobStatus::Running, None)?;
+        logs.say(&format!("all {} rank(s) running", nodes.len()));
+    }
+    let signal_all = |pgids: &[Option<u32>], sig: i32| {
+        for (rank, p) in pgids.iter().enumerate() {
+            if let Some(p) = p {
+                transport.signal(&nodes[rank], *p, sig);
+            }
+        }
+    };
+    let mut kill_at: Option<tokio::time::Instant> = None;
+    if end.is_some() {
+        signal_all(&pgids, libc::SIGTERM);
+        kill_at = Some(tokio::time::Instant::now() + GRACE);
+    }
+    let mut tails: std::collections::HashMap<usize, Vec<String>> = Default::default();
+    let mut failed: Option<(usize, String)> = None;
+    loop {
+        let sleep = async {
+            match kill_at {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            done = set.join_next() => {
+                let Some(done) = done else { break };
+                let Ok((rank, status)) = done else { continue };
+                if let Some(p) = pgids[rank].take() {
+                    transport.reaped(&nodes[rank], p);
+                }
+                let what = match status {
+                    Ok(s) if s.success() => None,
+                    Ok(s) => Some(describe_exit(&s)),
+                    Err(e) => Some(format!("could not be waited for: {e}")),
+                };
+                if let Some(what) = what {
+                    if failed.is_none() && end.is_none() {
+                        logs.say(&format!(
+                            "rank {rank} ({}) {what}; stopping the other ranks",
+                            nodes[rank].private_ip
+                        ));
+                        failed = Some((rank, what));
+                        signal_all(&pgids, libc::SIGTERM);
+                        kill_at = Some(tokio::time::Instant::now() + GRACE);
+                    }
+                }
+            }
+            _ = cancel.changed() => {
+                let level = *cancel.borrow();
+                if end.is_none() && failed.is_none() {
+                    end = Some(PhaseEnd::Cancelled);
+                }
+                if level == Cancel::Kill {
+                    logs.say("killing every rank");
+                    signal_all(&pgids, libc::SIGKILL);
+                } else {
+                    logs.say(&format!("stopping every rank (SIGTERM; SIGKILL after {}s)", GRACE.as_secs()));
+                    signal_all(&pgids, libc::SIGTERM);
+                    kill_at = Some(tokio::time::Instant::now() + GRACE);
+                }
+            }
+            _ = sleep => {
+                signal_all(&pgids, libc::SIGKILL);
+                kill_at = None;
+            }
+        }
+    }
+    // Output ends when the last holder of a pipe exits; a process that
+    // escaped its group must not hold the driver forever.
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    for (rank, h) in pumps {
+        while !h.is_finished() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if h.is_finished() {
+            if let Ok(t) = h.join() {
+                tails.insert(rank, t);
+            }
+        }
+    }
+    if let Some(e) = end {
+        return Ok(e);
+    }
+    Ok(match failed {
+        None => PhaseEnd::Ok,
+        Some((rank, what)) => {
+            let node = &nodes[rank];
+            let mut msg = format!("rank {rank} ({}) {what}", node.private_ip);
+            if which == Phase::Setup {
+                if let Some(t) = tails.get(&rank).filter(|t| !t.is_empty()) {
+                    msg.push_str("; last lines:\n");
+                    msg.push_str(&t.join("\n"));
+                }
+            }
+            PhaseEnd::Failed { rank, what: msg }
+        }
+    })
+}

@@ -1,0 +1,162 @@
+//! Gang startup: every node set up, a barrier, then the run on every node
+//! at once with topology-ordered ranks; any rank failing stops the gang.
+//!
+//! A job is driven by one process (`gangway __drive`, detached from the
+//! terminal) that owns the job's lock, so the job outlives the terminal that
+//! launched it and `status` can always tell a live job from a dead driver.
+
+mod driver;
+mod ranks;
+mod transport;
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+pub use driver::{describe_exit, drive, GRACE};
+pub use ranks::{assign_ranks, ring_hops, switch_hops};
+pub use transport::{copy_tree, LocalTransport, NodeCommand, Transport, TransportError};
+
+use crate::state::NodeRow;
+
+/// The port rank 0 listens on unless the task sets `MASTER_PORT`.
+pub const DEFAULT_MASTER_PORT: u16 = 29500;
+
+/// Where a task's workdir lands on every node (SkyPilot's path).
+pub const WORKDIR_ON_NODE: &str = "~/sky_workdir";
+
+/// Where checkpoints go on a node unless the task says otherwise.
+pub const DEFAULT_CHECKPOINT_DIR: &str = "~/gangway_checkpoints";
+
+/// What a job runs, as stored with it. Never holds secret values: those go
+/// to the driver over a pipe and only into the nodes' environments.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct JobSpec {
+    /// Task name.
+    pub name: Option<String>,
+    /// Setup script (skipped by `exec`).
+    pub setup: Option<String>,
+    /// Run script.
+    pub run: Option<String>,
+    /// Environment values (secrets excluded).
+    pub envs: Vec<(String, String)>,
+    /// Names of the secrets the driver must be handed.
+    pub secret_names: Vec<String>,
+    /// Local workdir to sync to every node.
+    pub workdir: Option<PathBuf>,
+    /// `(path on node, local path)` pairs to copy.
+    pub file_mounts: Vec<(String, PathBuf)>,
+    /// Nodes the job runs on (the first `num_nodes` ranks).
+    pub num_nodes: u32,
+    /// GPUs per node.
+    pub gpus_per_node: u32,
+    /// `checkpoint.path`, if the task set one.
+    pub checkpoint_dir: Option<String>,
+    /// Tear the cluster down once the job ends.
+    pub down_after: bool,
+}
+
+/// Which phase a command belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// `setup`.
+    Setup,
+    /// `run`.
+    Run,
+}
+
+/// The environment of one node's setup or run: the task's values and
+/// secrets, then gangway's, torchrun's and SkyPilot's names.
+/// Everything a node's environment is made from.
+pub struct GangInfo<'a> {
+    /// The job.
+    pub spec: &'a JobSpec,
+    /// Secret values (from the driver's pipe).
+    pub secrets: &'a [(String, String)],
+    /// Nodes in rank order.
+    pub nodes: &'a [NodeRow],
+    /// Cluster name.
+    pub cluster: &'a str,
+    /// Job id.
+    pub job_id: i64,
+    /// Checkpoint directory as the node sees it.
+    pub checkpoint_dir: String,
+}
+
+/// The environment of one node's setup or run: the task's values and
+/// secrets, then gangway's, torchrun's and SkyPilot's names.
+pub fn node_env(phase: Phase, g: &GangInfo<'_>, rank: usize) -> Vec<(String, String)> {
+    let GangInfo {
+        spec,
+        secrets,
+        nodes,
+        cluster,
+        job_id,
+        ..
+    } = *g;
+    let checkpoint_dir = g.checkpoint_dir.as_str();
+    let ips: Vec<&str> = nodes.iter().map(|n| n.private_ip.as_str()).collect();
+    let ips = ips.join("\n");
+    let head = nodes
+        .first()
+        .map(|n| n.private_ip.clone())
+        .unwrap_or_default();
+    let n = nodes.len().to_string();
+    let gpus = spec.gpus_per_node.to_string();
+    let task_id = format!("gangway-{cluster}-{job_id}");
+    let topology = nodes[rank].topology.clone();
+    let mut env: Vec<(String, String)> = spec.envs.clone();
+    env.extend(secrets.iter().cloned());
+    let set = |env: &mut Vec<(String, String)>, k: &str, v: String| {
+        env.retain(|(name, _)| name != k);
+        env.push((k.to_string(), v));
+    };
+    set(&mut env, "GANGWAY_NUM_NODES", n.clone());
+    set(&mut env, "GANGWAY_NUM_GPUS_PER_NODE", gpus.clone());
+    set(&mut env, "GANGWAY_CLUSTER", cluster.to_string());
+    set(&mut env, "GANGWAY_JOB_ID", job_id.to_string());
+    set(&mut env, "GANGWAY_NODE_TOPOLOGY", topology);
+    set(
+        &mut env,
+        "GANGWAY_CHECKPOINT_DIR",
+        checkpoint_dir.to_string(),
+    );
+    set(&mut env, "SKYPILOT_NUM_NODES", n.clone());
+    set(&mut env, "SKYPILOT_NUM_GPUS_PER_NODE", gpus);
+    set(&mut env, "SKYPILOT_TASK_ID", task_id);
+    match phase {
+        Phase::Setup => {
+            set(&mut env, "GANGWAY_SETUP_NODE_RANK", rank.to_string());
+            set(&mut env, "GANGWAY_SETUP_NODE_IPS", ips.clone());
+            set(&mut env, "SKYPILOT_SETUP_NODE_RANK", rank.to_string());
+            set(&mut env, "SKYPILOT_SETUP_NODE_IPS", ips);
+        }
+        Phase::Run => {
+            let port = spec
+                .envs
+                .iter()
+                .find(|(k, _)| k == "MASTER_PORT")
+                .map(|(_, v)| v.clone())
+                .unwrap_or_else(|| DEFAULT_MASTER_PORT.to_string());
+            set(&mut env, "GANGWAY_NODE_RANK", rank.to_string());
+            set(&mut env, "GANGWAY_NODE_IPS", ips.clone());
+            set(&mut env, "GANGWAY_HEAD_IP", head.clone());
+            set(&mut env, "GANGWAY_RESTART_COUNT", "0".into());
+            set(&mut env, "MASTER_ADDR", head);
+            set(&mut env, "MASTER_PORT", port);
+            set(&mut env, "NODE_RANK", rank.to_string());
+            set(&mut env, "NNODES", n);
+            set(&mut env, "SKYPILOT_NODE_RANK", rank.to_string());
+            set(&mut env, "SKYPILOT_NODE_IPS", ips);
+        }
+    }
+    env
+}
+
+/// The transport for a node of `cloud`.
+pub fn transport_for(cloud: &str) -> Option<Box<dyn Transport>> {
+    match cloud {
+        "local" => Some(Box::new(LocalTransport)),
+        _ => None,
+    }
+}

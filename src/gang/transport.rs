@@ -1,0 +1,214 @@
+//! How gangway runs commands on nodes and copies files to them.
+//!
+//! The gang logic only sees [`Transport`]; the local provider's nodes use
+//! [`LocalTransport`] (real processes in their own process groups), SSH
+//! nodes get their own transport with the same contract.
+
+use std::io::PipeWriter;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use crate::state::NodeRow;
+
+/// A command for one node.
+#[derive(Clone, Debug)]
+pub struct NodeCommand {
+    /// A bash script.
+    pub script: String,
+    /// Environment on top of the node's own.
+    pub env: Vec<(String, String)>,
+    /// Working directory on the node (`~/...` or absolute).
+    pub cwd: String,
+}
+
+/// Errors running things on nodes.
+#[derive(Debug, thiserror::Error)]
+#[error("node {node}: {what}: {source}")]
+pub struct TransportError {
+    /// `rank N (address)`.
+    pub node: String,
+    /// What was attempted.
+    pub what: String,
+    /// Why it failed.
+    pub source: std::io::Error,
+}
+
+/// Runs commands on nodes and copies files to them.
+pub trait Transport: Send + Sync {
+    /// Starts `cmd` on `node` in a process group of its own; stdout and
+    /// stderr both go to `output`. Returns the child (whose pid is the
+    /// group id on the launching side).
+    fn spawn(
+        &self,
+        node: &NodeRow,
+        cmd: &NodeCommand,
+        output: PipeWriter,
+    ) -> Result<tokio::process::Child, TransportError>;
+
+    /// Sends `signal` to the process group started by `spawn`.
+    fn signal(&self, node: &NodeRow, pgid: u32, signal: i32);
+
+    /// Forgets a process group that has exited.
+    fn reaped(&self, node: &NodeRow, pgid: u32);
+
+    /// Copies a local file or directory to `dest` on the node, skipping
+    /// files whose size and modification time already match.
+    fn upload(&self, node: &NodeRow, local: &Path, dest: &str) -> Result<(), TransportError>;
+
+    /// Where a node path (`~/x`, `/x`, `x`) really is, as the node's
+    /// commands see it.
+    fn node_path(&self, node: &NodeRow, path: &str) -> String;
+}
+
+/// Commands as local processes in the node's directory.
+#[derive(Debug, Default)]
+pub struct LocalTransport;
+
+fn node_name(node: &NodeRow) -> String {
+    format!("rank {} ({})", node.rank, node.private_ip)
+}
+
+fn extra<'a>(node: &'a NodeRow, key: &str) -> &'a str {
+    node.extra.get(key).map(String::as_str).unwrap_or("")
+}
+
+/// Variables a node's commands keep from the launching machine; everything
+/// else is left behind, as on a fresh cloud node (so no credentials leak).
+const KEPT_ENV: &[&str] = &["PATH", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME", "TMPDIR"];
+
+fn shell() -> &'static str {
+    if Path::new("/bin/bash").exists() {
+        "/bin/bash"
+    } else {
+        "/bin/sh"
+    }
+}
+
+impl Transport for LocalTransport {
+    fn spawn(
+        &self,
+        node: &NodeRow,
+        cmd: &NodeCommand,
+        output: PipeWriter,
+    ) -> Result<tokio::process::Child, TransportError> {
+        let err = |what: &str, source| TransportError {
+            node: node_name(node),
+            what: what.to_string(),
+            source,
+        };
+        let home = extra(node, "home");
+        let cwd = self.node_path(node, &cmd.cwd);
+        let cwd = if Path::new(&cwd).is_dir() {
+            cwd
+        } else {
+            home.to_string()
+        };
+        let mut c = tokio::process::Command::new(shell());
+        c.arg("-c").arg(&cmd.script);
+        c.env_clear();
+        for k in KEPT_ENV {
+            if let Some(v) = std::env::var_os(k) {
+                c.env(k, v);
+            }
+        }
+        c.env("HOME", home);
+        c.env("SHELL", shell());
+        for (k, v) in &node.extra {
+            if let Some(name) = k.strip_prefix("env.") {
+                c.env(name, v);
+            }
+        }
+        for (k, v) in &cmd.env {
+            c.env(k, v);
+        }
+        c.current_dir(&cwd);
+        let out2 = output
+            .try_clone()
+            .map_err(|e| err("cannot duplicate the output pipe", e))?;
+        c.stdin(Stdio::null()).stdout(out2).stderr(output);
+        c.process_group(0);
+        c.kill_on_drop(false);
+        let child = c.spawn().map_err(|e| err("cannot start the command", e))?;
+        if let Some(pid) = child.id() {
+            // Registered so that terminate, stop and preemption kill it.
+            let procs = Path::new(extra(node, "procs"));
+            if !procs.as_os_str().is_empty() {
+                let _ = std::fs::write(procs.join(pid.to_string()), b"");
+            }
+        }
+        Ok(child)
+    }
+
+    fn signal(&self, _node: &NodeRow, pgid: u32, signal: i32) {
+        if pgid > 1 {
+            // SAFETY: signalling a process group this transport created.
+            unsafe {
+                libc::kill(-(pgid as i32), signal);
+            }
+        }
+    }
+
+    fn reaped(&self, node: &NodeRow, pgid: u32) {
+        let procs = Path::new(extra(node, "procs"));
+        if !procs.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(procs.join(pgid.to_string()));
+        }
+    }
+
+    fn upload(&self, node: &NodeRow, local: &Path, dest: &str) -> Result<(), TransportError> {
+        let dest = PathBuf::from(self.node_path(node, dest));
+        copy_tree(local, &dest).map_err(|source| TransportError {
+            node: node_name(node),
+            what: format!("cannot copy {} to {}", local.display(), dest.display()),
+            source,
+        })
+    }
+
+    fn node_path(&self, node: &NodeRow, path: &str) -> String {
+        let home = extra(node, "home");
+        if path == "~" {
+            home.to_string()
+        } else if let Some(rest) = path.strip_prefix("~/") {
+            format!("{home}/{rest}")
+        } else if let Some(rest) = path.strip_prefix('/') {
+            // A local node has no root of its own: absolute paths live
+            // under the node's directory.
+            format!("{}/root/{rest}", extra(node, "dir"))
+        } else {
+            format!("{home}/{path}")
+        }
+    }
+}
+
+/// Copies `src` (file or directory) to `dest`, skipping files whose size
+/// and modification time already match; symlinks are copied as links.
+pub fn copy_tree(src: &Path, dest: &Path) -> std::io::Result<()> {
+    let meta = std::fs::symlink_metadata(src)?;
+    if meta.is_dir() {
+        std::fs::create_dir_all(dest)?;
+        for entry in std::fs::read_dir(src)? {
+            let entry = entry?;
+            copy_tree(&entry.path(), &dest.join(entry.file_name()))?;
+        }
+        return Ok(());
+    }
+    if let Some(parent) = dest.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    if meta.file_type().is_symlink() {
+        let target = std::fs::read_link(src)?;
+        let _ = std::fs::remove_file(dest);
+        return std::os::unix::fs::symlink(target, dest);
+    }
+    if let Ok(d) = std::fs::metadata(dest) {
+        if d.len() == meta.len() && d.modified().ok() == meta.modified().ok() {
+            return Ok(());
+        }
+    }
+    std::fs::copy(src, dest)?;
+    if let Ok(m) = meta.modified() {
+        let f = std::fs::File::options().write(true).open(dest)?;
+        f.set_modified(m)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,484 @@
+//! Provisioning: walk the optimizer's plan until one placement gives the
+//! whole gang, and tear clusters down again.
+//!
+//! `Capacity` blocks the zone and instance type, `Quota` the region; both
+//! move on to the next candidate. `Transient` retries the same candidate
+//! with exponential backoff and jitter. `Auth`, `InvalidRequest` and `Fatal`
+//! stop the walk with the provider's words. A partial gang is never kept:
+//! whatever an attempt left behind is terminated before the next one.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gangway_local::LocalProvider;
+use gangway_provider::{
+    ClusterName, ErrorKind, LaunchRequest, Node, NodeState, Placement, Provider, ProviderError,
+};
+use serde::Serialize;
+
+use crate::gang::assign_ranks;
+use crate::optimizer::Candidate;
+use crate::state::{
+    self, ClusterRow, ClusterStatus, JobStatus, NodeRow, OwnerLock, StateError, Store,
+};
+
+/// The providers this build can use.
+pub struct Providers {
+    map: BTreeMap<String, Arc<dyn Provider>>,
+}
+
+impl Providers {
+    /// Every provider, with state under `home`.
+    pub fn new(home: &Path) -> Providers {
+        let mut map: BTreeMap<String, Arc<dyn Provider>> = BTreeMap::new();
+        map.insert(
+            "local".into(),
+            Arc::new(LocalProvider::new(home.join("local"))),
+        );
+        Providers { map }
+    }
+
+    /// The provider for `cloud`.
+    pub fn get(&self, cloud: &str) -> Option<Arc<dyn Provider>> {
+        self.map.get(cloud).cloned()
+    }
+}
+
+/// What provisioning reports as it goes; the CLI renders it.
+#[derive(Debug)]
+pub enum ProvisionEvent<'a> {
+    /// Asking a provider for the gang.
+    Trying(&'a Candidate),
+    /// That attempt failed; the walk goes on.
+    Failed(&'a Candidate, &'a str),
+    /// A transient error; retrying after `delay`.
+    Retrying(&'a Candidate, &'a ProviderError, Duration),
+    /// Every node is up.
+    Up(&'a Candidate, usize),
+}
+
+/// Receives provisioning events.
+pub trait Reporter {
+    /// One event.
+    fn event(&self, e: ProvisionEvent<'_>);
+}
+
+/// A reporter that drops everything.
+pub struct Silent;
+
+impl Reporter for Silent {
+    fn event(&self, _: ProvisionEvent<'_>) {}
+}
+
+/// One placement tried, and how it went.
+#[derive(Clone, Debug, Serialize)]
+pub struct Attempt {
+    /// Cloud.
+    pub cloud: String,
+    /// Region.
+    pub region: String,
+    /// Zone.
+    pub zone: String,
+    /// Instance type.
+    pub instance_type: String,
+    /// Spot.
+    pub use_spot: bool,
+    /// What happened.
+    pub outcome: String,
+}
+
+/// Why provisioning stopped without a cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum ProvisionError {
+    /// Every candidate failed over.
+    #[error("no placement in the plan could provide {nodes} node(s); tried {}", attempts.len())]
+    Exhausted {
+        /// Nodes asked for.
+        nodes: u32,
+        /// What was tried.
+        attempts: Vec<Attempt>,
+    },
+    /// A provider said stop (auth, invalid request, fatal).
+    #[error(transparent)]
+    Provider(#[from] ProviderError),
+    /// The state database failed.
+    #[error(transparent)]
+    State(#[from] StateError),
+}
+
+/// Retries of transient errors.
+#[derive(Clone, Copy, Debug)]
+pub struct RetryPolicy {
+    /// Attempts per candidate, the first included.
+    pub attempts: u32,
+    /// First delay.
+    pub base: Duration,
+    /// Longest delay.
+    pub max: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            attempts: 4,
+            base: Duration::from_millis(800),
+            max: Duration::from_secs(30),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Delay before retry `n` (1-based): exponential, capped, with +-50% jitter
+    /// from `noise` (any u64, e.g. from the clock).
+    pub fn delay(&self, n: u32, noise: u64) -> Duration {
+        let exp = self
+            .base
+            .saturating_mul(1u32 << (n.saturating_sub(1)).min(16));
+        let capped = exp.min(self.max);
+        // 50%..150% of the capped delay.
+        let frac = 0.5 + (noise % 1000) as f64 / 1000.0;
+        capped.mul_f64(frac)
+    }
+}
+
+/// A block on part of the plan, from a failed attempt.
+#[derive(Debug)]
+struct Block {
+    cloud: String,
+    region: String,
+    zone: Option<String>,
+    instance_type: Option<String>,
+}
+
+impl Block {
+    fn covers(&self, c: &Candidate) -> bool {
+        self.cloud == c.cloud
+            && self.region == c.region
+            && self.zone.as_ref().is_none_or(|z| *z == c.zone)
+            && self
+                .instance_type
+                .as_ref()
+                .is_none_or(|t| *t == c.instance_type)
+    }
+}
+
+/// A provisioned cluster.
+#[derive(Debug)]
+pub struct Provisioned {
+    /// The placement that worked.
+    pub candidate: Candidate,
+    /// Nodes in rank order.
+    pub nodes: Vec<NodeRow>,
+}
+
+fn noise() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() as u64)
+        .unwrap_or(7);
+    t ^ (std::process::id() as u64).rotate_left(17)
+}
+
+/// Converts provider nodes (already in rank order) into rows.
+pub fn node_rows(nodes: &[Node]) -> Vec<NodeRow> {
+    nodes
+        .iter()
+        .enumerate()
+        .map(|(rank, n)| NodeRow {
+            rank: rank as u32,
+            instance_id: n.id.0.clone(),
+            private_ip: n.private_ip.clone(),
+            public_ip: n.public_ip.clone(),
+            zone: n.placement.zone.clone(),
+            topology: n.topology.join("/"),
+            state: state_name(&n.state).to_string(),
+            extra: n.extra.clone(),
+        })
+        .collect()
+}
+
+/// The stored name of a node state.
+pub fn state_name(s: &NodeState) -> &'static str {
+    match s {
+        NodeState::Pending => "pending",
+        NodeState::Running => "running",
+        NodeState::Stopped => "stopped",
+        NodeState::Terminated => "terminated",
+        NodeState::Preempted { .. } => "preempted",
+    }
+}
+
+/// Walks `plan` until a placement gives all nodes. The cluster row must be
+/// reserved (and its owner lock held) by the caller.
+pub async fn provision(
+    store: &Store,
+    cluster: &ClusterRow,
+    plan: &[Candidate],
+    providers: &Providers,
+    reporter: &dyn Reporter,
+    retry: RetryPolicy,
+) -> Result<Provisioned, ProvisionError> {
+    let name = ClusterName(cluster.name.clone());
+    let config: Option<serde_json::Value> = cluster
+        .provider_config
+        .as_deref()
+        .and_then(|s| serde_json::from_str(s).ok());
+    // A launch that died half-way left nodes at its recorded placement:
+    // reuse them if that placement is still in the plan, else remove them.
+    let mut order: Vec<&Candidate> = plan.iter().collect();
+    if let Some(cloud) = &cluster.cloud {
+        let same = |c: &&Candidate| {
+            Some(&c.cloud) == cluster.cloud.as_ref()
+                && Some(&c.zone) == cluster.zone.as_ref()
+                && Some(&c.instance_type) == cluster.instance_type.as_ref()
+                && c.use_spot == cluster.use_spot
+        };
+        if let Some(pos) = order.iter().position(same) {
+            let c = order.remove(pos);
+            order.insert(0, c);
+        } else if let Some(p) = providers.get(cloud) {
+            p.terminate(&name).await?;
+        }
+    }
+    let mut blocks: Vec<Block> = Vec::new();
+    let mut attempts: Vec<Attempt> = Vec::new();
+    let nodes = plan.first().map_or(cluster.num_nodes, |c| c.nodes);
+    for c in order {
+        if blocks.iter().any(|b| b.covers(c)) {
+            continue;
+        }
+        let attempt = |outcome: String| Attempt {
+            cloud: c.cloud.clone(),
+            region: c.region.clone(),
+            zone: c.zone.clone(),
+            instance_type: c.instance_type.clone(),
+            use_spot: c.use_spot,
+            outcome,
+        };
+        let Some(provider) = providers.get(&c.cloud) else {
+            let why = format!("the {} provider is not in this build yet", c.cloud);
+            reporter.event(ProvisionEvent::Failed(c, &why));
+            attempts.push(attempt(why));
+            blocks.push(Block {
+                cloud: c.cloud.clone(),
+                region: c.region.clone(),
+                zone: None,
+                instance_type: None,
+            });
+            continue;
+        };
+        // Recorded before the provider is asked, so a crash from here on
+        // leaves a row that says where to look.
+        store.set_placement(
+            &cluster.name,
+            &state::Placement {
+                cloud: &c.cloud,
+                region: &c.region,
+                zone: &c.zone,
+                instance_type: &c.instance_type,
+                use_spot: c.use_spot,
+                accelerator: c.accelerator.as_deref(),
+                accelerator_count: c.accelerator_count,
+                price_per_hour: c.total_per_hour,
+            },
+        )?;
+        let req = LaunchRequest {
+            cluster: name.clone(),
+            owner: owner(),
+            placement: Placement {
+                cloud: c.cloud.clone(),
+                region: c.region.clone(),
+                zone: c.zone.clone(),
+            },
+            instance_type: c.instance_type.clone(),
+            count: c.nodes,
+            use_spot: c.use_spot,
+            accelerator: c.accelerator.clone().map(|a| (a, c.accelerator_count)),
+            disk_size_gib: c.spec.disk_size,
+            image_id: c.spec.image_id.clone(),
+            client_token: cluster.client_token.clone(),
+            provider_config: config.as_ref().and_then(|v| v.get(&c.cloud)).cloned(),
+        };
+        reporter.event(ProvisionEvent::Trying(c));
+        let mut tries = 0;
+        let result = loop {
+            tries += 1;
+            match provider.launch(&req).await {
+                Err(e) if e.kind == ErrorKind::Transient && tries < retry.attempts => {
+                    let d = retry.delay(tries, noise());
+                    reporter.event(ProvisionEvent::Retrying(c, &e, d));
+                    tokio::time::sleep(d).await;
+                }
+                other => break other,
+            }
+        };
+        let failure = match result {
+            Ok(got)
+                if got.len() == c.nodes as usize
+                    && got.iter().all(|n| n.state == NodeState::Running) =>
+            {
+                let mut got = got;
+                let paths = provider.topology(&got).await.unwrap_or_default();
+                if paths.len() == got.len() {
+                    for (n, p) in got.iter_mut().zip(paths) {
+                        n.topology = p;
+                    }
+                }
+                let ranked = assign_ranks(got);
+                reporter.event(ProvisionEvent::Up(c, ranked.len()));
+                store.event(
+                    &cluster.name,
+                    None,
+                    "provision",
+                    &format!(
+                        "{} node(s) of {} up in {}/{}/{}",
+                        ranked.len(),
+                        c.instance_type,
+                        c.cloud,
+                        c.region,
+                        c.zone
+                    ),
+                )?;
+                return Ok(Provisioned {
+                    candidate: c.clone(),
+                    nodes: node_rows(&ranked),
+                });
+            }
+            Ok(got) => {
+                let running = got.iter().filter(|n| n.state == NodeState::Running).count();
+                blocks.push(Block {
+                    cloud: c.cloud.clone(),
+                    region: c.region.clone(),
+                    zone: Some(c.zone.clone()),
+                    instance_type: Some(c.instance_type.clone()),
+                });
+                format!("only {running} of {} nodes came up", c.nodes)
+            }
+            Err(e) if e.kind.fails_over() || e.kind == ErrorKind::Transient => {
+                blocks.push(Block {
+                    cloud: c.cloud.clone(),
+                    region: c.region.clone(),
+                    zone: (e.kind != ErrorKind::Quota).then(|| c.zone.clone()),
+                    instance_type: (e.kind != ErrorKind::Quota).then(|| c.instance_type.clone()),
+                });
+                format!("{}: {}", e.kind, e.message)
+            }
+            Err(e) => {
+                // Stop: but never leave a half-created gang behind.
+                let _ = provider.terminate(&name).await;
+                store.event(&cluster.name, None, "provision", &e.to_string())?;
+                return Err(e.into());
+            }
+        };
+        // All or nothing: remove whatever this attempt created.
+        let cleanup = provider.terminate(&name).await;
+        let outcome = match cleanup {
+            Ok(()) => failure,
+            Err(e) => format!("{failure}; cleanup failed: {e}"),
+        };
+        reporter.event(ProvisionEvent::Failed(c, &outcome));
+        store.event(
+            &cluster.name,
+            None,
+            "failover",
+            &format!(
+                "{}/{}/{} {}: {outcome}",
+                c.cloud, c.region, c.zone, c.instance_type
+            ),
+        )?;
+        attempts.push(attempt(outcome));
+    }
+    Err(ProvisionError::Exhausted { nodes, attempts })
+}
+
+/// Who launched: tagged on every resource.
+pub fn owner() -> String {
+    std::env::var("USER").unwrap_or_else(|_| "gangway".into())
+}
+
+/// Tears a cluster down: stops its jobs, terminates every node by tag,
+/// then forgets it. The row stays (`TERMINATING`, with the error) if the
+/// provider fails, so nothing is left running unseen.
+pub async fn teardown(
+    store: &Store,
+    name: &str,
+    providers: &Providers,
+) -> Result<(), TeardownError> {
+    let Some(row) = store.cluster(name)? else {
+        return Ok(());
+    };
+    store.set_status(name, ClusterStatus::Terminating, None)?;
+    stop_drivers(store, name)?;
+    if let Some(cloud) = &row.cloud {
+        let p = providers
+            .get(cloud)
+            .ok_or_else(|| TeardownError::NoProvider(cloud.clone()))?;
+        if let Err(e) = p.terminate(&ClusterName(name.to_string())).await {
+            store.set_status(name, ClusterStatus::Terminating, Some(&e.to_string()))?;
+            return Err(e.into());
+        }
+    }
+    store.remove_cluster(name)?;
+    Ok(())
+}
+
+/// Asks the drivers of a cluster's live jobs to stop (they record how the
+/// job ended); jobs without a live driver are marked now.
+pub fn stop_drivers(store: &Store, name: &str) -> Result<(), StateError> {
+    for j in store.jobs(name)? {
+        if j.status.is_terminal() {
+            continue;
+        }
+        if OwnerLock::is_held(&store.job_lock_path(j.id)) {
+            if let Some(pid) = j.driver_pid {
+                // SAFETY: plain kill(2) on a pid the job's lock says is alive.
+                unsafe {
+                    libc::kill(pid as i32, libc::SIGTERM);
+                }
+            }
+        } else {
+            store.set_job_status(
+                j.id,
+                JobStatus::Cancelled,
+                Some("the cluster was taken down"),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Why a teardown stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum TeardownError {
+    /// The provider refused or failed.
+    #[error(transparent)]
+    Provider(#[from] ProviderError),
+    /// The state database failed.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// The cluster's provider is not in this build.
+    #[error("the {0} provider is not in this build; cannot reach the cluster's nodes")]
+    NoProvider(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_is_capped_and_jittered() {
+        let p = RetryPolicy {
+            attempts: 5,
+            base: Duration::from_secs(1),
+            max: Duration::from_secs(5),
+        };
+        assert_eq!(p.delay(1, 500), Duration::from_secs(1));
+        assert_eq!(p.delay(2, 500), Duration::from_secs(2));
+        assert_eq!(p.delay(4, 500), Duration::from_secs(5));
+        assert_eq!(p.delay(20, 500), Duration::from_secs(5));
+        assert_eq!(p.delay(1, 0), Duration::from_millis(500));
+        assert_eq!(p.delay(1, 999), Duration::from_millis(1499));
+    }
+}

@@ -1,0 +1,935 @@
+//! Cluster, node, job and event state in SQLite (`$GANGWAY_HOME/state.db`).
+//!
+//! The database is the one place that says what gangway has created. It is
+//! written before every step that creates something outside it (a cluster row
+//! exists, with its placement, before the provider is asked for nodes), so a
+//! `kill -9` at any moment leaves a row that `status` shows and `down`
+//! removes. WAL mode lets `status` read while a launch writes; writers take
+//! `BEGIN IMMEDIATE` and wait up to [`BUSY_TIMEOUT`] for each other.
+//!
+//! Whether a process still works on a cluster or a job is never guessed from
+//! a pid: the owner holds an advisory lock ([`OwnerLock`]) that the kernel
+//! drops when the process dies, however it dies.
+
+mod lock;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use serde::Serialize;
+
+pub use lock::OwnerLock;
+
+/// How long a writer waits for another before giving up.
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Schema migrations, applied in order; `PRAGMA user_version` counts them.
+const MIGRATIONS: &[&str] = &[
+    // 1: the first schema.
+    "CREATE TABLE clusters(
+        name TEXT PRIMARY KEY,
+        status TEXT NOT NULL,
+        owner_pid INTEGER,
+        cloud TEXT, region TEXT, zone TEXT, instance_type TEXT,
+        use_spot INTEGER NOT NULL DEFAULT 0,
+        accelerator TEXT,
+        accelerator_count REAL NOT NULL DEFAULT 0,
+        num_nodes INTEGER NOT NULL,
+        price_per_hour REAL,
+        client_token TEXT NOT NULL,
+        provider_config TEXT,
+        autostop_idle_min INTEGER,
+        autostop_down INTEGER NOT NULL DEFAULT 0,
+        launched_at INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL,
+        last_error TEXT
+    );
+    CREATE TABLE nodes(
+        cluster TEXT NOT NULL REFERENCES clusters(name) ON DELETE CASCADE,
+        rank INTEGER NOT NULL,
+        instance_id TEXT NOT NULL,
+        private_ip TEXT NOT NULL,
+        public_ip TEXT,
+        zone TEXT NOT NULL,
+        topology TEXT NOT NULL,
+        state TEXT NOT NULL,
+        extra TEXT NOT NULL,
+        PRIMARY KEY(cluster, rank)
+    );
+    CREATE TABLE jobs(
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        cluster TEXT NOT NULL REFERENCES clusters(name) ON DELETE CASCADE,
+        name TEXT,
+        status TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        driver_pid INTEGER,
+        submitted_at INTEGER NOT NULL,
+        started_at INTEGER,
+        ended_at INTEGER,
+        detail TEXT
+    );
+    CREATE INDEX jobs_cluster ON jobs(cluster, id);
+    CREATE TABLE events(
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        at INTEGER NOT NULL,
+        cluster TEXT NOT NULL,
+        job INTEGER,
+        kind TEXT NOT NULL,
+        message TEXT NOT NULL
+    );
+    CREATE INDEX events_cluster ON events(cluster, id);",
+];
+
+/// A state database failure, naming the file.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// SQLite refused.
+    #[error("state database {path}: {source}")]
+    Db {
+        /// The database file.
+        path: PathBuf,
+        /// What SQLite said.
+        source: rusqlite::Error,
+    },
+    /// The directory or a lock file could not be used.
+    #[error("state directory {path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The database was written by a newer gangway.
+    #[error("state database {path} has schema version {found}; this gangway knows up to {known}")]
+    TooNew {
+        /// The database file.
+        path: PathBuf,
+        /// Version found.
+        found: i64,
+        /// Newest version known here.
+        known: i64,
+    },
+    /// Another process is provisioning or tearing down this cluster.
+    #[error("cluster '{cluster}' is busy: another gangway process{} is {doing} it", pid.map(|p| format!(" (pid {p})")).unwrap_or_default())]
+    Busy {
+        /// The cluster.
+        cluster: String,
+        /// The other process, if known.
+        pid: Option<u32>,
+        /// What it is doing.
+        doing: String,
+    },
+}
+
+/// A cluster's lifecycle state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ClusterStatus {
+    /// Being provisioned, or provisioning was interrupted (half-created).
+    Init,
+    /// All nodes up.
+    Up,
+    /// Stopped; disks kept.
+    Stopped,
+    /// Being torn down, or teardown was interrupted.
+    Terminating,
+}
+
+impl ClusterStatus {
+    fn as_str(self) -> &'static str {
+        match self {
+            ClusterStatus::Init => "INIT",
+            ClusterStatus::Up => "UP",
+            ClusterStatus::Stopped => "STOPPED",
+            ClusterStatus::Terminating => "TERMINATING",
+        }
+    }
+    fn parse(s: &str) -> ClusterStatus {
+        match s {
+            "UP" => ClusterStatus::Up,
+            "STOPPED" => ClusterStatus::Stopped,
+            "TERMINATING" => ClusterStatus::Terminating,
+            _ => ClusterStatus::Init,
+        }
+    }
+}
+
+impl std::fmt::Display for ClusterStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A job's lifecycle state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum JobStatus {
+    /// Waiting for earlier jobs on the cluster.
+    Pending,
+    /// Setup running on every node.
+    SettingUp,
+    /// Run started on every node.
+    Running,
+    /// Every rank exited 0.
+    Succeeded,
+    /// A rank failed.
+    Failed,
+    /// Setup failed on a node; the run never started.
+    FailedSetup,
+    /// Cancelled by the user.
+    Cancelled,
+    /// The process driving the job died without recording an end.
+    FailedDriver,
+}
+
+impl JobStatus {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobStatus::Pending => "PENDING",
+            JobStatus::SettingUp => "SETTING_UP",
+            JobStatus::Running => "RUNNING",
+            JobStatus::Succeeded => "SUCCEEDED",
+            JobStatus::Failed => "FAILED",
+            JobStatus::FailedSetup => "FAILED_SETUP",
+            JobStatus::Cancelled => "CANCELLED",
+            JobStatus::FailedDriver => "FAILED_DRIVER",
+        }
+    }
+    fn parse(s: &str) -> JobStatus {
+        match s {
+            "PENDING" => JobStatus::Pending,
+            "SETTING_UP" => JobStatus::SettingUp,
+            "RUNNING" => JobStatus::Running,
+            "SUCCEEDED" => JobStatus::Succeeded,
+            "FAILED" => JobStatus::Failed,
+            "FAILED_SETUP" => JobStatus::FailedSetup,
+            "CANCELLED" => JobStatus::Cancelled,
+            _ => JobStatus::FailedDriver,
+        }
+    }
+    /// Whether the job has ended.
+    pub fn is_terminal(self) -> bool {
+        !matches!(
+            self,
+            JobStatus::Pending | JobStatus::SettingUp | JobStatus::Running
+        )
+    }
+}
+
+impl std::fmt::Display for JobStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One cluster row.
+#[derive(Clone, Debug, Serialize)]
+pub struct ClusterRow {
+    /// Name.
+    pub name: String,
+    /// Lifecycle state.
+    pub status: ClusterStatus,
+    /// Cloud, once a placement was tried.
+    pub cloud: Option<String>,
+    /// Region.
+    pub region: Option<String>,
+    /// Zone.
+    pub zone: Option<String>,
+    /// Instance type.
+    pub instance_type: Option<String>,
+    /// Spot market.
+    pub use_spot: bool,
+    /// GPU name.
+    pub accelerator: Option<String>,
+    /// GPUs per node.
+    pub accelerator_count: f32,
+    /// Nodes asked for.
+    pub num_nodes: u32,
+    /// USD per hour, whole cluster.
+    pub price_per_hour: Option<f64>,
+    /// The idempotency token every launch of this cluster reuses.
+    #[serde(skip)]
+    pub client_token: String,
+    /// The provider's `config.<cloud>` options, as JSON text.
+    #[serde(skip)]
+    pub provider_config: Option<String>,
+    /// Autostop after this many idle minutes.
+    pub autostop_idle_min: Option<u32>,
+    /// Autostop tears down instead of stopping.
+    pub autostop_down: bool,
+    /// Created, unix ms.
+    pub launched_at: i64,
+    /// Last change, unix ms.
+    pub updated_at: i64,
+    /// Why the last step failed, if it did.
+    pub last_error: Option<String>,
+}
+
+/// One node row (rank order).
+#[derive(Clone, Debug, Serialize)]
+pub struct NodeRow {
+    /// Rank (0 = head).
+    pub rank: u32,
+    /// Provider id.
+    pub instance_id: String,
+    /// Address the other nodes reach it on.
+    pub private_ip: String,
+    /// Address gangway reaches it on.
+    pub public_ip: Option<String>,
+    /// Zone.
+    pub zone: String,
+    /// Topology path, `/`-joined.
+    pub topology: String,
+    /// Last known state.
+    pub state: String,
+    /// Provider facts (JSON map).
+    #[serde(skip)]
+    pub extra: std::collections::BTreeMap<String, String>,
+}
+
+/// One job row.
+#[derive(Clone, Debug, Serialize)]
+pub struct JobRow {
+    /// Id, unique across clusters.
+    pub id: i64,
+    /// Cluster.
+    pub cluster: String,
+    /// Task name.
+    pub name: Option<String>,
+    /// State.
+    pub status: JobStatus,
+    /// What to run, as JSON (never secrets).
+    #[serde(skip)]
+    pub spec: String,
+    /// The driving process.
+    pub driver_pid: Option<u32>,
+    /// Submitted, unix ms.
+    pub submitted_at: i64,
+    /// All ranks started, unix ms.
+    pub started_at: Option<i64>,
+    /// Ended, unix ms.
+    pub ended_at: Option<i64>,
+    /// How it ended (which rank, which exit code).
+    pub detail: Option<String>,
+}
+
+/// One event.
+#[derive(Clone, Debug, Serialize)]
+pub struct EventRow {
+    /// Unix ms.
+    pub at: i64,
+    /// Job, if about one.
+    pub job: Option<i64>,
+    /// Short kind (`provision`, `failover`, `setup`, ...).
+    pub kind: String,
+    /// What happened.
+    pub message: String,
+}
+
+/// What a new cluster is.
+#[derive(Clone, Debug)]
+pub struct NewCluster<'a> {
+    /// Name.
+    pub name: &'a str,
+    /// Nodes.
+    pub num_nodes: u32,
+    /// Token for idempotent launches.
+    pub client_token: &'a str,
+    /// `config.<cloud>` JSON.
+    pub provider_config: Option<String>,
+}
+
+/// What `reserve_cluster` found.
+#[derive(Debug)]
+pub enum Reserved {
+    /// A new row in `INIT`.
+    New(ClusterRow),
+    /// A half-created cluster whose launcher died: ours to finish (same token).
+    Resumed(ClusterRow),
+    /// The cluster exists (up or stopped).
+    Existing(ClusterRow),
+}
+
+/// Where a placement attempt goes.
+#[derive(Clone, Debug)]
+pub struct Placement<'a> {
+    /// Cloud.
+    pub cloud: &'a str,
+    /// Region.
+    pub region: &'a str,
+    /// Zone.
+    pub zone: &'a str,
+    /// Instance type.
+    pub instance_type: &'a str,
+    /// Spot.
+    pub use_spot: bool,
+    /// GPU name.
+    pub accelerator: Option<&'a str>,
+    /// GPUs per node.
+    pub accelerator_count: f32,
+    /// USD per hour, whole cluster.
+    pub price_per_hour: f64,
+}
+
+/// An open state database.
+pub struct Store {
+    conn: Connection,
+    path: PathBuf,
+    home: PathBuf,
+}
+
+/// Unix milliseconds now.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl Store {
+    /// Opens (creating if needed) `home/state.db` and brings its schema up to date.
+    pub fn open(home: &Path) -> Result<Store, StateError> {
+        std::fs::create_dir_all(home).map_err(|source| StateError::Io {
+            path: home.to_path_buf(),
+            source,
+        })?;
+        let path = home.join("state.db");
+        let db = |source| StateError::Db {
+            path: path.clone(),
+            source,
+        };
+        let conn = Connection::open(&path).map_err(db)?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(db)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(db)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(db)?;
+        conn.pragma_update(None, "foreign_keys", "ON").map_err(db)?;
+        let mut store = Store {
+            conn,
+            path: path.clone(),
+            home: home.to_path_buf(),
+        };
+        store.migrate()?;
+        Ok(store)
+    }
+
+    /// The gangway home this database lives in.
+    pub fn home(&self) -> &Path {
+        &self.home
+    }
+
+    fn db(&self, source: rusqlite::Error) -> StateError {
+        StateError::Db {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    fn migrate(&mut self) -> Result<(), StateError> {
+        let known = MIGRATIONS.len() as i64;
+        let version: i64 = self
+            .conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(|e| self.db(e))?;
+        if version > known {
+            return Err(StateError::TooNew {
+                path: self.path.clone(),
+                found: version,
+                known,
+            });
+        }
+        if version == known {
+            return Ok(());
+        }
+        let path = self.path.clone();
+        let db = |source| StateError::Db {
+            path: path.clone(),
+            source,
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(db)?;
+        // Another process may have migrated while we waited for the lock.
+        let version: i64 = tx
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(db)?;
+        for sql in &MIGRATIONS[version.min(known) as usize..] {
+            tx.execute_batch(sql).map_err(db)?;
+        }
+        tx.pragma_update(None, "user_version", known).map_err(db)?;
+        tx.commit().map_err(db)
+    }
+
+    /// Path of a cluster's owner lock.
+    fn lock_path(&self, name: &str) -> PathBuf {
+        self.home.join("locks").join(format!("cluster-{name}.lock"))
+    }
+
+    /// Takes the cluster's owner lock without waiting: `Busy` if another
+    /// live process holds it.
+    pub fn lock_cluster(&self, name: &str, doing: &str) -> Result<OwnerLock, StateError> {
+        let path = self.lock_path(name);
+        match OwnerLock::try_acquire(&path)? {
+            Some(l) => Ok(l),
+            None => Err(StateError::Busy {
+                cluster: name.to_string(),
+                pid: OwnerLock::holder(&path),
+                doing: doing.to_string(),
+            }),
+        }
+    }
+
+    /// Whether some live process holds the cluster's owner lock.
+    pub fn cluster_locked(&self, name: &str) -> bool {
+        OwnerLock::is_held(&self.lock_path(name))
+    }
+
+    /// Creates the cluster row in `INIT`, or finds it. The caller must hold
+    /// the cluster's owner lock.
+    pub fn reserve_cluster(&mut self, c: &NewCluster<'_>) -> Result<Reserved, StateError> {
+        let now = now_ms();
+        let path = self.path.clone();
+        let db = |source| StateError::Db {
+            path: path.clone(),
+            source,
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(db)?;
+        let existing = query_cluster(&tx, c.name).map_err(db)?;
+        let reserved = match existing {
+            Some(row) if row.status == ClusterStatus::Init => {
+                tx.execute(
+                    "UPDATE clusters SET owner_pid = ?2, updated_at = ?3 WHERE name = ?1",
+                    params![c.name, std::process::id(), now],
+                )
+                .map_err(db)?;
+                Reserved::Resumed(row)
+            }
+            Some(row) => Reserved::Existing(row),
+            None => {
+                tx.execute(
+                    "INSERT INTO clusters(name, status, owner_pid, num_nodes, client_token,
+                        provider_config, launched_at, updated_at)
+                     VALUES (?1, 'INIT', ?2, ?3, ?4, ?5, ?6, ?6)",
+                    params![
+                        c.name,
+                        std::process::id(),
+                        c.num_nodes,
+                        c.client_token,
+                        c.provider_config,
+                        now
+                    ],
+                )
+                .map_err(db)?;
+                Reserved::New(
+                    query_cluster(&tx, c.name)
+                        .map_err(db)?
+                        .expect("just inserted"),
+                )
+            }
+        };
+        tx.commit().map_err(db)?;
+        Ok(reserved)
+    }
+
+    /// Records where the next launch attempt goes, before the provider is asked.
+    pub fn set_placement(&self, name: &str, p: &Placement<'_>) -> Result<(), StateError> {
+        self.conn
+            .execute(
+                "UPDATE clusters SET cloud = ?2, region = ?3, zone = ?4, instance_type = ?5,
+                    use_spot = ?6, accelerator = ?7, accelerator_count = ?8,
+                    price_per_hour = ?9, updated_at = ?10
+                 WHERE name = ?1",
+                params![
+                    name,
+                    p.cloud,
+                    p.region,
+                    p.zone,
+                    p.instance_type,
+                    p.use_spot,
+                    p.accelerator,
+                    p.accelerator_count,
+                    p.price_per_hour,
+                    now_ms()
+                ],
+            )
+            .map_err(|e| self.db(e))?;
+        Ok(())
+    }
+
+    /// Replaces the cluster's nodes and sets its status, in one transaction.
+    pub fn set_nodes(
+        &mut self,
+        name: &str,
+        status: ClusterStatus,
+        nodes: &[NodeRow],
+    ) -> Result<(), StateError> {
+        let path = self.path.clone();
+        let db = |source| StateError::Db {
+            path: path.clone(),
+            source,
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(db)?;
+        tx.execute("DELETE FROM nodes WHERE cluster = ?1", [name])
+            .map_err(db)?;
+        {
+            let mut ins = tx
+                .prepare(
+                    "INSERT INTO nodes(cluster, rank, instance_id, private_ip, public_ip, zone,
+                        topology, state, extra) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                )
+                .map_err(db)?;
+            for n in nodes {
+                let extra = serde_json::to_string(&n.extra).unwrap_or_else(|_| "{}".into());
+                ins.execute(params![
+                    name,
+                    n.rank,
+                    n.instance_id,
+                    n.private_ip,
+                    n.public_ip,
+                    n.zone,
+                    n.topology,
+                    n.state,
+                    extra
+                ])
+                .map_err(db)?;
+            }
+        }
+        tx.execute(
+            "UPDATE clusters SET status = ?2, owner_pid = NULL, last_error = NULL, updated_at = ?3
+             WHERE name = ?1",
+            params![name, status.as_str(), now_ms()],
+        )
+        .map_err(db)?;
+        tx.commit().map_err(db)
+    }
+
+    /// Sets a cluster's status (and its last error, if any).
+    pub fn set_status(
+        &self,
+        name: &str,
+        status: ClusterStatus,
+        error: Option<&str>,
+    ) -> Result<(), StateError> {
+        self.conn
+            .execute(
+                "UPDATE clusters SET status = ?2, last_error = ?3, updated_at = ?4 WHERE name = ?1",
+                params![name, status.as_str(), error, now_ms()],
+            )
+            .map_err(|e| self.db(e))?;
+        Ok(())
+    }
+
+    /// Sets autostop.
+    pub fn set_autostop(
+        &self,
+        name: &str,
+        idle_min: Option<u32>,
+        down: bool,
+    ) -> Result<(), StateError> {
+        self.conn
+            .execute(
+                "UPDATE clusters SET autostop_idle_min = ?2, autostop_down = ?3, updated_at = ?4
+                 WHERE name = ?1",
+                params![name, idle_min, down, now_ms()],
+            )
+            .map_err(|e| self.db(e))?;
+        Ok(())
+    }
+
+    /// Deletes a cluster with its nodes and jobs.
+    pub fn remove_cluster(&self, name: &str) -> Result<(), StateError> {
+        self.conn
+            .execute("DELETE FROM clusters WHERE name = ?1", [name])
+            .map_err(|e| self.db(e))?;
+        Ok(())
+    }
+
+    /// One cluster.
+    pub fn cluster(&self, name: &str) -> Result<Option<ClusterRow>, StateError> {
+        query_cluster(&self.conn, name).map_err(|e| self.db(e))
+    }
+
+    /// Every cluster, by name.
+    pub fn clusters(&self) -> Result<Vec<ClusterRow>, StateError> {
+        let mut st = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {CLUSTER_COLS} FROM clusters ORDER BY name"
+            ))
+            .map_err(|e| self.db(e))?;
+        let rows = st
+            .query_map([], cluster_row)
+            .map_err(|e| self.db(e))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.db(e));
+        rows
+    }
+
+    /// A cluster's nodes in rank order.
+    pub fn nodes(&self, name: &str) -> Result<Vec<NodeRow>, StateError> {
+        let mut st = self
+            .conn
+            .prepare_cached(
+                "SELECT rank, instance_id, private_ip, public_ip, zone, topology, state, extra
+                 FROM nodes WHERE cluster = ?1 ORDER BY rank",
+            )
+            .map_err(|e| self.db(e))?;
+        let rows = st
+            .query_map([name], |r| {
+                let extra: String = r.get(7)?;
+                Ok(NodeRow {
+                    rank: r.get(0)?,
+                    instance_id: r.get(1)?,
+                    private_ip: r.get(2)?,
+                    public_ip: r.get(3)?,
+                    zone: r.get(4)?,
+                    topology: r.get(5)?,
+                    state: r.get(6)?,
+                    extra: serde_json::from_str(&extra).unwrap_or_default(),
+                })
+            })
+            .map_err(|e| self.db(e))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.db(e));
+        rows
+    }
+
+    /// Adds a job in `PENDING`; returns its id.
+    pub fn add_job(
+        &self,
+        cluster: &str,
+        name: Option<&str>,
+        spec: &str,
+    ) -> Result<i64, StateError> {
+        self.conn
+            .execute(
+                "INSERT INTO jobs(cluster, name, status, spec, submitted_at)
+                 VALUES (?1, ?2, 'PENDING', ?3, ?4)",
+                params![cluster, name, spec, now_ms()],
+            )
+            .map_err(|e| self.db(e))?;
+        Ok(self.conn.last_insert_rowid())
+    }
+
+    /// Records the process driving a job.
+    pub fn set_job_driver(&self, id: i64, pid: u32) -> Result<(), StateError> {
+        self.conn
+            .execute(
+                "UPDATE jobs SET driver_pid = ?2 WHERE id = ?1",
+                params![id, pid],
+            )
+            .map_err(|e| self.db(e))?;
+        Ok(())
+    }
+
+    /// Moves a job to `status`; stamps start and end times. A job that has
+    /// ended keeps its first ending.
+    pub fn set_job_status(
+        &self,
+        id: i64,
+        status: JobStatus,
+        detail: Option<&str>,
+    ) -> Result<(), StateError> {
+        let now = now_ms();
+        let started = (status == JobStatus::Running).then_some(now);
+        let ended = status.is_terminal().then_some(now);
+        self.conn
+            .execute(
+                "UPDATE jobs SET status = ?2,
+                    started_at = COALESCE(started_at, ?3),
+                    ended_at = COALESCE(ended_at, ?4),
+                    detail = COALESCE(?5, detail)
+                 WHERE id = ?1 AND status NOT IN
+                    ('SUCCEEDED','FAILED','FAILED_SETUP','CANCELLED','FAILED_DRIVER')",
+                params![id, status.as_str(), started, ended, detail],
+            )
+            .map_err(|e| self.db(e))?;
+        Ok(())
+    }
+
+    /// One job.
+    pub fn job(&self, id: i64) -> Result<Option<JobRow>, StateError> {
+        self.conn
+            .query_row(
+                &format!("SELECT {JOB_COLS} FROM jobs WHERE id = ?1"),
+                [id],
+                job_row,
+            )
+            .optional()
+            .map_err(|e| self.db(e))
+    }
+
+    /// A cluster's jobs, oldest first.
+    pub fn jobs(&self, cluster: &str) -> Result<Vec<JobRow>, StateError> {
+        let mut st = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {JOB_COLS} FROM jobs WHERE cluster = ?1 ORDER BY id"
+            ))
+            .map_err(|e| self.db(e))?;
+        let rows = st
+            .query_map([cluster], job_row)
+            .map_err(|e| self.db(e))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.db(e));
+        rows
+    }
+
+    /// Jobs of every cluster that have not ended, oldest first.
+    pub fn active_jobs(&self) -> Result<Vec<JobRow>, StateError> {
+        let mut st = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {JOB_COLS} FROM jobs
+                 WHERE status IN ('PENDING','SETTING_UP','RUNNING') ORDER BY id"
+            ))
+            .map_err(|e| self.db(e))?;
+        let rows = st
+            .query_map([], job_row)
+            .map_err(|e| self.db(e))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.db(e));
+        rows
+    }
+
+    /// Appends an event.
+    pub fn event(
+        &self,
+        cluster: &str,
+        job: Option<i64>,
+        kind: &str,
+        message: &str,
+    ) -> Result<(), StateError> {
+        self.conn
+            .execute(
+                "INSERT INTO events(at, cluster, job, kind, message) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![now_ms(), cluster, job, kind, message],
+            )
+            .map_err(|e| self.db(e))?;
+        Ok(())
+    }
+
+    /// A cluster's events, oldest first.
+    pub fn events(&self, cluster: &str) -> Result<Vec<EventRow>, StateError> {
+        let mut st = self
+            .conn
+            .prepare_cached(
+                "SELECT at, job, kind, message FROM events WHERE cluster = ?1 ORDER BY id",
+            )
+            .map_err(|e| self.db(e))?;
+        let rows = st
+            .query_map([cluster], |r| {
+                Ok(EventRow {
+                    at: r.get(0)?,
+                    job: r.get(1)?,
+                    kind: r.get(2)?,
+                    message: r.get(3)?,
+                })
+            })
+            .map_err(|e| self.db(e))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.db(e));
+        rows
+    }
+
+    /// Path of a job's driver lock.
+    pub fn job_lock_path(&self, id: i64) -> PathBuf {
+        self.home.join("locks").join(format!("job-{id}.lock"))
+    }
+
+    /// Directory holding a job's logs.
+    pub fn job_log_dir(&self, id: i64) -> PathBuf {
+        self.home.join("logs").join(format!("job-{id}"))
+    }
+
+    /// Marks jobs whose driver died without recording an end as
+    /// `FAILED_DRIVER`; returns how many. Cheap: one lock probe per live job.
+    pub fn reap_dead_jobs(&self) -> Result<usize, StateError> {
+        let mut n = 0;
+        for j in self.active_jobs()? {
+            // A job not yet handed to a driver is only dead once its
+            // submitter is gone too; give it the submit grace period.
+            if j.driver_pid.is_none() && now_ms() - j.submitted_at < 30_000 {
+                continue;
+            }
+            if !OwnerLock::is_held(&self.job_lock_path(j.id)) {
+                self.set_job_status(
+                    j.id,
+                    JobStatus::FailedDriver,
+                    Some("the process driving this job exited without recording how it ended"),
+                )?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+}
+
+const CLUSTER_COLS: &str = "name, status, cloud, region, zone, instance_type, use_spot,
+    accelerator, accelerator_count, num_nodes, price_per_hour, client_token, provider_config,
+    autostop_idle_min, autostop_down, launched_at, updated_at, last_error";
+
+fn cluster_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClusterRow> {
+    let status: String = r.get(1)?;
+    Ok(ClusterRow {
+        name: r.get(0)?,
+        status: ClusterStatus::parse(&status),
+        cloud: r.get(2)?,
+        region: r.get(3)?,
+        zone: r.get(4)?,
+        instance_type: r.get(5)?,
+        use_spot: r.get(6)?,
+        accelerator: r.get(7)?,
+        accelerator_count: r.get::<_, f64>(8)? as f32,
+        num_nodes: r.get(9)?,
+        price_per_hour: r.get(10)?,
+        client_token: r.get(11)?,
+        provider_config: r.get(12)?,
+        autostop_idle_min: r.get(13)?,
+        autostop_down: r.get(14)?,
+        launched_at: r.get(15)?,
+        updated_at: r.get(16)?,
+        last_error: r.get(17)?,
+    })
+}
+
+fn query_cluster(conn: &Connection, name: &str) -> rusqlite::Result<Option<ClusterRow>> {
+    conn.query_row(
+        &format!("SELECT {CLUSTER_COLS} FROM clusters WHERE name = ?1"),
+        [name],
+        cluster_row,
+    )
+    .optional()
+}
+
+const JOB_COLS: &str =
+    "id, cluster, name, status, spec, driver_pid, submitted_at, started_at, ended_at, detail";
+
+fn job_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<JobRow> {
+    let status: String = r.get(3)?;
+    Ok(JobRow {
+        id: r.get(0)?,
+        cluster: r.get(1)?,
+        name: r.get(2)?,
+        status: JobStatus::parse(&status),
+        spec: r.get(4)?,
+        driver_pid: r.get(5)?,
+        submitted_at: r.get(6)?,
+        started_at: r.get(7)?,
+        ended_at: r.get(8)?,
+        detail: r.get(9)?,
+    })
+}
+
+#[cfg(test)]
+mod tests;
