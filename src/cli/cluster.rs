@@ -353,7 +353,23 @@ fn pick_job(store: &Store, cluster: &str, job: Option<i64>) -> Result<JobRow, Er
 /// `gangway logs`.
 pub fn logs(a: &LogsArgs) -> Result<ExitCode, Error> {
     let (_, store) = open()?;
-    cluster_row(&store, &a.cluster)?;
+    if store.cluster(&a.cluster)?.is_none() {
+        // Logs outlive their cluster: `logs NAME JOB` still replays them.
+        if let Some(id) = a.job {
+            let dir = store.job_log_dir(id);
+            if dir.is_dir() {
+                let file = match a.rank {
+                    Some(r) => dir.join(format!("rank-{r}.log")),
+                    None => dir.join("job.log"),
+                };
+                if let Ok(mut f) = std::fs::File::open(file) {
+                    std::io::copy(&mut f, &mut std::io::stdout().lock())?;
+                }
+                return Ok(ExitCode::Ok);
+            }
+        }
+        cluster_row(&store, &a.cluster)?;
+    }
     store.reap_dead_jobs()?;
     let job = pick_job(&store, &a.cluster, a.job)?;
     if a.no_follow || job.status.is_terminal() {

@@ -239,7 +239,9 @@ pub fn launch(a: &LaunchArgs, catalog_dir: Option<&Path>, out: Output) -> Result
         }
         Reserved::New(row) | Reserved::Resumed(row) => {
             let best = &plan[0];
+            // The local provider costs nothing real: no question to ask.
             if !a.yes
+                && best.cloud != "local"
                 && out == Output::Table
                 && !confirm(&format!(
                     "Launch '{name}': {} x {} on {}/{}/{} at ${:.2}/h?",
@@ -346,10 +348,11 @@ pub fn submit(
         }
         return Ok(ExitCode::Ok);
     }
+    // Read before following: with --down the rows are gone at the end.
+    let nodes = store.nodes(cluster).unwrap_or_default();
     let status = follow(store, id, out != Output::Json, None)?;
     let job = store.job(id)?;
     if out == Output::Json {
-        let nodes = store.nodes(cluster).unwrap_or_default();
         print_json(&json!({
             "cluster": cluster,
             "job_id": id,
@@ -392,6 +395,7 @@ pub fn follow(store: &Store, id: i64, print: bool, rank: Option<u32>) -> Result<
     let mut sent = interrupts::count();
     let mut stdout = std::io::stdout();
     let mut ended_at: Option<std::time::Instant> = None;
+    let mut last: Option<JobStatus> = None;
     loop {
         if print {
             if let Ok(mut f) = std::fs::File::open(&path) {
@@ -406,10 +410,41 @@ pub fn follow(store: &Store, id: i64, print: bool, rank: Option<u32>) -> Result<
                 }
             }
         }
-        let job = store.job(id)?.ok_or_else(|| Error::NotFound {
-            message: format!("job {id} no longer exists (its cluster was taken down)"),
-            hint: None,
-        })?;
+        let job = match store.job(id)? {
+            Some(j) => j,
+            // `--down`: the driver removed the cluster (and its jobs) after
+            // recording the ending we already saw.
+            None if last.is_some_and(JobStatus::is_terminal) || ended_status(&dir).is_some() => {
+                if print {
+                    if let Ok(mut f) = std::fs::File::open(&path) {
+                        f.seek(SeekFrom::Start(pos))?;
+                        std::io::copy(&mut f, &mut stdout)?;
+                    }
+                }
+                // Wait for the driver to finish the teardown it reports.
+                let t = std::time::Instant::now();
+                while OwnerLock::is_held(&lock) && t.elapsed() < Duration::from_secs(120) {
+                    std::thread::sleep(Duration::from_millis(25));
+                }
+                if print {
+                    if let Ok(mut f) = std::fs::File::open(&path) {
+                        f.seek(SeekFrom::Start(pos))?;
+                        std::io::copy(&mut f, &mut stdout)?;
+                    }
+                }
+                return Ok(ended_status(&dir)
+                    .map(|(s, _)| s)
+                    .or(last)
+                    .expect("checked"));
+            }
+            None => {
+                return Err(Error::NotFound {
+                    message: format!("job {id} no longer exists (its cluster was taken down)"),
+                    hint: None,
+                })
+            }
+        };
+        last = Some(job.status);
         let c = interrupts::count();
         if let (true, false, Some(pid)) = (c > sent, job.status.is_terminal(), job.driver_pid) {
             sent = c;
@@ -446,6 +481,15 @@ pub fn follow(store: &Store, id: i64, print: bool, rank: Option<u32>) -> Result<
         }
         std::thread::sleep(Duration::from_millis(25));
     }
+}
+
+/// How a job ended, from the `status.json` its driver leaves beside the logs.
+pub fn ended_status(log_dir: &Path) -> Option<(JobStatus, Option<String>)> {
+    let text = std::fs::read_to_string(log_dir.join("status.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let status = JobStatus::parse(v.get("status")?.as_str()?)?;
+    let detail = v.get("detail").and_then(|d| d.as_str()).map(str::to_string);
+    Some((status, detail))
 }
 
 /// Reads the secrets a launcher writes to the driver's stdin.

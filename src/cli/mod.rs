@@ -229,9 +229,11 @@ pub fn load_catalog_for(
 
 /// Writes a JSON document to stdout.
 pub(crate) fn print_json(v: &serde_json::Value) -> Result<(), Error> {
-    let mut stdout = std::io::stdout().lock();
+    // Buffered: stdout is line-buffered, and a pretty document has many lines.
+    let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
     serde_json::to_writer_pretty(&mut stdout, v).map_err(std::io::Error::from)?;
     writeln!(stdout)?;
+    stdout.flush()?;
     Ok(())
 }
 

@@ -10,8 +10,10 @@ pub fn print(headers: &[&str], rows: &[Vec<String>]) -> std::io::Result<()> {
             *w = (*w).max(cell.chars().count());
         }
     }
-    let mut out = std::io::stdout().lock();
-    let line = |out: &mut std::io::StdoutLock, cells: Vec<&str>| -> std::io::Result<()> {
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let line = |out: &mut std::io::BufWriter<std::io::StdoutLock>,
+                cells: Vec<&str>|
+     -> std::io::Result<()> {
         let mut s = String::new();
         for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
             if i + 1 == cells.len() {
@@ -26,5 +28,5 @@ pub fn print(headers: &[&str], rows: &[Vec<String>]) -> std::io::Result<()> {
     for r in rows {
         line(&mut out, r.iter().map(String::as_str).collect())?;
     }
-    Ok(())
+    out.flush()
 }

@@ -201,18 +201,23 @@ pub async fn drive(
             .map(|d| format!(": {d}"))
             .unwrap_or_default()
     ));
+    // The ending also goes next to the logs, which outlive the cluster's
+    // rows (`--down` removes them).
+    let _ = std::fs::write(
+        logs.dir.join("status.json"),
+        serde_json::json!({ "status": status, "detail": detail }).to_string(),
+    );
     if spec.down_after {
         logs.say(&format!("tearing down cluster {} (--down)", job.cluster));
         let providers = Providers::new(home);
         match store.lock_cluster(&job.cluster, "tearing down") {
-            Ok(_l) => {
-                if let Err(e) = teardown(&store, &job.cluster, &providers).await {
-                    logs.say(&format!(
-                        "teardown failed: {e}; run `gangway down {}`",
-                        job.cluster
-                    ));
-                }
-            }
+            Ok(_l) => match teardown(&store, &job.cluster, &providers).await {
+                Ok(()) => logs.say(&format!("cluster {} torn down", job.cluster)),
+                Err(e) => logs.say(&format!(
+                    "teardown failed: {e}; run `gangway down {}`",
+                    job.cluster
+                )),
+            },
             Err(e) => logs.say(&format!("teardown skipped: {e}")),
         }
     }
@@ -347,7 +352,7 @@ async fn run_job(
         )
         .await?
         {
-            PhaseEnd::Ok => logs.say("setup done on every node"),
+            PhaseEnd::Ok => {}
             PhaseEnd::Failed { rank, what } => {
                 return Ok((JobStatus::FailedSetup, Some(format!("setup on {what}")))).inspect(
                     |_| {
@@ -473,6 +478,7 @@ async fn phase(
     }
     let mut tails: std::collections::HashMap<usize, Vec<String>> = Default::default();
     let mut failed: Option<(usize, String)> = None;
+    let mut setup_done = 0usize;
     loop {
         let sleep = async {
             match kill_at {
@@ -486,6 +492,14 @@ async fn phase(
                 let Ok((rank, status)) = done else { continue };
                 if let Some(p) = pgids[rank].take() {
                     transport.reaped(&nodes[rank], p);
+                }
+                if which == Phase::Setup && matches!(&status, Ok(s) if s.success()) {
+                    setup_done += 1;
+                    logs.say(&format!(
+                        "setup done on rank {rank} ({}) [{setup_done}/{}]",
+                        nodes[rank].private_ip,
+                        nodes.len()
+                    ));
                 }
                 let what = match status {
                     Ok(s) if s.success() => None,

@@ -197,8 +197,9 @@ impl JobStatus {
             JobStatus::FailedDriver => "FAILED_DRIVER",
         }
     }
-    fn parse(s: &str) -> JobStatus {
-        match s {
+    /// Parses a stored name.
+    pub fn parse(s: &str) -> Option<JobStatus> {
+        Some(match s {
             "PENDING" => JobStatus::Pending,
             "SETTING_UP" => JobStatus::SettingUp,
             "RUNNING" => JobStatus::Running,
@@ -206,8 +207,9 @@ impl JobStatus {
             "FAILED" => JobStatus::Failed,
             "FAILED_SETUP" => JobStatus::FailedSetup,
             "CANCELLED" => JobStatus::Cancelled,
-            _ => JobStatus::FailedDriver,
-        }
+            "FAILED_DRIVER" => JobStatus::FailedDriver,
+            _ => return None,
+        })
     }
     /// Whether the job has ended.
     pub fn is_terminal(self) -> bool {
@@ -921,7 +923,7 @@ fn job_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<JobRow> {
         id: r.get(0)?,
         cluster: r.get(1)?,
         name: r.get(2)?,
-        status: JobStatus::parse(&status),
+        status: JobStatus::parse(&status).unwrap_or(JobStatus::FailedDriver),
         spec: r.get(4)?,
         driver_pid: r.get(5)?,
         submitted_at: r.get(6)?,
