@@ -23,6 +23,10 @@ use gangway_provider::ClusterName;
 pub struct StatusArgs {
     /// Only these clusters (shows their nodes too).
     pub clusters: Vec<String>,
+    /// Ask the providers for the nodes' current states (preemptions, nodes
+    /// gone) instead of showing the last recorded ones.
+    #[arg(long, short = 'r')]
+    pub refresh: bool,
 }
 
 /// `gangway queue`.
@@ -178,6 +182,9 @@ pub fn status(a: &StatusArgs, out: Output) -> Result<ExitCode, Error> {
         }
         clusters.retain(|c| a.clusters.contains(&c.name));
     }
+    if a.refresh {
+        refresh(&store, &clusters)?;
+    }
     let active = store.active_jobs()?;
     let live = |name: &str| active.iter().filter(|j| j.cluster == name).count();
     if out == Output::Json {
@@ -200,6 +207,21 @@ pub fn status(a: &StatusArgs, out: Output) -> Result<ExitCode, Error> {
         println!("No clusters. Launch one with `gangway launch TASK.yaml`.");
         return Ok(ExitCode::Ok);
     }
+    // Nodes not running on an UP cluster (after --refresh): say so.
+    let mut node_trouble: std::collections::HashMap<String, String> = Default::default();
+    if a.refresh {
+        for c in clusters.iter().filter(|c| c.status == ClusterStatus::Up) {
+            let nodes = store.nodes(&c.name)?;
+            let bad: Vec<&str> = nodes
+                .iter()
+                .filter(|n| n.state != "running")
+                .map(|n| n.state.as_str())
+                .collect();
+            if !bad.is_empty() {
+                node_trouble.insert(c.name.clone(), format!("{} node(s) {}", bad.len(), bad[0]));
+            }
+        }
+    }
     let rows: Vec<Vec<String>> = clusters
         .iter()
         .map(|c| {
@@ -212,9 +234,14 @@ pub fn status(a: &StatusArgs, out: Output) -> Result<ExitCode, Error> {
                 .as_ref()
                 .map(|g| format!(" ({g}:{})", c.accelerator_count))
                 .unwrap_or_default();
+            let status = shown_status(&store, c);
+            let status = match node_trouble.get(&c.name) {
+                Some(t) => format!("{status} ({t})"),
+                None => status,
+            };
             vec![
                 c.name.clone(),
-                shown_status(&store, c),
+                status,
                 infra,
                 format!(
                     "{}x {}{gpus}{}",
@@ -288,6 +315,29 @@ pub fn status(a: &StatusArgs, out: Output) -> Result<ExitCode, Error> {
         }
     }
     Ok(ExitCode::Ok)
+}
+
+/// Records what the providers say about each cluster's nodes now.
+fn refresh(store: &Store, clusters: &[ClusterRow]) -> Result<(), Error> {
+    let providers = Providers::new(store.home());
+    let rt = runtime()?;
+    for c in clusters {
+        let Some(p) = c.cloud.as_deref().and_then(|cl| providers.get(cl)) else {
+            continue;
+        };
+        let seen = rt.block_on(p.describe(&ClusterName(c.name.clone())))?;
+        let states: Vec<(String, String)> = seen
+            .iter()
+            .map(|n| (n.id.0.clone(), provision::state_name(&n.state).to_string()))
+            .collect();
+        store.update_node_states(&c.name, &states)?;
+        for n in &seen {
+            if let gangway_provider::NodeState::Preempted { reason } = &n.state {
+                store.event(&c.name, None, "preempted", &format!("{}: {reason}", n.id))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn job_rows(jobs: &[JobRow]) -> Vec<Vec<String>> {

@@ -615,6 +615,30 @@ impl Store {
         tx.commit().map_err(db)
     }
 
+    /// Updates the last known state of a cluster's nodes by instance id;
+    /// nodes the provider no longer knows become `gone`.
+    pub fn update_node_states(
+        &self,
+        cluster: &str,
+        seen: &[(String, String)],
+    ) -> Result<(), StateError> {
+        for n in self.nodes(cluster)? {
+            let state = seen
+                .iter()
+                .find(|(id, _)| *id == n.instance_id)
+                .map_or("gone", |(_, s)| s.as_str());
+            if state != n.state {
+                self.conn
+                    .execute(
+                        "UPDATE nodes SET state = ?3 WHERE cluster = ?1 AND instance_id = ?2",
+                        params![cluster, n.instance_id, state],
+                    )
+                    .map_err(|e| self.db(e))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Sets a cluster's status (and its last error, if any).
     pub fn set_status(
         &self,
