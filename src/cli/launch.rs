@@ -258,14 +258,36 @@ pub fn launch(a: &LaunchArgs, catalog_dir: Option<&Path>, out: Output) -> Result
             }
             let providers = Providers::new(&home);
             let rt = runtime()?;
-            let result = rt.block_on(provision::provision(
-                &store,
-                &row,
-                &plan,
-                &providers,
-                &progress,
-                RetryPolicy::default(),
-            ));
+            // Ctrl-C while provisioning: stop, and remove what was created.
+            interrupts::install();
+            let before = interrupts::count();
+            let result = rt.block_on(async {
+                tokio::select! {
+                    r = provision::provision(
+                        &store,
+                        &row,
+                        &plan,
+                        &providers,
+                        &progress,
+                        RetryPolicy::default(),
+                    ) => Some(r),
+                    _ = async {
+                        while interrupts::count() == before {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    } => None,
+                }
+            });
+            let Some(result) = result else {
+                progress.line("Interrupted: terminating whatever was created");
+                rt.block_on(provision::teardown(&store, &name, &providers))?;
+                return Ok(ExitCode::Interrupted);
+            };
+            if interrupts::count() != before {
+                progress.line("Interrupted: terminating the new cluster");
+                rt.block_on(provision::teardown(&store, &name, &providers))?;
+                return Ok(ExitCode::Interrupted);
+            }
             match result {
                 Ok(p) => {
                     store.set_nodes(&name, ClusterStatus::Up, &p.nodes)?;

@@ -2,6 +2,8 @@
 
 mod bad_specs;
 mod cli;
+mod cluster_cmds;
 mod common;
 mod compat;
+mod launch;
 mod spec;
