@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::progress::Progress;
+use super::progress::{LogView, Progress};
 use super::{interrupts, print_json, LaunchArgs, Output};
 use crate::gang::JobSpec;
 use crate::optimizer;
@@ -413,24 +413,18 @@ pub fn follow(store: &Store, id: i64, print: bool, rank: Option<u32>) -> Result<
         None => dir.join("job.log"),
     };
     let lock = store.job_lock_path(id);
-    let mut pos = 0u64;
+    let mut tail = Tail {
+        path: path.clone(),
+        pos: 0,
+        partial: Vec::new(),
+        view: LogView::new(),
+    };
     let mut sent = interrupts::count();
-    let mut stdout = std::io::stdout();
     let mut ended_at: Option<std::time::Instant> = None;
     let mut last: Option<JobStatus> = None;
     loop {
         if print {
-            if let Ok(mut f) = std::fs::File::open(&path) {
-                let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-                if len > pos {
-                    f.seek(SeekFrom::Start(pos))?;
-                    let mut buf = Vec::with_capacity((len - pos) as usize);
-                    Read::by_ref(&mut f).take(len - pos).read_to_end(&mut buf)?;
-                    pos += buf.len() as u64;
-                    stdout.write_all(&buf)?;
-                    stdout.flush()?;
-                }
-            }
+            tail.pump()?;
         }
         let job = match store.job(id)? {
             Some(j) => j,
@@ -438,10 +432,8 @@ pub fn follow(store: &Store, id: i64, print: bool, rank: Option<u32>) -> Result<
             // recording the ending we already saw.
             None if last.is_some_and(JobStatus::is_terminal) || ended_status(&dir).is_some() => {
                 if print {
-                    if let Ok(mut f) = std::fs::File::open(&path) {
-                        f.seek(SeekFrom::Start(pos))?;
-                        std::io::copy(&mut f, &mut stdout)?;
-                    }
+                    tail.pump()?;
+                    tail.finish()?;
                 }
                 // Wait for the driver to finish the teardown it reports.
                 let t = std::time::Instant::now();
@@ -449,10 +441,8 @@ pub fn follow(store: &Store, id: i64, print: bool, rank: Option<u32>) -> Result<
                     std::thread::sleep(Duration::from_millis(25));
                 }
                 if print {
-                    if let Ok(mut f) = std::fs::File::open(&path) {
-                        f.seek(SeekFrom::Start(pos))?;
-                        std::io::copy(&mut f, &mut stdout)?;
-                    }
+                    tail.pump()?;
+                    tail.finish()?;
                 }
                 return Ok(ended_status(&dir)
                     .map(|(s, _)| s)
@@ -491,10 +481,8 @@ pub fn follow(store: &Store, id: i64, print: bool, rank: Option<u32>) -> Result<
             if !driver_alive || t.elapsed() > Duration::from_secs(120) {
                 if print {
                     // One last read for lines written just before the end.
-                    if let Ok(mut f) = std::fs::File::open(&path) {
-                        f.seek(SeekFrom::Start(pos))?;
-                        std::io::copy(&mut f, &mut stdout)?;
-                    }
+                    tail.pump()?;
+                    tail.finish()?;
                 }
                 return Ok(job.status);
             }
@@ -502,6 +490,48 @@ pub fn follow(store: &Store, id: i64, print: bool, rank: Option<u32>) -> Result<
             store.reap_dead_jobs()?;
         }
         std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// New lines of a log file, handed to the view as they appear.
+struct Tail {
+    path: PathBuf,
+    pos: u64,
+    partial: Vec<u8>,
+    view: LogView,
+}
+
+impl Tail {
+    fn pump(&mut self) -> std::io::Result<()> {
+        let Ok(mut f) = std::fs::File::open(&self.path) else {
+            return Ok(());
+        };
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        if len <= self.pos {
+            return Ok(());
+        }
+        f.seek(SeekFrom::Start(self.pos))?;
+        let mut buf = Vec::with_capacity((len - self.pos) as usize);
+        Read::by_ref(&mut f)
+            .take(len - self.pos)
+            .read_to_end(&mut buf)?;
+        self.pos += buf.len() as u64;
+        self.partial.extend_from_slice(&buf);
+        while let Some(i) = self.partial.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.partial.drain(..=i).collect();
+            self.view.line(&line)?;
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) -> std::io::Result<()> {
+        if !self.partial.is_empty() {
+            let mut line = std::mem::take(&mut self.partial);
+            line.push(b'\n');
+            self.view.line(&line)?;
+        }
+        self.view.finish();
+        Ok(())
     }
 }
 

@@ -42,6 +42,7 @@ impl Progress {
         match &self.mode {
             Mode::Quiet => {}
             Mode::Lines => eprintln!("{s}"),
+            Mode::Bar(b) if b.is_finished() => eprintln!("{s}"),
             Mode::Bar(b) => b.println(s),
         }
     }
@@ -91,13 +92,84 @@ impl Reporter for Progress {
             )),
             ProvisionEvent::Up(c, n) => {
                 if let Mode::Bar(b) = &self.mode {
-                    b.set_message(String::new());
+                    b.finish_and_clear();
                 }
                 self.line(&format!(
                     "Provisioned {n}/{} nodes on {}/{}/{}",
                     c.nodes, c.cloud, c.region, c.zone
                 ))
             }
+        }
+    }
+}
+
+/// Shows a followed job log. On a terminal, the driver's setup lines become
+/// a `setup n/N` bar; elsewhere every line is copied as it is.
+pub struct LogView {
+    tty: bool,
+    bar: Option<ProgressBar>,
+}
+
+impl Default for LogView {
+    fn default() -> Self {
+        LogView::new()
+    }
+}
+
+impl LogView {
+    /// A view for this process's stdout and stderr.
+    pub fn new() -> LogView {
+        LogView {
+            tty: std::io::stdout().is_terminal() && std::io::stderr().is_terminal(),
+            bar: None,
+        }
+    }
+
+    /// One line, newline included.
+    pub fn line(&mut self, line: &[u8]) -> std::io::Result<()> {
+        use std::io::Write;
+        if self.tty {
+            let text = String::from_utf8_lossy(line);
+            let text = text.trim_end_matches('\n');
+            if let Some(n) = text
+                .strip_prefix("gangway: setup on ")
+                .and_then(|r| r.split(' ').next())
+                .and_then(|n| n.parse::<u64>().ok())
+            {
+                let bar = ProgressBar::new(n);
+                bar.set_style(
+                    ProgressStyle::with_template("setup {pos}/{len} nodes {wide_bar} [{elapsed}]")
+                        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+                );
+                self.bar = Some(bar);
+                return Ok(());
+            }
+            if let Some(bar) = &self.bar {
+                if text.starts_with("gangway: setup done on rank ") {
+                    bar.inc(1);
+                    return Ok(());
+                }
+                if bar.position() >= bar.length().unwrap_or(0)
+                    || text.starts_with("gangway: all ")
+                    || text.starts_with("gangway: job ")
+                {
+                    bar.finish_and_clear();
+                    self.bar = None;
+                } else {
+                    bar.println(text);
+                    return Ok(());
+                }
+            }
+        }
+        let mut out = std::io::stdout().lock();
+        out.write_all(line)?;
+        out.flush()
+    }
+
+    /// Clears any bar.
+    pub fn finish(&mut self) {
+        if let Some(b) = self.bar.take() {
+            b.finish_and_clear();
         }
     }
 }
