@@ -160,3 +160,109 @@ pub fn transport_for(cloud: &str) -> Option<Box<dyn Transport>> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(rank: u32, ip: &str, path: &str) -> NodeRow {
+        NodeRow {
+            rank,
+            instance_id: format!("i-{rank}"),
+            private_ip: ip.into(),
+            public_ip: None,
+            zone: "local-a".into(),
+            topology: path.into(),
+            state: "running".into(),
+            extra: Default::default(),
+        }
+    }
+
+    fn get<'a>(env: &'a [(String, String)], k: &str) -> Option<&'a str> {
+        env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn run_env_has_every_name_torchrun_and_skypilot_tasks_expect() {
+        let spec = JobSpec {
+            envs: vec![
+                ("MODEL".into(), "gpt2".into()),
+                ("NODE_RANK".into(), "99".into()),
+            ],
+            gpus_per_node: 8,
+            num_nodes: 3,
+            ..JobSpec::default()
+        };
+        let secrets = vec![("TOKEN".to_string(), "t0k".to_string())];
+        let nodes = [
+            node(0, "10.0.0.5", "s1/l1"),
+            node(1, "10.0.0.7", "s1/l1"),
+            node(2, "10.0.0.2", "s1/l2"),
+        ];
+        let g = GangInfo {
+            spec: &spec,
+            secrets: &secrets,
+            nodes: &nodes,
+            cluster: "c",
+            job_id: 7,
+            checkpoint_dir: "/ck".into(),
+        };
+        let env = node_env(Phase::Run, &g, 2);
+        for (k, v) in [
+            ("GANGWAY_NODE_RANK", "2"),
+            ("NODE_RANK", "2"),
+            ("SKYPILOT_NODE_RANK", "2"),
+            ("GANGWAY_NUM_NODES", "3"),
+            ("NNODES", "3"),
+            ("SKYPILOT_NUM_NODES", "3"),
+            ("GANGWAY_NODE_IPS", "10.0.0.5\n10.0.0.7\n10.0.0.2"),
+            ("SKYPILOT_NODE_IPS", "10.0.0.5\n10.0.0.7\n10.0.0.2"),
+            ("GANGWAY_HEAD_IP", "10.0.0.5"),
+            ("MASTER_ADDR", "10.0.0.5"),
+            ("MASTER_PORT", "29500"),
+            ("GANGWAY_NUM_GPUS_PER_NODE", "8"),
+            ("SKYPILOT_NUM_GPUS_PER_NODE", "8"),
+            ("GANGWAY_CLUSTER", "c"),
+            ("GANGWAY_JOB_ID", "7"),
+            ("SKYPILOT_TASK_ID", "gangway-c-7"),
+            ("GANGWAY_CHECKPOINT_DIR", "/ck"),
+            ("GANGWAY_RESTART_COUNT", "0"),
+            ("GANGWAY_NODE_TOPOLOGY", "s1/l2"),
+            ("MODEL", "gpt2"),
+            ("TOKEN", "t0k"),
+        ] {
+            assert_eq!(get(&env, k), Some(v), "{k}");
+        }
+        // gangway's own value wins over a task env of the same name, once.
+        assert_eq!(env.iter().filter(|(k, _)| k == "NODE_RANK").count(), 1);
+        assert_eq!(get(&env, "SKYPILOT_SETUP_NODE_RANK"), None);
+    }
+
+    #[test]
+    fn setup_env_has_setup_names_and_a_task_master_port_is_kept() {
+        let spec = JobSpec {
+            envs: vec![("MASTER_PORT".into(), "12345".into())],
+            ..JobSpec::default()
+        };
+        let nodes = [node(0, "10.0.0.1", ""), node(1, "10.0.0.2", "")];
+        let g = GangInfo {
+            spec: &spec,
+            secrets: &[],
+            nodes: &nodes,
+            cluster: "c",
+            job_id: 1,
+            checkpoint_dir: "/ck".into(),
+        };
+        let setup = node_env(Phase::Setup, &g, 1);
+        assert_eq!(get(&setup, "SKYPILOT_SETUP_NODE_RANK"), Some("1"));
+        assert_eq!(get(&setup, "GANGWAY_SETUP_NODE_RANK"), Some("1"));
+        assert_eq!(
+            get(&setup, "SKYPILOT_SETUP_NODE_IPS"),
+            Some("10.0.0.1\n10.0.0.2")
+        );
+        assert_eq!(get(&setup, "NODE_RANK"), None);
+        assert_eq!(get(&setup, "GANGWAY_NODE_RANK"), None);
+        let run = node_env(Phase::Run, &g, 0);
+        assert_eq!(get(&run, "MASTER_PORT"), Some("12345"));
+    }
+}
