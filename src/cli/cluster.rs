@@ -726,7 +726,12 @@ pub fn start(a: &NamesArgs, out: Output) -> Result<ExitCode, Error> {
         let p = providers
             .get(&cloud)
             .ok_or_else(|| TeardownError::NoProvider(cloud.clone()))?;
-        let nodes = rt.block_on(p.start(&ClusterName(n.clone())))?;
+        let config: Option<serde_json::Value> = row
+            .provider_config
+            .as_deref()
+            .and_then(|c| serde_json::from_str::<serde_json::Value>(c).ok())
+            .and_then(|v| v.get(&cloud).cloned());
+        let nodes = rt.block_on(p.start(&ClusterName(n.clone()), config.as_ref()))?;
         let ranked = assign_ranks(nodes);
         store.set_nodes(n, ClusterStatus::Up, &node_rows(&ranked))?;
         store.event(n, None, "start", "started")?;

@@ -234,8 +234,14 @@ pub trait Provider: Send + Sync {
     /// Stop (keep disks). Safe on half-created clusters.
     async fn stop(&self, cluster: &ClusterName) -> Result<()>;
 
-    /// Start stopped nodes.
-    async fn start(&self, cluster: &ClusterName) -> Result<Vec<Node>>;
+    /// Start stopped nodes. `provider_config` is the task's
+    /// `config.<provider>` section the cluster was launched with (capacity
+    /// and similar limits apply to a restart as to a launch).
+    async fn start(
+        &self,
+        cluster: &ClusterName,
+        provider_config: Option<&serde_json::Value>,
+    ) -> Result<Vec<Node>>;
 
     /// Terminate everything tagged with the cluster. Safe on half-created
     /// clusters and when nothing exists.

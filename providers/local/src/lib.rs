@@ -53,7 +53,8 @@ use gangway_provider::{
     Provider, ProviderError, Result,
 };
 
-use config::{split_path, LocalConfig, DEFAULT_CAPACITY};
+use config::{split_path, LocalConfig};
+use serde_json::Value;
 use store::{allocate_addresses_from, first_address, now_ms, Layout, RecState, Record, Rng};
 
 /// Provider name, region and cloud of every placement.
@@ -432,7 +433,9 @@ impl LocalProvider {
         Ok(())
     }
 
-    fn start_now(&self, cluster: &ClusterName) -> Result<Vec<Node>> {
+    fn start_now(&self, cluster: &ClusterName, config: Option<&Value>) -> Result<Vec<Node>> {
+        let cfg =
+            LocalConfig::parse(config).map_err(|m| error(ErrorKind::InvalidRequest, REGION, m))?;
         let _lock = self
             .layout
             .lock()
@@ -452,7 +455,6 @@ impl LocalProvider {
             ));
         }
         recs.sort_by(|a, b| (a.launch_index, &a.id).cmp(&(b.launch_index, &b.id)));
-        // `start` carries no `config.local`: zones take the default capacity.
         let mut asked: BTreeMap<&str, u64> = BTreeMap::new();
         for r in recs.iter().filter(|r| r.state == RecState::Stopped) {
             *asked.entry(r.zone.as_str()).or_default() += 1;
@@ -462,13 +464,14 @@ impl LocalProvider {
                 .iter()
                 .filter(|r| r.zone == *zone && r.holds_capacity(now))
                 .count() as u64;
-            if in_use + asked > DEFAULT_CAPACITY {
+            let capacity = cfg.capacity(zone);
+            if in_use + asked > capacity {
                 return Err(error(
                     ErrorKind::Capacity,
                     &format!("{REGION}/{zone}"),
                     format!(
-                        "zone {zone} has capacity for {DEFAULT_CAPACITY} nodes; \
-                         {in_use} in use, {asked} asked for"
+                        "zone {zone} has capacity for {capacity} nodes \
+                         (config.local.capacity); {in_use} in use, {asked} asked for"
                     ),
                 ));
             }
@@ -596,8 +599,8 @@ impl Provider for LocalProvider {
         self.stop_now(cluster)
     }
 
-    async fn start(&self, cluster: &ClusterName) -> Result<Vec<Node>> {
-        self.start_now(cluster)
+    async fn start(&self, cluster: &ClusterName, config: Option<&Value>) -> Result<Vec<Node>> {
+        self.start_now(cluster, config)
     }
 
     async fn terminate(&self, cluster: &ClusterName) -> Result<()> {

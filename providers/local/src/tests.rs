@@ -818,7 +818,7 @@ async fn stop_then_start_keeps_nodes_and_cancels_preemption() {
     // Nothing there: stop is a no-op, start is refused.
     p.stop(&cluster("c")).await.unwrap();
     expect_err(
-        p.start(&cluster("c")).await,
+        p.start(&cluster("c"), None).await,
         ErrorKind::InvalidRequest,
         "no cluster c",
     );
@@ -839,7 +839,7 @@ async fn stop_then_start_keeps_nodes_and_cancels_preemption() {
         .all(|r| r.preempt_at_ms.is_none() && r.market_pid.is_none()));
     assert!(Path::new(&nodes[0].extra["home"]).is_dir(), "disk is kept");
 
-    let started = p.start(&cluster("c")).await.unwrap();
+    let started = p.start(&cluster("c"), None).await.unwrap();
     assert_eq!(ids(&started), ids(&nodes));
     assert_eq!(ips(&started), ips(&nodes));
     assert!(started.iter().all(|n| n.state == NodeState::Running));
@@ -926,4 +926,25 @@ fn kill_registered_spares_junk_and_removes_registrations() {
     left.sort();
     assert_eq!(left, vec!["notes"]);
     crate::kill_registered(&tmp.path().join("missing"));
+}
+
+#[tokio::test]
+async fn start_honours_the_capacity_the_cluster_was_launched_with() {
+    let (_tmp, p) = fresh();
+    let cfg = json!({"capacity": {"local-a": 2}});
+    p.launch(&req("a", "local-a", "local.cpu", 2, Some(cfg.clone())))
+        .await
+        .unwrap();
+    p.stop(&cluster("a")).await.unwrap();
+    // While `a` is stopped its capacity is free, and `b` takes one node of it.
+    p.launch(&req("b", "local-a", "local.cpu", 1, Some(cfg.clone())))
+        .await
+        .unwrap();
+    expect_err(
+        p.start(&cluster("a"), Some(&cfg)).await,
+        ErrorKind::Capacity,
+        "capacity for 2 nodes",
+    );
+    // Without the limit (the default 256) it fits.
+    assert_eq!(p.start(&cluster("a"), None).await.unwrap().len(), 2);
 }
