@@ -174,7 +174,7 @@ fn shown_status(store: &Store, c: &ClusterRow) -> String {
 /// `gangway status`.
 pub fn status(a: &StatusArgs, out: Output) -> Result<ExitCode, Error> {
     let (_, store) = open()?;
-    store.reap_dead_jobs()?;
+    crate::gang::reap(&store)?;
     let mut clusters = store.clusters()?;
     if !a.clusters.is_empty() {
         for n in &a.clusters {
@@ -368,7 +368,7 @@ fn job_rows(jobs: &[JobRow]) -> Vec<Vec<String>> {
 pub fn queue(a: &QueueArgs, out: Output) -> Result<ExitCode, Error> {
     let (_, store) = open()?;
     cluster_row(&store, &a.cluster)?;
-    store.reap_dead_jobs()?;
+    crate::gang::reap(&store)?;
     let jobs = store.jobs(&a.cluster)?;
     if out == Output::Json {
         print_json(&json!({ "cluster": a.cluster, "jobs": jobs }))?;
@@ -420,7 +420,7 @@ pub fn logs(a: &LogsArgs) -> Result<ExitCode, Error> {
         }
         cluster_row(&store, &a.cluster)?;
     }
-    store.reap_dead_jobs()?;
+    crate::gang::reap(&store)?;
     let job = pick_job(&store, &a.cluster, a.job)?;
     if a.no_follow || job.status.is_terminal() {
         let dir = store.job_log_dir(job.id);
@@ -454,7 +454,7 @@ pub fn logs(a: &LogsArgs) -> Result<ExitCode, Error> {
 pub fn cancel(a: &CancelArgs, out: Output) -> Result<ExitCode, Error> {
     let (_, store) = open()?;
     cluster_row(&store, &a.cluster)?;
-    store.reap_dead_jobs()?;
+    crate::gang::reap(&store)?;
     let live: Vec<JobRow> = store
         .jobs(&a.cluster)?
         .into_iter()
@@ -492,7 +492,7 @@ pub fn cancel(a: &CancelArgs, out: Output) -> Result<ExitCode, Error> {
     let mut ended = Vec::new();
     for j in &chosen {
         loop {
-            store.reap_dead_jobs()?;
+            crate::gang::reap(&store)?;
             let now = store.job(j.id)?;
             match now {
                 Some(n) if !n.status.is_terminal() && std::time::Instant::now() < deadline => {
@@ -800,14 +800,16 @@ pub fn autostop_watch(cluster: &str) -> Result<ExitCode, Error> {
         if row.status != ClusterStatus::Up {
             return Ok(ExitCode::Ok);
         }
-        store.reap_dead_jobs()?;
+        crate::gang::reap(&store)?;
         let jobs = store.jobs(cluster)?;
-        if jobs.iter().any(|j| !j.status.is_terminal()) {
+        let busy = jobs.iter().any(|j| !j.status.is_terminal());
+        if busy {
             idle_since = crate::state::now_ms();
         } else if let Some(end) = jobs.iter().filter_map(|j| j.ended_at).max() {
             idle_since = idle_since.max(end);
         }
-        if crate::state::now_ms() - idle_since >= i64::from(idle_min) * 60_000 {
+        // A cluster with a live job is never idle, whatever the minutes say.
+        if !busy && crate::state::now_ms() - idle_since >= i64::from(idle_min) * 60_000 {
             let providers = Providers::new(&home);
             let rt = runtime()?;
             let Ok(_l) = store.lock_cluster(cluster, "autostopping") else {

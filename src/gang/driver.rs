@@ -76,6 +76,18 @@ impl Logs {
         })
     }
 
+    /// Records a rank's process group, so that whoever finds this driver
+    /// dead can stop what it started.
+    fn record_pid(&self, rank: usize, pgid: u32) {
+        if let Ok(mut f) = File::options()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("pids"))
+        {
+            let _ = writeln!(f, "{rank} {pgid}");
+        }
+    }
+
     /// A line from gangway itself.
     fn say(&self, line: &str) {
         if let Ok(mut f) = self.combined.lock() {
@@ -260,7 +272,7 @@ async fn run_job(
 ) -> Result<(JobStatus, Option<String>), DriveError> {
     // Jobs on one cluster run one at a time, in submission order.
     loop {
-        store.reap_dead_jobs()?;
+        crate::gang::reap(store)?;
         let earlier = store
             .jobs(cluster)?
             .into_iter()
@@ -301,31 +313,26 @@ async fn run_job(
             Some(format!("no transport for {cloud} nodes yet")),
         ));
     };
-    let checkpoint = transport.node_path(
-        &nodes[0],
-        spec.checkpoint_dir
-            .as_deref()
-            .unwrap_or(super::DEFAULT_CHECKPOINT_DIR),
-    );
+    let ck = spec
+        .checkpoint_dir
+        .as_deref()
+        .unwrap_or(super::DEFAULT_CHECKPOINT_DIR);
+    let checkpoint_dirs: Vec<String> = nodes.iter().map(|n| transport.node_path(n, ck)).collect();
     let info = GangInfo {
         spec,
         secrets,
         nodes: &nodes,
         cluster,
         job_id,
-        checkpoint_dir: checkpoint,
+        checkpoint_dirs,
     };
 
     store.set_job_status(job_id, JobStatus::SettingUp, None)?;
     // Files first, on every node.
-    for n in &nodes {
-        let ck = transport.node_path(
-            n,
-            spec.checkpoint_dir
-                .as_deref()
-                .unwrap_or(super::DEFAULT_CHECKPOINT_DIR),
-        );
-        let _ = std::fs::create_dir_all(&ck);
+    for (rank, n) in nodes.iter().enumerate() {
+        if let Err(e) = transport.make_dir(n, &info.checkpoint_dirs[rank]) {
+            return Ok((JobStatus::FailedSetup, Some(e.to_string())));
+        }
         let mut uploads: Vec<(&Path, &str)> = Vec::new();
         if let Some(w) = &spec.workdir {
             uploads.push((w.as_path(), super::WORKDIR_ON_NODE));
@@ -447,6 +454,9 @@ async fn phase(
         match spawned {
             Ok((reader, mut child)) => {
                 pgids[rank] = child.id();
+                if let Some(pgid) = child.id() {
+                    logs.record_pid(rank, pgid);
+                }
                 pumps.push((rank, logs.pump(reader, rank, &node.private_ip, which)));
                 set.spawn(async move { (rank, child.wait().await) });
             }

@@ -79,8 +79,8 @@ pub struct GangInfo<'a> {
     pub cluster: &'a str,
     /// Job id.
     pub job_id: i64,
-    /// Checkpoint directory as the node sees it.
-    pub checkpoint_dir: String,
+    /// Checkpoint directory as each node (by rank) sees it.
+    pub checkpoint_dirs: Vec<String>,
 }
 
 /// The environment of one node's setup or run: the task's values and
@@ -94,7 +94,7 @@ pub fn node_env(phase: Phase, g: &GangInfo<'_>, rank: usize) -> Vec<(String, Str
         job_id,
         ..
     } = *g;
-    let checkpoint_dir = g.checkpoint_dir.as_str();
+    let checkpoint_dir = g.checkpoint_dirs.get(rank).map_or("", String::as_str);
     let ips: Vec<&str> = nodes.iter().map(|n| n.private_ip.as_str()).collect();
     let ips = ips.join("\n");
     let head = nodes
@@ -153,6 +153,36 @@ pub fn node_env(phase: Phase, g: &GangInfo<'_>, rank: usize) -> Vec<(String, Str
     env
 }
 
+/// Marks jobs whose driver died as `FAILED_DRIVER` and kills the ranks
+/// they left running (recorded by the driver in the job's `pids` file), so
+/// a dead driver never leaves a gang behind.
+pub fn reap(store: &crate::state::Store) -> Result<usize, crate::state::StateError> {
+    let reaped = store.reap_dead_jobs()?;
+    for job in &reaped {
+        let Some(cluster) = store.cluster(&job.cluster)? else {
+            continue;
+        };
+        let Some(transport) = cluster.cloud.as_deref().and_then(transport_for) else {
+            continue;
+        };
+        let nodes = store.nodes(&job.cluster)?;
+        let pids =
+            std::fs::read_to_string(store.job_log_dir(job.id).join("pids")).unwrap_or_default();
+        for line in pids.lines() {
+            let mut it = line
+                .split_whitespace()
+                .filter_map(|w| w.parse::<u32>().ok());
+            let (Some(rank), Some(pgid)) = (it.next(), it.next()) else {
+                continue;
+            };
+            if let Some(node) = nodes.iter().find(|n| n.rank == rank) {
+                transport.signal_job(node, pgid, job.id, libc::SIGKILL);
+            }
+        }
+    }
+    Ok(reaped.len())
+}
+
 /// The transport for a node of `cloud`.
 pub fn transport_for(cloud: &str) -> Option<Box<dyn Transport>> {
     match cloud {
@@ -205,7 +235,7 @@ mod tests {
             nodes: &nodes,
             cluster: "c",
             job_id: 7,
-            checkpoint_dir: "/ck".into(),
+            checkpoint_dirs: vec!["/ck".into(); 3],
         };
         let env = node_env(Phase::Run, &g, 2);
         for (k, v) in [
@@ -251,7 +281,7 @@ mod tests {
             nodes: &nodes,
             cluster: "c",
             job_id: 1,
-            checkpoint_dir: "/ck".into(),
+            checkpoint_dirs: vec!["/ck".into(); 3],
         };
         let setup = node_env(Phase::Setup, &g, 1);
         assert_eq!(get(&setup, "SKYPILOT_SETUP_NODE_RANK"), Some("1"));

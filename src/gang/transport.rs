@@ -48,6 +48,10 @@ pub trait Transport: Send + Sync {
     /// Sends `signal` to the process group started by `spawn`.
     fn signal(&self, node: &NodeRow, pgid: u32, signal: i32);
 
+    /// Sends `signal` to a process group another driver started for job
+    /// `job`, only if it still belongs to that job (pids are reused).
+    fn signal_job(&self, node: &NodeRow, pgid: u32, job: i64, signal: i32);
+
     /// Forgets a process group that has exited.
     fn reaped(&self, node: &NodeRow, pgid: u32);
 
@@ -58,6 +62,10 @@ pub trait Transport: Send + Sync {
     /// Where a node path (`~/x`, `/x`, `x`) really is, as the node's
     /// commands see it.
     fn node_path(&self, node: &NodeRow, path: &str) -> String;
+
+    /// Creates a directory (and its parents) on the node; `path` is one
+    /// [`Transport::node_path`] returned.
+    fn make_dir(&self, node: &NodeRow, path: &str) -> Result<(), TransportError>;
 }
 
 /// Commands as local processes in the node's directory.
@@ -148,6 +156,17 @@ impl Transport for LocalTransport {
         }
     }
 
+    fn signal_job(&self, node: &NodeRow, pgid: u32, job: i64, signal: i32) {
+        // The group leader carries the job's environment.
+        let Ok(env) = std::fs::read(format!("/proc/{pgid}/environ")) else {
+            return;
+        };
+        let want = format!("GANGWAY_JOB_ID={job}");
+        if env.split(|b| *b == 0).any(|kv| kv == want.as_bytes()) {
+            self.signal(node, pgid, signal);
+        }
+    }
+
     fn reaped(&self, node: &NodeRow, pgid: u32) {
         let procs = Path::new(extra(node, "procs"));
         if !procs.as_os_str().is_empty() {
@@ -160,6 +179,14 @@ impl Transport for LocalTransport {
         copy_tree(local, &dest).map_err(|source| TransportError {
             node: node_name(node),
             what: format!("cannot copy {} to {}", local.display(), dest.display()),
+            source,
+        })
+    }
+
+    fn make_dir(&self, node: &NodeRow, path: &str) -> Result<(), TransportError> {
+        std::fs::create_dir_all(path).map_err(|source| TransportError {
+            node: node_name(node),
+            what: format!("cannot create {path}"),
             source,
         })
     }

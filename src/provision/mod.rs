@@ -427,6 +427,7 @@ pub async fn teardown(
 /// Asks the drivers of a cluster's live jobs to stop (they record how the
 /// job ended); jobs without a live driver are marked now.
 pub fn stop_drivers(store: &Store, name: &str) -> Result<(), StateError> {
+    let mut signalled = Vec::new();
     for j in store.jobs(name)? {
         if j.status.is_terminal() {
             continue;
@@ -437,6 +438,7 @@ pub fn stop_drivers(store: &Store, name: &str) -> Result<(), StateError> {
                 unsafe {
                     libc::kill(pid as i32, libc::SIGTERM);
                 }
+                signalled.push(j.id);
             }
         } else {
             store.set_job_status(
@@ -444,6 +446,17 @@ pub fn stop_drivers(store: &Store, name: &str) -> Result<(), StateError> {
                 JobStatus::Cancelled,
                 Some("the cluster was taken down"),
             )?;
+        }
+    }
+    // Let the drivers stop their ranks gracefully and record the ending
+    // before the nodes go away under them.
+    let deadline = std::time::Instant::now() + crate::gang::GRACE + Duration::from_secs(5);
+    for id in signalled {
+        while std::time::Instant::now() < deadline {
+            match store.job(id)? {
+                Some(j) if !j.status.is_terminal() => std::thread::sleep(Duration::from_millis(25)),
+                _ => break,
+            }
         }
     }
     Ok(())

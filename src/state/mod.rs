@@ -392,7 +392,27 @@ pub fn now_ms() -> i64 {
 
 impl Store {
     /// Opens (creating if needed) `home/state.db` and brings its schema up to date.
+    ///
+    /// Several processes may create the database at once; SQLite answers
+    /// some of the first steps (switching to WAL) with "busy" without
+    /// waiting, so the whole opening is retried for up to [`BUSY_TIMEOUT`].
     pub fn open(home: &Path) -> Result<Store, StateError> {
+        let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
+        let mut pause = Duration::from_millis(5);
+        loop {
+            match Self::open_once(home) {
+                Err(StateError::Db { source, .. })
+                    if is_busy(&source) && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(100));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn open_once(home: &Path) -> Result<Store, StateError> {
         std::fs::create_dir_all(home).map_err(|source| StateError::Io {
             path: home.to_path_buf(),
             source,
@@ -404,8 +424,14 @@ impl Store {
         };
         let conn = Connection::open(&path).map_err(db)?;
         conn.busy_timeout(BUSY_TIMEOUT).map_err(db)?;
-        conn.pragma_update(None, "journal_mode", "WAL")
+        // WAL is a property of the file: set it only once.
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
             .map_err(db)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            conn.pragma_update(None, "journal_mode", "WAL")
+                .map_err(db)?;
+        }
         conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(db)?;
         conn.pragma_update(None, "foreign_keys", "ON").map_err(db)?;
@@ -879,9 +905,10 @@ impl Store {
     }
 
     /// Marks jobs whose driver died without recording an end as
-    /// `FAILED_DRIVER`; returns how many. Cheap: one lock probe per live job.
-    pub fn reap_dead_jobs(&self) -> Result<usize, StateError> {
-        let mut n = 0;
+    /// `FAILED_DRIVER` and returns them (their ranks may still run: see
+    /// `gang::reap`). Cheap: one lock probe per live job.
+    pub fn reap_dead_jobs(&self) -> Result<Vec<JobRow>, StateError> {
+        let mut reaped = Vec::new();
         for j in self.active_jobs()? {
             // A job not yet handed to a driver is only dead once its
             // submitter is gone too; give it the submit grace period.
@@ -894,11 +921,18 @@ impl Store {
                     JobStatus::FailedDriver,
                     Some("the process driving this job exited without recording how it ended"),
                 )?;
-                n += 1;
+                reaped.push(j);
             }
         }
-        Ok(n)
+        Ok(reaped)
     }
+}
+
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
 }
 
 const CLUSTER_COLS: &str = "name, status, cloud, region, zone, instance_type, use_spot,

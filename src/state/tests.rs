@@ -147,7 +147,8 @@ fn a_job_whose_driver_lock_is_gone_is_reaped() {
     let _held = OwnerLock::try_acquire(&s.job_lock_path(live))
         .unwrap()
         .unwrap();
-    assert_eq!(s.reap_dead_jobs().unwrap(), 1);
+    let reaped = s.reap_dead_jobs().unwrap();
+    assert_eq!(reaped.iter().map(|j| j.id).collect::<Vec<_>>(), [dead]);
     assert_eq!(s.job(live).unwrap().unwrap().status, JobStatus::Running);
     assert_eq!(
         s.job(dead).unwrap().unwrap().status,
@@ -167,4 +168,26 @@ fn events_come_back_in_order() {
         ["first", "second"]
     );
     assert_eq!(e[1].job, Some(3));
+}
+
+#[test]
+fn many_openers_of_a_new_database_all_succeed() {
+    // Creating the file and switching it to WAL race; none may fail.
+    for _ in 0..5 {
+        let dir = tempfile::tempdir().unwrap();
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(8));
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let home = dir.path().to_path_buf();
+                let b = std::sync::Arc::clone(&barrier);
+                std::thread::spawn(move || {
+                    b.wait();
+                    Store::open(&home).map(|s| s.clusters().unwrap().len())
+                })
+            })
+            .collect();
+        for h in handles {
+            assert_eq!(h.join().unwrap().unwrap(), 0);
+        }
+    }
 }

@@ -161,11 +161,6 @@ impl Running {
         }
     }
 
-    /// The process id.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
     /// Stdout so far.
     pub fn stdout_now(&self) -> String {
         String::from_utf8_lossy(&self.stdout.lock().expect("output buffer")).into_owned()
@@ -438,13 +433,21 @@ impl TestHome {
 
     /// `queue CLUSTER -o json`: the jobs, oldest first.
     pub fn jobs(&self, cluster: &str) -> Vec<Value> {
+        self.jobs_opt(cluster)
+            .unwrap_or_else(|e| panic!("queue {cluster} -o json failed: {e}"))
+    }
+
+    /// `queue CLUSTER -o json`, or its error (e.g. no such cluster).
+    pub fn jobs_opt(&self, cluster: &str) -> Result<Vec<Value>, String> {
         let o = self.run(["queue", cluster, "-o", "json"]);
         let (code, out, err) = parts(&o);
-        assert_eq!(code, 0, "queue {cluster} -o json failed: {err}");
-        json_doc(&out)["jobs"]
+        if code != 0 {
+            return Err(format!("exit {code}: {err}"));
+        }
+        Ok(json_doc(&out)["jobs"]
             .as_array()
             .cloned()
-            .unwrap_or_else(|| panic!("queue JSON has no jobs list: {out}"))
+            .unwrap_or_else(|| panic!("queue JSON has no jobs list: {out}")))
     }
 
     /// The latest job of `cluster`.
@@ -461,7 +464,8 @@ impl TestHome {
             &format!("the latest job on {cluster} to be {status}"),
             DEADLINE,
             || {
-                let jobs = self.jobs(cluster);
+                // The cluster may not exist yet (a launch is provisioning it).
+                let jobs = self.jobs_opt(cluster)?;
                 match jobs.last() {
                     Some(j) if j["status"] == status => Ok(j.clone()),
                     Some(j) => Err(j.to_string()),

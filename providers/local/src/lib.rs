@@ -585,7 +585,7 @@ impl Provider for LocalProvider {
         // (outside the lock), so interrupted launches can be exercised.
         if let Ok(cfg) = LocalConfig::parse(req.provider_config.as_ref()) {
             if cfg.boot_s > 0.0 {
-                std::thread::sleep(std::time::Duration::from_secs_f64(cfg.boot_s));
+                sleep(std::time::Duration::from_secs_f64(cfg.boot_s)).await;
             }
         }
         Ok(nodes)
@@ -606,6 +606,48 @@ impl Provider for LocalProvider {
     async fn terminate(&self, cluster: &ClusterName) -> Result<()> {
         self.terminate_now(cluster)
     }
+}
+
+/// Waits without blocking the caller's executor (this crate has no runtime
+/// of its own): a thread sleeps and wakes the task, so a caller can cancel
+/// a launch that is still "booting".
+async fn sleep(d: std::time::Duration) {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::{Arc, Mutex};
+    use std::task::{Context, Poll, Waker};
+
+    struct Shared {
+        done: bool,
+        waker: Option<Waker>,
+    }
+    struct Sleep(Arc<Mutex<Shared>>);
+    impl Future for Sleep {
+        type Output = ();
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+            let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            if s.done {
+                Poll::Ready(())
+            } else {
+                s.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+    let shared = Arc::new(Mutex::new(Shared {
+        done: false,
+        waker: None,
+    }));
+    let theirs = Arc::clone(&shared);
+    std::thread::spawn(move || {
+        std::thread::sleep(d);
+        let mut s = theirs.lock().unwrap_or_else(|e| e.into_inner());
+        s.done = true;
+        if let Some(w) = s.waker.take() {
+            w.wake();
+        }
+    });
+    Sleep(shared).await
 }
 
 /// Kills (SIGKILL to the whole process group) every process group
