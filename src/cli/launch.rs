@@ -487,7 +487,7 @@ pub fn follow(store: &Store, id: i64, print: bool, rank: Option<u32>) -> Result<
                 return Ok(job.status);
             }
         } else if !driver_alive && job.driver_pid.is_some() {
-            crate::gang::reap(&store)?;
+            crate::gang::reap(store)?;
         }
         std::thread::sleep(Duration::from_millis(25));
     }
