@@ -474,3 +474,117 @@ fn autostop_waits_for_the_running_job() {
     assert!(home.instance_records().is_empty());
     assert_no_marker_procs(&home.marker, "autostop --down");
 }
+
+#[test]
+fn a_second_ctrl_c_kills_ranks_that_ignore_sigterm() {
+    let home = TestHome::new();
+    // The ranks ignore SIGTERM (inherited by `sleep`): only SIGKILL stops them.
+    let (t, _) = task(&home, 2, "run: |\n  trap '' TERM\n  sleep 300\n");
+    let mut launcher = home.spawn(["launch", &t, "-c", "twice"]);
+    wait_for("the ranks to run", DEADLINE, || {
+        let so_far = launcher.stdout_now();
+        if so_far.contains("all 2 rank(s) running") {
+            Ok(())
+        } else if launcher.exited() {
+            Err(format!(
+                "the launcher exited early: {so_far}{}",
+                launcher.stderr_now()
+            ))
+        } else {
+            Err(so_far)
+        }
+    });
+    launcher.signal(libc::SIGINT);
+    wait_for("the graceful stop to begin", DEADLINE, || {
+        let so_far = launcher.stdout_now();
+        if so_far.contains("stopping every rank") {
+            Ok(())
+        } else {
+            Err(so_far)
+        }
+    });
+    // SIGTERM changed nothing: the ranks are still there.
+    assert!(!crate::common::procs_with_marker(&home.marker).is_empty());
+    launcher.signal(libc::SIGINT);
+    let (code, out, err) = parts(&launcher.wait());
+    assert_eq!(code, 5, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("killing every rank"), "{out}");
+    assert!(err.contains("killing the job"), "{err}");
+    assert_eq!(home.last_job("twice")["status"], "CANCELLED");
+    assert_no_marker_procs(&home.marker, "the second Ctrl-C");
+}
+
+#[test]
+fn jobs_on_one_cluster_run_one_at_a_time_in_order() {
+    let home = TestHome::new();
+    let (t, flag) = task(&home, 2, &wait_for_flag_then("first"));
+    launch_detached(&home, &t, "fifo");
+    home.wait_job_status("fifo", "RUNNING");
+    let (code, out, err) = parts(&home.run(["exec", "fifo", "-d", "echo", "second-$NODE_RANK"]));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    // The second job waits while the first runs.
+    let jobs = home.jobs("fifo");
+    assert_eq!(jobs.len(), 2, "{jobs:?}");
+    assert_eq!(jobs[0]["status"], "RUNNING", "{jobs:?}");
+    assert_eq!(jobs[1]["status"], "PENDING", "{jobs:?}");
+    std::fs::write(&flag, "").unwrap();
+    wait_for("both jobs to succeed", DEADLINE, || {
+        let jobs = home.jobs("fifo");
+        if jobs.iter().all(|j| j["status"] == "SUCCEEDED") {
+            Ok(jobs)
+        } else {
+            Err(format!("{jobs:?}"))
+        }
+    });
+    let jobs = home.jobs("fifo");
+    let first_end = jobs[0]["ended_at"].as_i64().unwrap();
+    let second_start = jobs[1]["started_at"].as_i64().unwrap();
+    assert!(second_start >= first_end, "{jobs:?}");
+    let out = run_ok(
+        &home,
+        &["logs", "fifo", &jobs[1]["id"].to_string(), "--no-follow"],
+    );
+    assert!(
+        out.contains("second-0") && out.contains("second-1"),
+        "{out}"
+    );
+}
+
+#[test]
+fn file_mounts_of_local_paths_reach_every_node() {
+    let home = TestHome::new();
+    let src_dir = home.path().join("data");
+    std::fs::create_dir_all(src_dir.join("sub")).unwrap();
+    std::fs::write(src_dir.join("sub/a.txt"), "alpha\n").unwrap();
+    let src_file = home.path().join("one.txt");
+    std::fs::write(&src_file, "just one\n").unwrap();
+    let body = format!(
+        "file_mounts:\n  ~/mounted: {}\n  /opt/one.txt: {}\n\
+         run: |\n  cat ~/mounted/sub/a.txt\n  cat \"$(dirname \"$HOME\")/root/opt/one.txt\"\n",
+        src_dir.display(),
+        src_file.display()
+    );
+    let (t, _) = task(&home, 2, &body);
+    let (code, out, err) = parts(&home.run(["launch", &t, "-c", "mounts"]));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    for rank in 0..2 {
+        let lines: Vec<&str> = out
+            .lines()
+            .filter(|l| l.starts_with(&format!("(rank {rank}, ")))
+            .collect();
+        assert!(lines.iter().any(|l| l.ends_with(" alpha")), "{out}");
+        assert!(lines.iter().any(|l| l.ends_with(" just one")), "{out}");
+    }
+    // A missing source is bad input, named, before anything is created.
+    let bad = home.file(
+        "bad.yaml",
+        "resources:\n  infra: local\nfile_mounts:\n  ~/x: /no/such/path\nrun: echo hi\n",
+    );
+    let (code, _, err) = parts(&home.run(["launch", &bad, "-c", "badmount"]));
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("file_mounts.~/x") && err.contains("/no/such/path"),
+        "{err}"
+    );
+    assert!(home.cluster_opt("badmount").is_none());
+}
