@@ -3,7 +3,6 @@
 
 use std::io::{IsTerminal, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::json;
@@ -136,6 +135,7 @@ pub fn job_spec(
         gpus_per_node: 0,
         checkpoint_dir: task.checkpoint.as_ref().and_then(|c| c.path.clone()),
         down_after,
+        ..JobSpec::default()
     })
 }
 
@@ -336,29 +336,7 @@ pub fn submit(
     out: Output,
     progress: &Progress,
 ) -> Result<ExitCode, Error> {
-    let text = serde_json::to_string(&spec).map_err(|e| Error::Io(e.into()))?;
-    let id = store.add_job(cluster, spec.name.as_deref(), &text)?;
-    let log_dir = store.job_log_dir(id);
-    std::fs::create_dir_all(&log_dir)?;
-    let driver_log = std::fs::File::create(log_dir.join("driver.log"))?;
-    let exe = std::env::current_exe()?;
-    let mut cmd = std::process::Command::new(exe);
-    cmd.arg("__drive")
-        .arg(id.to_string())
-        .env("GANGWAY_HOME", home)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(driver_log);
-    // Its own process group: Ctrl-C in this terminal reaches only us, and
-    // we decide what the driver is told.
-    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-    // The driver records its own pid once it holds the job's lock.
-    let mut child = cmd.spawn()?;
-    {
-        let mut stdin = child.stdin.take().expect("piped");
-        let payload = serde_json::to_string(secrets).map_err(|e| Error::Io(e.into()))?;
-        stdin.write_all(payload.as_bytes())?;
-    }
+    let id = crate::gang::submit(store, home, cluster, &spec, secrets)?;
     store.event(cluster, Some(id), "job", &format!("job {id} submitted"))?;
     if detach {
         if out == Output::Json {

@@ -6,9 +6,11 @@ mod catalog_cmd;
 mod cluster;
 mod gpus;
 mod interrupts;
+mod jobs;
 mod launch;
 mod plan;
 mod progress;
+mod sim;
 mod table;
 
 use std::io::Write;
@@ -76,7 +78,11 @@ pub enum Command {
     /// Stop or tear down a cluster after it is idle.
     Autostop(cluster::AutostopArgs),
     /// Managed jobs that survive preemption.
-    Jobs(StubArgs),
+    Jobs {
+        /// What to do.
+        #[command(subcommand)]
+        action: jobs::JobsCommand,
+    },
     /// Check credentials and which clouds can be used.
     Check(StubArgs),
     /// GPU types, counts and cheapest prices by cloud.
@@ -84,6 +90,8 @@ pub enum Command {
     ShowGpus(gpus::ShowGpusArgs),
     /// Print the ranked failover plan for a task without launching.
     Optimize(OptimizeArgs),
+    /// Replay spot-availability traces: what spot/on-demand policies cost against a deadline.
+    Sim(sim::SimArgs),
     /// Inspect or refresh the price catalog.
     Catalog {
         /// What to do.
@@ -101,6 +109,9 @@ pub enum Command {
         /// Job id.
         job: i64,
     },
+    /// Internal: the managed-job controller (started on demand).
+    #[command(name = "__jobs-controller", hide = true)]
+    JobsController,
     /// Internal: wait for a cluster to be idle, then stop it.
     #[command(name = "__autostop", hide = true)]
     AutostopWatch {
@@ -161,6 +172,7 @@ pub fn run(cli: Cli) -> Result<ExitCode, Error> {
         Command::Optimize(a) => plan::optimize(&a, cli.catalog.as_deref(), out, a.limit),
         Command::Launch(a) => launch::launch(&a, cli.catalog.as_deref(), out),
         Command::ShowGpus(a) => gpus::show_gpus(&a, cli.catalog.as_deref(), out),
+        Command::Sim(a) => sim::sim(&a, out),
         Command::Catalog { action } => catalog_cmd::run(action, cli.catalog.as_deref(), out),
         Command::Completions { shell } => {
             let mut cmd = Cli::command();
@@ -180,7 +192,8 @@ pub fn run(cli: Cli) -> Result<ExitCode, Error> {
         Command::Autostop(a) => cluster::autostop(&a, out),
         Command::Drive { job } => launch::drive(job),
         Command::AutostopWatch { cluster } => cluster::autostop_watch(&cluster),
-        Command::Jobs(_) => stub("jobs (arrives with managed jobs)"),
+        Command::Jobs { action } => jobs::run(action, out),
+        Command::JobsController => jobs::controller_main(),
         Command::Check(_) => stub("check (arrives with the cloud providers)"),
     }
 }

@@ -333,6 +333,15 @@ async fn run_job(
         if let Err(e) = transport.make_dir(n, &info.checkpoint_dirs[rank]) {
             return Ok((JobStatus::FailedSetup, Some(e.to_string())));
         }
+        if let Some(kept) = spec.restore_from.as_deref().filter(|p| p.is_dir()) {
+            // `upload` takes the node's own spelling of the path.
+            if let Err(e) = transport.upload(n, kept, ck) {
+                return Ok((
+                    JobStatus::FailedSetup,
+                    Some(format!("restoring the checkpoint: {e}")),
+                ));
+            }
+        }
         let mut uploads: Vec<(&Path, &str)> = Vec::new();
         if let Some(w) = &spec.workdir {
             uploads.push((w.as_path(), super::WORKDIR_ON_NODE));

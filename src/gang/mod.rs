@@ -54,6 +54,17 @@ pub struct JobSpec {
     pub checkpoint_dir: Option<String>,
     /// Tear the cluster down once the job ends.
     pub down_after: bool,
+    /// `GANGWAY_JOB_ID` to give (a managed job keeps its id across runs);
+    /// default: the cluster job's id.
+    #[serde(default)]
+    pub job_id: Option<String>,
+    /// `GANGWAY_RESTART_COUNT`.
+    #[serde(default)]
+    pub restart_count: u32,
+    /// A kept checkpoint to copy into every node's checkpoint directory
+    /// before setup.
+    #[serde(default)]
+    pub restore_from: Option<PathBuf>,
 }
 
 /// Which phase a command belongs to.
@@ -103,7 +114,10 @@ pub fn node_env(phase: Phase, g: &GangInfo<'_>, rank: usize) -> Vec<(String, Str
         .unwrap_or_default();
     let n = nodes.len().to_string();
     let gpus = spec.gpus_per_node.to_string();
-    let task_id = format!("gangway-{cluster}-{job_id}");
+    let task_id = match &spec.job_id {
+        Some(id) => format!("gangway-job-{id}"),
+        None => format!("gangway-{cluster}-{job_id}"),
+    };
     let topology = nodes[rank].topology.clone();
     let mut env: Vec<(String, String)> = spec.envs.clone();
     env.extend(secrets.iter().cloned());
@@ -114,13 +128,17 @@ pub fn node_env(phase: Phase, g: &GangInfo<'_>, rank: usize) -> Vec<(String, Str
     set(&mut env, "GANGWAY_NUM_NODES", n.clone());
     set(&mut env, "GANGWAY_NUM_GPUS_PER_NODE", gpus.clone());
     set(&mut env, "GANGWAY_CLUSTER", cluster.to_string());
-    set(&mut env, "GANGWAY_JOB_ID", job_id.to_string());
+    let job_id = spec.job_id.clone().unwrap_or_else(|| job_id.to_string());
+    set(&mut env, "GANGWAY_JOB_ID", job_id.clone());
     set(&mut env, "GANGWAY_NODE_TOPOLOGY", topology);
     set(
         &mut env,
         "GANGWAY_CHECKPOINT_DIR",
         checkpoint_dir.to_string(),
     );
+    // The cluster job this process belongs to: how a process is matched to
+    // its run before anyone signals it (pids are reused).
+    set(&mut env, "GANGWAY_RUN", g.job_id.to_string());
     set(&mut env, "SKYPILOT_NUM_NODES", n.clone());
     set(&mut env, "SKYPILOT_NUM_GPUS_PER_NODE", gpus);
     set(&mut env, "SKYPILOT_TASK_ID", task_id);
@@ -141,7 +159,11 @@ pub fn node_env(phase: Phase, g: &GangInfo<'_>, rank: usize) -> Vec<(String, Str
             set(&mut env, "GANGWAY_NODE_RANK", rank.to_string());
             set(&mut env, "GANGWAY_NODE_IPS", ips.clone());
             set(&mut env, "GANGWAY_HEAD_IP", head.clone());
-            set(&mut env, "GANGWAY_RESTART_COUNT", "0".into());
+            set(
+                &mut env,
+                "GANGWAY_RESTART_COUNT",
+                spec.restart_count.to_string(),
+            );
             set(&mut env, "MASTER_ADDR", head);
             set(&mut env, "MASTER_PORT", port);
             set(&mut env, "NODE_RANK", rank.to_string());
@@ -151,6 +173,49 @@ pub fn node_env(phase: Phase, g: &GangInfo<'_>, rank: usize) -> Vec<(String, Str
         }
     }
     env
+}
+
+/// Stores a job on `cluster` and starts its driver (`gangway __drive`,
+/// detached in its own process group); secrets go to it over a pipe and
+/// are never stored. Returns the job id.
+pub fn submit(
+    store: &crate::state::Store,
+    home: &std::path::Path,
+    cluster: &str,
+    spec: &JobSpec,
+    secrets: &[(String, String)],
+) -> Result<i64, std::io::Error> {
+    use std::io::Write;
+    use std::process::Stdio;
+    let text = serde_json::to_string(spec)?;
+    let id = store
+        .add_job(cluster, spec.name.as_deref(), &text)
+        .map_err(std::io::Error::other)?;
+    let log_dir = store.job_log_dir(id);
+    std::fs::create_dir_all(&log_dir)?;
+    let driver_log = std::fs::File::create(log_dir.join("driver.log"))?;
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.arg("__drive")
+        .arg(id.to_string())
+        .env("GANGWAY_HOME", home)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(driver_log);
+    // Its own process group: Ctrl-C in the launching terminal reaches only
+    // the launcher, which decides what the driver is told.
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    // The driver records its own pid once it holds the job's lock.
+    let mut child = cmd.spawn()?;
+    {
+        let mut stdin = child.stdin.take().expect("piped");
+        stdin.write_all(serde_json::to_string(secrets)?.as_bytes())?;
+    }
+    // Reap it when it exits, so a long-lived caller (the managed-job
+    // controller) collects no zombies.
+    std::thread::spawn(move || {
+        let _ = child.wait();
+    });
+    Ok(id)
 }
 
 /// Marks jobs whose driver died as `FAILED_DRIVER` and kills the ranks

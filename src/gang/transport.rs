@@ -48,8 +48,9 @@ pub trait Transport: Send + Sync {
     /// Sends `signal` to the process group started by `spawn`.
     fn signal(&self, node: &NodeRow, pgid: u32, signal: i32);
 
-    /// Sends `signal` to a process group another driver started for job
-    /// `job`, only if it still belongs to that job (pids are reused).
+    /// Sends `signal` to a process group a driver started for cluster job
+    /// `job`, only if it still belongs to that job (pids are reused): its
+    /// leader's environment has `GANGWAY_RUN=<job>`.
     fn signal_job(&self, node: &NodeRow, pgid: u32, job: i64, signal: i32);
 
     /// Forgets a process group that has exited.
@@ -66,6 +67,20 @@ pub trait Transport: Send + Sync {
     /// Creates a directory (and its parents) on the node; `path` is one
     /// [`Transport::node_path`] returned.
     fn make_dir(&self, node: &NodeRow, path: &str) -> Result<(), TransportError>;
+
+    /// Copies `path` on the node (a [`Transport::node_path`]) into the
+    /// local directory `dest`, merging with what is there: a file already
+    /// in `dest` with a newer modification time is kept (several nodes'
+    /// checkpoint directories merge into one, and a stale restored copy on
+    /// one node must not win over the file another node just wrote).
+    fn download(&self, node: &NodeRow, path: &str, dest: &Path) -> Result<(), TransportError>;
+
+    /// Writes a small file on the node.
+    fn write_file(&self, node: &NodeRow, path: &str, data: &[u8]) -> Result<(), TransportError>;
+
+    /// The provider's advance notice of a preemption, if the node has one
+    /// (GCP's `preempted`, AWS's `spot/instance-action`), in its words.
+    fn preemption_notice(&self, node: &NodeRow) -> Option<String>;
 }
 
 /// Commands as local processes in the node's directory.
@@ -161,7 +176,7 @@ impl Transport for LocalTransport {
         let Ok(env) = std::fs::read(format!("/proc/{pgid}/environ")) else {
             return;
         };
-        let want = format!("GANGWAY_JOB_ID={job}");
+        let want = format!("GANGWAY_RUN={job}");
         if env.split(|b| *b == 0).any(|kv| kv == want.as_bytes()) {
             self.signal(node, pgid, signal);
         }
@@ -189,6 +204,34 @@ impl Transport for LocalTransport {
             what: format!("cannot create {path}"),
             source,
         })
+    }
+
+    fn download(&self, node: &NodeRow, path: &str, dest: &Path) -> Result<(), TransportError> {
+        merge_newest(Path::new(path), dest).map_err(|source| TransportError {
+            node: node_name(node),
+            what: format!("cannot copy {path} to {}", dest.display()),
+            source,
+        })
+    }
+
+    fn write_file(&self, node: &NodeRow, path: &str, data: &[u8]) -> Result<(), TransportError> {
+        let tmp = format!("{path}.tmp");
+        std::fs::write(&tmp, data)
+            .and_then(|()| std::fs::rename(&tmp, path))
+            .map_err(|source| TransportError {
+                node: node_name(node),
+                what: format!("cannot write {path}"),
+                source,
+            })
+    }
+
+    fn preemption_notice(&self, node: &NodeRow) -> Option<String> {
+        let dir = Path::new(node.extra.get("env.GANGWAY_METADATA_DIR")?);
+        if let Ok(action) = std::fs::read_to_string(dir.join("spot-instance-action")) {
+            return Some(format!("spot/instance-action: {}", action.trim()));
+        }
+        let preempted = std::fs::read_to_string(dir.join("preempted")).ok()?;
+        (preempted.trim() == "TRUE").then(|| "instance/preempted: TRUE".to_string())
     }
 
     fn node_path(&self, node: &NodeRow, path: &str) -> String {
@@ -238,4 +281,24 @@ pub fn copy_tree(src: &Path, dest: &Path) -> std::io::Result<()> {
         f.set_modified(m)?;
     }
     Ok(())
+}
+
+/// Like [`copy_tree`], but a file already at the destination wins when it
+/// is at least as new as the source.
+pub fn merge_newest(src: &Path, dest: &Path) -> std::io::Result<()> {
+    let meta = std::fs::symlink_metadata(src)?;
+    if meta.is_dir() {
+        std::fs::create_dir_all(dest)?;
+        for entry in std::fs::read_dir(src)? {
+            let entry = entry?;
+            merge_newest(&entry.path(), &dest.join(entry.file_name()))?;
+        }
+        return Ok(());
+    }
+    if let (Ok(d), Ok(m)) = (std::fs::metadata(dest), meta.modified()) {
+        if d.modified().is_ok_and(|dm| dm >= m) {
+            return Ok(());
+        }
+    }
+    copy_tree(src, dest)
 }

@@ -12,6 +12,7 @@
 //! drops when the process dies, however it dies.
 
 mod lock;
+mod managed;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -20,6 +21,7 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use serde::Serialize;
 
 pub use lock::OwnerLock;
+pub use managed::{ManagedEvent, ManagedJob, ManagedState};
 
 /// How long a writer waits for another before giving up.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(15);
@@ -79,6 +81,40 @@ const MIGRATIONS: &[&str] = &[
         message TEXT NOT NULL
     );
     CREATE INDEX events_cluster ON events(cluster, id);",
+    // 2: managed jobs and their history.
+    "CREATE TABLE managed_jobs(
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        name TEXT,
+        state TEXT NOT NULL,
+        desired TEXT NOT NULL DEFAULT 'run',
+        task TEXT NOT NULL,
+        cluster TEXT NOT NULL,
+        inner_job INTEGER,
+        restarts_on_errors INTEGER NOT NULL DEFAULT 0,
+        preemptions INTEGER NOT NULL DEFAULT 0,
+        restart_count INTEGER NOT NULL DEFAULT 0,
+        blocks TEXT NOT NULL DEFAULT '[]',
+        placement TEXT,
+        price_per_hour REAL,
+        cost_so_far REAL NOT NULL DEFAULT 0,
+        running_since INTEGER,
+        notice_at INTEGER,
+        last_sync_at INTEGER,
+        recovery_started_at INTEGER,
+        next_try_at INTEGER,
+        submitted_at INTEGER NOT NULL,
+        ended_at INTEGER,
+        detail TEXT
+    );
+    CREATE TABLE managed_events(
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        job INTEGER NOT NULL,
+        at INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        placement TEXT,
+        reason TEXT NOT NULL
+    );
+    CREATE INDEX managed_events_job ON managed_events(job, id);",
 ];
 
 /// A state database failure, naming the file.

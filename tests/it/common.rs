@@ -497,6 +497,19 @@ impl Drop for TestHome {
         // Everything below is best effort and must not panic (this may run
         // while a failed test unwinds).
         let home_entry = format!("GANGWAY_HOME={}", self.path().display());
+        // Managed jobs first: their controller would bring clusters back.
+        let mut c = command_in(self.path());
+        c.args(["jobs", "cancel", "--all"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if let Ok(mut child) = c.spawn() {
+            let started = Instant::now();
+            while matches!(child.try_wait(), Ok(None)) && started.elapsed() < WATCHDOG {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
         let mut c = command_in(self.path());
         c.args(["down", "--all", "-y"])
             .stdout(Stdio::null())

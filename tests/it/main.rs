@@ -5,5 +5,7 @@ mod cli;
 mod cluster_cmds;
 mod common;
 mod compat;
+mod jobs;
 mod launch;
+mod sim;
 mod spec;

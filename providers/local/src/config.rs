@@ -17,6 +17,7 @@ pub(crate) const KNOWN_KEYS: &[&str] = &[
     "preempt_after_s",
     "notice_s",
     "boot_s",
+    "preemptions",
 ];
 
 /// How many running nodes each zone takes.
@@ -43,6 +44,9 @@ pub(crate) struct LocalConfig {
     pub notice_s: f64,
     /// `boot_s`: how long a launch takes to return, as a cloud's boot does.
     pub boot_s: f64,
+    /// `preemptions`: `(after_s, notice_s)` for the 1st, 2nd, ... launch of
+    /// a cluster name (spot only); later launches are not preempted.
+    pub preemptions: Option<Vec<(f64, f64)>>,
 }
 
 impl Default for LocalConfig {
@@ -54,6 +58,7 @@ impl Default for LocalConfig {
             preempt_after_s: None,
             notice_s: 0.0,
             boot_s: 0.0,
+            preemptions: None,
         }
     }
 }
@@ -97,6 +102,7 @@ impl LocalConfig {
                 "preempt_after_s" => cfg.preempt_after_s = Some(seconds("preempt_after_s", v)?),
                 "notice_s" => cfg.notice_s = seconds("notice_s", v)?,
                 "boot_s" => cfg.boot_s = seconds("boot_s", v)?,
+                "preemptions" => cfg.preemptions = Some(parse_preemptions(v)?),
                 other => {
                     return Err(format!(
                         "config.local.{other} is not an option of the local cloud; it knows {}",
@@ -107,6 +113,36 @@ impl LocalConfig {
         }
         Ok(cfg)
     }
+}
+
+fn parse_preemptions(v: &Value) -> Result<Vec<(f64, f64)>, String> {
+    let shape = || {
+        "config.local.preemptions must be a list of {after_s: N, notice_s: N} (notice_s optional), \
+         one per launch of the cluster"
+            .to_string()
+    };
+    let list = v.as_array().ok_or_else(shape)?;
+    let mut out = Vec::new();
+    for (i, item) in list.iter().enumerate() {
+        let m = item.as_object().ok_or_else(shape)?;
+        for k in m.keys() {
+            if k != "after_s" && k != "notice_s" {
+                return Err(format!(
+                    "config.local.preemptions[{i}].{k} is not an option; use after_s and notice_s"
+                ));
+            }
+        }
+        let after = m
+            .get("after_s")
+            .ok_or_else(|| format!("config.local.preemptions[{i}] needs after_s"))?;
+        let after = seconds(&format!("preemptions[{i}].after_s"), after)?;
+        let notice = match m.get("notice_s") {
+            Some(n) => seconds(&format!("preemptions[{i}].notice_s"), n)?,
+            None => 0.0,
+        };
+        out.push((after, notice));
+    }
+    Ok(out)
 }
 
 fn parse_capacity(v: &Value) -> Result<Capacity, String> {

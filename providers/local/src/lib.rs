@@ -243,11 +243,21 @@ impl LocalProvider {
             self.destroy(r)
                 .map_err(|e| fatal(&loc, "removing a preempted node", e))?;
         }
-        let timing = match (req.use_spot, cfg.preempt_after_s) {
-            (true, Some(after)) if n_new > 0 => {
+        // Which launch of this cluster name this is (for `preemptions`).
+        let launch_no = if n_new > 0 {
+            self.layout.next_launch_number(&req.cluster.0)
+        } else {
+            0
+        };
+        let schedule = match &cfg.preemptions {
+            Some(list) => list.get(launch_no as usize).copied(),
+            None => cfg.preempt_after_s.map(|a| (a, cfg.notice_s)),
+        };
+        let timing = match (req.use_spot, schedule) {
+            (true, Some((after, notice))) if n_new > 0 => {
                 let preempt_at = now + (after * 1000.0).round() as u64;
                 let notice_at = preempt_at
-                    .saturating_sub((cfg.notice_s * 1000.0).round() as u64)
+                    .saturating_sub((notice * 1000.0).round() as u64)
                     .max(now);
                 Some((notice_at, preempt_at))
             }

@@ -64,6 +64,21 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
+    /// Counts launches that create nodes, per cluster name: 0 for the
+    /// first. Called under the lock. A counter that cannot be read or
+    /// written counts as the first launch.
+    pub fn next_launch_number(&self, cluster: &str) -> u64 {
+        let dir = self.root.join("launches");
+        let path = dir.join(cluster);
+        let n: u64 = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        let _ = std::fs::create_dir_all(&dir);
+        let _ = std::fs::write(&path, (n + 1).to_string());
+        n
+    }
+
     pub fn lock_path(&self) -> PathBuf {
         self.root.join("lock")
     }

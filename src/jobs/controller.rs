@@ -1,0 +1,865 @@
+//! The managed-job controller: one reconcile step per job per tick.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use gangway_provider::{ClusterName, NodeState};
+use serde::{Deserialize, Serialize};
+
+use super::ManagedTask;
+use crate::catalog::Catalog;
+use crate::gang::{self, transport_for, Transport};
+use crate::optimizer::{self, Block, Blocklist, Candidate, Options};
+use crate::provision::{self, Providers, RetryPolicy, Silent};
+use crate::state::{
+    now_ms, ClusterStatus, JobStatus, ManagedJob, ManagedState, NewCluster, NodeRow, OwnerLock,
+    Reserved, Store,
+};
+
+/// How long a zone that lost a node is avoided.
+pub const BLOCK_TTL: Duration = Duration::from_secs(600);
+/// Time between reconcile rounds.
+pub const TICK: Duration = Duration::from_millis(200);
+/// How often a running job's nodes are checked with the provider.
+const DESCRIBE_EVERY: Duration = Duration::from_secs(1);
+/// Backoff when no placement has capacity during a recovery.
+const NO_CAPACITY_BACKOFF_MS: i64 = 5_000;
+/// Backoff after an unexpected error in a step.
+const ERROR_BACKOFF_MS: i64 = 2_000;
+
+/// A zone the job lost a node in.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct BlockRec {
+    cloud: String,
+    region: String,
+    zone: String,
+    at_ms: i64,
+    until_ms: i64,
+    reason: String,
+}
+
+/// When the controller stops.
+#[derive(Clone, Copy, Debug)]
+pub enum Until {
+    /// When no managed job is left to watch (after a short quiet spell).
+    Idle,
+    /// When this job has ended (the `--wait` mode).
+    Job(i64),
+}
+
+/// The controller's state between rounds.
+pub struct Controller {
+    home: PathBuf,
+    store: Store,
+    providers: Providers,
+    catalog: Catalog,
+    log: Option<std::fs::File>,
+    described: std::collections::HashMap<i64, std::time::Instant>,
+}
+
+/// Where the controller's lock and log live.
+pub fn controller_paths(home: &Path) -> (PathBuf, PathBuf) {
+    (
+        home.join("locks").join("controller.lock"),
+        home.join("jobs").join("controller.log"),
+    )
+}
+
+fn parse_placement(p: &str) -> Option<(String, String, String)> {
+    let loc = p.split_whitespace().next()?;
+    let mut it = loc.splitn(3, '/');
+    Some((
+        it.next()?.to_string(),
+        it.next()?.to_string(),
+        it.next()?.to_string(),
+    ))
+}
+
+fn exit_code_in(detail: &str) -> Option<i32> {
+    let i = detail.find("exited with code ")?;
+    detail[i + "exited with code ".len()..]
+        .split(|c: char| !c.is_ascii_digit() && c != '-')
+        .next()?
+        .parse()
+        .ok()
+}
+
+impl Controller {
+    /// A controller for `home`.
+    pub fn new(home: &Path) -> Result<Controller, crate::Error> {
+        let store = Store::open(home)?;
+        let mut catalog = Catalog::embedded();
+        if let Some(dir) = std::env::var_os("GANGWAY_CATALOG_DIR").filter(|d| !d.is_empty()) {
+            catalog.overlay(Catalog::load_dir(Path::new(&dir))?);
+        }
+        let (_, log_path) = controller_paths(home);
+        if let Some(d) = log_path.parent() {
+            std::fs::create_dir_all(d)?;
+        }
+        let log = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .ok();
+        Ok(Controller {
+            home: home.to_path_buf(),
+            store,
+            providers: Providers::new(home),
+            catalog,
+            log,
+            described: Default::default(),
+        })
+    }
+
+    fn say(&mut self, line: &str) {
+        if let Some(f) = self.log.as_mut() {
+            let _ = writeln!(f, "{} {line}", now_ms());
+        }
+    }
+
+    /// Reconciles every live job, round after round, until `until`.
+    pub async fn run(&mut self, until: Until) -> Result<(), crate::Error> {
+        self.say(&format!("controller {} started", std::process::id()));
+        if let Err(e) = self.clean_up_ended().await {
+            self.say(&format!("cleanup: {e}"));
+        }
+        let mut quiet_since: Option<std::time::Instant> = None;
+        loop {
+            let jobs = self.store.managed_active()?;
+            match until {
+                Until::Job(id) => {
+                    if !jobs.iter().any(|j| j.id == id) {
+                        break;
+                    }
+                }
+                Until::Idle => {
+                    if jobs.is_empty() {
+                        let t = *quiet_since.get_or_insert_with(std::time::Instant::now);
+                        if t.elapsed() > Duration::from_secs(3) {
+                            break;
+                        }
+                    } else {
+                        quiet_since = None;
+                    }
+                }
+            }
+            // Runs whose driver died are marked (and their ranks stopped)
+            // once per round, not once per job.
+            gang::reap(&self.store)?;
+            for job in jobs {
+                let id = job.id;
+                if let Err(e) = self.reconcile(job).await {
+                    self.say(&format!("job {id}: {e}"));
+                    if let Some(mut j) = self.store.managed(id)? {
+                        let was = j.state;
+                        j.next_try_at = Some(now_ms() + ERROR_BACKOFF_MS);
+                        j.detail = Some(e.to_string());
+                        self.store.save_managed(&j, was, "")?;
+                    }
+                }
+            }
+            tokio::time::sleep(TICK).await;
+        }
+        self.say(&format!("controller {} stopped", std::process::id()));
+        Ok(())
+    }
+
+    fn task_of(&self, job: &ManagedJob) -> Result<ManagedTask, crate::Error> {
+        serde_json::from_str(&job.task).map_err(|e| {
+            crate::Error::usage(
+                format!("managed job {}: unreadable task: {e}", job.id),
+                None,
+            )
+        })
+    }
+
+    fn secrets_of(&self, job: &ManagedJob) -> Vec<(String, String)> {
+        std::fs::read_to_string(self.store.managed_dir(job.id).join("secrets.json"))
+            .ok()
+            .and_then(|s| serde_json::from_str(&s).ok())
+            .unwrap_or_default()
+    }
+
+    /// One step for one job.
+    async fn reconcile(&mut self, mut job: ManagedJob) -> Result<(), crate::Error> {
+        let mt = self.task_of(&job)?;
+        if job.desired == "cancel" {
+            return self
+                .finish(&mut job, ManagedState::Cancelled, "cancelled by the user")
+                .await;
+        }
+        if job.next_try_at.is_some_and(|t| now_ms() < t) {
+            return Ok(());
+        }
+        match job.state {
+            ManagedState::Pending => {
+                let was = job.state;
+                job.state = ManagedState::Provisioning;
+                self.store
+                    .save_managed(&job, was, "looking for a placement")?;
+                Ok(())
+            }
+            ManagedState::Provisioning | ManagedState::Recovering => {
+                self.provision_and_submit(&mut job, &mt).await
+            }
+            ManagedState::Starting | ManagedState::Running => self.observe(&mut job, &mt).await,
+            ManagedState::Preempted => {
+                let why = job.detail.clone().unwrap_or_else(|| "preempted".into());
+                self.requeue(&mut job, &mt, &why, true).await
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The failover plan for the job now: blocked zones avoided (the
+    /// oldest block is dropped when everything is blocked), ordered by the
+    /// recovery strategy.
+    fn plan(&self, job: &ManagedJob, mt: &ManagedTask) -> Result<Vec<Candidate>, String> {
+        let args = crate::cli::TaskArgs {
+            task: mt.task_file.clone(),
+            infra: mt.infra.clone(),
+            gpus: mt.gpus.clone(),
+            cpus: mt.cpus.clone(),
+            memory: mt.memory.clone(),
+            instance_type: mt.instance_type.clone(),
+            num_nodes: mt.num_nodes,
+            use_spot: mt.use_spot,
+            env: Vec::new(),
+            env_file: None,
+            secret: Vec::new(),
+        };
+        let task = args.load().map_err(|e| e.to_string())?;
+        let now = now_ms();
+        let mut blocks: Vec<BlockRec> = serde_json::from_str(&job.blocks).unwrap_or_default();
+        blocks.retain(|b| b.until_ms > now);
+        let opts = Options::default();
+        loop {
+            let list = Blocklist {
+                entries: blocks
+                    .iter()
+                    .map(|b| Block {
+                        cloud: b.cloud.clone(),
+                        region: Some(b.region.clone()),
+                        zone: Some(b.zone.clone()),
+                        instance_type: None,
+                        until: UNIX_EPOCH + Duration::from_millis(b.until_ms as u64),
+                        reason: b.reason.clone(),
+                    })
+                    .collect(),
+            };
+            match optimizer::optimize(&task, &self.catalog, &list, &opts) {
+                Ok(plan) => {
+                    let lost_region = blocks
+                        .iter()
+                        .max_by_key(|b| b.at_ms)
+                        .map(|b| (b.cloud.clone(), b.region.clone()));
+                    return Ok(order_for(&mt.strategy, plan, lost_region));
+                }
+                Err(e) if blocks.is_empty() => return Err(e.to_string()),
+                Err(_) => {
+                    // Everything left is blocked: the zone lost longest ago
+                    // is the best bet.
+                    let oldest = blocks
+                        .iter()
+                        .enumerate()
+                        .min_by_key(|(_, b)| b.at_ms)
+                        .map(|(i, _)| i)
+                        .unwrap_or(0);
+                    blocks.remove(oldest);
+                }
+            }
+        }
+    }
+
+    async fn provision_and_submit(
+        &mut self,
+        job: &mut ManagedJob,
+        mt: &ManagedTask,
+    ) -> Result<(), crate::Error> {
+        let was = job.state;
+        let Ok(lock) = self.store.lock_cluster(&job.cluster, "recovering") else {
+            return Ok(()); // someone else works on it; next round
+        };
+        let config = std::fs::read_to_string(&mt.task_file).ok().and_then(|_| {
+            crate::spec::load(&mt.task_file)
+                .ok()
+                .and_then(|t| t.config.map(|c| c.to_string()))
+        });
+        let token = format!("{}-{}", job.cluster, job.restart_count);
+        let reserved = self.store.reserve_cluster(&NewCluster {
+            name: &job.cluster,
+            num_nodes: mt.spec.num_nodes,
+            client_token: &token,
+            provider_config: config,
+        })?;
+        let row = match reserved {
+            Reserved::Existing(row) if row.status == ClusterStatus::Up => row,
+            Reserved::Existing(_) => {
+                // Stopped or half torn down: remove it and start afresh.
+                provision::teardown(&self.store, &job.cluster, &self.providers).await?;
+                return Ok(());
+            }
+            Reserved::New(row) | Reserved::Resumed(row) => {
+                let plan = match self.plan(job, mt) {
+                    Ok(p) => p,
+                    Err(why) => {
+                        self.store.remove_cluster(&job.cluster)?;
+                        return self.no_capacity(job, &why).await;
+                    }
+                };
+                let started = now_ms();
+                let result = provision::provision(
+                    &self.store,
+                    &row,
+                    &plan,
+                    &self.providers,
+                    &Silent,
+                    RetryPolicy::default(),
+                )
+                .await;
+                match result {
+                    Ok(p) => {
+                        self.store
+                            .set_nodes(&job.cluster, ClusterStatus::Up, &p.nodes)?;
+                        self.say(&format!(
+                            "job {}: provisioned {} in {} ms",
+                            job.id,
+                            job.cluster,
+                            now_ms() - started
+                        ));
+                        self.store.cluster(&job.cluster)?.expect("just set up")
+                    }
+                    Err(provision::ProvisionError::Exhausted { attempts, .. }) => {
+                        self.store.remove_cluster(&job.cluster)?;
+                        let why = attempts
+                            .iter()
+                            .map(|a| format!("{}/{}/{}: {}", a.cloud, a.region, a.zone, a.outcome))
+                            .collect::<Vec<_>>()
+                            .join("; ");
+                        return self.no_capacity(job, &why).await;
+                    }
+                    Err(e) => {
+                        self.store.remove_cluster(&job.cluster)?;
+                        drop(lock);
+                        return self.finish(job, ManagedState::Failed, &e.to_string()).await;
+                    }
+                }
+            }
+        };
+        drop(lock);
+        // A run already on the cluster (the controller died right after
+        // submitting it) is adopted, never doubled.
+        let existing = self
+            .store
+            .jobs(&job.cluster)?
+            .into_iter()
+            .rfind(|j| !j.status.is_terminal());
+        let runs = self.store.managed_dir(job.id).join("runs");
+        let inner = match existing {
+            Some(j) => {
+                let listed = std::fs::read_to_string(&runs)
+                    .unwrap_or_default()
+                    .lines()
+                    .any(|l| l.trim() == j.id.to_string());
+                if !listed {
+                    if let Ok(mut f) = std::fs::File::options()
+                        .create(true)
+                        .append(true)
+                        .open(&runs)
+                    {
+                        let _ = writeln!(f, "{}", j.id);
+                    }
+                }
+                j.id
+            }
+            None => {
+                let mut spec = mt.spec.clone();
+                spec.job_id = Some(job.id.to_string());
+                spec.restart_count = job.restart_count;
+                spec.gpus_per_node = row.accelerator_count.ceil() as u32;
+                spec.restore_from = mt.storage.is_dir().then(|| mt.storage.clone());
+                let secrets = self.secrets_of(job);
+                let id = gang::submit(&self.store, &self.home, &job.cluster, &spec, &secrets)?;
+                if let Ok(mut f) = std::fs::File::options()
+                    .create(true)
+                    .append(true)
+                    .open(&runs)
+                {
+                    let _ = writeln!(f, "{id}");
+                }
+                id
+            }
+        };
+        let placement = format!(
+            "{}/{}/{} {}{}",
+            row.cloud.as_deref().unwrap_or("-"),
+            row.region.as_deref().unwrap_or("-"),
+            row.zone.as_deref().unwrap_or("-"),
+            row.instance_type.as_deref().unwrap_or("-"),
+            if row.use_spot { " spot" } else { "" }
+        );
+        job.inner_job = Some(inner);
+        job.placement = Some(placement);
+        job.price_per_hour = row.price_per_hour;
+        job.running_since = Some(now_ms());
+        job.notice_at = None;
+        job.next_try_at = None;
+        job.detail = None;
+        job.state = ManagedState::Starting;
+        self.store
+            .save_managed(job, was, &format!("cluster up; run {inner} submitted"))?;
+        Ok(())
+    }
+
+    async fn no_capacity(&mut self, job: &mut ManagedJob, why: &str) -> Result<(), crate::Error> {
+        if job.state == ManagedState::Provisioning && job.restart_count == 0 {
+            return self
+                .finish(
+                    job,
+                    ManagedState::FailedNoResource,
+                    &format!("no placement: {why}"),
+                )
+                .await;
+        }
+        let was = job.state;
+        job.next_try_at = Some(now_ms() + NO_CAPACITY_BACKOFF_MS);
+        job.detail = Some(format!("waiting for capacity: {why}"));
+        self.store.save_managed(job, was, "")?;
+        Ok(())
+    }
+
+    fn nodes_and_transport(&self, job: &ManagedJob) -> Option<(Vec<NodeRow>, Box<dyn Transport>)> {
+        let row = self.store.cluster(&job.cluster).ok()??;
+        let t = transport_for(row.cloud.as_deref()?)?;
+        let nodes = self.store.nodes(&job.cluster).ok()?;
+        Some((nodes, t))
+    }
+
+    async fn observe(
+        &mut self,
+        job: &mut ManagedJob,
+        mt: &ManagedTask,
+    ) -> Result<(), crate::Error> {
+        let was = job.state;
+        let Some(inner_id) = job.inner_job else {
+            job.state = ManagedState::Recovering;
+            self.store
+                .save_managed(job, was, "no run recorded; starting one")?;
+            return Ok(());
+        };
+        let Some(inner) = self.store.job(inner_id)? else {
+            job.detail = Some("the job's cluster disappeared".into());
+            return self.preempted(job, "the job's cluster disappeared").await;
+        };
+        if inner.status == JobStatus::Running && job.state == ManagedState::Starting {
+            job.state = ManagedState::Running;
+            let reason = match job.recovery_started_at.take() {
+                Some(t) => format!(
+                    "resumed {:.1} s after the loss (restart {})",
+                    (now_ms() - t) as f64 / 1000.0,
+                    job.restart_count
+                ),
+                None => "every rank runs".into(),
+            };
+            self.store.save_managed(job, was, &reason)?;
+            return Ok(());
+        }
+        let Some((nodes, transport)) = self.nodes_and_transport(job) else {
+            return self.preempted(job, "the job's cluster disappeared").await;
+        };
+        if !inner.status.is_terminal() {
+            // 1. The provider's advance notice: checkpoint now.
+            if job.notice_at.is_none() {
+                let notice = nodes
+                    .iter()
+                    .find_map(|n| transport.preemption_notice(n).map(|w| (n.rank, w)));
+                if let Some((rank, words)) = notice {
+                    job.notice_at = Some(now_ms());
+                    self.signal_ranks(transport.as_ref(), &nodes, inner_id, mt.signal);
+                    let reason = format!(
+                        "preemption notice on rank {rank} ({words}); signal {} sent, {} s to checkpoint",
+                        mt.signal, mt.grace_s
+                    );
+                    self.store.managed_event(
+                        job.id,
+                        "NOTICE",
+                        job.placement.as_deref(),
+                        &reason,
+                    )?;
+                    self.store.save_managed(job, was, "")?;
+                    return Ok(());
+                }
+            }
+            if let Some(t) = job.notice_at {
+                if (now_ms() - t) as f64 > mt.grace_s * 1000.0 {
+                    return self
+                        .preempted(job, "the grace period after the notice ran out")
+                        .await;
+                }
+                return Ok(());
+            }
+            // 2. The provider took a node without notice (asked at most
+            // every DESCRIBE_EVERY per job: the ranks dying tells us sooner).
+            let due = self
+                .described
+                .get(&job.id)
+                .is_none_or(|t| t.elapsed() >= DESCRIBE_EVERY);
+            if due {
+                self.described.insert(job.id, std::time::Instant::now());
+                if let Some(why) = self.lost_node(job, &nodes).await {
+                    return self.preempted(job, &why).await;
+                }
+            }
+            // 3. Keep the checkpoint fresh.
+            let due = job
+                .last_sync_at
+                .is_none_or(|t| (now_ms() - t) as f64 >= mt.sync_interval_s * 1000.0);
+            if due && inner.status == JobStatus::Running {
+                if let Ok(t) = self.sync(mt, &nodes, transport.as_ref()) {
+                    job.last_sync_at = Some(t);
+                    self.store.save_managed(job, was, "")?;
+                }
+            }
+            return Ok(());
+        }
+        // The run ended.
+        let detail = inner.detail.clone().unwrap_or_default();
+        if job.notice_at.is_some() {
+            // It ended because we asked it to checkpoint: keep that.
+            if let Ok(t) = self.sync(mt, &nodes, transport.as_ref()) {
+                job.last_sync_at = Some(t);
+            }
+            return self
+                .preempted(job, "checkpointed on the preemption notice")
+                .await;
+        }
+        match inner.status {
+            JobStatus::Succeeded => {
+                if let Ok(t) = self.sync(mt, &nodes, transport.as_ref()) {
+                    job.last_sync_at = Some(t);
+                }
+                self.finish(job, ManagedState::Succeeded, "every rank exited 0")
+                    .await
+            }
+            JobStatus::FailedSetup => self.finish(job, ManagedState::FailedSetup, &detail).await,
+            _ => {
+                if let Some(why) = self.lost_node(job, &nodes).await {
+                    return self.preempted(job, &why).await;
+                }
+                if detail.contains("preempted") {
+                    return self.preempted(job, &detail).await;
+                }
+                let code = exit_code_in(&detail);
+                if code.is_some_and(|c| mt.recover_on_exit_codes.contains(&c)) {
+                    job.detail = Some(detail.clone());
+                    return self
+                        .requeue(
+                            job,
+                            mt,
+                            &format!("{detail} (a recoverable exit code)"),
+                            false,
+                        )
+                        .await;
+                }
+                if job.restarts_on_errors < mt.max_restarts_on_errors {
+                    job.restarts_on_errors += 1;
+                    job.detail = Some(detail.clone());
+                    return self
+                        .requeue(
+                            job,
+                            mt,
+                            &format!(
+                                "{detail} (restart {} of {} on errors)",
+                                job.restarts_on_errors, mt.max_restarts_on_errors
+                            ),
+                            false,
+                        )
+                        .await;
+                }
+                self.finish(job, ManagedState::Failed, &detail).await
+            }
+        }
+    }
+
+    /// What the provider says about nodes gone without notice.
+    async fn lost_node(&self, job: &ManagedJob, nodes: &[NodeRow]) -> Option<String> {
+        let cloud = self.store.cluster(&job.cluster).ok()??.cloud?;
+        let p = self.providers.get(&cloud)?;
+        let seen = p.describe(&ClusterName(job.cluster.clone())).await.ok()?;
+        for n in nodes {
+            match seen.iter().find(|s| s.id.0 == n.instance_id) {
+                None => return Some(format!("node {} (rank {}) is gone", n.instance_id, n.rank)),
+                Some(s) => {
+                    if let NodeState::Preempted { reason } = &s.state {
+                        return Some(format!(
+                            "node {} (rank {}) was preempted: {reason}",
+                            n.instance_id, n.rank
+                        ));
+                    }
+                    if s.state == NodeState::Terminated {
+                        return Some(format!(
+                            "node {} (rank {}) was terminated",
+                            n.instance_id, n.rank
+                        ));
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    fn signal_ranks(&self, transport: &dyn Transport, nodes: &[NodeRow], inner: i64, sig: i32) {
+        let pids =
+            std::fs::read_to_string(self.store.job_log_dir(inner).join("pids")).unwrap_or_default();
+        for line in pids.lines() {
+            let mut it = line
+                .split_whitespace()
+                .filter_map(|w| w.parse::<u32>().ok());
+            if let (Some(rank), Some(pgid)) = (it.next(), it.next()) {
+                if let Some(n) = nodes.iter().find(|n| n.rank == rank) {
+                    transport.signal_job(n, pgid, inner, sig);
+                }
+            }
+        }
+    }
+
+    /// Copies every node's checkpoint directory into the kept one,
+    /// atomically (a failed copy keeps the previous one), then tells the
+    /// nodes (`.gangway-synced` holds the time the copy began: everything
+    /// written before it is kept). Returns that time.
+    fn sync(
+        &self,
+        mt: &ManagedTask,
+        nodes: &[NodeRow],
+        transport: &dyn Transport,
+    ) -> Result<i64, String> {
+        let started = now_ms();
+        let storage = &mt.storage;
+        let name = storage
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let parent = storage.parent().unwrap_or(Path::new("."));
+        let tmp = parent.join(format!("{name}.partial"));
+        let old = parent.join(format!("{name}.old"));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
+        let ck = mt
+            .spec
+            .checkpoint_dir
+            .as_deref()
+            .unwrap_or(gang::DEFAULT_CHECKPOINT_DIR);
+        for n in nodes {
+            let path = transport.node_path(n, ck);
+            if !Path::new(&path).exists() {
+                continue;
+            }
+            transport
+                .download(n, &path, &tmp)
+                .map_err(|e| e.to_string())?;
+        }
+        let _ = std::fs::remove_dir_all(&old);
+        if storage.exists() {
+            std::fs::rename(storage, &old).map_err(|e| e.to_string())?;
+        }
+        std::fs::rename(&tmp, storage).map_err(|e| e.to_string())?;
+        let _ = std::fs::remove_dir_all(&old);
+        for n in nodes {
+            let path = format!("{}/.gangway-synced", transport.node_path(n, ck));
+            let _ = transport.write_file(n, &path, started.to_string().as_bytes());
+        }
+        Ok(started)
+    }
+
+    async fn teardown_cluster(&mut self, job: &ManagedJob) -> Result<(), crate::Error> {
+        if self.store.cluster(&job.cluster)?.is_none() {
+            return Ok(());
+        }
+        // Wait for a launcher or another teardown to let go.
+        let lock = OwnerLock::acquire(
+            &self
+                .home
+                .join("locks")
+                .join(format!("cluster-{}.lock", job.cluster)),
+            Duration::from_secs(30),
+        )?;
+        if lock.is_none() {
+            return Err(crate::Error::usage(
+                format!("cluster {} stays busy; will retry", job.cluster),
+                None,
+            ));
+        }
+        provision::teardown(&self.store, &job.cluster, &self.providers).await?;
+        Ok(())
+    }
+
+    async fn preempted(&mut self, job: &mut ManagedJob, why: &str) -> Result<(), crate::Error> {
+        let was = job.state;
+        job.state = ManagedState::Preempted;
+        job.detail = Some(why.to_string());
+        self.store.save_managed(job, was, why)?;
+        let mt = self.task_of(job)?;
+        if mt.strategy.eq_ignore_ascii_case("NONE") {
+            return self
+                .finish(
+                    job,
+                    ManagedState::Failed,
+                    &format!("{why}; job_recovery is NONE"),
+                )
+                .await;
+        }
+        self.requeue(job, &mt, why, true).await
+    }
+
+    /// Tears the cluster down and goes back to finding one. A preemption
+    /// blocks the zone it happened in for [`BLOCK_TTL`].
+    async fn requeue(
+        &mut self,
+        job: &mut ManagedJob,
+        _mt: &ManagedTask,
+        why: &str,
+        preempted: bool,
+    ) -> Result<(), crate::Error> {
+        let was = job.state;
+        let lost_at = job.notice_at.unwrap_or_else(now_ms);
+        let lost_work = match (job.notice_at, job.last_sync_at) {
+            (Some(_), _) => "none (checkpointed on notice)".to_string(),
+            (None, Some(t)) => format!(
+                "up to {:.1} s since the last sync",
+                (now_ms() - t) as f64 / 1000.0
+            ),
+            (None, None) => "everything since the start of this run (no sync yet)".to_string(),
+        };
+        self.teardown_cluster(job).await?;
+        let now = now_ms();
+        if preempted {
+            if let Some((cloud, region, zone)) = job.placement.as_deref().and_then(parse_placement)
+            {
+                let mut blocks: Vec<BlockRec> =
+                    serde_json::from_str(&job.blocks).unwrap_or_default();
+                blocks.retain(|b| b.until_ms > now && !(b.cloud == cloud && b.zone == zone));
+                blocks.push(BlockRec {
+                    cloud,
+                    region,
+                    zone,
+                    at_ms: now,
+                    until_ms: now + BLOCK_TTL.as_millis() as i64,
+                    reason: why.to_string(),
+                });
+                job.blocks = serde_json::to_string(&blocks).unwrap_or_else(|_| "[]".into());
+            }
+            job.preemptions += 1;
+        }
+        if let (Some(since), Some(p)) = (job.running_since, job.price_per_hour) {
+            job.cost_so_far += p * ((now - since).max(0) as f64 / 3_600_000.0);
+        }
+        job.running_since = None;
+        job.price_per_hour = None;
+        job.inner_job = None;
+        job.notice_at = None;
+        job.last_sync_at = None;
+        job.restart_count += 1;
+        job.recovery_started_at = Some(lost_at);
+        job.state = ManagedState::Recovering;
+        self.store.save_managed(
+            job,
+            was,
+            &format!("requeued after: {why}; work lost: {lost_work}"),
+        )?;
+        Ok(())
+    }
+
+    async fn finish(
+        &mut self,
+        job: &mut ManagedJob,
+        state: ManagedState,
+        why: &str,
+    ) -> Result<(), crate::Error> {
+        let was = job.state;
+        if state == ManagedState::Cancelled {
+            crate::provision::stop_drivers(&self.store, &job.cluster)?;
+        }
+        // The ending is recorded first, so a controller killed during the
+        // teardown never runs a finished job again; the cleanup pass in
+        // `run` removes a cluster a terminal job still has (a finalizer).
+        let now = now_ms();
+        if let (Some(since), Some(p)) = (job.running_since, job.price_per_hour) {
+            job.cost_so_far += p * ((now - since).max(0) as f64 / 3_600_000.0);
+        }
+        job.running_since = None;
+        job.state = state;
+        job.detail = Some(why.to_string());
+        let _ = std::fs::remove_file(self.store.managed_dir(job.id).join("secrets.json"));
+        self.store.save_managed(job, was, why)?;
+        self.teardown_cluster(job).await
+    }
+
+    /// Removes clusters that ended jobs still hold (a controller died
+    /// between recording the ending and the teardown).
+    async fn clean_up_ended(&mut self) -> Result<(), crate::Error> {
+        for job in self.store.managed_all()? {
+            if job.state.is_terminal() && self.store.cluster(&job.cluster)?.is_some() {
+                self.say(&format!("job {}: removing its leftover cluster", job.id));
+                self.teardown_cluster(&job).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Orders a plan by recovery strategy: `FAILOVER` tries the region just
+/// lost first (other zones of it), `EAGER_NEXT_REGION` every other region
+/// first. The optimizer's order holds within each part.
+fn order_for(
+    strategy: &str,
+    plan: Vec<Candidate>,
+    lost: Option<(String, String)>,
+) -> Vec<Candidate> {
+    let Some((cloud, region)) = lost else {
+        return plan;
+    };
+    let (same, other): (Vec<Candidate>, Vec<Candidate>) = plan
+        .into_iter()
+        .partition(|c| c.cloud == cloud && c.region == region);
+    if strategy.eq_ignore_ascii_case("FAILOVER") {
+        same.into_iter().chain(other).collect()
+    } else {
+        other.into_iter().chain(same).collect()
+    }
+}
+
+/// Seconds since the epoch, for messages.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_are_read_from_the_run_detail() {
+        assert_eq!(
+            exit_code_in("rank 1 (127.0.0.2) exited with code 3"),
+            Some(3)
+        );
+        assert_eq!(
+            exit_code_in("rank 0 (x) exited with code 137; node ..."),
+            Some(137)
+        );
+        assert_eq!(exit_code_in("was killed by signal 9"), None);
+    }
+
+    #[test]
+    fn placements_parse() {
+        assert_eq!(
+            parse_placement("local/local/local-b local.cpu spot"),
+            Some(("local".into(), "local".into(), "local-b".into()))
+        );
+        assert_eq!(parse_placement("nonsense"), None);
+    }
+}

@@ -1,0 +1,71 @@
+//! Managed jobs: a controller that keeps a job running through spot
+//! preemptions by checkpoint-and-requeue, and the spot/on-demand policies
+//! that race a deadline (with a trace-replay simulator to compare them).
+//!
+//! Each managed job owns one cluster, always named `managed-<id>`, so it can
+//! never have two clusters at once. The controller is a reconcile loop: it
+//! reads a job's row and what it observes (the cluster job's status, the
+//! provider's `describe`, the nodes' preemption notices), takes one
+//! idempotent step, records it, and moves on; killed at any point and
+//! started again, it picks up from the row.
+
+pub mod controller;
+pub mod policy;
+pub mod sim;
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::gang::JobSpec;
+
+/// What a managed job needs to be rebuilt on every recovery: how to load
+/// the task again (for the optimizer) and the resolved job spec.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ManagedTask {
+    /// The copy of the task file kept with the job.
+    pub task_file: PathBuf,
+    /// The task file as the user named it (for messages).
+    pub task_path: String,
+    /// `--infra`.
+    pub infra: Option<String>,
+    /// `--gpus`.
+    pub gpus: Option<String>,
+    /// `--cpus`.
+    pub cpus: Option<String>,
+    /// `--memory`.
+    pub memory: Option<String>,
+    /// `--instance-type`.
+    pub instance_type: Option<String>,
+    /// `--num-nodes`.
+    pub num_nodes: Option<u32>,
+    /// `--use-spot`.
+    pub use_spot: bool,
+    /// The job itself (workdir and mounts already absolute).
+    pub spec: JobSpec,
+    /// Where checkpoints are kept (a local directory).
+    pub storage: PathBuf,
+    /// `checkpoint.sync_interval`, seconds.
+    pub sync_interval_s: f64,
+    /// `checkpoint.signal`, as a number.
+    pub signal: i32,
+    /// `checkpoint.grace_period`, seconds.
+    pub grace_s: f64,
+    /// `job_recovery.strategy` (`FAILOVER`, `EAGER_NEXT_REGION`, `NONE`).
+    pub strategy: String,
+    /// `job_recovery.max_restarts_on_errors`.
+    pub max_restarts_on_errors: u32,
+    /// `job_recovery.recover_on_exit_codes`.
+    pub recover_on_exit_codes: Vec<i32>,
+}
+
+/// The signal number for a `checkpoint.signal` name.
+pub fn signal_number(name: &str) -> i32 {
+    match name.trim_start_matches("SIG") {
+        "INT" => libc::SIGINT,
+        "USR1" => libc::SIGUSR1,
+        "USR2" => libc::SIGUSR2,
+        "HUP" => libc::SIGHUP,
+        _ => libc::SIGTERM,
+    }
+}

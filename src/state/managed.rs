@@ -1,0 +1,369 @@
+//! Managed jobs: the rows the controller reconciles, and their history.
+
+use rusqlite::{params, OptionalExtension};
+use serde::Serialize;
+
+use super::{now_ms, StateError, Store};
+
+/// A managed job's state (DESIGN.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ManagedState {
+    /// Submitted, not yet looked at.
+    Pending,
+    /// Finding and provisioning the first cluster.
+    Provisioning,
+    /// The cluster is up; setup or the run is starting.
+    Starting,
+    /// Every rank runs.
+    Running,
+    /// A node was (or is about to be) taken away.
+    Preempted,
+    /// Finding a new cluster after a preemption or a recoverable failure.
+    Recovering,
+    /// The run ended well.
+    Succeeded,
+    /// The run failed on its own, past its restarts.
+    Failed,
+    /// Setup failed.
+    FailedSetup,
+    /// No placement could ever be found for the first launch.
+    FailedNoResource,
+    /// Cancelled by the user.
+    Cancelled,
+}
+
+impl ManagedState {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ManagedState::Pending => "PENDING",
+            ManagedState::Provisioning => "PROVISIONING",
+            ManagedState::Starting => "STARTING",
+            ManagedState::Running => "RUNNING",
+            ManagedState::Preempted => "PREEMPTED",
+            ManagedState::Recovering => "RECOVERING",
+            ManagedState::Succeeded => "SUCCEEDED",
+            ManagedState::Failed => "FAILED",
+            ManagedState::FailedSetup => "FAILED_SETUP",
+            ManagedState::FailedNoResource => "FAILED_NO_RESOURCE",
+            ManagedState::Cancelled => "CANCELLED",
+        }
+    }
+
+    /// Parses a stored name.
+    pub fn parse(s: &str) -> Option<ManagedState> {
+        Some(match s {
+            "PENDING" => ManagedState::Pending,
+            "PROVISIONING" => ManagedState::Provisioning,
+            "STARTING" => ManagedState::Starting,
+            "RUNNING" => ManagedState::Running,
+            "PREEMPTED" => ManagedState::Preempted,
+            "RECOVERING" => ManagedState::Recovering,
+            "SUCCEEDED" => ManagedState::Succeeded,
+            "FAILED" => ManagedState::Failed,
+            "FAILED_SETUP" => ManagedState::FailedSetup,
+            "FAILED_NO_RESOURCE" => ManagedState::FailedNoResource,
+            "CANCELLED" => ManagedState::Cancelled,
+            _ => return None,
+        })
+    }
+
+    /// Whether the job has ended for good.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            ManagedState::Succeeded
+                | ManagedState::Failed
+                | ManagedState::FailedSetup
+                | ManagedState::FailedNoResource
+                | ManagedState::Cancelled
+        )
+    }
+}
+
+impl std::fmt::Display for ManagedState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One managed job.
+#[derive(Clone, Debug, Serialize)]
+pub struct ManagedJob {
+    /// Id.
+    pub id: i64,
+    /// Name.
+    pub name: Option<String>,
+    /// State.
+    pub state: ManagedState,
+    /// `run` or `cancel`.
+    pub desired: String,
+    /// How to rebuild the task (JSON; never secrets).
+    #[serde(skip)]
+    pub task: String,
+    /// The cluster this job runs on (one at a time, always this name).
+    pub cluster: String,
+    /// The current run on the cluster (a cluster job id).
+    pub inner_job: Option<i64>,
+    /// Restarts after the job's own failures (counted against the limit).
+    pub restarts_on_errors: u32,
+    /// Preemptions survived.
+    pub preemptions: u32,
+    /// Runs started after the first (GANGWAY_RESTART_COUNT).
+    pub restart_count: u32,
+    /// Blocked placements (JSON list).
+    #[serde(skip)]
+    pub blocks: String,
+    /// Where it runs now: `cloud/region/zone type[ spot]`.
+    pub placement: Option<String>,
+    /// USD/hour of the current cluster.
+    pub price_per_hour: Option<f64>,
+    /// USD spent on finished incarnations.
+    pub cost_so_far: f64,
+    /// The current cluster has been up since (unix ms).
+    pub running_since: Option<i64>,
+    /// A preemption notice was seen (unix ms).
+    pub notice_at: Option<i64>,
+    /// Last checkpoint sync (unix ms).
+    pub last_sync_at: Option<i64>,
+    /// When the current recovery began (unix ms).
+    pub recovery_started_at: Option<i64>,
+    /// Not before this (unix ms): backoff after finding no capacity.
+    pub next_try_at: Option<i64>,
+    /// Submitted (unix ms).
+    pub submitted_at: i64,
+    /// Ended (unix ms).
+    pub ended_at: Option<i64>,
+    /// How it ended, or what it waits for.
+    pub detail: Option<String>,
+}
+
+impl ManagedJob {
+    /// Cost so far, including the current cluster's running time.
+    pub fn cost_now(&self, now: i64) -> f64 {
+        let current = match (self.running_since, self.price_per_hour) {
+            (Some(since), Some(p)) if self.ended_at.is_none() => {
+                p * ((now - since).max(0) as f64 / 3_600_000.0)
+            }
+            _ => 0.0,
+        };
+        self.cost_so_far + current
+    }
+}
+
+/// One transition of a managed job.
+#[derive(Clone, Debug, Serialize)]
+pub struct ManagedEvent {
+    /// Unix ms.
+    pub at: i64,
+    /// The state entered.
+    pub state: String,
+    /// Where the job was or goes.
+    pub placement: Option<String>,
+    /// Why.
+    pub reason: String,
+}
+
+const COLS: &str = "id, name, state, desired, task, cluster, inner_job, restarts_on_errors,
+    preemptions, restart_count, blocks, placement, price_per_hour, cost_so_far, running_since,
+    notice_at, last_sync_at, recovery_started_at, next_try_at, submitted_at, ended_at, detail";
+
+fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ManagedJob> {
+    let state: String = r.get(2)?;
+    Ok(ManagedJob {
+        id: r.get(0)?,
+        name: r.get(1)?,
+        state: ManagedState::parse(&state).unwrap_or(ManagedState::Failed),
+        desired: r.get(3)?,
+        task: r.get(4)?,
+        cluster: r.get(5)?,
+        inner_job: r.get(6)?,
+        restarts_on_errors: r.get(7)?,
+        preemptions: r.get(8)?,
+        restart_count: r.get(9)?,
+        blocks: r.get(10)?,
+        placement: r.get(11)?,
+        price_per_hour: r.get(12)?,
+        cost_so_far: r.get(13)?,
+        running_since: r.get(14)?,
+        notice_at: r.get(15)?,
+        last_sync_at: r.get(16)?,
+        recovery_started_at: r.get(17)?,
+        next_try_at: r.get(18)?,
+        submitted_at: r.get(19)?,
+        ended_at: r.get(20)?,
+        detail: r.get(21)?,
+    })
+}
+
+impl Store {
+    /// Adds a managed job in `PENDING`; its cluster is `managed-<id>`.
+    pub fn add_managed(&self, name: Option<&str>, task: &str) -> Result<ManagedJob, StateError> {
+        let now = now_ms();
+        self.conn
+            .execute(
+                "INSERT INTO managed_jobs(name, state, task, cluster, submitted_at)
+                 VALUES (?1, 'PENDING', ?2, '', ?3)",
+                params![name, task, now],
+            )
+            .map_err(|e| self.db(e))?;
+        let id = self.conn.last_insert_rowid();
+        self.conn
+            .execute(
+                "UPDATE managed_jobs SET cluster = ?2 WHERE id = ?1",
+                params![id, format!("managed-{id}")],
+            )
+            .map_err(|e| self.db(e))?;
+        self.managed_event(id, "PENDING", None, "submitted")?;
+        Ok(self.managed(id)?.expect("just inserted"))
+    }
+
+    /// Stores how to rebuild a managed job's task (set once, at submit).
+    pub fn set_managed_task(&self, id: i64, task: &str) -> Result<(), StateError> {
+        self.conn
+            .execute(
+                "UPDATE managed_jobs SET task = ?2 WHERE id = ?1",
+                params![id, task],
+            )
+            .map_err(|e| self.db(e))?;
+        Ok(())
+    }
+
+    /// One managed job.
+    pub fn managed(&self, id: i64) -> Result<Option<ManagedJob>, StateError> {
+        self.conn
+            .query_row(
+                &format!("SELECT {COLS} FROM managed_jobs WHERE id = ?1"),
+                [id],
+                row,
+            )
+            .optional()
+            .map_err(|e| self.db(e))
+    }
+
+    /// Every managed job, oldest first.
+    pub fn managed_all(&self) -> Result<Vec<ManagedJob>, StateError> {
+        let mut st = self
+            .conn
+            .prepare_cached(&format!("SELECT {COLS} FROM managed_jobs ORDER BY id"))
+            .map_err(|e| self.db(e))?;
+        let rows = st
+            .query_map([], row)
+            .map_err(|e| self.db(e))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.db(e));
+        rows
+    }
+
+    /// Managed jobs that have not ended.
+    pub fn managed_active(&self) -> Result<Vec<ManagedJob>, StateError> {
+        Ok(self
+            .managed_all()?
+            .into_iter()
+            .filter(|j| !j.state.is_terminal())
+            .collect())
+    }
+
+    /// Writes every mutable field of `job` back, and records a transition
+    /// event when the state changed from `was`.
+    pub fn save_managed(
+        &self,
+        job: &ManagedJob,
+        was: ManagedState,
+        reason: &str,
+    ) -> Result<(), StateError> {
+        let ended = job.state.is_terminal().then(now_ms);
+        self.conn
+            .execute(
+                "UPDATE managed_jobs SET state = ?2, inner_job = ?3, restarts_on_errors = ?4,
+                    preemptions = ?5, restart_count = ?6, blocks = ?7, placement = ?8,
+                    price_per_hour = ?9, cost_so_far = ?10, running_since = ?11, notice_at = ?12,
+                    last_sync_at = ?13, recovery_started_at = ?14, next_try_at = ?15,
+                    ended_at = COALESCE(ended_at, ?16), detail = ?17
+                 WHERE id = ?1",
+                params![
+                    job.id,
+                    job.state.as_str(),
+                    job.inner_job,
+                    job.restarts_on_errors,
+                    job.preemptions,
+                    job.restart_count,
+                    job.blocks,
+                    job.placement,
+                    job.price_per_hour,
+                    job.cost_so_far,
+                    job.running_since,
+                    job.notice_at,
+                    job.last_sync_at,
+                    job.recovery_started_at,
+                    job.next_try_at,
+                    ended,
+                    job.detail,
+                ],
+            )
+            .map_err(|e| self.db(e))?;
+        if job.state != was {
+            self.managed_event(job.id, job.state.as_str(), job.placement.as_deref(), reason)?;
+        }
+        Ok(())
+    }
+
+    /// Asks for a managed job to be cancelled (the controller does it).
+    pub fn cancel_managed(&self, id: i64) -> Result<(), StateError> {
+        self.conn
+            .execute(
+                "UPDATE managed_jobs SET desired = 'cancel' WHERE id = ?1",
+                [id],
+            )
+            .map_err(|e| self.db(e))?;
+        Ok(())
+    }
+
+    /// Appends a transition.
+    pub fn managed_event(
+        &self,
+        job: i64,
+        state: &str,
+        placement: Option<&str>,
+        reason: &str,
+    ) -> Result<(), StateError> {
+        self.conn
+            .execute(
+                "INSERT INTO managed_events(job, at, state, placement, reason)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![job, now_ms(), state, placement, reason],
+            )
+            .map_err(|e| self.db(e))?;
+        Ok(())
+    }
+
+    /// A managed job's transitions, oldest first.
+    pub fn managed_events(&self, job: i64) -> Result<Vec<ManagedEvent>, StateError> {
+        let mut st = self
+            .conn
+            .prepare_cached(
+                "SELECT at, state, placement, reason FROM managed_events WHERE job = ?1 ORDER BY id",
+            )
+            .map_err(|e| self.db(e))?;
+        let rows = st
+            .query_map([job], |r| {
+                Ok(ManagedEvent {
+                    at: r.get(0)?,
+                    state: r.get(1)?,
+                    placement: r.get(2)?,
+                    reason: r.get(3)?,
+                })
+            })
+            .map_err(|e| self.db(e))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.db(e));
+        rows
+    }
+
+    /// A managed job's own directory: the task copy, its secrets (mode
+    /// 0600), the list of its runs, and by default its kept checkpoints.
+    pub fn managed_dir(&self, id: i64) -> std::path::PathBuf {
+        self.home.join("jobs").join(format!("managed-{id}"))
+    }
+}

@@ -1,0 +1,379 @@
+//! Managed jobs end to end on the local cloud: preemptions with and
+//! without notice survived by checkpoint-and-requeue, the controller killed
+//! at many points, restarts on errors, cancel, no capacity.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::common::{assert_no_marker_procs, json_doc, parts, root, wait_for, TestHome};
+
+const DEADLINE: Duration = Duration::from_secs(120);
+
+fn managed(home: &TestHome, id: i64) -> Value {
+    let (code, out, err) = parts(&home.run(["jobs", "queue", "-o", "json"]));
+    assert_eq!(code, 0, "{err}");
+    json_doc(&out)["jobs"]
+        .as_array()
+        .and_then(|a| a.iter().find(|j| j["id"] == id).cloned())
+        .unwrap_or_else(|| panic!("no managed job {id}: {out}"))
+}
+
+fn wait_ended(home: &TestHome, id: i64) -> Value {
+    wait_for("the managed job to end", DEADLINE, || {
+        let j = managed(home, id);
+        match j["state"].as_str() {
+            Some("SUCCEEDED" | "FAILED" | "FAILED_SETUP" | "FAILED_NO_RESOURCE" | "CANCELLED") => {
+                Ok(j)
+            }
+            _ => Err(j.to_string()),
+        }
+    })
+}
+
+/// Watches the local cloud's instance records in the background and
+/// remembers the most nodes seen at once.
+struct CloudWatch {
+    stop: Arc<AtomicBool>,
+    handle: Option<std::thread::JoinHandle<(usize, BTreeSet<String>)>>,
+}
+
+impl CloudWatch {
+    fn start(home: &TestHome) -> CloudWatch {
+        let dir = home.path().join("local/instances");
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = Arc::clone(&stop);
+        let handle = std::thread::spawn(move || {
+            let mut most = 0;
+            let mut ever = BTreeSet::new();
+            while !s.load(Ordering::SeqCst) {
+                let now: Vec<String> = std::fs::read_dir(&dir)
+                    .map(|d| {
+                        d.filter_map(|e| e.ok())
+                            .map(|e| e.file_name().to_string_lossy().into_owned())
+                            .filter(|n| n.ends_with(".json"))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                most = most.max(now.len());
+                ever.extend(now);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (most, ever)
+        });
+        CloudWatch {
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    fn finish(mut self) -> (usize, BTreeSet<String>) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.handle.take().unwrap().join().unwrap()
+    }
+}
+
+/// The step numbers rank 0 printed, per run, from `jobs logs`.
+fn steps_per_run(log: &str) -> Vec<(u32, Vec<u32>)> {
+    let mut runs: Vec<(u32, Vec<u32>)> = Vec::new();
+    for line in log.lines().filter(|l| l.starts_with("(rank 0, ")) {
+        let text = line.split_once(") ").map_or("", |(_, t)| t);
+        if let Some(rest) = text.strip_prefix("run ") {
+            // "run R of job J: resuming at step S"
+            let start: u32 = rest.rsplit(' ').next().unwrap().parse().unwrap();
+            runs.push((start, Vec::new()));
+        } else if let Some(n) = text.strip_prefix("step ") {
+            runs.last_mut().unwrap().1.push(n.parse().unwrap());
+        }
+    }
+    runs
+}
+
+fn spot_train(home: &TestHome) -> String {
+    // The example as shipped, with this test's marker.
+    let text = std::fs::read_to_string(root().join("examples/spot-train.yaml")).unwrap();
+    home.file("spot-train.yaml", &text)
+}
+
+fn check_training(home: &TestHome, id: i64) {
+    let (code, log, err) = parts(&home.run(["jobs", "logs", &id.to_string()]));
+    assert_eq!(code, 0, "{err}");
+    let runs = steps_per_run(&log);
+    assert_eq!(runs.len(), 4, "one run and three recoveries:\n{log}");
+    assert_eq!(runs[0].0, 0, "{log}");
+    // The last run reaches exactly 60.
+    assert_eq!(runs.last().unwrap().1.last(), Some(&60), "{log}");
+    assert!(log.contains("done at step 60"), "{log}");
+    for w in runs.windows(2) {
+        let (_, before) = &w[0];
+        let (resumed, _) = w[1];
+        let reached = before.last().copied().unwrap_or(w[0].0);
+        assert!(
+            resumed <= reached,
+            "resumed ahead of the work done: {runs:?}"
+        );
+        let redone = reached - resumed;
+        assert!(redone <= 5, "more than CKPT_EVERY=5 steps redone: {runs:?}");
+    }
+    // Runs that got notice lost nothing.
+    let events = home.run(["jobs", "events", &id.to_string(), "-o", "json"]);
+    let ev = json_doc(&String::from_utf8_lossy(&events.stdout));
+    let list = ev["events"].as_array().unwrap().clone();
+    let notices = list.iter().filter(|e| e["state"] == "NOTICE").count();
+    let preempted = list.iter().filter(|e| e["state"] == "PREEMPTED").count();
+    assert_eq!((notices, preempted), (2, 3), "{list:?}");
+    for (i, w) in runs.windows(2).enumerate() {
+        // Runs 0 and 2 were told (the example's schedule).
+        if i == 0 || i == 2 {
+            let reached = w[0].1.last().copied().unwrap_or(w[0].0);
+            assert_eq!(
+                w[1].0, reached,
+                "a run with notice must lose nothing: {runs:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_spot_job_survives_three_preemptions_and_finishes_exactly() {
+    let home = TestHome::new();
+    let task = spot_train(&home);
+    let watch = CloudWatch::start(&home);
+    let (code, out, err) =
+        parts(&home.run(["jobs", "launch", &task, "-y", "--env", &home.marker_env()]));
+    let (most, ever) = watch.finish();
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let job = managed(&home, 1);
+    assert_eq!(job["state"], "SUCCEEDED", "{job}");
+    assert_eq!(job["preemptions"], 3, "{job}");
+    assert_eq!(job["restart_count"], 3, "{job}");
+    check_training(&home, 1);
+    // Never two clusters: at most the job's 2 nodes existed at any moment,
+    // though 4 clusters' worth came and went.
+    assert!(most <= 2, "{most} instances at once");
+    assert_eq!(ever.len(), 8, "{ever:?}");
+    assert!(home.instance_records().is_empty());
+    let (_, status, _) = parts(&home.run(["status", "-o", "json"]));
+    assert_eq!(json_doc(&status)["clusters"].as_array().unwrap().len(), 0);
+    assert_no_marker_procs(&home.marker, "the managed job ended");
+    // Secrets file gone, events complete.
+    assert!(!home.path().join("jobs/managed-1/secrets.json").exists());
+}
+
+#[test]
+fn killing_the_controller_at_many_points_loses_nothing_and_doubles_nothing() {
+    let home = TestHome::new();
+    let task = spot_train(&home);
+    let watch = CloudWatch::start(&home);
+    let (code, _, err) =
+        parts(&home.run(["jobs", "launch", &task, "-d", "--env", &home.marker_env()]));
+    assert_eq!(code, 0, "{err}");
+    let lock = home.path().join("locks/controller.lock");
+    let mut kills = 0;
+    let mut seed: u64 = 0x9e37_79b9;
+    loop {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        std::thread::sleep(Duration::from_millis(150 + (seed >> 33) % 600));
+        if let Some(pid) = std::fs::read_to_string(&lock)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+        {
+            // SAFETY: kill(2) on the controller this test's home started.
+            if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {
+                kills += 1;
+            }
+        }
+        // Any jobs command starts a controller again.
+        let j = managed(&home, 1);
+        if j["state"] == "SUCCEEDED" || j["state"] == "FAILED" {
+            break;
+        }
+        assert!(kills < 400, "the job never ended: {j}");
+    }
+    let job = wait_ended(&home, 1);
+    let (most, ever) = watch.finish();
+    assert!(kills >= 5, "only {kills} kills landed");
+    assert_eq!(job["state"], "SUCCEEDED", "{job}");
+    check_training(&home, 1);
+    assert!(most <= 2, "{most} instances at once");
+    assert_eq!(ever.len(), 8, "{ever:?}");
+    wait_for("the last cluster to go", DEADLINE, || {
+        if home.instance_records().is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{:?}", home.instance_records()))
+        }
+    });
+    assert_no_marker_procs(&home.marker, "the managed job ended");
+}
+
+fn task(home: &TestHome, body: &str) -> String {
+    home.file(
+        "task.yaml",
+        &format!(
+            "resources:\n  infra: local\nenvs:\n  GW_TEST_MARKER: {}\n{body}",
+            home.marker
+        ),
+    )
+}
+
+#[test]
+fn own_failures_restart_within_the_limit_and_exit_codes_can_be_exempt() {
+    let home = TestHome::new();
+    // Fails on its first run only: one restart on errors is enough.
+    let t = home.file(
+        "once.yaml",
+        &format!(
+            "resources:\n  infra: local\n  job_recovery:\n    max_restarts_on_errors: 1\nenvs:\n  GW_TEST_MARKER: {}\nrun: |\n  [ \"$GANGWAY_RESTART_COUNT\" = 0 ] && exit 3\n  echo second-try-ok\n",
+            home.marker
+        ),
+    );
+    let (code, out, err) = parts(&home.run(["jobs", "launch", &t, "-y"]));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("second-try-ok"), "{out}");
+    let j = managed(&home, 1);
+    assert_eq!(
+        (j["restarts_on_errors"].as_u64(), j["preemptions"].as_u64()),
+        (Some(1), Some(0)),
+        "{j}"
+    );
+
+    // Always failing: one restart, then FAILED naming the exit code.
+    let t = home.file(
+        "always.yaml",
+        &format!(
+            "resources:\n  infra: local\n  job_recovery:\n    max_restarts_on_errors: 1\nenvs:\n  GW_TEST_MARKER: {}\nrun: exit 4\n",
+            home.marker
+        ),
+    );
+    let (code, _, err) = parts(&home.run(["jobs", "launch", &t, "-y"]));
+    assert_eq!(code, 1, "{err}");
+    let j = managed(&home, 2);
+    assert_eq!(j["state"], "FAILED", "{j}");
+    assert_eq!(j["restart_count"], 1, "{j}");
+    assert!(
+        j["detail"].as_str().unwrap().contains("exited with code 4"),
+        "{j}"
+    );
+
+    // An exempt exit code restarts without counting (limit 0).
+    let t = home.file(
+        "exempt.yaml",
+        &format!(
+            "resources:\n  infra: local\n  job_recovery:\n    recover_on_exit_codes: [42]\nenvs:\n  GW_TEST_MARKER: {}\nrun: |\n  [ \"$GANGWAY_RESTART_COUNT\" -lt 2 ] && exit 42\n  echo third-try-ok\n",
+            home.marker
+        ),
+    );
+    let (code, out, err) = parts(&home.run(["jobs", "launch", &t, "-y"]));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let j = managed(&home, 3);
+    assert_eq!(
+        (
+            j["restart_count"].as_u64(),
+            j["restarts_on_errors"].as_u64()
+        ),
+        (Some(2), Some(0)),
+        "{j}"
+    );
+    assert_no_marker_procs(&home.marker, "the jobs ended");
+}
+
+#[test]
+fn cancel_stops_a_managed_job_and_removes_its_cluster() {
+    let home = TestHome::new();
+    let t = task(&home, "run: sleep 300\n");
+    let (code, _, err) = parts(&home.run(["jobs", "launch", &t, "-d"]));
+    assert_eq!(code, 0, "{err}");
+    wait_for("the job to run", DEADLINE, || {
+        let j = managed(&home, 1);
+        if j["state"] == "RUNNING" {
+            Ok(())
+        } else {
+            Err(j.to_string())
+        }
+    });
+    let (code, out, err) = parts(&home.run(["jobs", "cancel", "1"]));
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("Managed job 1 CANCELLED"), "{out}");
+    assert!(home.instance_records().is_empty());
+    assert_no_marker_procs(&home.marker, "jobs cancel");
+}
+
+#[test]
+fn no_capacity_for_the_first_launch_is_failed_no_resource() {
+    let home = TestHome::new();
+    let t = task(
+        &home,
+        "config:\n  local:\n    capacity: 0\nrun: echo never\n",
+    );
+    let (code, _, err) = parts(&home.run(["jobs", "launch", &t, "-y"]));
+    assert_eq!(code, 3, "{err}");
+    let j = managed(&home, 1);
+    assert_eq!(j["state"], "FAILED_NO_RESOURCE", "{j}");
+    assert!(
+        j["detail"].as_str().unwrap().contains("out of capacity"),
+        "{j}"
+    );
+}
+
+#[test]
+fn wait_runs_the_controller_in_the_foreground() {
+    let home = TestHome::new();
+    let t = task(&home, "run: echo in-the-foreground\n");
+    let (code, out, err) = parts(&home.run(["jobs", "launch", &t, "--wait", "-o", "json"]));
+    assert_eq!(code, 0, "{err}");
+    let doc = json_doc(&out);
+    assert_eq!(doc["state"], "SUCCEEDED", "{doc}");
+    // No controller was left behind to run detached.
+    assert!(
+        !crate::common::procs_with_env(&format!("GANGWAY_HOME={}", home.path().display()))
+            .iter()
+            .any(|p| std::fs::read_to_string(format!("/proc/{p}/cmdline"))
+                .unwrap_or_default()
+                .contains("__jobs-controller"))
+    );
+}
+
+#[test]
+fn secrets_of_a_managed_job_are_kept_owner_only_and_removed_at_the_end() {
+    use std::os::unix::fs::PermissionsExt;
+    let home = TestHome::new();
+    let t = home.file(
+        "s.yaml",
+        &format!(
+            "resources:\n  infra: local\nenvs:\n  GW_TEST_MARKER: {}\n  GW_FLAG: {}\nsecrets:\n  TOKEN: null\nrun: |\n  echo token-length-${{#TOKEN}}\n  while [ ! -e \"$GW_FLAG\" ]; do sleep 0.1; done\n",
+            home.marker,
+            home.path().join("flag").display()
+        ),
+    );
+    let (code, _, err) =
+        parts(&home.run(["jobs", "launch", &t, "-d", "--secret", "TOKEN=sup3r-s3cret"]));
+    assert_eq!(code, 0, "{err}");
+    let secrets = home.path().join("jobs/managed-1/secrets.json");
+    let mode = std::fs::metadata(&secrets).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    wait_for("the job to run", DEADLINE, || {
+        let j = managed(&home, 1);
+        if j["state"] == "RUNNING" {
+            Ok(())
+        } else {
+            Err(j.to_string())
+        }
+    });
+    std::fs::write(home.path().join("flag"), "").unwrap();
+    let j = wait_ended(&home, 1);
+    assert_eq!(j["state"], "SUCCEEDED", "{j}");
+    assert!(!secrets.exists());
+    let (_, log, _) = parts(&home.run(["jobs", "logs", "1"]));
+    assert!(log.contains("token-length-12"), "{log}");
+    for f in ["state.db", "state.db-wal"] {
+        let bytes = std::fs::read(home.path().join(f)).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains("sup3r-s3cret"),
+            "{f}"
+        );
+    }
+}
