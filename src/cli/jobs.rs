@@ -205,6 +205,9 @@ fn launch(a: &JobsLaunchArgs, out: Output) -> Result<ExitCode, Error> {
             .as_ref()
             .map(|r| r.recover_on_exit_codes.clone())
             .unwrap_or_default(),
+        deadline_s: task.deadline_s.map(|d| d as f64),
+        work_s: task.deadline_work_s.map(|w| w as f64),
+        policy: task.deadline_policy.clone(),
     };
     let text = serde_json::to_string(&mt).map_err(std::io::Error::from)?;
     store.set_managed_task(job.id, &text)?;

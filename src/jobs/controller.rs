@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use gangway_provider::{ClusterName, NodeState};
 use serde::{Deserialize, Serialize};
 
+use super::policy::{Choice, PolicyKind, State};
 use super::ManagedTask;
 use crate::catalog::Catalog;
 use crate::gang::{self, transport_for, Transport};
@@ -21,6 +22,10 @@ use crate::state::{
 pub const BLOCK_TTL: Duration = Duration::from_secs(600);
 /// Time between reconcile rounds.
 pub const TICK: Duration = Duration::from_millis(200);
+/// How often a deadline policy reconsiders a running job's market.
+const DECIDE_EVERY: Duration = Duration::from_secs(2);
+/// Restart overhead assumed before a job has restarted once.
+const DEFAULT_OVERHEAD_S: f64 = 30.0;
 /// How often a running job's nodes are checked with the provider.
 const DESCRIBE_EVERY: Duration = Duration::from_secs(1);
 /// Backoff when no placement has capacity during a recovery.
@@ -56,6 +61,8 @@ pub struct Controller {
     catalog: Catalog,
     log: Option<std::fs::File>,
     described: std::collections::HashMap<i64, std::time::Instant>,
+    decided: std::collections::HashMap<i64, std::time::Instant>,
+    no_spot: std::collections::HashSet<i64>,
 }
 
 /// Where the controller's lock and log live.
@@ -109,6 +116,8 @@ impl Controller {
             catalog,
             log,
             described: Default::default(),
+            decided: Default::default(),
+            no_spot: Default::default(),
         })
     }
 
@@ -215,7 +224,12 @@ impl Controller {
     /// The failover plan for the job now: blocked zones avoided (the
     /// oldest block is dropped when everything is blocked), ordered by the
     /// recovery strategy.
-    fn plan(&self, job: &ManagedJob, mt: &ManagedTask) -> Result<Vec<Candidate>, String> {
+    fn plan(
+        &self,
+        job: &ManagedJob,
+        mt: &ManagedTask,
+        spot: Option<bool>,
+    ) -> Result<Vec<Candidate>, String> {
         let args = crate::cli::TaskArgs {
             task: mt.task_file.clone(),
             infra: mt.infra.clone(),
@@ -229,7 +243,18 @@ impl Controller {
             env_file: None,
             secret: Vec::new(),
         };
-        let task = args.load().map_err(|e| e.to_string())?;
+        let mut task = args.load().map_err(|e| e.to_string())?;
+        if let Some(spot) = spot {
+            // The deadline policy picked the market.
+            task.resources.base.use_spot = Some(spot);
+            if let crate::spec::Choice::AnyOf(items) | crate::spec::Choice::Ordered(items) =
+                &mut task.resources.choice
+            {
+                for i in items {
+                    i.use_spot = Some(spot);
+                }
+            }
+        }
         let now = now_ms();
         let mut blocks: Vec<BlockRec> = serde_json::from_str(&job.blocks).unwrap_or_default();
         blocks.retain(|b| b.until_ms > now);
@@ -301,10 +326,23 @@ impl Controller {
                 return Ok(());
             }
             Reserved::New(row) | Reserved::Resumed(row) => {
-                let plan = match self.plan(job, mt) {
+                let market = self.market_choice(job, mt, Choice::Idle);
+                if market == Some(Choice::Idle) {
+                    // The policy would rather wait for spot than pay now.
+                    self.store.remove_cluster(&job.cluster)?;
+                    job.next_try_at = Some(now_ms() + DECIDE_EVERY.as_millis() as i64);
+                    job.detail = Some("deadline policy: waiting for spot capacity".into());
+                    self.store.save_managed(job, was, "")?;
+                    return Ok(());
+                }
+                let spot = market.map(|c| c == Choice::Spot);
+                let plan = match self.plan(job, mt, spot) {
                     Ok(p) => p,
                     Err(why) => {
                         self.store.remove_cluster(&job.cluster)?;
+                        if spot == Some(true) {
+                            self.no_spot.insert(job.id);
+                        }
                         return self.no_capacity(job, &why).await;
                     }
                 };
@@ -332,6 +370,9 @@ impl Controller {
                     }
                     Err(provision::ProvisionError::Exhausted { attempts, .. }) => {
                         self.store.remove_cluster(&job.cluster)?;
+                        if spot == Some(true) {
+                            self.no_spot.insert(job.id);
+                        }
                         let why = attempts
                             .iter()
                             .map(|a| format!("{}/{}/{}: {}", a.cloud, a.region, a.zone, a.outcome))
@@ -399,6 +440,10 @@ impl Controller {
             row.instance_type.as_deref().unwrap_or("-"),
             if row.use_spot { " spot" } else { "" }
         );
+        if row.use_spot {
+            self.no_spot.remove(&job.id);
+        }
+        job.market = Some(if row.use_spot { "spot" } else { "on-demand" }.into());
         job.inner_job = Some(inner);
         job.placement = Some(placement);
         job.price_per_hour = row.price_per_hour;
@@ -413,7 +458,8 @@ impl Controller {
     }
 
     async fn no_capacity(&mut self, job: &mut ManagedJob, why: &str) -> Result<(), crate::Error> {
-        if job.state == ManagedState::Provisioning && job.restart_count == 0 {
+        let policy_may_switch = mt_has_policy(&job.task) && self.no_spot.contains(&job.id);
+        if job.state == ManagedState::Provisioning && job.restart_count == 0 && !policy_may_switch {
             return self
                 .finish(
                     job,
@@ -454,6 +500,7 @@ impl Controller {
         };
         if inner.status == JobStatus::Running && job.state == ManagedState::Starting {
             job.state = ManagedState::Running;
+            job.work_since = Some(now_ms());
             let reason = match job.recovery_started_at.take() {
                 Some(t) => format!(
                     "resumed {:.1} s after the loss (restart {})",
@@ -493,10 +540,21 @@ impl Controller {
             }
             if let Some(t) = job.notice_at {
                 if (now_ms() - t) as f64 > mt.grace_s * 1000.0 {
+                    if is_move(job) {
+                        return self
+                            .requeue(job, mt, "moved by the deadline policy", false)
+                            .await;
+                    }
                     return self
                         .preempted(job, "the grace period after the notice ran out")
                         .await;
                 }
+                return Ok(());
+            }
+            // The deadline policy may want the other market.
+            if inner.status == JobStatus::Running
+                && self.reconsider(job, mt, &nodes, transport.as_ref(), inner_id)?
+            {
                 return Ok(());
             }
             // 2. The provider took a node without notice (asked at most
@@ -529,6 +587,16 @@ impl Controller {
             // It ended because we asked it to checkpoint: keep that.
             if let Ok(t) = self.sync(mt, &nodes, transport.as_ref()) {
                 job.last_sync_at = Some(t);
+            }
+            if is_move(job) {
+                return self
+                    .requeue(
+                        job,
+                        mt,
+                        "checkpointed for the deadline policy's move",
+                        false,
+                    )
+                    .await;
             }
             return self
                 .preempted(job, "checkpointed on the preemption notice")
@@ -580,6 +648,104 @@ impl Controller {
                 self.finish(job, ManagedState::Failed, &detail).await
             }
         }
+    }
+
+    /// What the deadline policy would run the job on now, if the task has
+    /// one (`deadline: {within, work}`); `running` is the current market.
+    fn market_choice(&self, job: &ManagedJob, mt: &ManagedTask, running: Choice) -> Option<Choice> {
+        let (deadline, work) = (mt.deadline_s?, mt.work_s?);
+        let kind = match mt.policy.as_deref() {
+            Some("greedy") => PolicyKind::Greedy,
+            Some("on_demand") => PolicyKind::AlwaysOnDemand,
+            _ => PolicyKind::UniformProgress,
+        };
+        let now = now_ms();
+        let current = job.work_since.map_or(0, |s| (now - s).max(0));
+        let state = State {
+            elapsed: (now - job.submitted_at).max(0) as f64 / 1000.0,
+            work_done: (job.work_done_ms + current) as f64 / 1000.0,
+            job_length: work,
+            deadline,
+            restart_overhead: self.overhead_estimate(job),
+            tick: DECIDE_EVERY.as_secs_f64(),
+            spot_available: running == Choice::Spot || !self.no_spot.contains(&job.id),
+            running,
+            overhead_left: 0.0,
+        };
+        Some(kind.build().decide(&state))
+    }
+
+    /// The last run's time from looking for a cluster to every rank
+    /// running: the restart overhead the policy plans with.
+    fn overhead_estimate(&self, job: &ManagedJob) -> f64 {
+        let Ok(events) = self.store.managed_events(job.id) else {
+            return DEFAULT_OVERHEAD_S;
+        };
+        let mut began = None;
+        let mut last = None;
+        for e in &events {
+            match e.state.as_str() {
+                "PROVISIONING" | "RECOVERING" => began = Some(e.at),
+                "RUNNING" => {
+                    if let Some(b) = began.take() {
+                        last = Some((e.at - b) as f64 / 1000.0);
+                    }
+                }
+                _ => {}
+            }
+        }
+        last.map_or(DEFAULT_OVERHEAD_S, |s| s.max(1.0))
+    }
+
+    /// Asks the deadline policy whether the running job should change
+    /// market; if so, tells the run to checkpoint (as on a notice) and
+    /// marks the move. Returns whether it acted.
+    fn reconsider(
+        &mut self,
+        job: &mut ManagedJob,
+        mt: &ManagedTask,
+        nodes: &[NodeRow],
+        transport: &dyn Transport,
+        inner: i64,
+    ) -> Result<bool, crate::Error> {
+        if self
+            .decided
+            .get(&job.id)
+            .is_some_and(|t| t.elapsed() < DECIDE_EVERY)
+        {
+            return Ok(false);
+        }
+        self.decided.insert(job.id, std::time::Instant::now());
+        let running = match job.market.as_deref() {
+            Some("spot") => Choice::Spot,
+            Some("on-demand") => Choice::OnDemand,
+            _ => return Ok(false),
+        };
+        let Some(want) = self.market_choice(job, mt, running) else {
+            return Ok(false);
+        };
+        if want == running || want == Choice::Idle {
+            return Ok(false);
+        }
+        let was = job.state;
+        let to = if want == Choice::Spot {
+            "spot"
+        } else {
+            "on-demand"
+        };
+        job.market = Some(format!("->{to}"));
+        job.notice_at = Some(now_ms());
+        self.signal_ranks(transport, nodes, inner, mt.signal);
+        let reason = format!(
+            "deadline policy: moving to {to} ({:.0} s of {:.0} s of work kept, {:.0} s to the deadline)",
+            job.work_done_ms as f64 / 1000.0,
+            mt.work_s.unwrap_or(0.0),
+            mt.deadline_s.unwrap_or(0.0) - (now_ms() - job.submitted_at) as f64 / 1000.0
+        );
+        self.store
+            .managed_event(job.id, "MOVE", job.placement.as_deref(), &reason)?;
+        self.store.save_managed(job, was, "")?;
+        Ok(true)
     }
 
     /// What the provider says about nodes gone without notice.
@@ -731,6 +897,20 @@ impl Controller {
             ),
             (None, None) => "everything since the start of this run (no sync yet)".to_string(),
         };
+        // Progress this run kept: all of it when it checkpointed on request,
+        // up to the last kept checkpoint otherwise.
+        if let Some(since) = job.work_since {
+            let kept_until = if job.notice_at.is_some() {
+                now_ms()
+            } else {
+                job.last_sync_at.unwrap_or(since)
+            };
+            job.work_done_ms += (kept_until - since).max(0);
+        }
+        job.work_since = None;
+        if let Some(m) = job.market.as_deref().and_then(|m| m.strip_prefix("->")) {
+            job.market = Some(m.to_string());
+        }
         self.teardown_cluster(job).await?;
         let now = now_ms();
         if preempted {
@@ -788,6 +968,9 @@ impl Controller {
             job.cost_so_far += p * ((now - since).max(0) as f64 / 3_600_000.0);
         }
         job.running_since = None;
+        if let Some(since) = job.work_since.take() {
+            job.work_done_ms += (now - since).max(0);
+        }
         job.state = state;
         job.detail = Some(why.to_string());
         let _ = std::fs::remove_file(self.store.managed_dir(job.id).join("secrets.json"));
@@ -806,6 +989,18 @@ impl Controller {
         }
         Ok(())
     }
+}
+
+/// Whether the run is being stopped for a market move, not a preemption.
+fn is_move(job: &ManagedJob) -> bool {
+    job.market.as_deref().is_some_and(|m| m.starts_with("->"))
+}
+
+/// Whether a stored task has a deadline policy (both `within` and `work`).
+fn mt_has_policy(task: &str) -> bool {
+    serde_json::from_str::<ManagedTask>(task)
+        .map(|t| t.deadline_s.is_some() && t.work_s.is_some())
+        .unwrap_or(false)
 }
 
 /// Orders a plan by recovery strategy: `FAILOVER` tries the region just

@@ -57,6 +57,15 @@ pub struct ManagedTask {
     pub max_restarts_on_errors: u32,
     /// `job_recovery.recover_on_exit_codes`.
     pub recover_on_exit_codes: Vec<i32>,
+    /// `deadline` (or `deadline.within`), seconds from submission.
+    #[serde(default)]
+    pub deadline_s: Option<f64>,
+    /// `deadline.work`: running time the job needs, seconds.
+    #[serde(default)]
+    pub work_s: Option<f64>,
+    /// `deadline.policy`.
+    #[serde(default)]
+    pub policy: Option<String>,
 }
 
 /// The signal number for a `checkpoint.signal` name.

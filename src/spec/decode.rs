@@ -334,7 +334,7 @@ pub fn task(doc: &Node, file: &str) -> R<Task> {
             "run" => t.run = command(&cx, v, key)?,
             "config" => t.config = config(&cx, v)?,
             "checkpoint" => t.checkpoint = Some(checkpoint(&cx, v)?),
-            "deadline" => t.deadline_s = Some(duration(&cx, v, key)?),
+            "deadline" => deadline(&cx, v, &mut t)?,
             _ => unreachable!("fields() only returns allowed keys"),
         }
     }
@@ -593,6 +593,62 @@ fn checkpoint(cx: &Cx, v: &Node) -> R<Checkpoint> {
         }
     }
     Ok(c)
+}
+
+/// `deadline: 48h`, or `deadline: {within: 52h, work: 48h, policy: ...}`.
+fn deadline(cx: &Cx, v: &Node, t: &mut Task) -> R<()> {
+    if !matches!(v.kind, Kind::Map(_)) {
+        t.deadline_s = Some(duration(cx, v, "deadline")?);
+        return Ok(());
+    }
+    let mut within = None;
+    let mut work_node = v;
+    for (key, _k, val) in cx.fields(
+        v,
+        "deadline",
+        &["within", "work", "policy"],
+        "write e.g. deadline: {within: 52h, work: 48h, policy: uniform_progress}",
+    )? {
+        let path = join("deadline", key);
+        match key {
+            "within" => within = Some(duration(cx, val, &path)?),
+            "work" => {
+                t.deadline_work_s = Some(duration(cx, val, &path)?);
+                work_node = val;
+            }
+            _ => {
+                let p = cx.string(val, &path)?;
+                const POLICIES: &[&str] = &["uniform_progress", "greedy", "on_demand"];
+                if !POLICIES.contains(&p.as_str()) {
+                    return Err(cx.err(
+                        val,
+                        &path,
+                        format!("unknown policy '{p}'"),
+                        format!("expected one of {}", POLICIES.join(", ")),
+                    ));
+                }
+                t.deadline_policy = Some(p);
+            }
+        }
+    }
+    let Some(within) = within else {
+        return Err(cx.err(
+            v,
+            "deadline.within",
+            "missing field 'within'".to_string(),
+            "write e.g. deadline: {within: 52h, work: 48h}".to_string(),
+        ));
+    };
+    if t.deadline_work_s.is_some_and(|w| w > within) {
+        return Err(cx.err(
+            work_node,
+            "deadline.work",
+            "more work than time before the deadline".to_string(),
+            "work must not exceed within".to_string(),
+        ));
+    }
+    t.deadline_s = Some(within);
+    Ok(())
 }
 
 /// `90`, `"90s"`, `"15m"`, `"6h"`, `"2d"` as seconds.

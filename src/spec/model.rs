@@ -32,6 +32,11 @@ pub struct Task {
     pub checkpoint: Option<Checkpoint>,
     /// `deadline` (gangway extension): finish within this many seconds.
     pub deadline_s: Option<u64>,
+    /// `deadline.work`: how much running time the job needs (what the
+    /// deadline policies plan with).
+    pub deadline_work_s: Option<u64>,
+    /// `deadline.policy`: `uniform_progress` (default), `greedy`, `on_demand`.
+    pub deadline_policy: Option<String>,
 }
 
 /// A secret value; its `Debug`, `Display` and `Serialize` never show it.

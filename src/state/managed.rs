@@ -137,6 +137,13 @@ pub struct ManagedJob {
     pub ended_at: Option<i64>,
     /// How it ended, or what it waits for.
     pub detail: Option<String>,
+    /// Running time kept by checkpoints so far, ms (deadline policies).
+    pub work_done_ms: i64,
+    /// The current run has made progress since (unix ms).
+    pub work_since: Option<i64>,
+    /// The market the deadline policy chose (`spot`, `on-demand`), or a
+    /// pending move (`->spot`, `->on-demand`).
+    pub market: Option<String>,
 }
 
 impl ManagedJob {
@@ -167,7 +174,8 @@ pub struct ManagedEvent {
 
 const COLS: &str = "id, name, state, desired, task, cluster, inner_job, restarts_on_errors,
     preemptions, restart_count, blocks, placement, price_per_hour, cost_so_far, running_since,
-    notice_at, last_sync_at, recovery_started_at, next_try_at, submitted_at, ended_at, detail";
+    notice_at, last_sync_at, recovery_started_at, next_try_at, submitted_at, ended_at, detail,
+    work_done_ms, work_since, market";
 
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ManagedJob> {
     let state: String = r.get(2)?;
@@ -194,6 +202,9 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ManagedJob> {
         submitted_at: r.get(19)?,
         ended_at: r.get(20)?,
         detail: r.get(21)?,
+        work_done_ms: r.get(22)?,
+        work_since: r.get(23)?,
+        market: r.get(24)?,
     })
 }
 
@@ -280,7 +291,8 @@ impl Store {
                     preemptions = ?5, restart_count = ?6, blocks = ?7, placement = ?8,
                     price_per_hour = ?9, cost_so_far = ?10, running_since = ?11, notice_at = ?12,
                     last_sync_at = ?13, recovery_started_at = ?14, next_try_at = ?15,
-                    ended_at = COALESCE(ended_at, ?16), detail = ?17
+                    ended_at = COALESCE(ended_at, ?16), detail = ?17, work_done_ms = ?18,
+                    work_since = ?19, market = ?20
                  WHERE id = ?1",
                 params![
                     job.id,
@@ -300,6 +312,9 @@ impl Store {
                     job.next_try_at,
                     ended,
                     job.detail,
+                    job.work_done_ms,
+                    job.work_since,
+                    job.market,
                 ],
             )
             .map_err(|e| self.db(e))?;

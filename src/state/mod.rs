@@ -115,6 +115,10 @@ const MIGRATIONS: &[&str] = &[
         reason TEXT NOT NULL
     );
     CREATE INDEX managed_events_job ON managed_events(job, id);",
+    // 3: progress and market, for deadline policies.
+    "ALTER TABLE managed_jobs ADD COLUMN work_done_ms INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE managed_jobs ADD COLUMN work_since INTEGER;
+    ALTER TABLE managed_jobs ADD COLUMN market TEXT;",
 ];
 
 /// A state database failure, naming the file.

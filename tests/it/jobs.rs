@@ -377,3 +377,59 @@ fn secrets_of_a_managed_job_are_kept_owner_only_and_removed_at_the_end() {
         );
     }
 }
+
+#[test]
+fn a_deadline_moves_a_job_that_spot_keeps_losing_onto_on_demand() {
+    let home = TestHome::new();
+    // Spot is reclaimed 0.3 s after every launch, before the run finishes
+    // a single 0.5 s step, so spot never gets the 4 s of work done; uniform
+    // progress must end on on-demand while there is still time (the
+    // deadline is 30 s away). With no restart measured yet it assumes a
+    // cloud's 30 s and starts on on-demand, then tries spot once it knows
+    // restarts here are quick.
+    let schedule: Vec<String> = (0..200)
+        .map(|_| "      - {after_s: 0.3}".to_string())
+        .collect();
+    let t = home.file(
+        "deadline.yaml",
+        &format!(
+            "resources:\n  infra: local\n  use_spot: true\nenvs:\n  GW_TEST_MARKER: {}\n\
+             deadline: {{within: 30s, work: 4s, policy: uniform_progress}}\n\
+             checkpoint: {{sync_interval: 1}}\n\
+             config:\n  local:\n    preemptions:\n{}\n\
+             run: |\n  ck=\"$GANGWAY_CHECKPOINT_DIR/step\"\n  step=0\n  [ -f \"$ck\" ] && step=$(cat \"$ck\")\n\
+             \x20 trap 'echo $step > \"$ck\"; exit 0' TERM\n\
+             \x20 while [ $step -lt 8 ]; do sleep 0.5; step=$((step+1)); echo $step > \"$ck\"; done\n\
+             \x20 echo finished-at-$step\n",
+            home.marker,
+            schedule.join("\n")
+        ),
+    );
+    let (code, out, err) = parts(&home.run(["jobs", "launch", &t, "-y"]));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("finished-at-8"), "{out}");
+    let events = home.run(["jobs", "events", "1", "-o", "json"]);
+    let ev = json_doc(&String::from_utf8_lossy(&events.stdout));
+    let list = ev["events"].as_array().unwrap().clone();
+    let starts: Vec<String> = list
+        .iter()
+        .filter(|e| e["state"] == "STARTING")
+        .map(|e| e["placement"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert!(starts.len() >= 2, "{list:?}");
+    assert!(
+        starts.iter().any(|s| s.ends_with(" spot")),
+        "spot was tried: {starts:?}"
+    );
+    let last = starts.last().unwrap();
+    assert!(
+        !last.ends_with(" spot"),
+        "finishes on on-demand: {starts:?}"
+    );
+    let j = managed(&home, 1);
+    assert_eq!(j["state"], "SUCCEEDED", "{j}");
+    assert_eq!(j["market"], "on-demand", "{j}");
+    let took = j["ended_at"].as_i64().unwrap() - j["submitted_at"].as_i64().unwrap();
+    eprintln!("deadline job took {took} ms for a 30,000 ms deadline; starts: {starts:?}");
+    assert_no_marker_procs(&home.marker, "the managed job ended");
+}

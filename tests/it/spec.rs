@@ -298,3 +298,17 @@ fn overrides_and_secrets() {
     assert!(json.contains("<redacted>"));
     assert_eq!(t.secrets[0].1.as_ref().unwrap().expose(), "s3cr3t-value");
 }
+
+#[test]
+fn deadline_takes_a_duration_or_within_work_and_policy() {
+    let t = gangway::spec::parse_str("run: x\ndeadline: 48h\n", "t.yaml").unwrap();
+    assert_eq!((t.deadline_s, t.deadline_work_s), (Some(172_800), None));
+    let t = gangway::spec::parse_str(
+        "run: x\ndeadline: {within: 52h, work: 48h, policy: greedy}\n",
+        "t.yaml",
+    )
+    .unwrap();
+    assert_eq!(t.deadline_s, Some(52 * 3600));
+    assert_eq!(t.deadline_work_s, Some(48 * 3600));
+    assert_eq!(t.deadline_policy.as_deref(), Some("greedy"));
+}
