@@ -1049,6 +1049,51 @@ mod tests {
         assert_eq!(exit_code_in("was killed by signal 9"), None);
     }
 
+    fn cand(cloud: &str, region: &str, zone: &str) -> Candidate {
+        Candidate {
+            cloud: cloud.into(),
+            region: region.into(),
+            zone: zone.into(),
+            instance_type: "t".into(),
+            accelerator: None,
+            accelerator_count: 0.0,
+            use_spot: true,
+            nodes: 1,
+            price_per_node_hour: 1.0,
+            total_per_hour: 1.0,
+            vcpus: 1.0,
+            memory_gib: 1.0,
+            group: 0,
+            spec: Default::default(),
+        }
+    }
+
+    #[test]
+    fn recovery_strategies_order_the_lost_region_first_or_last() {
+        let plan = vec![
+            cand("aws", "us-east-1", "us-east-1b"),
+            cand("aws", "us-west-2", "us-west-2a"),
+            cand("aws", "us-east-1", "us-east-1c"),
+            cand("gcp", "us-central1", "us-central1-a"),
+        ];
+        let zones = |p: Vec<Candidate>| p.into_iter().map(|c| c.zone).collect::<Vec<_>>();
+        let lost = Some(("aws".to_string(), "us-east-1".to_string()));
+        // EAGER_NEXT_REGION never goes back to the region just lost while
+        // another region has a candidate.
+        assert_eq!(
+            zones(order_for("EAGER_NEXT_REGION", plan.clone(), lost.clone())),
+            ["us-west-2a", "us-central1-a", "us-east-1b", "us-east-1c"]
+        );
+        assert_eq!(
+            zones(order_for("FAILOVER", plan.clone(), lost)),
+            ["us-east-1b", "us-east-1c", "us-west-2a", "us-central1-a"]
+        );
+        assert_eq!(
+            zones(order_for("FAILOVER", plan, None)),
+            ["us-east-1b", "us-west-2a", "us-east-1c", "us-central1-a"]
+        );
+    }
+
     #[test]
     fn placements_parse() {
         assert_eq!(

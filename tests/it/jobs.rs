@@ -102,6 +102,13 @@ fn check_training(home: &TestHome, id: i64) {
     let (code, log, err) = parts(&home.run(["jobs", "logs", &id.to_string()]));
     assert_eq!(code, 0, "{err}");
     let runs = steps_per_run(&log);
+    // Every run is the same job, one restart further.
+    for (i, _) in runs.iter().enumerate() {
+        assert!(
+            log.contains(&format!("run {i} of job {id}: resuming")),
+            "{log}"
+        );
+    }
     assert_eq!(runs.len(), 4, "one run and three recoveries:\n{log}");
     assert_eq!(runs[0].0, 0, "{log}");
     // The last run reaches exactly 60.
