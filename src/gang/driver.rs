@@ -307,7 +307,7 @@ async fn run_job(
     }
     nodes.truncate(spec.num_nodes.max(1) as usize);
     let cloud = row.cloud.clone().unwrap_or_default();
-    let Some(transport) = transport_for(&cloud) else {
+    let Some(transport) = transport_for(&cloud, store.home(), cluster) else {
         return Ok((
             JobStatus::Failed,
             Some(format!("no transport for {cloud} nodes yet")),
@@ -328,6 +328,9 @@ async fn run_job(
     };
 
     store.set_job_status(job_id, JobStatus::SettingUp, None)?;
+    if let Err(e) = transport.connect(&nodes).await {
+        return Ok((JobStatus::FailedSetup, Some(e.to_string())));
+    }
     // Files first, on every node.
     for (rank, n) in nodes.iter().enumerate() {
         if let Err(e) = transport.make_dir(n, &info.checkpoint_dirs[rank]) {

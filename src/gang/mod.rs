@@ -6,7 +6,9 @@
 //! launched it and `status` can always tell a live job from a dead driver.
 
 mod driver;
+pub mod gpus;
 mod ranks;
+pub mod ssh;
 mod transport;
 
 use std::path::PathBuf;
@@ -227,7 +229,11 @@ pub fn reap(store: &crate::state::Store) -> Result<usize, crate::state::StateErr
         let Some(cluster) = store.cluster(&job.cluster)? else {
             continue;
         };
-        let Some(transport) = cluster.cloud.as_deref().and_then(transport_for) else {
+        let Some(transport) = cluster
+            .cloud
+            .as_deref()
+            .and_then(|c| transport_for(c, store.home(), &job.cluster))
+        else {
             continue;
         };
         let nodes = store.nodes(&job.cluster)?;
@@ -248,11 +254,19 @@ pub fn reap(store: &crate::state::Store) -> Result<usize, crate::state::StateErr
     Ok(reaped.len())
 }
 
-/// The transport for a node of `cloud`.
-pub fn transport_for(cloud: &str) -> Option<Box<dyn Transport>> {
+/// The transport for the nodes of `cloud` in `cluster`: local processes
+/// for the local cloud, SSH (host keys verified strictly) for every other.
+pub fn transport_for(
+    cloud: &str,
+    home: &std::path::Path,
+    cluster: &str,
+) -> Option<Box<dyn Transport>> {
     match cloud {
         "local" => Some(Box::new(LocalTransport)),
-        _ => None,
+        "" => None,
+        _ => ssh::SshTransport::new(home, cluster, false)
+            .ok()
+            .map(|t| Box::new(t) as Box<dyn Transport>),
     }
 }
 

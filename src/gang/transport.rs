@@ -34,7 +34,15 @@ pub struct TransportError {
 }
 
 /// Runs commands on nodes and copies files to them.
+#[async_trait::async_trait]
 pub trait Transport: Send + Sync {
+    /// Makes sure every node can be reached (opens connections where the
+    /// transport has them). Local nodes need nothing.
+    async fn connect(&self, nodes: &[NodeRow]) -> Result<(), TransportError> {
+        let _ = nodes;
+        Ok(())
+    }
+
     /// Starts `cmd` on `node` in a process group of its own; stdout and
     /// stderr both go to `output`. Returns the child (whose pid is the
     /// group id on the launching side).
@@ -107,6 +115,7 @@ fn shell() -> &'static str {
     }
 }
 
+#[async_trait::async_trait]
 impl Transport for LocalTransport {
     fn spawn(
         &self,

@@ -477,7 +477,7 @@ impl Controller {
 
     fn nodes_and_transport(&self, job: &ManagedJob) -> Option<(Vec<NodeRow>, Box<dyn Transport>)> {
         let row = self.store.cluster(&job.cluster).ok()??;
-        let t = transport_for(row.cloud.as_deref()?)?;
+        let t = transport_for(row.cloud.as_deref()?, &self.home, &job.cluster)?;
         let nodes = self.store.nodes(&job.cluster).ok()?;
         Some((nodes, t))
     }

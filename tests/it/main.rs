@@ -9,3 +9,5 @@ mod jobs;
 mod launch;
 mod sim;
 mod spec;
+mod ssh;
+mod sshd;

@@ -1,0 +1,608 @@
+//! Commands on nodes over SSH: one multiplexed master connection per node
+//! (the `openssh` crate drives OpenSSH's ControlMaster), reused for every
+//! command, copy and signal.
+//!
+//! A node's address comes from its `ssh.*` facts (`ssh.host`, `ssh.port`,
+//! `ssh.user`, `ssh.key`, `ssh.jump`), falling back to its public, then
+//! private, address. Host keys go to a known_hosts file per cluster: new
+//! keys are accepted while the cluster is being provisioned (first contact)
+//! and verified strictly afterwards, so a changed key stops the job with an
+//! error naming the node. Keepalives every 5 s, 3 missed: a node that stops
+//! answering is noticed within 15 s.
+
+use std::collections::HashMap;
+use std::io::{PipeWriter, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use openssh::{KnownHosts, Session, SessionBuilder};
+
+use super::transport::{NodeCommand, Transport, TransportError};
+use crate::state::NodeRow;
+
+/// Most master connections opened at once.
+pub const MAX_HANDSHAKES: usize = 16;
+/// Keepalive interval (3 missed answers end the connection).
+pub const KEEPALIVE: Duration = Duration::from_secs(5);
+
+/// Where a node is reached.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SshTarget {
+    /// Host name or address.
+    pub host: String,
+    /// Port.
+    pub port: u16,
+    /// User.
+    pub user: String,
+    /// Private key (default: gangway's own).
+    pub key: Option<PathBuf>,
+    /// `ProxyJump` host, `[user@]host[:port]`.
+    pub jump: Option<String>,
+}
+
+impl SshTarget {
+    /// The target of a node, from its facts.
+    pub fn of(node: &NodeRow) -> SshTarget {
+        let get = |k: &str| node.extra.get(k).filter(|v| !v.is_empty()).cloned();
+        SshTarget {
+            host: get("ssh.host")
+                .or_else(|| node.public_ip.clone())
+                .unwrap_or_else(|| node.private_ip.clone()),
+            port: get("ssh.port").and_then(|p| p.parse().ok()).unwrap_or(22),
+            user: get("ssh.user").unwrap_or_else(|| "root".into()),
+            key: get("ssh.key").map(PathBuf::from),
+            jump: get("ssh.jump"),
+        }
+    }
+
+    fn key_name(&self) -> String {
+        format!("{}@{}:{}", self.user, self.host, self.port)
+    }
+}
+
+/// Errors about keys.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// The key file can be read by others.
+    #[error(
+        "refusing to use {path}: it can be read by others (mode {mode:o}); run `chmod 600 {path}`"
+    )]
+    Readable {
+        /// The file.
+        path: String,
+        /// Its mode.
+        mode: u32,
+    },
+    /// ssh-keygen failed or is missing.
+    #[error("cannot create an ssh key at {path}: {why}")]
+    Create {
+        /// The file.
+        path: String,
+        /// Why.
+        why: String,
+    },
+}
+
+/// Refuses a private key that others can read.
+pub fn check_key_mode(path: &Path) -> Result<(), KeyError> {
+    let mode = std::fs::metadata(path)
+        .map(|m| m.permissions().mode() & 0o777)
+        .map_err(|e| KeyError::Create {
+            path: path.display().to_string(),
+            why: e.to_string(),
+        })?;
+    if mode & 0o077 != 0 {
+        return Err(KeyError::Readable {
+            path: path.display().to_string(),
+            mode,
+        });
+    }
+    Ok(())
+}
+
+/// gangway's own key pair, `$GANGWAY_HOME/ssh/id_ed25519`, created (mode
+/// 0600) on first use.
+pub fn ensure_key(home: &Path) -> Result<PathBuf, KeyError> {
+    let dir = home.join("ssh");
+    let path = dir.join("id_ed25519");
+    if path.exists() {
+        check_key_mode(&path)?;
+        return Ok(path);
+    }
+    let err = |why: String| KeyError::Create {
+        path: path.display().to_string(),
+        why,
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| err(e.to_string()))?;
+    let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+    let out = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", "gangway", "-f"])
+        .arg(&path)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| err(format!("ssh-keygen: {e}")))?;
+    if !out.status.success() {
+        return Err(err(String::from_utf8_lossy(&out.stderr).trim().to_string()));
+    }
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| err(e.to_string()))?;
+    Ok(path)
+}
+
+/// Quotes `s` for a POSIX shell.
+pub fn sq(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// A node path for the remote shell: `~/x` expands there, the rest is quoted.
+fn remote_path(p: &str) -> String {
+    if p == "~" {
+        "\"$HOME\"".into()
+    } else if let Some(rest) = p.strip_prefix("~/") {
+        format!("\"$HOME\"/{}", sq(rest))
+    } else {
+        sq(p)
+    }
+}
+
+/// The SSH transport for one cluster.
+pub struct SshTransport {
+    known_hosts: PathBuf,
+    control_dir: PathBuf,
+    key: PathBuf,
+    accept_new_hosts: bool,
+    connect_timeout: Duration,
+    sessions: Mutex<HashMap<SshTarget, Arc<Session>>>,
+    /// Local ssh pid → (target, token naming the remote process group).
+    remote: Mutex<HashMap<u32, (SshTarget, String)>>,
+}
+
+impl SshTransport {
+    /// A transport for `cluster`, with state under `home`. `first_contact`:
+    /// accept host keys not seen before (while provisioning).
+    pub fn new(home: &Path, cluster: &str, first_contact: bool) -> Result<SshTransport, KeyError> {
+        let key = ensure_key(home)?;
+        let known = home.join("ssh").join("known_hosts");
+        let control_dir = home.join("ssh").join("ctl");
+        let _ = std::fs::create_dir_all(&known);
+        let _ = std::fs::create_dir_all(&control_dir);
+        Ok(SshTransport {
+            known_hosts: known.join(cluster),
+            control_dir,
+            key,
+            accept_new_hosts: first_contact,
+            connect_timeout: Duration::from_secs(60),
+            sessions: Mutex::new(HashMap::new()),
+            remote: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// How long to keep retrying a node whose sshd does not answer yet.
+    pub fn with_connect_timeout(mut self, d: Duration) -> SshTransport {
+        self.connect_timeout = d;
+        self
+    }
+
+    fn session(&self, t: &SshTarget) -> Option<Arc<Session>> {
+        self.sessions.lock().ok()?.get(t).cloned()
+    }
+
+    /// The control socket of a node's master connection.
+    fn control(&self, node: &NodeRow) -> Result<(SshTarget, PathBuf), TransportError> {
+        let t = SshTarget::of(node);
+        let s = self.session(&t).ok_or_else(|| TransportError {
+            node: name(node),
+            what: "not connected".into(),
+            source: std::io::Error::other("connect() was not called for this node"),
+        })?;
+        Ok((t, s.control_socket().to_path_buf()))
+    }
+
+    /// `ssh` through the node's master connection, with `remote` as the
+    /// command.
+    fn ssh_command(&self, ctl: &Path, t: &SshTarget, remote: &str) -> std::process::Command {
+        let mut c = std::process::Command::new("ssh");
+        c.arg("-S")
+            .arg(ctl)
+            .args(["-o", "ControlMaster=no", "-o", "BatchMode=yes", "-T"])
+            .arg("-p")
+            .arg(t.port.to_string())
+            .arg("-l")
+            .arg(&t.user)
+            .arg(&t.host)
+            .arg("--")
+            .arg(remote);
+        c
+    }
+
+    /// Runs a short command on the node and returns its stdout.
+    fn run(
+        &self,
+        node: &NodeRow,
+        remote: &str,
+        input: Option<&[u8]>,
+    ) -> Result<Vec<u8>, TransportError> {
+        let (t, ctl) = self.control(node)?;
+        let err = |what: String, source: std::io::Error| TransportError {
+            node: name(node),
+            what,
+            source,
+        };
+        let mut c = self.ssh_command(&ctl, &t, remote);
+        c.stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        let mut child = c.spawn().map_err(|e| err("cannot run ssh".into(), e))?;
+        if let (Some(data), Some(mut stdin)) = (input, child.stdin.take()) {
+            stdin
+                .write_all(data)
+                .map_err(|e| err("cannot send data".into(), e))?;
+        }
+        let out = child
+            .wait_with_output()
+            .map_err(|e| err("ssh failed".into(), e))?;
+        if !out.status.success() {
+            return Err(err(
+                format!("`{remote}` failed"),
+                std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string()),
+            ));
+        }
+        Ok(out.stdout)
+    }
+
+    fn rsync(
+        &self,
+        node: &NodeRow,
+        from: &str,
+        to: &str,
+        update: bool,
+    ) -> Result<(), TransportError> {
+        let (t, ctl) = self.control(node)?;
+        let rsh = format!(
+            "ssh -S {} -o ControlMaster=no -o BatchMode=yes -p {} -l {}",
+            sq(&ctl.display().to_string()),
+            t.port,
+            sq(&t.user)
+        );
+        let mut c = std::process::Command::new("rsync");
+        // -a keeps times, so unchanged files are skipped next time.
+        c.args(["-a", "-e", &rsh]);
+        if update {
+            c.arg("--update");
+        }
+        let out = c
+            .arg(from)
+            .arg(to)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| TransportError {
+                node: name(node),
+                what: "cannot run rsync (is it installed here and on the node?)".into(),
+                source: e,
+            })?;
+        if !out.status.success() {
+            return Err(TransportError {
+                node: name(node),
+                what: format!("rsync {from} {to} failed"),
+                source: std::io::Error::other(
+                    String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn name(node: &NodeRow) -> String {
+    format!("rank {} ({})", node.rank, SshTarget::of(node).host)
+}
+
+/// A remote path as rsync wants it: relative to the home for `~/x`.
+fn rsync_path(t: &SshTarget, p: &str) -> String {
+    let p = p.strip_prefix("~/").unwrap_or(p);
+    format!("{}:{}", t.host, p)
+}
+
+fn explain_connect(e: &openssh::Error) -> String {
+    let text = format!("{e:?}");
+    if text.contains("IDENTIFICATION HAS CHANGED") || text.contains("Host key verification failed")
+    {
+        "its host key changed since gangway first connected (or is unknown): refusing to connect; \
+         if the node was really replaced, remove its line from the cluster's known_hosts file"
+            .into()
+    } else {
+        e.to_string()
+    }
+}
+
+#[async_trait::async_trait]
+impl Transport for SshTransport {
+    async fn connect(&self, nodes: &[NodeRow]) -> Result<(), TransportError> {
+        let sem = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
+        let mut tasks = tokio::task::JoinSet::new();
+        for node in nodes {
+            let t = SshTarget::of(node);
+            if self.session(&t).is_some() {
+                continue;
+            }
+            let mut b = SessionBuilder::default();
+            b.user(t.user.clone())
+                .port(t.port)
+                .keyfile(t.key.clone().unwrap_or_else(|| self.key.clone()))
+                .user_known_hosts_file(&self.known_hosts)
+                .known_hosts_check(if self.accept_new_hosts {
+                    KnownHosts::Add
+                } else {
+                    KnownHosts::Strict
+                })
+                .connect_timeout(Duration::from_secs(10))
+                .server_alive_interval(KEEPALIVE)
+                .control_directory(&self.control_dir);
+            if let Some(j) = &t.jump {
+                b.jump_hosts([j.as_str()]);
+            }
+            let who = name(node);
+            let sem = Arc::clone(&sem);
+            let deadline = tokio::time::Instant::now() + self.connect_timeout;
+            tasks.spawn(async move {
+                let _permit = sem.acquire_owned().await;
+                let mut pause = Duration::from_millis(200);
+                loop {
+                    match b.connect(&t.host).await {
+                        Ok(s) => return Ok((t, Arc::new(s))),
+                        Err(e) => {
+                            let why = explain_connect(&e);
+                            let fatal = why.contains("host key changed");
+                            if fatal || tokio::time::Instant::now() + pause > deadline {
+                                return Err(TransportError {
+                                    node: who,
+                                    what: format!("cannot connect to {}", t.key_name()),
+                                    source: std::io::Error::other(why),
+                                });
+                            }
+                            tracing::info!("waiting for sshd on {}: {why}", t.key_name());
+                            tokio::time::sleep(pause).await;
+                            pause = (pause * 2).min(Duration::from_secs(5));
+                        }
+                    }
+                }
+            });
+        }
+        let mut first_err = None;
+        while let Some(r) = tasks.join_next().await {
+            match r {
+                Ok(Ok((t, s))) => {
+                    if let Ok(mut m) = self.sessions.lock() {
+                        m.insert(t, s);
+                    }
+                }
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(e) => {
+                    first_err.get_or_insert(TransportError {
+                        node: "?".into(),
+                        what: "connecting".into(),
+                        source: std::io::Error::other(e.to_string()),
+                    });
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn spawn(
+        &self,
+        node: &NodeRow,
+        cmd: &NodeCommand,
+        output: PipeWriter,
+    ) -> Result<tokio::process::Child, TransportError> {
+        let (t, ctl) = self.control(node)?;
+        let err = |what: &str, source| TransportError {
+            node: name(node),
+            what: what.to_string(),
+            source,
+        };
+        let token = format!(
+            "{}-{}",
+            std::process::id(),
+            crate::state::now_ms() ^ (node.rank as i64) << 40
+        );
+        // The environment goes over stdin (not the command line, which
+        // other users of the node can read). The command runs as its own
+        // session and process group (`setsid` in a background child, which
+        // is never a group leader, so no fork: `$!` is the group id), whose
+        // id is kept under a token so `signal` can reach the whole group.
+        let mut env = String::new();
+        for (k, v) in &node.extra {
+            if let Some(n) = k.strip_prefix("env.") {
+                env.push_str(&format!("export {n}={}\n", sq(v)));
+            }
+        }
+        for (k, v) in &cmd.env {
+            env.push_str(&format!("export {k}={}\n", sq(v)));
+        }
+        let wrapper = format!(
+            "mkdir -p \"$HOME/.gangway/procs\"; . /dev/stdin; cd {cwd} 2>/dev/null || cd; \
+             setsid bash -c {script} </dev/null & \
+             echo $! > \"$HOME/.gangway/procs/{token}\"; wait $!; rc=$?; \
+             rm -f \"$HOME/.gangway/procs/{token}\"; exit $rc",
+            cwd = remote_path(&cmd.cwd),
+            script = sq(&cmd.script),
+        );
+        let (env_r, mut env_w) = std::io::pipe().map_err(|e| err("cannot make a pipe", e))?;
+        env_w
+            .write_all(env.as_bytes())
+            .map_err(|e| err("cannot pass the environment", e))?;
+        drop(env_w);
+        let std_cmd = self.ssh_command(&ctl, &t, &format!("exec bash -c {}", sq(&wrapper)));
+        let mut c = tokio::process::Command::from(std_cmd);
+        let out2 = output
+            .try_clone()
+            .map_err(|e| err("cannot duplicate the output pipe", e))?;
+        c.stdin(env_r).stdout(out2).stderr(output);
+        c.process_group(0);
+        let child = c.spawn().map_err(|e| err("cannot start ssh", e))?;
+        if let (Some(pid), Ok(mut m)) = (child.id(), self.remote.lock()) {
+            m.insert(pid, (t, token));
+        }
+        Ok(child)
+    }
+
+    fn signal(&self, node: &NodeRow, pgid: u32, signal: i32) {
+        let entry = self.remote.lock().ok().and_then(|m| m.get(&pgid).cloned());
+        let Some((_, token)) = entry else {
+            return;
+        };
+        let remote = format!(
+            "p=$(cat \"$HOME/.gangway/procs/{token}\" 2>/dev/null) && kill -{signal} -- -$p 2>/dev/null; true"
+        );
+        let _ = self.run(node, &remote, None);
+    }
+
+    fn signal_job(&self, node: &NodeRow, _pgid: u32, job: i64, signal: i32) {
+        // Another process started these: find them by their environment.
+        let remote = format!(
+            "for p in /proc/[0-9]*; do grep -qxz 'GANGWAY_RUN={job}' $p/environ 2>/dev/null && \
+             kill -{signal} ${{p#/proc/}} 2>/dev/null; done; true"
+        );
+        let _ = self.run(node, &remote, None);
+    }
+
+    fn reaped(&self, _node: &NodeRow, pgid: u32) {
+        if let Ok(mut m) = self.remote.lock() {
+            m.remove(&pgid);
+        }
+    }
+
+    fn upload(&self, node: &NodeRow, local: &Path, dest: &str) -> Result<(), TransportError> {
+        let t = SshTarget::of(node);
+        let is_dir = local.is_dir();
+        let parent = if is_dir {
+            dest.to_string()
+        } else {
+            dest.rsplit_once('/')
+                .map(|(p, _)| p.to_string())
+                .unwrap_or_else(|| "~".into())
+        };
+        self.make_dir(node, &parent)?;
+        let from = if is_dir {
+            format!("{}/", local.display())
+        } else {
+            local.display().to_string()
+        };
+        let to = if is_dir {
+            format!("{}/", rsync_path(&t, dest))
+        } else {
+            rsync_path(&t, dest)
+        };
+        self.rsync(node, &from, &to, false)
+    }
+
+    fn download(&self, node: &NodeRow, path: &str, dest: &Path) -> Result<(), TransportError> {
+        let t = SshTarget::of(node);
+        let _ = std::fs::create_dir_all(dest);
+        self.rsync(
+            node,
+            &format!("{}/", rsync_path(&t, path)),
+            &format!("{}/", dest.display()),
+            true,
+        )
+    }
+
+    fn write_file(&self, node: &NodeRow, path: &str, data: &[u8]) -> Result<(), TransportError> {
+        let p = remote_path(path);
+        self.run(
+            node,
+            &format!("cat > {p}.tmp && mv {p}.tmp {p}"),
+            Some(data),
+        )
+        .map(|_| ())
+    }
+
+    fn preemption_notice(&self, _node: &NodeRow) -> Option<String> {
+        // Machines in an ssh pool are never preempted; the cloud providers
+        // read their metadata servers through `run` when they arrive.
+        None
+    }
+
+    fn make_dir(&self, node: &NodeRow, path: &str) -> Result<(), TransportError> {
+        self.run(node, &format!("mkdir -p {}", remote_path(path)), None)
+            .map(|_| ())
+    }
+
+    fn node_path(&self, _node: &NodeRow, path: &str) -> String {
+        if path.starts_with('/') || path.starts_with('~') {
+            path.to_string()
+        } else {
+            format!("~/{path}")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting_survives_quotes_and_tildes() {
+        assert_eq!(sq("a'b"), r"'a'\''b'");
+        assert_eq!(remote_path("~/x y"), "\"$HOME\"/'x y'");
+        assert_eq!(remote_path("/abs"), "'/abs'");
+    }
+
+    #[test]
+    fn a_key_others_can_read_is_refused_and_a_new_one_is_0600() {
+        let d = tempfile::tempdir().unwrap();
+        let key = ensure_key(d.path()).unwrap();
+        let mode = std::fs::metadata(&key).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        // The same key comes back.
+        assert_eq!(ensure_key(d.path()).unwrap(), key);
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = ensure_key(d.path()).unwrap_err().to_string();
+        assert!(
+            e.contains("can be read by others") && e.contains("chmod 600"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn targets_come_from_the_nodes_facts() {
+        let mut n = NodeRow {
+            rank: 0,
+            instance_id: "i".into(),
+            private_ip: "10.0.0.1".into(),
+            public_ip: Some("1.2.3.4".into()),
+            zone: "z".into(),
+            topology: String::new(),
+            state: "running".into(),
+            extra: Default::default(),
+        };
+        let t = SshTarget::of(&n);
+        assert_eq!(
+            (t.host.as_str(), t.port, t.user.as_str()),
+            ("1.2.3.4", 22, "root")
+        );
+        n.extra.insert("ssh.host".into(), "gpu7".into());
+        n.extra.insert("ssh.port".into(), "2222".into());
+        n.extra.insert("ssh.user".into(), "ubuntu".into());
+        n.extra.insert("ssh.jump".into(), "bastion".into());
+        let t = SshTarget::of(&n);
+        assert_eq!(
+            (t.host.as_str(), t.port, t.user.as_str()),
+            ("gpu7", 2222, "ubuntu")
+        );
+        assert_eq!(t.jump.as_deref(), Some("bastion"));
+    }
+}

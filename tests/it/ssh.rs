@@ -1,0 +1,218 @@
+//! The SSH transport against a real sshd on loopback addresses.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::time::Duration;
+
+use gangway::gang::ssh::SshTransport;
+use gangway::gang::{NodeCommand, Transport};
+use gangway::state::NodeRow;
+
+use crate::sshd::Sshd;
+
+fn nodes(sshd: &Sshd, n: usize) -> Vec<NodeRow> {
+    (0..n)
+        .map(|i| {
+            let addr = &sshd.addrs[i % sshd.addrs.len()];
+            let mut extra = BTreeMap::new();
+            extra.insert("ssh.host".to_string(), addr.clone());
+            extra.insert("ssh.port".to_string(), sshd.port.to_string());
+            extra.insert("ssh.user".to_string(), sshd.user.clone());
+            extra.insert("ssh.key".to_string(), sshd.client_key.display().to_string());
+            extra.insert("env.NODE_FACT".to_string(), format!("fact-{i}"));
+            NodeRow {
+                rank: i as u32,
+                instance_id: format!("ssh-{i}"),
+                private_ip: addr.clone(),
+                public_ip: None,
+                zone: "pool".into(),
+                topology: String::new(),
+                state: "running".into(),
+                extra,
+            }
+        })
+        .collect()
+}
+
+fn run_all(
+    t: &SshTransport,
+    nodes: &[NodeRow],
+    script: &str,
+    env: &[(&str, &str)],
+) -> Vec<(Option<i32>, String)> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut waits = Vec::new();
+        for n in nodes {
+            let (mut r, w) = std::io::pipe().unwrap();
+            let cmd = NodeCommand {
+                script: script.to_string(),
+                env: env
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                cwd: "~".into(),
+            };
+            let child = t.spawn(n, &cmd, w).expect("spawn");
+            let reader = std::thread::spawn(move || {
+                let mut s = String::new();
+                let _ = r.read_to_string(&mut s);
+                s
+            });
+            waits.push((child, reader));
+        }
+        let mut out = Vec::new();
+        for (mut child, reader) in waits {
+            let status = child.wait().await.unwrap();
+            out.push((status.code(), reader.join().unwrap()));
+        }
+        out
+    })
+}
+
+fn connect(t: &SshTransport, nodes: &[NodeRow]) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(t.connect(nodes)).map_err(|e| e.to_string())
+}
+
+#[test]
+fn commands_fan_out_over_one_master_per_node_with_env_and_exit_codes() {
+    let Some(sshd) = Sshd::start(8) else { return };
+    let home = tempfile::tempdir().unwrap();
+    let t = SshTransport::new(home.path(), "c1", true).unwrap();
+    let ns = nodes(&sshd, 64);
+    connect(&t, &ns).unwrap();
+    let got = run_all(
+        &t,
+        &ns,
+        "echo \"$GREETING $NODE_FACT $(pwd)\"; [ \"$NODE_FACT\" = fact-7 ] && exit 7; true",
+        &[("GREETING", "it's \"quoted\" $HOME")],
+    );
+    assert_eq!(got.len(), 64);
+    for (i, (code, out)) in got.iter().enumerate() {
+        let want_code = if i == 7 { 7 } else { 0 };
+        assert_eq!(*code, Some(want_code), "node {i}: {out}");
+        assert!(
+            out.starts_with(&format!("it's \"quoted\" $HOME fact-{i} ")),
+            "node {i}: {out:?}"
+        );
+    }
+    // One master per distinct node, not per command.
+    let sockets = std::fs::read_dir(home.path().join("ssh/ctl"))
+        .unwrap()
+        .count();
+    assert!(sockets <= 8, "{sockets} control directories for 8 nodes");
+}
+
+#[test]
+fn a_signal_stops_the_remote_process_group() {
+    let Some(sshd) = Sshd::start(1) else { return };
+    let home = tempfile::tempdir().unwrap();
+    let t = SshTransport::new(home.path(), "c2", true).unwrap();
+    let ns = nodes(&sshd, 1);
+    connect(&t, &ns).unwrap();
+    let marker = format!("gw-ssh-sig-{}", std::process::id());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (_r, w) = std::io::pipe().unwrap();
+        let cmd = NodeCommand {
+            script: "sleep 300 & sleep 300; wait".into(),
+            env: vec![("GW_TEST_MARKER".into(), marker.clone())],
+            cwd: "~".into(),
+        };
+        let mut child = t.spawn(&ns[0], &cmd, w).unwrap();
+        let pid = child.id().unwrap();
+        // Wait for the remote sleepers to exist (same machine: /proc).
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while crate::common::procs_with_marker(&marker).len() < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "remote command never started"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        t.signal(&ns[0], pid, libc::SIGTERM);
+        let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+            .await
+            .expect("the ssh session ends once the remote group is gone")
+            .unwrap();
+        assert!(!status.success());
+    });
+    crate::common::assert_no_marker_procs(&marker, "SIGTERM over ssh");
+}
+
+#[test]
+fn files_go_up_and_come_back_newest_winning() {
+    let Some(sshd) = Sshd::start(1) else { return };
+    let home = tempfile::tempdir().unwrap();
+    let t = SshTransport::new(home.path(), "c3", true).unwrap();
+    let ns = nodes(&sshd, 1);
+    connect(&t, &ns).unwrap();
+    let src = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(src.path().join("sub")).unwrap();
+    std::fs::write(src.path().join("sub/a.txt"), "alpha").unwrap();
+    let dest = format!("gw-ssh-test-{}", std::process::id());
+    t.upload(&ns[0], src.path(), &format!("~/{dest}")).unwrap();
+    let got = run_all(&t, &ns, &format!("cat ~/{dest}/sub/a.txt"), &[]);
+    assert_eq!(got[0].1, "alpha");
+    t.write_file(&ns[0], &format!("~/{dest}/sub/b.txt"), b"beta")
+        .unwrap();
+    let back = tempfile::tempdir().unwrap();
+    std::fs::write(back.path().join("keep.txt"), "local").unwrap();
+    t.download(&ns[0], &format!("~/{dest}"), back.path())
+        .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(back.path().join("sub/b.txt")).unwrap(),
+        "beta"
+    );
+    assert_eq!(
+        std::fs::read_to_string(back.path().join("keep.txt")).unwrap(),
+        "local"
+    );
+    let _ = run_all(&t, &ns, &format!("rm -rf ~/{dest}"), &[]);
+}
+
+#[test]
+fn a_changed_host_key_is_refused_naming_the_node() {
+    let Some(sshd) = Sshd::start(1) else { return };
+    let home = tempfile::tempdir().unwrap();
+    let ns = nodes(&sshd, 1);
+    // Someone else's key recorded for this host:port.
+    let other = home.path().join("other");
+    let ok = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&other)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let public = std::fs::read_to_string(other.with_extension("pub")).unwrap();
+    let t = SshTransport::new(home.path(), "c4", false)
+        .unwrap()
+        .with_connect_timeout(Duration::from_secs(5));
+    let line = format!(
+        "[{}]:{} {}\n",
+        sshd.addrs[0],
+        sshd.port,
+        public
+            .split_whitespace()
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    std::fs::write(home.path().join("ssh/known_hosts/c4"), line).unwrap();
+    let err = connect(&t, &ns).unwrap_err();
+    assert!(
+        err.contains("rank 0") && err.contains(&sshd.addrs[0]),
+        "{err}"
+    );
+    assert!(err.contains("host key"), "{err}");
+}
