@@ -9,6 +9,7 @@ pub mod catalog;
 pub mod cli;
 pub mod error;
 pub mod gang;
+pub mod inventory;
 pub mod jobs;
 pub mod optimizer;
 pub mod provision;

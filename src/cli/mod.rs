@@ -218,6 +218,12 @@ pub fn load_catalog_for(
     if let Some(dir) = dir {
         c.overlay(Catalog::load_dir(dir)?);
     }
+    // Machines you already have (ssh pools) are offered at no cost.
+    if let Ok(home) = launch::gangway_home() {
+        if let Some(inv) = crate::inventory::load(&home)? {
+            c.overlay(inv.catalog());
+        }
+    }
     for (s, age) in c.stale_sources(Date::today()) {
         if !relevant(&s.cloud) {
             continue;

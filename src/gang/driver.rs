@@ -313,6 +313,31 @@ async fn run_job(
             Some(format!("no transport for {cloud} nodes yet")),
         ));
     };
+    store.set_job_status(job_id, JobStatus::SettingUp, None)?;
+    if let Err(e) = transport.connect(&nodes).await {
+        return Ok((JobStatus::FailedSetup, Some(e.to_string())));
+    }
+    // Machines gangway did not create say what GPUs they have: ask them.
+    for n in nodes
+        .iter_mut()
+        .filter(|n| n.extra.get("gpus.discover").is_some_and(|v| v == "true"))
+    {
+        let out = transport
+            .probe(n, super::gpus::DISCOVER_SCRIPT)
+            .unwrap_or_default();
+        let (gpus, order) = super::gpus::discovered(&out);
+        n.extra.insert("gpus.discovered".into(), gpus.to_string());
+        if !order.is_empty() {
+            n.extra.insert(
+                "env.CUDA_VISIBLE_DEVICES".into(),
+                order
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            );
+        }
+    }
     let ck = spec
         .checkpoint_dir
         .as_deref()
@@ -327,10 +352,6 @@ async fn run_job(
         checkpoint_dirs,
     };
 
-    store.set_job_status(job_id, JobStatus::SettingUp, None)?;
-    if let Err(e) = transport.connect(&nodes).await {
-        return Ok((JobStatus::FailedSetup, Some(e.to_string())));
-    }
     // Files first, on every node.
     for (rank, n) in nodes.iter().enumerate() {
         if let Err(e) = transport.make_dir(n, &info.checkpoint_dirs[rank]) {

@@ -132,6 +132,27 @@ impl Topo {
     }
 }
 
+/// What a node is asked to learn its GPUs: the csv query, a separator
+/// line, then the topology matrix (both empty on a machine without
+/// `nvidia-smi`, which is then a CPU node).
+pub const DISCOVER_SCRIPT: &str = "nvidia-smi --query-gpu=index,name,memory.total,uuid,pci.bus_id \
+     --format=csv,noheader,nounits 2>/dev/null; echo '---gangway-topo---'; nvidia-smi topo -m 2>/dev/null; true";
+
+/// From [`DISCOVER_SCRIPT`]'s output: the GPU count and the order to give
+/// `CUDA_VISIBLE_DEVICES` (NVLink neighbours adjacent). Unparseable output
+/// counts as no GPUs.
+pub fn discovered(output: &str) -> (usize, Vec<u32>) {
+    let (query, topo) = output
+        .split_once("---gangway-topo---")
+        .unwrap_or((output, ""));
+    let gpus = parse_query(query.trim()).unwrap_or_default();
+    if gpus.is_empty() {
+        return (0, Vec::new());
+    }
+    let topo = parse_topo(topo.trim()).ok();
+    (gpus.len(), ordered(&gpus, topo.as_ref()))
+}
+
 /// Parses `nvidia-smi --query-gpu=index,name,memory.total,uuid,pci.bus_id
 /// --format=csv,noheader,nounits`: one GPU a line.
 ///

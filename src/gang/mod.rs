@@ -115,7 +115,12 @@ pub fn node_env(phase: Phase, g: &GangInfo<'_>, rank: usize) -> Vec<(String, Str
         .map(|n| n.private_ip.clone())
         .unwrap_or_default();
     let n = nodes.len().to_string();
-    let gpus = spec.gpus_per_node.to_string();
+    // GPUs found on the node itself (ssh pools) win over the catalog's.
+    let gpus = nodes[rank]
+        .extra
+        .get("gpus.discovered")
+        .cloned()
+        .unwrap_or_else(|| spec.gpus_per_node.to_string());
     let task_id = match &spec.job_id {
         Some(id) => format!("gangway-job-{id}"),
         None => format!("gangway-{cluster}-{job_id}"),

@@ -530,6 +530,11 @@ impl Transport for SshTransport {
         .map(|_| ())
     }
 
+    fn probe(&self, node: &NodeRow, script: &str) -> Result<String, TransportError> {
+        let out = self.run(node, script, None)?;
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+
     fn preemption_notice(&self, _node: &NodeRow) -> Option<String> {
         // Machines in an ssh pool are never preempted; the cloud providers
         // read their metadata servers through `run` when they arrive.

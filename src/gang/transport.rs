@@ -89,6 +89,21 @@ pub trait Transport: Send + Sync {
     /// The provider's advance notice of a preemption, if the node has one
     /// (GCP's `preempted`, AWS's `spot/instance-action`), in its words.
     fn preemption_notice(&self, node: &NodeRow) -> Option<String>;
+
+    /// Runs a short shell command on the node and returns its stdout.
+    fn probe(&self, node: &NodeRow, script: &str) -> Result<String, TransportError>;
+
+    /// Kills every process on the node that belongs to `cluster` (found by
+    /// its environment), for teardowns where no driver is left to do it.
+    fn kill_cluster(&self, node: &NodeRow, cluster: &str) {
+        let _ = self.probe(
+            node,
+            &format!(
+                "for p in /proc/[0-9]*; do grep -qxz 'GANGWAY_CLUSTER={cluster}' $p/environ 2>/dev/null && \
+                 kill -9 ${{p#/proc/}} 2>/dev/null; done; true"
+            ),
+        );
+    }
 }
 
 /// Commands as local processes in the node's directory.
@@ -232,6 +247,25 @@ impl Transport for LocalTransport {
                 what: format!("cannot write {path}"),
                 source,
             })
+    }
+
+    fn probe(&self, node: &NodeRow, script: &str) -> Result<String, TransportError> {
+        let out = std::process::Command::new(shell())
+            .arg("-c")
+            .arg(script)
+            .current_dir(extra(node, "home"))
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|source| TransportError {
+                node: node_name(node),
+                what: "cannot run a probe".into(),
+                source,
+            })?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    fn kill_cluster(&self, _node: &NodeRow, _cluster: &str) {
+        // The local provider kills what is registered with the node.
     }
 
     fn preemption_notice(&self, node: &NodeRow) -> Option<String> {

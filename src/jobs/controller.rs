@@ -100,6 +100,9 @@ impl Controller {
         if let Some(dir) = std::env::var_os("GANGWAY_CATALOG_DIR").filter(|d| !d.is_empty()) {
             catalog.overlay(Catalog::load_dir(Path::new(&dir))?);
         }
+        if let Some(inv) = crate::inventory::load(home)? {
+            catalog.overlay(inv.catalog());
+        }
         let (_, log_path) = controller_paths(home);
         if let Some(d) = log_path.parent() {
             std::fs::create_dir_all(d)?;

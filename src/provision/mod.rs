@@ -37,6 +37,17 @@ impl Providers {
             "local".into(),
             Arc::new(LocalProvider::new(home.join("local"))),
         );
+        // Machines you already have, when the inventory lists some (a
+        // broken inventory is reported where the catalog is loaded).
+        if let Ok(Some(inv)) = crate::inventory::load(home) {
+            map.insert(
+                "ssh".into(),
+                Arc::new(gangway_ssh::SshPools::new(
+                    home.join("ssh_pools"),
+                    inv.pools(),
+                )),
+            );
+        }
         Providers { map }
     }
 
@@ -327,6 +338,29 @@ pub async fn provision(
                     }
                 }
                 let ranked = assign_ranks(got);
+                let mut rows = node_rows(&ranked);
+                if c.cloud != "local" {
+                    if c.cloud == "ssh" {
+                        for r in &mut rows {
+                            r.extra.insert("gpus.discover".into(), "true".into());
+                        }
+                    }
+                    // First contact: record host keys (verified strictly from
+                    // now on) and wait for sshd on freshly booted nodes.
+                    if let Err(e) = first_contact(store.home(), &cluster.name, &rows).await {
+                        let _ = provider.terminate(&name).await;
+                        let why = format!("cannot reach the nodes: {e}");
+                        reporter.event(ProvisionEvent::Failed(c, &why));
+                        blocks.push(Block {
+                            cloud: c.cloud.clone(),
+                            region: c.region.clone(),
+                            zone: Some(c.zone.clone()),
+                            instance_type: Some(c.instance_type.clone()),
+                        });
+                        attempts.push(attempt(why));
+                        continue;
+                    }
+                }
                 reporter.event(ProvisionEvent::Up(c, ranked.len()));
                 store.event(
                     &cluster.name,
@@ -343,7 +377,7 @@ pub async fn provision(
                 )?;
                 return Ok(Provisioned {
                     candidate: c.clone(),
-                    nodes: node_rows(&ranked),
+                    nodes: rows,
                 });
             }
             Ok(got) => {
@@ -393,6 +427,13 @@ pub async fn provision(
     Err(ProvisionError::Exhausted { nodes, attempts })
 }
 
+/// Opens the first SSH connection to new nodes, accepting their host keys.
+async fn first_contact(home: &Path, cluster: &str, rows: &[NodeRow]) -> Result<(), String> {
+    use crate::gang::Transport;
+    let t = crate::gang::ssh::SshTransport::new(home, cluster, true).map_err(|e| e.to_string())?;
+    t.connect(rows).await.map_err(|e| e.to_string())
+}
+
 /// Who launched: tagged on every resource.
 pub fn owner() -> String {
     std::env::var("USER").unwrap_or_else(|_| "gangway".into())
@@ -412,6 +453,18 @@ pub async fn teardown(
     store.set_status(name, ClusterStatus::Terminating, None)?;
     stop_drivers(store, name)?;
     if let Some(cloud) = &row.cloud {
+        // On machines that outlive the cluster (ssh pools), whatever the
+        // cluster still runs there is killed before they are released.
+        if cloud != "local" {
+            let nodes = store.nodes(name)?;
+            if let Some(t) = crate::gang::transport_for(cloud, store.home(), name) {
+                if t.connect(&nodes).await.is_ok() {
+                    for n in &nodes {
+                        t.kill_cluster(n, name);
+                    }
+                }
+            }
+        }
         let p = providers
             .get(cloud)
             .ok_or_else(|| TeardownError::NoProvider(cloud.clone()))?;

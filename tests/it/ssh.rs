@@ -216,3 +216,99 @@ fn a_changed_host_key_is_refused_naming_the_node() {
     );
     assert!(err.contains("host key"), "{err}");
 }
+
+fn pool_home(sshd: &Sshd) -> crate::common::TestHome {
+    let home = crate::common::TestHome::new();
+    let paths = ["s1/l1", "s1/l2", "s1/l1", "s1/l2"];
+    let hosts: Vec<String> = sshd
+        .addrs
+        .iter()
+        .zip(paths)
+        .map(|(a, p)| format!("      - {{address: {a}, name: n-{a}, topology: {p}}}"))
+        .collect();
+    std::fs::write(
+        home.path().join("ssh_pools.yaml"),
+        format!(
+            "pools:\n  lab:\n    defaults:\n      port: {}\n      user: {}\n      key: {}\n    hosts:\n{}\n",
+            sshd.port,
+            sshd.user,
+            sshd.client_key.display(),
+            hosts.join("\n")
+        ),
+    )
+    .unwrap();
+    home
+}
+
+#[test]
+fn a_gang_runs_on_an_ssh_pool_ranked_by_topology_and_down_releases_it() {
+    let Some(sshd) = Sshd::start(4) else { return };
+    let home = pool_home(&sshd);
+    let task = home.file(
+        "pool.yaml",
+        &format!(
+            "num_nodes: 4\nresources:\n  infra: ssh/lab\nenvs:\n  GW_TEST_MARKER: {}\n\
+             run: |\n  me=$(echo \"$GANGWAY_NODE_IPS\" | sed -n \"$((NODE_RANK + 1))p\")\n\
+             \x20 echo \"rank $NODE_RANK of $NNODES at $me under $GANGWAY_NODE_TOPOLOGY gpus $GANGWAY_NUM_GPUS_PER_NODE head $MASTER_ADDR\"\n",
+            home.marker
+        ),
+    );
+    let (code, out, err) = crate::common::parts(&home.run(["launch", &task, "-c", "pool"]));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let mut seen = Vec::new();
+    for r in 0..4 {
+        let line = out
+            .lines()
+            .find(|l| l.contains(&format!(") rank {r} of 4 at ")))
+            .unwrap_or_else(|| panic!("no rank {r}: {out}"));
+        let path = line
+            .split(" under ")
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap();
+        assert!(line.contains(" gpus 0 "), "no GPUs here: {line}");
+        seen.push(path.to_string());
+    }
+    // Same leaf ⇒ neighbouring ranks.
+    assert_eq!(seen, ["s1/l1", "s1/l1", "s1/l2", "s1/l2"], "{out}");
+    let c = home.cluster("pool");
+    assert_eq!(
+        (c["cloud"].as_str(), c["region"].as_str()),
+        (Some("ssh"), Some("lab")),
+        "{c}"
+    );
+
+    // Every host is taken: another cluster finds no capacity.
+    let one = home.file(
+        "one.yaml",
+        "resources:\n  infra: ssh/lab\nrun: echo never\n",
+    );
+    let (code, _, err) = crate::common::parts(&home.run(["launch", &one, "-c", "other"]));
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("busy"), "{err}");
+
+    // A failing rank over ssh stops the gang and is named.
+    let (code, out, _) = crate::common::parts(&home.run([
+        "exec",
+        "pool",
+        "if [ $NODE_RANK = 2 ]; then exit 5; fi; sleep 300",
+    ]));
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("rank 2") && out.contains("exited with code 5"),
+        "{out}"
+    );
+
+    let (code, _, err) = crate::common::parts(&home.run(["down", "pool", "-y"]));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        crate::common::dir_names(&home.path().join("ssh_pools/alloc")).is_empty(),
+        "hosts still allocated"
+    );
+    crate::common::assert_no_marker_procs(&home.marker, "down of an ssh pool cluster");
+    // Released: the other cluster fits now.
+    let (code, _, err) = crate::common::parts(&home.run(["launch", &one, "-c", "other", "--down"]));
+    assert_eq!(code, 0, "{err}");
+}

@@ -1,0 +1,646 @@
+//! The `ssh` provider: machines you already have, grouped in pools and
+//! allocated to clusters as a cloud allocates nodes.
+//!
+//! # Model
+//!
+//! - A [`Pool`] is a region (`infra: ssh/<pool>`); a host's zone label
+//!   (default: the pool's name) is its zone.
+//! - A host's instance type is `<pool>.<gpu>x<count>` (e.g. `lab.a100x8`)
+//!   or `<pool>.cpu`; see [`SshPools::instance_type`].
+//! - A node's id is `<pool>/<host name>`. Nodes are never created or
+//!   destroyed: `launch` allocates hosts to the cluster, `terminate`
+//!   releases them. Killing what runs on them is the caller's job.
+//!
+//! # Allocation records
+//!
+//! `root/alloc/<pool>__<host>` holds a JSON record (`cluster`, `owner`,
+//! `client_token`, `at_ms`, and a copy of the host's pool, name, zone,
+//! instance type and address). Records are created with `O_EXCL` while
+//! holding an exclusive `flock` on `root/lock`, so two clusters never share
+//! a host, several gangway processes can share the pools, and a process
+//! killed at any moment leaves either a whole record or one that the next
+//! call removes.
+//!
+//! A launch allocates only hosts that accept a TCP connection on their
+//! SSH port within 2 s (probed outside the lock, then allocated under it),
+//! in inventory order, and allocates nothing when it cannot get them all.
+//!
+//! The calls do blocking work (the lock, the probes, the file system) on a
+//! thread of their own, never on the caller's executor.
+#![deny(missing_docs)]
+
+mod probe;
+mod store;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use gangway_provider::{
+    CheckReport, ClusterName, ErrorKind, InstanceId, LaunchRequest, Node, NodeState, Placement,
+    Provider, ProviderError, Result,
+};
+use serde::{Deserialize, Serialize};
+
+use store::{file_name, now_ms, Alloc, Store};
+
+/// Provider name and the cloud of every placement.
+const NAME: &str = "ssh";
+
+/// One machine of a pool (parsed from the inventory by the main crate).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Host {
+    /// Unique within the pool; the instance id is `<pool>/<name>`.
+    pub name: String,
+    /// Address (IP or DNS name) SSH connects to.
+    pub address: String,
+    /// SSH port.
+    #[serde(default = "default_port")]
+    pub port: u16,
+    /// SSH user.
+    #[serde(default = "default_user")]
+    pub user: String,
+    /// Private key path.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// `ProxyJump` value.
+    #[serde(default)]
+    pub jump: Option<String>,
+    /// Accelerator name and count, e.g. `("A100", 8)`.
+    #[serde(default)]
+    pub gpu: Option<(String, u32)>,
+    /// Switch path from the root down, e.g. `["spine1", "leaf2"]`.
+    #[serde(default)]
+    pub topology: Vec<String>,
+    /// Zone label; `None` means the pool's name.
+    #[serde(default)]
+    pub zone: Option<String>,
+}
+
+fn default_port() -> u16 {
+    22
+}
+
+fn default_user() -> String {
+    "root".to_string()
+}
+
+/// A named group of hosts: one region of the `ssh` cloud.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Pool {
+    /// Pool name (the region).
+    pub name: String,
+    /// Hosts, in inventory order (the order they are allocated in).
+    pub hosts: Vec<Host>,
+}
+
+/// The `ssh` provider over a fixed inventory of pools.
+#[derive(Clone, Debug)]
+pub struct SshPools {
+    store: Store,
+    pools: Arc<Vec<Pool>>,
+}
+
+impl SshPools {
+    /// `root` is `$GANGWAY_HOME/ssh_pools` (allocation records live there);
+    /// created on first use. A relative root is made absolute against the
+    /// current directory.
+    pub fn new(root: impl Into<PathBuf>, pools: Vec<Pool>) -> Self {
+        let root = root.into();
+        let root = std::path::absolute(&root).unwrap_or(root);
+        SshPools {
+            store: Store { root },
+            pools: Arc::new(pools),
+        }
+    }
+
+    /// The root directory.
+    pub fn root(&self) -> &Path {
+        &self.store.root
+    }
+
+    /// The inventory.
+    pub fn pools(&self) -> &[Pool] {
+        &self.pools
+    }
+
+    /// The instance type of a host: `<pool>.<gpu>x<count>` (GPU name
+    /// lowercased, e.g. `gpus.a100x8`), or `<pool>.cpu` for a host without
+    /// GPUs (or with a count of 0).
+    pub fn instance_type(pool: &str, h: &Host) -> String {
+        match &h.gpu {
+            Some((name, count)) if *count > 0 => {
+                format!("{pool}.{}x{count}", name.to_lowercase())
+            }
+            _ => format!("{pool}.cpu"),
+        }
+    }
+
+    /// Hosts not allocated to any cluster, as (pool, host name), in
+    /// inventory order (for reporting capacity). Reachability is not probed.
+    pub fn free_hosts(&self) -> io::Result<Vec<(String, String)>> {
+        let lock = self.store.lock()?;
+        let taken: BTreeSet<String> = lock.read_all()?.into_iter().map(|(f, _)| f).collect();
+        drop(lock);
+        Ok(self
+            .pools
+            .iter()
+            .flat_map(|p| p.hosts.iter().map(move |h| (p, h)))
+            .filter(|(p, h)| !taken.contains(&file_name(&p.name, &h.name)))
+            .map(|(p, h)| (p.name.clone(), h.name.clone()))
+            .collect())
+    }
+
+    fn pool(&self, name: &str) -> Option<&Pool> {
+        self.pools.iter().find(|p| p.name == name)
+    }
+
+    /// The host a record names, with its position in the inventory.
+    fn lookup(&self, a: &Alloc) -> Option<((usize, usize), &Pool, &Host)> {
+        self.pools
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.name == a.pool)
+            .find_map(|(i, p)| {
+                let j = p.hosts.iter().position(|h| h.name == a.host)?;
+                Some(((i, j), p, &p.hosts[j]))
+            })
+    }
+
+    /// Allocates and reports the nodes of a launch (blocking).
+    pub(crate) fn launch_now(&self, req: &LaunchRequest) -> Result<Vec<Node>> {
+        let region = req.placement.region.as_str();
+        let zone = req.placement.zone.as_str();
+        let loc = format!("{region}/{zone}");
+        let invalid = |m: String| error(ErrorKind::InvalidRequest, &loc, m);
+        if req.placement.cloud != NAME {
+            return Err(invalid(format!(
+                "placement {} is not in the ssh cloud",
+                req.placement
+            )));
+        }
+        let Some(pool) = self.pool(region) else {
+            let names: Vec<&str> = self.pools.iter().map(|p| p.name.as_str()).collect();
+            return Err(invalid(format!(
+                "no ssh pool {region:?}; the inventory has {}",
+                list_or_none(&names)
+            )));
+        };
+        let zones: BTreeSet<String> = pool.hosts.iter().map(|h| zone_of(pool, h)).collect();
+        if !zones.contains(zone) {
+            let zones: Vec<&str> = zones.iter().map(String::as_str).collect();
+            return Err(invalid(format!(
+                "no zone {zone:?} in pool {region}; it has {}",
+                list_or_none(&zones)
+            )));
+        }
+        let ty = req.instance_type.as_str();
+        let matching: Vec<&Host> = pool
+            .hosts
+            .iter()
+            .filter(|h| zone_of(pool, h) == zone && SshPools::instance_type(&pool.name, h) == ty)
+            .collect();
+        if matching.is_empty() {
+            let here: BTreeSet<String> = pool
+                .hosts
+                .iter()
+                .filter(|h| zone_of(pool, h) == zone)
+                .map(|h| SshPools::instance_type(&pool.name, h))
+                .collect();
+            let here: Vec<&str> = here.iter().map(String::as_str).collect();
+            let elsewhere: BTreeSet<String> = pool
+                .hosts
+                .iter()
+                .filter(|h| SshPools::instance_type(&pool.name, h) == ty)
+                .map(|h| zone_of(pool, h))
+                .collect();
+            let mut m = format!(
+                "no instance type {ty:?} in pool {region} zone {zone}; it has {}",
+                list_or_none(&here)
+            );
+            if !elsewhere.is_empty() {
+                let z: Vec<&str> = elsewhere.iter().map(String::as_str).collect();
+                m.push_str(&format!(" ({ty} is in zone {})", z.join(", ")));
+            }
+            return Err(invalid(m));
+        }
+        if req.count == 0 {
+            return Err(invalid(
+                "a launch needs at least one node; 0 asked for".into(),
+            ));
+        }
+        if req.cluster.0.is_empty() {
+            return Err(invalid("the cluster name is empty".into()));
+        }
+        let count = req.count as usize;
+        let fatal =
+            |doing: &str, e: io::Error| error(ErrorKind::Fatal, &loc, format!("{doing}: {e}"));
+
+        // Probe results of this call, by host name (hosts of one pool).
+        let mut reachable: HashMap<&str, bool> = HashMap::new();
+        loop {
+            let lock = self.store.lock().map_err(|e| fatal("taking the lock", e))?;
+            let allocs = lock
+                .read_all()
+                .map_err(|e| fatal("reading allocation records", e))?;
+            let holder: HashMap<&str, &str> = allocs
+                .iter()
+                .map(|(f, a)| (f.as_str(), a.cluster.as_str()))
+                .collect();
+            let held_by = |h: &Host| holder.get(file_name(&pool.name, &h.name).as_str()).copied();
+
+            // The cluster's hosts elsewhere in the inventory: a cluster lives
+            // in one zone, on one instance type.
+            let mut other: Vec<String> = allocs
+                .iter()
+                .filter(|(_, a)| a.cluster == req.cluster.0)
+                .filter_map(|(_, a)| self.lookup(a))
+                .filter(|(_, p, h)| {
+                    p.name != pool.name
+                        || zone_of(p, h) != zone
+                        || SshPools::instance_type(&p.name, h) != ty
+                })
+                .map(|(_, p, h)| {
+                    format!(
+                        "{}/{} ({} in zone {})",
+                        p.name,
+                        h.name,
+                        SshPools::instance_type(&p.name, h),
+                        zone_of(p, h)
+                    )
+                })
+                .collect();
+            if !other.is_empty() {
+                other.sort();
+                return Err(invalid(format!(
+                    "cluster {} already holds {}; this launch asks for {ty} in pool {region} \
+                     zone {zone} (down the cluster first)",
+                    req.cluster,
+                    other.join(", ")
+                )));
+            }
+
+            let mine: Vec<&Host> = matching
+                .iter()
+                .copied()
+                .filter(|h| held_by(h) == Some(req.cluster.0.as_str()))
+                .collect();
+            if mine.len() >= count {
+                return Ok(mine[..count].iter().map(|h| node(pool, h)).collect());
+            }
+            let need = count - mine.len();
+            let free: Vec<&Host> = matching
+                .iter()
+                .copied()
+                .filter(|h| held_by(h).is_none())
+                .collect();
+            let ok: Vec<&Host> = free
+                .iter()
+                .copied()
+                .filter(|h| reachable.get(h.name.as_str()) == Some(&true))
+                .collect();
+            let unprobed: Vec<&Host> = free
+                .iter()
+                .copied()
+                .filter(|h| !reachable.contains_key(h.name.as_str()))
+                .collect();
+
+            if ok.len() >= need {
+                let mut created: Vec<&Host> = Vec::new();
+                for h in &ok[..need] {
+                    let rec = Alloc {
+                        cluster: req.cluster.0.clone(),
+                        owner: req.owner.clone(),
+                        client_token: req.client_token.clone(),
+                        at_ms: now_ms(),
+                        pool: pool.name.clone(),
+                        host: h.name.clone(),
+                        zone: zone.to_string(),
+                        instance_type: ty.to_string(),
+                        address: h.address.clone(),
+                    };
+                    match lock.create(&rec) {
+                        Ok(true) => created.push(h),
+                        // Not under this lock: someone writes records
+                        // without it. Treat the host as busy and retry.
+                        Ok(false) => break,
+                        Err(e) => {
+                            for h in &created {
+                                let _ = lock.remove(&file_name(&pool.name, &h.name));
+                            }
+                            return Err(fatal("writing an allocation record", e));
+                        }
+                    }
+                }
+                if created.len() == need {
+                    let mut hosts = mine;
+                    hosts.extend(created);
+                    let order = |h: &Host| pool.hosts.iter().position(|x| x.name == h.name);
+                    hosts.sort_by_key(|h| order(h));
+                    return Ok(hosts.iter().map(|h| node(pool, h)).collect());
+                }
+                for h in &created {
+                    let _ = lock.remove(&file_name(&pool.name, &h.name));
+                }
+                continue;
+            }
+
+            if unprobed.is_empty() {
+                let busy: Vec<&str> = matching
+                    .iter()
+                    .filter(|h| held_by(h).is_some_and(|c| c != req.cluster.0))
+                    .map(|h| h.name.as_str())
+                    .collect();
+                let unreachable: Vec<&str> = free
+                    .iter()
+                    .filter(|h| reachable.get(h.name.as_str()) == Some(&false))
+                    .map(|h| h.name.as_str())
+                    .collect();
+                let mut why = Vec::new();
+                if !mine.is_empty() {
+                    why.push(format!("{} already allocated to this cluster", mine.len()));
+                }
+                if !busy.is_empty() {
+                    why.push(format!("busy: {}", busy.join(", ")));
+                }
+                if !unreachable.is_empty() {
+                    why.push(format!("unreachable: {}", unreachable.join(", ")));
+                }
+                let why = if why.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", why.join("; "))
+                };
+                return Err(error(
+                    ErrorKind::Capacity,
+                    &loc,
+                    format!(
+                        "pool {region} zone {zone}: {} of {} {ty} hosts free and reachable, \
+                         {count} asked for{why}",
+                        mine.len() + ok.len(),
+                        matching.len()
+                    ),
+                ));
+            }
+
+            // Probe (without the lock) as many more hosts as are missing.
+            drop(lock);
+            let batch: Vec<&Host> = unprobed.into_iter().take(need - ok.len()).collect();
+            for (h, up) in batch.iter().zip(probe::reachable(&batch)) {
+                reachable.insert(h.name.as_str(), up);
+            }
+        }
+    }
+
+    /// The cluster's nodes, in inventory order (blocking).
+    pub(crate) fn describe_now(&self, cluster: &ClusterName) -> Result<Vec<Node>> {
+        let allocs = self.cluster_allocs(cluster)?;
+        let mut known: Vec<((usize, usize), Node)> = Vec::new();
+        let mut gone: Vec<Node> = Vec::new();
+        for (_, a) in &allocs {
+            match self.lookup(a) {
+                Some((at, p, h)) => known.push((at, node(p, h))),
+                None => gone.push(terminated(a)),
+            }
+        }
+        known.sort_by_key(|(at, _)| *at);
+        gone.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(known.into_iter().map(|(_, n)| n).chain(gone).collect())
+    }
+
+    /// Releases every host of the cluster (blocking).
+    pub(crate) fn terminate_now(&self, cluster: &ClusterName) -> Result<()> {
+        let lock = self
+            .store
+            .lock()
+            .map_err(|e| error(ErrorKind::Fatal, "", format!("taking the lock: {e}")))?;
+        let allocs = lock.read_all().map_err(|e| {
+            error(
+                ErrorKind::Fatal,
+                "",
+                format!("reading allocation records: {e}"),
+            )
+        })?;
+        for (f, a) in allocs.iter().filter(|(_, a)| a.cluster == cluster.0) {
+            lock.remove(f).map_err(|e| {
+                error(
+                    ErrorKind::Fatal,
+                    &format!("{}/{}", a.pool, a.zone),
+                    format!("releasing {}/{}: {e}", a.pool, a.host),
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    fn cluster_allocs(&self, cluster: &ClusterName) -> Result<Vec<(String, Alloc)>> {
+        let lock = self
+            .store
+            .lock()
+            .map_err(|e| error(ErrorKind::Fatal, "", format!("taking the lock: {e}")))?;
+        let allocs = lock.read_all().map_err(|e| {
+            error(
+                ErrorKind::Fatal,
+                "",
+                format!("reading allocation records: {e}"),
+            )
+        })?;
+        Ok(allocs
+            .into_iter()
+            .filter(|(_, a)| a.cluster == cluster.0)
+            .collect())
+    }
+
+    fn check_now(&self) -> CheckReport {
+        let hosts: usize = self.pools.iter().map(|p| p.hosts.len()).sum();
+        CheckReport {
+            ok: hosts > 0,
+            identity: Some(format!("{hosts} host{}", if hosts == 1 { "" } else { "s" })),
+            regions: self.pools.iter().map(|p| p.name.clone()).collect(),
+            hint: (hosts == 0)
+                .then(|| "list machines under `pools:` in $GANGWAY_HOME/ssh_pools.yaml".into()),
+        }
+    }
+}
+
+/// A host's zone: its label, or the pool's name.
+fn zone_of(pool: &Pool, h: &Host) -> String {
+    h.zone.clone().unwrap_or_else(|| pool.name.clone())
+}
+
+/// An allocated host of the inventory, as a running node.
+fn node(pool: &Pool, h: &Host) -> Node {
+    let ty = SshPools::instance_type(&pool.name, h);
+    let mut extra = BTreeMap::new();
+    extra.insert("ssh.host".to_string(), h.address.clone());
+    extra.insert("ssh.port".to_string(), h.port.to_string());
+    extra.insert("ssh.user".to_string(), h.user.clone());
+    if let Some(k) = &h.key {
+        extra.insert("ssh.key".to_string(), k.clone());
+    }
+    if let Some(j) = &h.jump {
+        extra.insert("ssh.jump".to_string(), j.clone());
+    }
+    let gpus = h.gpu.as_ref().map_or(0, |g| g.1);
+    extra.insert("gpus".to_string(), gpus.to_string());
+    extra.insert("instance_type".to_string(), ty);
+    extra.insert("pool".to_string(), pool.name.clone());
+    Node {
+        id: InstanceId(format!("{}/{}", pool.name, h.name)),
+        state: NodeState::Running,
+        private_ip: h.address.clone(),
+        public_ip: None,
+        placement: Placement {
+            cloud: NAME.to_string(),
+            region: pool.name.clone(),
+            zone: zone_of(pool, h),
+        },
+        topology: h.topology.clone(),
+        extra,
+    }
+}
+
+/// A host still allocated but gone from the inventory, from its record.
+fn terminated(a: &Alloc) -> Node {
+    let mut extra = BTreeMap::new();
+    extra.insert("ssh.host".to_string(), a.address.clone());
+    extra.insert("instance_type".to_string(), a.instance_type.clone());
+    extra.insert("pool".to_string(), a.pool.clone());
+    Node {
+        id: InstanceId(format!("{}/{}", a.pool, a.host)),
+        state: NodeState::Terminated,
+        private_ip: a.address.clone(),
+        public_ip: None,
+        placement: Placement {
+            cloud: NAME.to_string(),
+            region: a.pool.clone(),
+            zone: if a.zone.is_empty() {
+                a.pool.clone()
+            } else {
+                a.zone.clone()
+            },
+        },
+        topology: Vec::new(),
+        extra,
+    }
+}
+
+fn list_or_none(names: &[&str]) -> String {
+    if names.is_empty() {
+        "none".to_string()
+    } else {
+        names.join(", ")
+    }
+}
+
+fn error(kind: ErrorKind, location: &str, message: String) -> ProviderError {
+    ProviderError::new(kind, NAME, location, message)
+}
+
+const NOT_STOPPED: &str =
+    "machines in an ssh pool are not stopped or started by gangway; use down to release them";
+
+#[async_trait::async_trait]
+impl Provider for SshPools {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    async fn check(&self) -> Result<CheckReport> {
+        Ok(self.check_now())
+    }
+
+    async fn launch(&self, req: &LaunchRequest) -> Result<Vec<Node>> {
+        let this = self.clone();
+        let req = req.clone();
+        off_thread(move || this.launch_now(&req)).await
+    }
+
+    async fn describe(&self, cluster: &ClusterName) -> Result<Vec<Node>> {
+        let this = self.clone();
+        let cluster = cluster.clone();
+        off_thread(move || this.describe_now(&cluster)).await
+    }
+
+    async fn stop(&self, _cluster: &ClusterName) -> Result<()> {
+        Err(error(ErrorKind::InvalidRequest, "", NOT_STOPPED.into()))
+    }
+
+    async fn start(
+        &self,
+        _cluster: &ClusterName,
+        _provider_config: Option<&serde_json::Value>,
+    ) -> Result<Vec<Node>> {
+        Err(error(ErrorKind::InvalidRequest, "", NOT_STOPPED.into()))
+    }
+
+    async fn terminate(&self, cluster: &ClusterName) -> Result<()> {
+        let this = self.clone();
+        let cluster = cluster.clone();
+        off_thread(move || this.terminate_now(&cluster)).await
+    }
+}
+
+/// Runs blocking work on a thread of its own and waits for it without
+/// blocking the caller's executor (this crate has no runtime of its own).
+/// A caller that stops waiting leaves the work to finish on its own (every
+/// call is idempotent). Without a thread to spare, runs it here.
+async fn off_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    use std::future::Future;
+    use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+    use std::pin::Pin;
+    use std::sync::Mutex;
+    use std::task::{Context, Poll, Waker};
+
+    type Outcome<T> = std::thread::Result<T>;
+    struct Shared<T> {
+        out: Option<Outcome<T>>,
+        waker: Option<Waker>,
+    }
+    struct Wait<T>(Arc<Mutex<Shared<T>>>);
+    impl<T> Future for Wait<T> {
+        type Output = T;
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+            let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            match s.out.take() {
+                Some(Ok(v)) => Poll::Ready(v),
+                Some(Err(panic)) => resume_unwind(panic),
+                None => {
+                    s.waker = Some(cx.waker().clone());
+                    Poll::Pending
+                }
+            }
+        }
+    }
+
+    let shared = Arc::new(Mutex::new(Shared {
+        out: None,
+        waker: None,
+    }));
+    let theirs = Arc::clone(&shared);
+    // The closure goes to the thread, or comes back if there is none.
+    let slot = Arc::new(Mutex::new(Some(f)));
+    let their_slot = Arc::clone(&slot);
+    let spawned = std::thread::Builder::new()
+        .name("gangway-ssh".into())
+        .spawn(move || {
+            let f = their_slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let Some(f) = f else { return };
+            let out = catch_unwind(AssertUnwindSafe(f));
+            let mut s = theirs.lock().unwrap_or_else(|e| e.into_inner());
+            s.out = Some(out);
+            if let Some(w) = s.waker.take() {
+                w.wake();
+            }
+        });
+    if spawned.is_err() {
+        let f = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(f) = f {
+            return f();
+        }
+    }
+    Wait(shared).await
+}

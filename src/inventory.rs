@@ -1,0 +1,463 @@
+//! The ssh pools inventory, `$GANGWAY_HOME/ssh_pools.yaml`: machines you
+//! already have, offered to the optimizer at no cost and allocated like
+//! cloud nodes by the `ssh` provider.
+//!
+//! ```yaml
+//! pools:
+//!   lab:                      # infra: ssh/lab
+//!     defaults:               # optional, for every host of the pool
+//!       user: ubuntu
+//!       key: ~/.ssh/lab_ed25519
+//!       gpus: A100:8
+//!       cpus: 64
+//!       memory: 512           # GiB
+//!     hosts:
+//!       - address: 10.0.0.11
+//!         name: gpu1          # default: the address
+//!         port: 22
+//!         jump: bastion.example.com
+//!         topology: spine1/leaf1
+//!         zone: rack1         # default: the pool's name
+//!       - 10.0.0.12           # an address alone takes the defaults
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use gangway_ssh::{Host, Pool};
+
+use crate::catalog::{Catalog, Date, Offering, Source};
+use crate::spec::yaml::{self, Kind, Node};
+use crate::spec::SpecError;
+
+/// vCPUs assumed for a host that does not say.
+pub const DEFAULT_CPUS: f32 = 8.0;
+/// Memory (GiB) assumed for a host that does not say.
+pub const DEFAULT_MEMORY_GIB: f32 = 32.0;
+
+/// A host with the sizes the optimizer needs.
+#[derive(Clone, Debug)]
+pub struct Sized {
+    /// The host.
+    pub host: Host,
+    /// vCPUs.
+    pub cpus: f32,
+    /// Memory, GiB.
+    pub memory_gib: f32,
+}
+
+/// The parsed inventory.
+#[derive(Clone, Debug, Default)]
+pub struct Inventory {
+    /// Pools, in file order.
+    pub pools: Vec<(String, Vec<Sized>)>,
+    /// Where it was read from.
+    pub path: PathBuf,
+}
+
+/// Where the inventory lives.
+pub fn path(home: &Path) -> PathBuf {
+    home.join("ssh_pools.yaml")
+}
+
+struct Cx<'a> {
+    file: &'a str,
+}
+
+impl Cx<'_> {
+    fn err(
+        &self,
+        n: &Node,
+        field: &str,
+        message: impl Into<String>,
+        hint: Option<&str>,
+    ) -> SpecError {
+        SpecError {
+            file: self.file.to_string(),
+            line: n.pos.line,
+            col: n.pos.col,
+            field: field.to_string(),
+            message: message.into(),
+            hint: hint.map(str::to_string),
+            unsupported: false,
+        }
+    }
+
+    fn map<'n>(&self, n: &'n Node, field: &str) -> Result<&'n [(Node, Node)], SpecError> {
+        match &n.kind {
+            Kind::Map(m) => Ok(m),
+            _ => Err(self.err(
+                n,
+                field,
+                format!("expected a mapping, found {}", n.describe()),
+                None,
+            )),
+        }
+    }
+
+    fn text(&self, n: &Node, field: &str) -> Result<String, SpecError> {
+        match &n.kind {
+            Kind::Scalar { text, .. } => Ok(text.clone()),
+            _ => Err(self.err(
+                n,
+                field,
+                format!("expected a value, found {}", n.describe()),
+                None,
+            )),
+        }
+    }
+
+    fn key(&self, k: &Node, field: &str) -> Result<String, SpecError> {
+        self.text(k, field)
+    }
+}
+
+#[derive(Clone, Default)]
+struct Defaults {
+    user: Option<String>,
+    port: Option<u16>,
+    key: Option<String>,
+    jump: Option<String>,
+    gpus: Option<(String, u32)>,
+    cpus: Option<f32>,
+    memory: Option<f32>,
+    zone: Option<String>,
+    topology: Option<Vec<String>>,
+}
+
+const HOST_KEYS: &[&str] = &[
+    "address", "name", "port", "user", "key", "jump", "gpus", "cpus", "memory", "topology", "zone",
+];
+
+fn expand_home(p: &str) -> String {
+    match (p.strip_prefix("~/"), std::env::var_os("HOME")) {
+        (Some(rest), Some(h)) => Path::new(&h).join(rest).display().to_string(),
+        _ => p.to_string(),
+    }
+}
+
+fn apply(cx: &Cx<'_>, d: &mut Defaults, key: &str, v: &Node, field: &str) -> Result<(), SpecError> {
+    let text = cx.text(v, field)?;
+    match key {
+        "user" => d.user = Some(text),
+        "port" => {
+            d.port =
+                Some(text.parse().map_err(|_| {
+                    cx.err(v, field, format!("'{text}' is not a port number"), None)
+                })?)
+        }
+        "key" => d.key = Some(expand_home(&text)),
+        "jump" => d.jump = Some(text),
+        "gpus" => {
+            let (name, count) = match text.split_once(':') {
+                Some((n, c)) => (n.to_string(), c.trim().parse::<u32>().ok()),
+                None => (text.clone(), Some(1)),
+            };
+            let Some(count) = count.filter(|c| *c > 0) else {
+                return Err(cx.err(
+                    v,
+                    field,
+                    format!("'{text}' is not NAME:COUNT"),
+                    Some("write e.g. gpus: A100:8"),
+                ));
+            };
+            d.gpus = Some((name, count));
+        }
+        "cpus" | "memory" => {
+            let n: f32 = text
+                .trim_end_matches("GB")
+                .parse()
+                .map_err(|_| cx.err(v, field, format!("'{text}' is not a number"), None))?;
+            if key == "cpus" {
+                d.cpus = Some(n)
+            } else {
+                d.memory = Some(n)
+            }
+        }
+        "zone" => d.zone = Some(text),
+        "topology" => {
+            d.topology = Some(
+                text.split('/')
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect(),
+            )
+        }
+        _ => unreachable!("checked against HOST_KEYS"),
+    }
+    Ok(())
+}
+
+fn unknown(cx: &Cx<'_>, k: &Node, field: &str, key: &str, allowed: &[&str]) -> SpecError {
+    let hint = crate::spec::closest_name(key, allowed).map(|c| format!("did you mean '{c}'?"));
+    cx.err(
+        k,
+        field,
+        format!("unknown field '{key}'"),
+        Some(&hint.unwrap_or_else(|| format!("expected one of {}", allowed.join(", ")))),
+    )
+}
+
+/// Parses inventory text.
+pub fn parse(text: &str, file: &str) -> Result<Inventory, SpecError> {
+    let cx = Cx { file };
+    let docs = yaml::parse(text).map_err(|e| SpecError {
+        file: file.to_string(),
+        line: e.pos.line,
+        col: e.pos.col,
+        field: e.field,
+        message: e.message,
+        hint: e.hint,
+        unsupported: false,
+    })?;
+    let mut inv = Inventory {
+        path: PathBuf::from(file),
+        ..Inventory::default()
+    };
+    let Some(root) = docs.docs.first() else {
+        return Ok(inv);
+    };
+    if matches!(root.kind, Kind::Null) {
+        return Ok(inv);
+    }
+    for (k, v) in cx.map(root, "")? {
+        let key = cx.key(k, "")?;
+        if key != "pools" {
+            return Err(unknown(&cx, k, "", &key, &["pools"]));
+        }
+        for (pk, pv) in cx.map(v, "pools")? {
+            let pool = cx.key(pk, "pools")?;
+            let pfield = format!("pools.{pool}");
+            let mut defaults = Defaults::default();
+            let mut hosts: Vec<Sized> = Vec::new();
+            let mut hosts_node = None;
+            for (fk, fv) in cx.map(pv, &pfield)? {
+                match cx.key(fk, &pfield)?.as_str() {
+                    "defaults" => {
+                        for (dk, dv) in cx.map(fv, &format!("{pfield}.defaults"))? {
+                            let key = cx.key(dk, &pfield)?;
+                            let field = format!("{pfield}.defaults.{key}");
+                            if key == "address"
+                                || key == "name"
+                                || !HOST_KEYS.contains(&key.as_str())
+                            {
+                                return Err(unknown(&cx, dk, &field, &key, &HOST_KEYS[2..]));
+                            }
+                            apply(&cx, &mut defaults, &key, dv, &field)?;
+                        }
+                    }
+                    "hosts" => hosts_node = Some(fv),
+                    other => return Err(unknown(&cx, fk, &pfield, other, &["defaults", "hosts"])),
+                }
+            }
+            let Some(hn) = hosts_node else {
+                return Err(cx.err(
+                    pv,
+                    &pfield,
+                    "a pool needs hosts",
+                    Some("add hosts: [10.0.0.11, ...]"),
+                ));
+            };
+            let Kind::Seq(items) = &hn.kind else {
+                return Err(cx.err(
+                    hn,
+                    &format!("{pfield}.hosts"),
+                    format!("expected a list, found {}", hn.describe()),
+                    None,
+                ));
+            };
+            for (i, item) in items.iter().enumerate() {
+                let field = format!("{pfield}.hosts[{i}]");
+                let mut d = defaults.clone();
+                let (address, name) = match &item.kind {
+                    Kind::Scalar { text, .. } => (text.clone(), None),
+                    Kind::Map(m) => {
+                        let mut address = None;
+                        let mut name = None;
+                        for (hk, hv) in m {
+                            let key = cx.key(hk, &field)?;
+                            let f = format!("{field}.{key}");
+                            match key.as_str() {
+                                "address" => address = Some(cx.text(hv, &f)?),
+                                "name" => name = Some(cx.text(hv, &f)?),
+                                k if HOST_KEYS.contains(&k) => apply(&cx, &mut d, k, hv, &f)?,
+                                k => return Err(unknown(&cx, hk, &field, k, HOST_KEYS)),
+                            }
+                        }
+                        let Some(address) = address else {
+                            return Err(cx.err(
+                                item,
+                                &format!("{field}.address"),
+                                "missing field 'address'",
+                                None,
+                            ));
+                        };
+                        (address, name)
+                    }
+                    _ => {
+                        return Err(cx.err(
+                            item,
+                            &field,
+                            format!(
+                                "expected an address or a mapping, found {}",
+                                item.describe()
+                            ),
+                            None,
+                        ))
+                    }
+                };
+                let name = name.unwrap_or_else(|| address.clone());
+                if hosts.iter().any(|h| h.host.name == name) {
+                    return Err(cx.err(
+                        item,
+                        &field,
+                        format!("host '{name}' is listed twice in pool {pool}"),
+                        None,
+                    ));
+                }
+                hosts.push(Sized {
+                    host: Host {
+                        name,
+                        address,
+                        port: d.port.unwrap_or(22),
+                        user: d.user.unwrap_or_else(|| "root".into()),
+                        key: d.key,
+                        jump: d.jump,
+                        gpu: d.gpus,
+                        topology: d.topology.unwrap_or_default(),
+                        zone: d.zone,
+                    },
+                    cpus: d.cpus.unwrap_or(DEFAULT_CPUS),
+                    memory_gib: d.memory.unwrap_or(DEFAULT_MEMORY_GIB),
+                });
+            }
+            inv.pools.push((pool, hosts));
+        }
+    }
+    Ok(inv)
+}
+
+/// Reads `$GANGWAY_HOME/ssh_pools.yaml`; `None` when there is none.
+pub fn load(home: &Path) -> Result<Option<Inventory>, SpecError> {
+    let p = path(home);
+    let Ok(text) = std::fs::read_to_string(&p) else {
+        return Ok(None);
+    };
+    parse(&text, &p.display().to_string()).map(Some)
+}
+
+impl Inventory {
+    /// The pools as the provider wants them.
+    pub fn pools(&self) -> Vec<Pool> {
+        self.pools
+            .iter()
+            .map(|(name, hosts)| Pool {
+                name: name.clone(),
+                hosts: hosts.iter().map(|h| h.host.clone()).collect(),
+            })
+            .collect()
+    }
+
+    /// One offering per (pool, zone, instance type), at no cost, on-demand
+    /// only: a catalog for the `ssh` cloud.
+    pub fn catalog(&self) -> Catalog {
+        let mut offerings: Vec<Offering> = Vec::new();
+        for (pool, hosts) in &self.pools {
+            for h in hosts {
+                let ty = gangway_ssh::SshPools::instance_type(pool, &h.host);
+                let zone = h.host.zone.clone().unwrap_or_else(|| pool.clone());
+                if offerings
+                    .iter()
+                    .any(|o| o.region == *pool && o.zone == zone && o.instance_type == ty)
+                {
+                    continue;
+                }
+                offerings.push(Offering {
+                    cloud: "ssh".into(),
+                    instance_type: ty,
+                    accelerator: h.host.gpu.as_ref().map(|g| g.0.clone()),
+                    accelerator_count: h.host.gpu.as_ref().map_or(0.0, |g| g.1 as f32),
+                    accelerator_memory_gib: None,
+                    vcpus: h.cpus,
+                    memory_gib: h.memory_gib,
+                    region: pool.clone(),
+                    zone,
+                    price: Some(0.0),
+                    spot_price: None,
+                    placement: false,
+                    efa: false,
+                });
+            }
+        }
+        let rows = offerings.len();
+        let mut c = Catalog::from_offerings(offerings);
+        c.sources.push(Source {
+            cloud: "ssh".into(),
+            origin: self.path.display().to_string(),
+            taken: Some(Date::today()),
+            rows,
+        });
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const INV: &str = "pools:\n  lab:\n    defaults:\n      user: ubuntu\n      gpus: A100:8\n      cpus: 64\n    hosts:\n      - address: 10.0.0.11\n        name: gpu1\n        topology: spine1/leaf1\n        zone: rack1\n      - 10.0.0.12\n  cpu:\n    hosts: [10.0.1.1]\n";
+
+    #[test]
+    fn pools_hosts_and_defaults_parse() {
+        let inv = parse(INV, "ssh_pools.yaml").unwrap();
+        assert_eq!(inv.pools.len(), 2);
+        let (name, hosts) = &inv.pools[0];
+        assert_eq!(name, "lab");
+        assert_eq!(hosts[0].host.name, "gpu1");
+        assert_eq!(hosts[0].host.user, "ubuntu");
+        assert_eq!(hosts[0].host.gpu, Some(("A100".into(), 8)));
+        assert_eq!(hosts[0].host.topology, ["spine1", "leaf1"]);
+        assert_eq!(hosts[0].host.zone.as_deref(), Some("rack1"));
+        assert_eq!(hosts[1].host.name, "10.0.0.12");
+        assert_eq!((hosts[1].host.port, hosts[1].cpus), (22, 64.0));
+        assert_eq!(inv.pools[1].1[0].host.user, "root");
+    }
+
+    #[test]
+    fn the_catalog_offers_pool_hosts_for_free_on_demand() {
+        let c = parse(INV, "ssh_pools.yaml").unwrap().catalog();
+        let offers = c.offerings();
+        assert_eq!(offers.len(), 3, "{offers:?}");
+        assert!(offers
+            .iter()
+            .all(|o| o.price == Some(0.0) && o.spot_price.is_none()));
+        assert!(offers
+            .iter()
+            .any(|o| o.region == "lab" && o.zone == "rack1" && o.accelerator_count == 8.0));
+    }
+
+    #[test]
+    fn mistakes_are_located_and_named() {
+        let e = parse(
+            "pools:\n  lab:\n    hosts:\n      - adress: 10.0.0.1\n",
+            "p.yaml",
+        )
+        .unwrap_err();
+        let s = e.to_string();
+        assert!(
+            s.starts_with("p.yaml:4:9: pools.lab.hosts[0]: unknown field 'adress'"),
+            "{s}"
+        );
+        assert!(s.contains("did you mean 'address'?"), "{s}");
+        let e = parse(
+            "pools:\n  lab:\n    hosts:\n      - address: a\n        gpus: A100:x\n",
+            "p.yaml",
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("gpus: 'A100:x' is not NAME:COUNT"),
+            "{e}"
+        );
+        let e = parse("pools:\n  lab:\n    hosts: [a, a]\n", "p.yaml").unwrap_err();
+        assert!(e.to_string().contains("listed twice"), "{e}");
+    }
+}
