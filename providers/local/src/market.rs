@@ -12,13 +12,15 @@ use std::process::{Command, Stdio};
 const MARKER: &str = "gangway-local-market";
 
 /// Arguments: notice delay (s), delay from notice to preemption (s),
-/// RFC 3339 preemption time, then the node directories.
+/// RFC 3339 preemption time, whether to post a notice at all (`1`/`0`: a
+/// preemption without notice must not flash notice files the instant
+/// before the kill), then the node directories.
 ///
 /// `kill -s KILL -- -PGID` rather than `kill -KILL -- -PGID`: dash, Debian's
 /// `sh`, refuses `--` after `-KILL`.
-const SCRIPT: &str = r#"n="$1"; k="$2"; t="$3"; shift 3
+const SCRIPT: &str = r#"n="$1"; k="$2"; t="$3"; post="$4"; shift 4
 sleep "$n"
-for d in "$@"; do
+[ "$post" = 1 ] && for d in "$@"; do
   m="$d/metadata"
   [ -d "$m" ] || continue
   printf 'TRUE' > "$m/.preempted.tmp" && mv -f "$m/.preempted.tmp" "$m/preempted"
@@ -60,6 +62,11 @@ pub(crate) fn spawn(
         .arg(secs(notice_in))
         .arg(secs(kill_after))
         .arg(rfc3339_utc(preempt_at_ms))
+        .arg(if preempt_at_ms > notice_at_ms {
+            "1"
+        } else {
+            "0"
+        })
         .args(node_dirs)
         .process_group(0)
         .stdin(Stdio::null())

@@ -999,3 +999,19 @@ async fn preemptions_follow_the_schedule_launch_by_launch() {
     assert_eq!(records(&p)[0].preempt_at_ms, None);
     p.terminate(&cluster("s")).await.unwrap();
 }
+
+#[tokio::test]
+async fn a_preemption_without_notice_posts_no_notice() {
+    let (_tmp, p) = fresh();
+    let cfg = json!({"preempt_after_s": 0.5});
+    let nodes = p
+        .launch(&spot(req("q", "local-a", "local.cpu", 1, Some(cfg))))
+        .await
+        .unwrap();
+    let mut sleeper = Sleeper::start();
+    sleeper.register_on(&nodes[0]);
+    sleeper.assert_killed();
+    let meta = Path::new(&nodes[0].extra["env.GANGWAY_METADATA_DIR"]).to_path_buf();
+    assert!(dir_names(&meta).is_empty(), "{:?}", dir_names(&meta));
+    p.terminate(&cluster("q")).await.unwrap();
+}
