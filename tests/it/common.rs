@@ -498,29 +498,20 @@ impl Drop for TestHome {
         // while a failed test unwinds).
         let home_entry = format!("GANGWAY_HOME={}", self.path().display());
         // Managed jobs first: their controller would bring clusters back.
-        let mut c = command_in(self.path());
-        c.args(["jobs", "cancel", "--all"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        if let Ok(mut child) = c.spawn() {
-            let started = Instant::now();
-            while matches!(child.try_wait(), Ok(None)) && started.elapsed() < WATCHDOG {
-                std::thread::sleep(Duration::from_millis(20));
+        for args in [
+            &["jobs", "cancel", "--all"][..],
+            &["down", "--all", "-y"][..],
+        ] {
+            let mut c = command_in(self.path());
+            c.args(args).stdout(Stdio::null()).stderr(Stdio::null());
+            if let Ok(mut child) = c.spawn() {
+                let started = Instant::now();
+                while matches!(child.try_wait(), Ok(None)) && started.elapsed() < WATCHDOG {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                let _ = child.kill();
+                let _ = child.wait();
             }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let mut c = command_in(self.path());
-        c.args(["down", "--all", "-y"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        if let Ok(mut child) = c.spawn() {
-            let started = Instant::now();
-            while matches!(child.try_wait(), Ok(None)) && started.elapsed() < WATCHDOG {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
         }
         // Drivers, autostop watchers and node processes end on their own
         // after `down`; give them a moment, then kill what is left.
