@@ -242,21 +242,32 @@ pub fn reap(store: &crate::state::Store) -> Result<usize, crate::state::StateErr
             continue;
         };
         let nodes = store.nodes(&job.cluster)?;
-        let pids =
-            std::fs::read_to_string(store.job_log_dir(job.id).join("pids")).unwrap_or_default();
-        for line in pids.lines() {
-            let mut it = line
-                .split_whitespace()
-                .filter_map(|w| w.parse::<u32>().ok());
-            let (Some(rank), Some(pgid)) = (it.next(), it.next()) else {
-                continue;
-            };
+        signal_run(store, transport.as_ref(), &nodes, job.id, libc::SIGKILL);
+    }
+    Ok(reaped.len())
+}
+
+/// Sends `signal` to every rank of cluster job `run`, from the process
+/// groups its driver recorded (each checked against the run's id before it
+/// is signalled, so a reused pid is never hit).
+pub fn signal_run(
+    store: &crate::state::Store,
+    transport: &dyn Transport,
+    nodes: &[NodeRow],
+    run: i64,
+    signal: i32,
+) {
+    let pids = std::fs::read_to_string(store.job_log_dir(run).join("pids")).unwrap_or_default();
+    for line in pids.lines() {
+        let mut it = line
+            .split_whitespace()
+            .filter_map(|w| w.parse::<u32>().ok());
+        if let (Some(rank), Some(pgid)) = (it.next(), it.next()) {
             if let Some(node) = nodes.iter().find(|n| n.rank == rank) {
-                transport.signal_job(node, pgid, job.id, libc::SIGKILL);
+                transport.signal_job(node, pgid, run, signal);
             }
         }
     }
-    Ok(reaped.len())
 }
 
 /// The transport for the nodes of `cloud` in `cluster`: local processes

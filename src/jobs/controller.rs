@@ -2,7 +2,7 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use gangway_provider::{ClusterName, NodeState};
 use serde::{Deserialize, Serialize};
@@ -309,11 +309,9 @@ impl Controller {
         let Ok(lock) = self.store.lock_cluster(&job.cluster, "recovering") else {
             return Ok(()); // someone else works on it; next round
         };
-        let config = std::fs::read_to_string(&mt.task_file).ok().and_then(|_| {
-            crate::spec::load(&mt.task_file)
-                .ok()
-                .and_then(|t| t.config.map(|c| c.to_string()))
-        });
+        let config = crate::spec::load(&mt.task_file)
+            .ok()
+            .and_then(|t| t.config.map(|c| c.to_string()));
         let token = format!("{}-{}", job.cluster, job.restart_count);
         let reserved = self.store.reserve_cluster(&NewCluster {
             name: &job.cluster,
@@ -779,18 +777,7 @@ impl Controller {
     }
 
     fn signal_ranks(&self, transport: &dyn Transport, nodes: &[NodeRow], inner: i64, sig: i32) {
-        let pids =
-            std::fs::read_to_string(self.store.job_log_dir(inner).join("pids")).unwrap_or_default();
-        for line in pids.lines() {
-            let mut it = line
-                .split_whitespace()
-                .filter_map(|w| w.parse::<u32>().ok());
-            if let (Some(rank), Some(pgid)) = (it.next(), it.next()) {
-                if let Some(n) = nodes.iter().find(|n| n.rank == rank) {
-                    transport.signal_job(n, pgid, inner, sig);
-                }
-            }
-        }
+        gang::signal_run(&self.store, transport, nodes, inner, sig);
     }
 
     /// Copies every node's checkpoint directory into the kept one,
@@ -1025,14 +1012,6 @@ fn order_for(
     } else {
         other.into_iter().chain(same).collect()
     }
-}
-
-/// Seconds since the epoch, for messages.
-pub fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }
 
 #[cfg(test)]
