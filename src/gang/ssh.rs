@@ -356,7 +356,11 @@ impl Transport for SshTransport {
                 let mut pause = Duration::from_millis(200);
                 loop {
                     match b.connect(&t.host).await {
-                        Ok(s) => return Ok((t, Arc::new(s))),
+                        Ok(s) => {
+                            // Where every command records its process group.
+                            let _ = s.shell("mkdir -p \"$HOME/.gangway/procs\"").status().await;
+                            return Ok((t, Arc::new(s)));
+                        }
                         Err(e) => {
                             let why = explain_connect(&e);
                             let fatal = why.contains("host key changed");
@@ -433,7 +437,7 @@ impl Transport for SshTransport {
             env.push_str(&format!("export {k}={}\n", sq(v)));
         }
         let wrapper = format!(
-            "mkdir -p \"$HOME/.gangway/procs\"; . /dev/stdin; cd {cwd} 2>/dev/null || cd; \
+            ". /dev/stdin; cd {cwd} 2>/dev/null || cd; \
              setsid bash -c {script} </dev/null & \
              echo $! > \"$HOME/.gangway/procs/{token}\"; wait $!; rc=$?; \
              rm -f \"$HOME/.gangway/procs/{token}\"; exit $rc",
@@ -445,7 +449,8 @@ impl Transport for SshTransport {
             .write_all(env.as_bytes())
             .map_err(|e| err("cannot pass the environment", e))?;
         drop(env_w);
-        let std_cmd = self.ssh_command(&ctl, &t, &format!("exec bash -c {}", sq(&wrapper)));
+        // The wrapper is plain POSIX sh: it runs in the login shell as is.
+        let std_cmd = self.ssh_command(&ctl, &t, &wrapper);
         let mut c = tokio::process::Command::from(std_cmd);
         let out2 = output
             .try_clone()
