@@ -200,15 +200,7 @@ fn unknown(cx: &Cx<'_>, k: &Node, field: &str, key: &str, allowed: &[&str]) -> S
 /// Parses inventory text.
 pub fn parse(text: &str, file: &str) -> Result<Inventory, SpecError> {
     let cx = Cx { file };
-    let docs = yaml::parse(text).map_err(|e| SpecError {
-        file: file.to_string(),
-        line: e.pos.line,
-        col: e.pos.col,
-        field: e.field,
-        message: e.message,
-        hint: e.hint,
-        unsupported: false,
-    })?;
+    let docs = yaml::parse(text).map_err(|e| SpecError::from_yaml(file, e))?;
     let mut inv = Inventory {
         path: PathBuf::from(file),
         ..Inventory::default()

@@ -148,6 +148,21 @@ fn io_reason(e: &std::io::Error) -> String {
     }
 }
 
+impl SpecError {
+    /// A YAML syntax error in `file`, located.
+    pub fn from_yaml(file: &str, e: yaml::YamlError) -> SpecError {
+        SpecError {
+            file: file.to_string(),
+            line: e.pos.line,
+            col: e.pos.col,
+            field: e.field,
+            message: e.message,
+            hint: e.hint,
+            unsupported: false,
+        }
+    }
+}
+
 /// Parses task YAML; `file` names it in errors.
 pub fn parse_str(text: &str, file: &str) -> Result<Task, SpecError> {
     if text.trim().is_empty() {
@@ -157,15 +172,7 @@ pub fn parse_str(text: &str, file: &str) -> Result<Task, SpecError> {
             Some("a task needs at least `run:`; see examples/hello.yaml"),
         ));
     }
-    let docs = yaml::parse(text).map_err(|e| SpecError {
-        file: file.to_string(),
-        line: e.pos.line,
-        col: e.pos.col,
-        field: e.field,
-        message: e.message,
-        hint: e.hint,
-        unsupported: false,
-    })?;
+    let docs = yaml::parse(text).map_err(|e| SpecError::from_yaml(file, e))?;
     let docs: Vec<_> = docs
         .docs
         .into_iter()
