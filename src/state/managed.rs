@@ -255,16 +255,11 @@ impl Store {
 
     /// Every managed job, oldest first.
     pub fn managed_all(&self) -> Result<Vec<ManagedJob>, StateError> {
-        let mut st = self
-            .conn
-            .prepare_cached(&format!("SELECT {COLS} FROM managed_jobs ORDER BY id"))
-            .map_err(|e| self.db(e))?;
-        let rows = st
-            .query_map([], row)
-            .map_err(|e| self.db(e))?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| self.db(e));
-        rows
+        self.query_all(
+            &format!("SELECT {COLS} FROM managed_jobs ORDER BY id"),
+            [],
+            row,
+        )
     }
 
     /// Managed jobs that have not ended.
@@ -355,25 +350,18 @@ impl Store {
 
     /// A managed job's transitions, oldest first.
     pub fn managed_events(&self, job: i64) -> Result<Vec<ManagedEvent>, StateError> {
-        let mut st = self
-            .conn
-            .prepare_cached(
-                "SELECT at, state, placement, reason FROM managed_events WHERE job = ?1 ORDER BY id",
-            )
-            .map_err(|e| self.db(e))?;
-        let rows = st
-            .query_map([job], |r| {
+        self.query_all(
+            "SELECT at, state, placement, reason FROM managed_events WHERE job = ?1 ORDER BY id",
+            [job],
+            |r| {
                 Ok(ManagedEvent {
                     at: r.get(0)?,
                     state: r.get(1)?,
                     placement: r.get(2)?,
                     reason: r.get(3)?,
                 })
-            })
-            .map_err(|e| self.db(e))?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| self.db(e));
-        rows
+            },
+        )
     }
 
     /// A managed job's own directory: the task copy, its secrets (mode

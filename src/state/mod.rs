@@ -751,33 +751,38 @@ impl Store {
         query_cluster(&self.conn, name).map_err(|e| self.db(e))
     }
 
-    /// Every cluster, by name.
-    pub fn clusters(&self) -> Result<Vec<ClusterRow>, StateError> {
-        let mut st = self
-            .conn
-            .prepare_cached(&format!(
-                "SELECT {CLUSTER_COLS} FROM clusters ORDER BY name"
-            ))
-            .map_err(|e| self.db(e))?;
+    /// Runs a query and collects its rows.
+    pub(crate) fn query_all<T, P: rusqlite::Params>(
+        &self,
+        sql: &str,
+        params: P,
+        f: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+    ) -> Result<Vec<T>, StateError> {
+        let mut st = self.conn.prepare_cached(sql).map_err(|e| self.db(e))?;
         let rows = st
-            .query_map([], cluster_row)
+            .query_map(params, f)
             .map_err(|e| self.db(e))?
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| self.db(e));
         rows
     }
 
+    /// Every cluster, by name.
+    pub fn clusters(&self) -> Result<Vec<ClusterRow>, StateError> {
+        self.query_all(
+            &format!("SELECT {CLUSTER_COLS} FROM clusters ORDER BY name"),
+            [],
+            cluster_row,
+        )
+    }
+
     /// A cluster's nodes in rank order.
     pub fn nodes(&self, name: &str) -> Result<Vec<NodeRow>, StateError> {
-        let mut st = self
-            .conn
-            .prepare_cached(
-                "SELECT rank, instance_id, private_ip, public_ip, zone, topology, state, extra
+        self.query_all(
+            "SELECT rank, instance_id, private_ip, public_ip, zone, topology, state, extra
                  FROM nodes WHERE cluster = ?1 ORDER BY rank",
-            )
-            .map_err(|e| self.db(e))?;
-        let rows = st
-            .query_map([name], |r| {
+            [name],
+            |r| {
                 let extra: String = r.get(7)?;
                 Ok(NodeRow {
                     rank: r.get(0)?,
@@ -789,11 +794,8 @@ impl Store {
                     state: r.get(6)?,
                     extra: serde_json::from_str(&extra).unwrap_or_default(),
                 })
-            })
-            .map_err(|e| self.db(e))?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| self.db(e));
-        rows
+            },
+        )
     }
 
     /// Adds a job in `PENDING`; returns its id.
@@ -863,35 +865,23 @@ impl Store {
 
     /// A cluster's jobs, oldest first.
     pub fn jobs(&self, cluster: &str) -> Result<Vec<JobRow>, StateError> {
-        let mut st = self
-            .conn
-            .prepare_cached(&format!(
-                "SELECT {JOB_COLS} FROM jobs WHERE cluster = ?1 ORDER BY id"
-            ))
-            .map_err(|e| self.db(e))?;
-        let rows = st
-            .query_map([cluster], job_row)
-            .map_err(|e| self.db(e))?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| self.db(e));
-        rows
+        self.query_all(
+            &format!("SELECT {JOB_COLS} FROM jobs WHERE cluster = ?1 ORDER BY id"),
+            [cluster],
+            job_row,
+        )
     }
 
     /// Jobs of every cluster that have not ended, oldest first.
     pub fn active_jobs(&self) -> Result<Vec<JobRow>, StateError> {
-        let mut st = self
-            .conn
-            .prepare_cached(&format!(
+        self.query_all(
+            &format!(
                 "SELECT {JOB_COLS} FROM jobs
                  WHERE status IN ('PENDING','SETTING_UP','RUNNING') ORDER BY id"
-            ))
-            .map_err(|e| self.db(e))?;
-        let rows = st
-            .query_map([], job_row)
-            .map_err(|e| self.db(e))?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| self.db(e));
-        rows
+            ),
+            [],
+            job_row,
+        )
     }
 
     /// Appends an event.
@@ -913,25 +903,18 @@ impl Store {
 
     /// A cluster's events, oldest first.
     pub fn events(&self, cluster: &str) -> Result<Vec<EventRow>, StateError> {
-        let mut st = self
-            .conn
-            .prepare_cached(
-                "SELECT at, job, kind, message FROM events WHERE cluster = ?1 ORDER BY id",
-            )
-            .map_err(|e| self.db(e))?;
-        let rows = st
-            .query_map([cluster], |r| {
+        self.query_all(
+            "SELECT at, job, kind, message FROM events WHERE cluster = ?1 ORDER BY id",
+            [cluster],
+            |r| {
                 Ok(EventRow {
                     at: r.get(0)?,
                     job: r.get(1)?,
                     kind: r.get(2)?,
                     message: r.get(3)?,
                 })
-            })
-            .map_err(|e| self.db(e))?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| self.db(e));
-        rows
+            },
+        )
     }
 
     /// Path of a job's driver lock.
