@@ -546,7 +546,11 @@ async fn phase(
                 }
                 let what = match status {
                     Ok(s) if s.success() => None,
-                    Ok(s) => Some(describe_exit(&s)),
+                    Ok(s) => Some(
+                        transport
+                            .explain_exit(&s)
+                            .unwrap_or_else(|| describe_exit(&s)),
+                    ),
                     Err(e) => Some(format!("could not be waited for: {e}")),
                 };
                 if let Some(what) = what {

@@ -90,6 +90,13 @@ pub trait Transport: Send + Sync {
     /// (GCP's `preempted`, AWS's `spot/instance-action`), in its words.
     fn preemption_notice(&self, node: &NodeRow) -> Option<String>;
 
+    /// A transport's own reading of how a command ended (an SSH client's
+    /// 255 is a lost connection, not the command's code).
+    fn explain_exit(&self, status: &std::process::ExitStatus) -> Option<String> {
+        let _ = status;
+        None
+    }
+
     /// Runs a short shell command on the node and returns its stdout.
     fn probe(&self, node: &NodeRow, script: &str) -> Result<String, TransportError>;
 

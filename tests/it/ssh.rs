@@ -312,3 +312,215 @@ fn a_gang_runs_on_an_ssh_pool_ranked_by_topology_and_down_releases_it() {
     let (code, _, err) = crate::common::parts(&home.run(["launch", &one, "-c", "other", "--down"]));
     assert_eq!(code, 0, "{err}");
 }
+
+/// A node in a network namespace of its own, with its own sshd, reached
+/// over a veth pair; `cut()` drops the link without a word, as a dead node
+/// or a broken switch does.
+struct NetnsNode {
+    ns: String,
+    host_if: String,
+    addr: String,
+    sshd: Option<std::process::Child>,
+    dir: tempfile::TempDir,
+}
+
+impl NetnsNode {
+    fn start() -> Option<NetnsNode> {
+        let root = unsafe { libc::geteuid() } == 0;
+        let have = |p: &str| std::path::Path::new(p).exists();
+        if !root || !have("/usr/sbin/sshd") || !(have("/usr/sbin/ip") || have("/sbin/ip")) {
+            eprintln!("SKIPPED: the network-namespace test needs root, sshd and ip");
+            return None;
+        }
+        let id = std::process::id();
+        let ns = format!("gwn{id}");
+        let host_if = format!("gwh{id}");
+        let node_if = format!("gwp{id}");
+        let subnet = format!("10.231.{}", id % 250);
+        let addr = format!("{subnet}.2");
+        let sh = |cmd: &str| {
+            std::process::Command::new("sh")
+                .arg("-c")
+                .arg(cmd)
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false)
+        };
+        if !sh(&format!("ip netns add {ns}")) {
+            eprintln!("SKIPPED: cannot create a network namespace here");
+            return None;
+        }
+        let ok = sh(&format!(
+            "ip link add {host_if} type veth peer name {node_if} && \
+             ip link set {node_if} netns {ns} && \
+             ip addr add {subnet}.1/24 dev {host_if} && ip link set {host_if} up && \
+             ip netns exec {ns} ip addr add {addr}/24 dev {node_if} && \
+             ip netns exec {ns} ip link set {node_if} up && \
+             ip netns exec {ns} ip link set lo up"
+        ));
+        let dir = tempfile::tempdir().unwrap();
+        let mut node = NetnsNode {
+            ns,
+            host_if,
+            addr,
+            sshd: None,
+            dir,
+        };
+        if !ok {
+            eprintln!("SKIPPED: cannot wire a veth pair into the namespace");
+            return None;
+        }
+        let d = node.dir.path().to_path_buf();
+        for k in ["host", "client"] {
+            assert!(sh(&format!(
+                "ssh-keygen -q -t ed25519 -N '' -f {}/{k}",
+                d.display()
+            )));
+        }
+        std::fs::copy(d.join("client.pub"), d.join("authorized_keys")).unwrap();
+        std::fs::create_dir_all(d.join("home")).unwrap();
+        let _ = std::fs::create_dir_all("/run/sshd");
+        std::fs::write(
+            d.join("sshd_config"),
+            format!(
+                "ListenAddress {addr}:22\nHostKey {d}/host\nPidFile {d}/sshd.pid\n\
+                 AuthorizedKeysFile {d}/authorized_keys\nPermitRootLogin prohibit-password\n\
+                 PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n\
+                 StrictModes no\nUseDNS no\nLogLevel ERROR\nSetEnv HOME={d}/home\n\
+                 ClientAliveInterval 60\n\
+                 ForceCommand cd \"$HOME\" || exit 1; eval \"$SSH_ORIGINAL_COMMAND\"\n",
+                addr = node.addr,
+                d = d.display()
+            ),
+        )
+        .unwrap();
+        node.sshd = Some(
+            std::process::Command::new("ip")
+                .args([
+                    "netns",
+                    "exec",
+                    &node.ns,
+                    "/usr/sbin/sshd",
+                    "-D",
+                    "-e",
+                    "-f",
+                ])
+                .arg(d.join("sshd_config"))
+                .stderr(std::fs::File::create(d.join("sshd.log")).unwrap())
+                .spawn()
+                .unwrap(),
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let target: std::net::SocketAddr = format!("{}:22", node.addr).parse().unwrap();
+        while std::net::TcpStream::connect_timeout(&target, Duration::from_millis(200)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "sshd in the namespace never listened"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Some(node)
+    }
+
+    fn row(&self) -> NodeRow {
+        let mut extra = BTreeMap::new();
+        extra.insert("ssh.host".to_string(), self.addr.clone());
+        extra.insert("ssh.user".to_string(), "root".to_string());
+        extra.insert(
+            "ssh.key".to_string(),
+            self.dir.path().join("client").display().to_string(),
+        );
+        NodeRow {
+            rank: 0,
+            instance_id: "netns-0".into(),
+            private_ip: self.addr.clone(),
+            public_ip: None,
+            zone: "ns".into(),
+            topology: String::new(),
+            state: "running".into(),
+            extra,
+        }
+    }
+
+    /// The link goes down: packets vanish, nothing answers.
+    fn cut(&self) {
+        let _ = std::process::Command::new("ip")
+            .args(["link", "set", &self.host_if, "down"])
+            .status();
+    }
+}
+
+impl Drop for NetnsNode {
+    fn drop(&mut self) {
+        if let Some(mut s) = self.sshd.take() {
+            let _ = s.kill();
+            let _ = s.wait();
+        }
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", &self.host_if])
+            .status();
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.ns])
+            .status();
+    }
+}
+
+#[test]
+fn a_node_that_stops_answering_is_detected_within_15_seconds() {
+    let Some(node) = NetnsNode::start() else {
+        return;
+    };
+    let home = tempfile::tempdir().unwrap();
+    let t = SshTransport::new(home.path(), "ns", true).unwrap();
+    let rows = vec![node.row()];
+    connect(&t, &rows).unwrap();
+    let marker = format!("gw-netns-{}", std::process::id());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (status, waited) = rt.block_on(async {
+        let (_r, w) = std::io::pipe().unwrap();
+        let cmd = NodeCommand {
+            script: "sleep 300".into(),
+            env: vec![("GW_TEST_MARKER".into(), marker.clone())],
+            cwd: "~".into(),
+        };
+        let mut child = t.spawn(&rows[0], &cmd, w).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while crate::common::procs_with_marker(&marker).is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the remote command never started"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        node.cut();
+        let cut_at = std::time::Instant::now();
+        let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+            .await
+            .expect("a node that stopped answering was never noticed")
+            .unwrap();
+        (status, cut_at.elapsed())
+    });
+    // Keepalives every 3 s; OpenSSH gives up when the 4th is due (12 s).
+    assert!(
+        waited <= Duration::from_secs(15),
+        "noticed after {waited:?}"
+    );
+    assert!(
+        waited >= Duration::from_secs(9),
+        "ended too soon ({waited:?}): not by keepalives"
+    );
+    let why = t
+        .explain_exit(&status)
+        .expect("a lost connection is explained");
+    assert!(why.contains("connection was lost"), "{why}");
+    eprintln!("the lost node was noticed after {waited:?}");
+    // The remote command is still running in the namespace: kill it.
+    for pid in crate::common::procs_with_marker(&marker) {
+        unsafe {
+            libc::kill(pid as i32, libc::SIGKILL);
+        }
+    }
+}
