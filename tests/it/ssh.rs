@@ -524,3 +524,70 @@ fn a_node_that_stops_answering_is_detected_within_15_seconds() {
         }
     }
 }
+
+#[test]
+fn setup_workdir_and_cancel_work_over_ssh_as_on_the_local_cloud() {
+    let Some(sshd) = Sshd::start(4) else { return };
+    let home = pool_home(&sshd);
+    let wd = home.path().join("wd");
+    std::fs::create_dir_all(&wd).unwrap();
+    std::fs::write(wd.join("data.txt"), "synced-over-rsync\n").unwrap();
+    // Setup fails on rank 1: the run never starts, the tail is shown.
+    let bad = home.file(
+        "bad.yaml",
+        &format!(
+            "num_nodes: 2\nworkdir: {}\nresources:\n  infra: ssh/lab\nenvs:\n  GW_TEST_MARKER: {}\n\
+             setup: |\n  echo preparing-$SKYPILOT_SETUP_NODE_RANK\n  [ $SKYPILOT_SETUP_NODE_RANK = 1 ] && echo boom-over-ssh && exit 4\n  true\n\
+             run: touch ~/run-started-{}\n",
+            wd.display(),
+            home.marker,
+            home.marker
+        ),
+    );
+    let (code, out, err) = crate::common::parts(&home.run(["launch", &bad, "-c", "ss"]));
+    assert_eq!(code, 1, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        out.contains("rank 1") && out.contains("exited with code 4"),
+        "{out}"
+    );
+    assert!(out.contains("boom-over-ssh"), "{out}");
+    let q = home.jobs("ss");
+    assert_eq!(q.last().unwrap()["status"], "FAILED_SETUP", "{q:?}");
+    assert!(!sshd
+        .home
+        .join(format!("run-started-{}", home.marker))
+        .exists());
+
+    // The workdir reached the nodes; a detached job is then cancelled and
+    // its remote processes are gone.
+    let (code, out, err) =
+        crate::common::parts(&home.run(["exec", "ss", "cat ~/sky_workdir/data.txt && pwd"]));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert_eq!(out.matches("synced-over-rsync").count(), 2, "{out}");
+    let (code, _, err) = crate::common::parts(&home.run([
+        "exec",
+        "ss",
+        "-d",
+        "--env",
+        &home.marker_env(),
+        "sleep 300",
+    ]));
+    assert_eq!(code, 0, "{err}");
+    home.wait_job_status("ss", "RUNNING");
+    wait_for_marker(&home.marker, 2);
+    let (code, out, err) = crate::common::parts(&home.run(["cancel", "ss"]));
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("CANCELLED"), "{out}");
+    crate::common::assert_no_marker_procs(&home.marker, "cancel over ssh");
+}
+
+fn wait_for_marker(marker: &str, n: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while crate::common::procs_with_marker(marker).len() < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "remote commands never started"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
