@@ -458,10 +458,7 @@ impl Store {
             source,
         })?;
         let path = home.join("state.db");
-        let db = |source| StateError::Db {
-            path: path.clone(),
-            source,
-        };
+        let db = db_err(&path);
         let conn = Connection::open(&path).map_err(db)?;
         conn.busy_timeout(BUSY_TIMEOUT).map_err(db)?;
         // WAL is a property of the file: set it only once.
@@ -512,11 +509,7 @@ impl Store {
         if version == known {
             return Ok(());
         }
-        let path = self.path.clone();
-        let db = |source| StateError::Db {
-            path: path.clone(),
-            source,
-        };
+        let db = db_err(&self.path);
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -560,11 +553,7 @@ impl Store {
     /// the cluster's owner lock.
     pub fn reserve_cluster(&mut self, c: &NewCluster<'_>) -> Result<Reserved, StateError> {
         let now = now_ms();
-        let path = self.path.clone();
-        let db = |source| StateError::Db {
-            path: path.clone(),
-            source,
-        };
+        let db = db_err(&self.path);
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -638,11 +627,7 @@ impl Store {
         status: ClusterStatus,
         nodes: &[NodeRow],
     ) -> Result<(), StateError> {
-        let path = self.path.clone();
-        let db = |source| StateError::Db {
-            path: path.clone(),
-            source,
-        };
+        let db = db_err(&self.path);
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -948,6 +933,14 @@ impl Store {
             }
         }
         Ok(reaped)
+    }
+}
+
+/// Turns SQLite's errors into ours, naming the database file.
+fn db_err(path: &Path) -> impl Fn(rusqlite::Error) -> StateError + Copy + '_ {
+    move |source| StateError::Db {
+        path: path.to_path_buf(),
+        source,
     }
 }
 

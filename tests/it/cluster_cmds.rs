@@ -264,16 +264,7 @@ fn detached_launch_returns_and_logs_follows_to_the_end() {
     assert!(is_live(&job["status"]), "{job}");
 
     let mut logs = home.spawn(["logs", "det"]);
-    wait_for("logs to show the running ranks", DEADLINE, || {
-        let so_far = logs.stdout_now();
-        if so_far.contains("all 2 rank(s) running") {
-            Ok(())
-        } else if logs.exited() {
-            Err(format!("logs exited early: {so_far}"))
-        } else {
-            Err(so_far)
-        }
-    });
+    logs.wait_for_stdout("all 2 rank(s) running", "logs to show the running ranks");
     assert!(!logs.exited(), "logs returned before the job ended");
     std::fs::write(&flag, "").unwrap();
     let (code, out, err) = parts(&logs.wait());
@@ -307,19 +298,10 @@ fn ctrl_c_cancels_an_attached_job() {
     let mut launcher = home.spawn(["launch", &t, "-c", "ctrlc"]);
     // Once the launcher prints the ranks' start it follows the job (and
     // handles Ctrl-C).
-    wait_for("the launcher to follow the running job", DEADLINE, || {
-        let so_far = launcher.stdout_now();
-        if so_far.contains("all 2 rank(s) running") {
-            Ok(())
-        } else if launcher.exited() {
-            Err(format!(
-                "the launcher exited early: {so_far}{}",
-                launcher.stderr_now()
-            ))
-        } else {
-            Err(so_far)
-        }
-    });
+    launcher.wait_for_stdout(
+        "all 2 rank(s) running",
+        "the launcher to follow the running job",
+    );
     launcher.signal(libc::SIGINT);
     let (code, out, err) = parts(&launcher.wait());
     assert_eq!(code, 5, "stdout:\n{out}\nstderr:\n{err}");
@@ -481,28 +463,9 @@ fn a_second_ctrl_c_kills_ranks_that_ignore_sigterm() {
     // The ranks ignore SIGTERM (inherited by `sleep`): only SIGKILL stops them.
     let (t, _) = task(&home, 2, "run: |\n  trap '' TERM\n  sleep 300\n");
     let mut launcher = home.spawn(["launch", &t, "-c", "twice"]);
-    wait_for("the ranks to run", DEADLINE, || {
-        let so_far = launcher.stdout_now();
-        if so_far.contains("all 2 rank(s) running") {
-            Ok(())
-        } else if launcher.exited() {
-            Err(format!(
-                "the launcher exited early: {so_far}{}",
-                launcher.stderr_now()
-            ))
-        } else {
-            Err(so_far)
-        }
-    });
+    launcher.wait_for_stdout("all 2 rank(s) running", "the ranks to run");
     launcher.signal(libc::SIGINT);
-    wait_for("the graceful stop to begin", DEADLINE, || {
-        let so_far = launcher.stdout_now();
-        if so_far.contains("stopping every rank") {
-            Ok(())
-        } else {
-            Err(so_far)
-        }
-    });
+    launcher.wait_for_stdout("stopping every rank", "the graceful stop to begin");
     // SIGTERM changed nothing: the ranks are still there.
     assert!(!crate::common::procs_with_marker(&home.marker).is_empty());
     launcher.signal(libc::SIGINT);

@@ -132,6 +132,21 @@ pub struct Running {
 }
 
 impl Running {
+    /// Waits until stdout contains `needle`; fails the test (with what was
+    /// printed) if the process exits first or `DEADLINE` passes.
+    pub fn wait_for_stdout(&mut self, needle: &str, what: &str) {
+        wait_for(what, DEADLINE, || {
+            let so_far = self.stdout_now();
+            if so_far.contains(needle) {
+                Ok(())
+            } else if self.exited() {
+                Err(format!("exited early: {so_far}{}", self.stderr_now()))
+            } else {
+                Err(so_far)
+            }
+        });
+    }
+
     /// Spawns `c` with piped output.
     pub fn start(mut c: Command) -> Running {
         c.stdout(Stdio::piped()).stderr(Stdio::piped());
