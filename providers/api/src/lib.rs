@@ -74,6 +74,18 @@ pub struct LaunchRequest {
     pub client_token: String,
     /// Provider-specific options from the task's `config.<provider>` section.
     pub provider_config: Option<serde_json::Value>,
+    /// `network_tier` (`best` asks for the fastest interconnect, e.g. EFA).
+    #[serde(default)]
+    pub network_tier: Option<String>,
+    /// Most to pay per node-hour (USD); caps the spot bid where a provider has one.
+    #[serde(default)]
+    pub max_price: Option<f64>,
+    /// Ports to open to the world besides SSH, as inclusive ranges.
+    #[serde(default)]
+    pub ports: Vec<(u16, u16)>,
+    /// The task's `labels`, tagged on every resource.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// The observed state of one node.
@@ -267,6 +279,15 @@ pub trait Provider: Send + Sync {
     /// return the paths already on the nodes.
     async fn topology(&self, nodes: &[Node]) -> Result<Vec<Vec<String>>> {
         Ok(nodes.iter().map(|n| n.topology.clone()).collect())
+    }
+
+    /// Clusters this provider holds resources for under this owner, found
+    /// by tag wherever the provider can look: the sweep that finds what a
+    /// lost state database no longer knows. Providers whose every resource
+    /// is in local records return an empty list.
+    async fn clusters(&self, owner: &str) -> Result<Vec<ClusterName>> {
+        let _ = owner;
+        Ok(Vec::new())
     }
 }
 

@@ -54,6 +54,10 @@ fn req(cluster: &str, zone: &str, ty: &str, count: u32, cfg: Option<Value>) -> L
         image_id: None,
         client_token: format!("token-{cluster}"),
         provider_config: cfg,
+        network_tier: None,
+        max_price: None,
+        ports: Vec::new(),
+        labels: Default::default(),
     }
 }
 

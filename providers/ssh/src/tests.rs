@@ -83,6 +83,10 @@ fn req(cluster: &str, pool: &str, zone: &str, ty: &str, count: u32) -> LaunchReq
         image_id: None,
         client_token: format!("tok-{cluster}"),
         provider_config: None,
+        network_tier: None,
+        max_price: None,
+        ports: Vec::new(),
+        labels: Default::default(),
     }
 }
 

@@ -1,0 +1,481 @@
+//! The AWS provider against the EC2 emulator (moto plus gangway's fault
+//! layer, `tests/emulators/ec2`): every call goes through the real SDK over
+//! HTTP, and every check is an independent `Describe*` call.
+
+#[path = "../../../tests/support/ec2_emulator.rs"]
+mod ec2_emulator;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use ec2_emulator::Ec2Emulator;
+use gangway_aws::AwsProvider;
+use gangway_provider::{ClusterName, ErrorKind, LaunchRequest, NodeState, Placement, Provider};
+use serde_json::json;
+
+const REGION: &str = "us-east-1";
+
+/// A provider of its own (owner, records, key) for one test.
+struct Fixture {
+    emu: &'static Ec2Emulator,
+    p: AwsProvider,
+    owner: String,
+    dir: PathBuf,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+async fn fixture(test: &str) -> Option<Fixture> {
+    let emu = Ec2Emulator::shared()?;
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "gw-aws-{test}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("id_ed25519");
+    let st = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&key)
+        .status()
+        .expect("ssh-keygen");
+    assert!(st.success());
+    let conf = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .endpoint_url(&emu.endpoint)
+        .region(aws_config::Region::new(REGION))
+        .credentials_provider(aws_sdk_ec2::config::Credentials::new(
+            "testing", "testing", None, None, "test",
+        ))
+        .retry_config(aws_config::retry::RetryConfig::standard().with_max_attempts(1))
+        .load()
+        .await;
+    let owner = format!("owner-{test}-{}", std::process::id());
+    let p = AwsProvider::new(dir.join("aws"), owner.clone(), key.with_extension("pub"))
+        .with_sdk_config(conf);
+    Some(Fixture { emu, p, owner, dir })
+}
+
+fn request(cluster: &str, zone: &str, count: u32, spot: bool) -> LaunchRequest {
+    LaunchRequest {
+        cluster: ClusterName(cluster.into()),
+        owner: "ignored".into(),
+        placement: Placement {
+            cloud: "aws".into(),
+            region: REGION.into(),
+            zone: zone.into(),
+        },
+        instance_type: "p4d.24xlarge".into(),
+        count,
+        use_spot: spot,
+        accelerator: Some(("A100".into(), 8.0)),
+        disk_size_gib: Some(300),
+        image_id: None,
+        client_token: format!("tok-{cluster}"),
+        provider_config: Some(json!({
+            // moto's images are 2017's: name one of them.
+            "ami_name": "Deep Learning AMI Ubuntu*",
+            "ami_owner": "898082745236",
+            "ssh_cidr": "203.0.113.7/32",
+            "poll_ms": 20,
+            "boot_timeout_s": 30,
+        })),
+        network_tier: None,
+        max_price: Some(40.0),
+        ports: vec![(8888, 8888)],
+        labels: BTreeMap::from([("team".to_string(), "ml".to_string())]),
+    }
+}
+
+/// Every `<tag>value</tag>` in an XML document, in order.
+fn values(xml: &str, tag: &str) -> Vec<String> {
+    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
+    let mut out = Vec::new();
+    let mut rest = xml;
+    while let Some(i) = rest.find(&open) {
+        let after = &rest[i + open.len()..];
+        let Some(j) = after.find(&close) else { break };
+        out.push(after[..j].to_string());
+        rest = &after[j + close.len()..];
+    }
+    out
+}
+
+/// Independent look: the cluster's live instances by tag.
+fn live_instances(emu: &Ec2Emulator, cluster: &str, owner: &str) -> String {
+    let (status, xml) = emu.call(
+        REGION,
+        &[
+            ("Action", "DescribeInstances"),
+            ("Filter.1.Name", "tag:gangway-cluster"),
+            ("Filter.1.Value.1", cluster),
+            ("Filter.2.Name", "tag:gangway-owner"),
+            ("Filter.2.Value.1", owner),
+            ("Filter.3.Name", "instance-state-name"),
+            ("Filter.3.Value.1", "pending"),
+            ("Filter.3.Value.2", "running"),
+            ("Filter.3.Value.3", "stopping"),
+            ("Filter.3.Value.4", "stopped"),
+        ],
+    );
+    assert_eq!(status, 200, "{xml}");
+    xml
+}
+
+fn tagged(emu: &Ec2Emulator, action: &str, cluster: &str, owner: &str) -> String {
+    let (status, xml) = emu.call(
+        REGION,
+        &[
+            ("Action", action),
+            ("Filter.1.Name", "tag:gangway-cluster"),
+            ("Filter.1.Value.1", cluster),
+            ("Filter.2.Name", "tag:gangway-owner"),
+            ("Filter.2.Value.1", owner),
+        ],
+    );
+    assert_eq!(status, 200, "{action}: {xml}");
+    xml
+}
+
+fn instance_ids(xml: &str) -> Vec<String> {
+    let mut ids: Vec<String> = values(xml, "instanceId")
+        .into_iter()
+        .filter(|i| i.starts_with("i-"))
+        .collect();
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
+fn assert_nothing_left(emu: &Ec2Emulator, cluster: &str, owner: &str) {
+    let inst = live_instances(emu, cluster, owner);
+    assert!(instance_ids(&inst).is_empty(), "instances left: {inst}");
+    let sg = tagged(emu, "DescribeSecurityGroups", cluster, owner);
+    assert!(
+        values(&sg, "groupId").is_empty(),
+        "security groups left: {sg}"
+    );
+    let pg = tagged(emu, "DescribePlacementGroups", cluster, owner);
+    assert!(
+        values(&pg, "groupName").is_empty(),
+        "placement groups left: {pg}"
+    );
+    let kp = tagged(emu, "DescribeKeyPairs", cluster, owner);
+    assert!(values(&kp, "keyName").is_empty(), "key pairs left: {kp}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spot_gang_is_created_tagged_reused_and_removed_without_a_trace() {
+    let Some(f) = fixture("gang").await else {
+        return;
+    };
+    let req = request("gang4", "us-east-1b", 4, true);
+    let nodes = f.p.launch(&req).await.expect("launch");
+    assert_eq!(nodes.len(), 4);
+    assert!(nodes.iter().all(|n| n.state == NodeState::Running));
+    assert!(nodes.iter().all(|n| n.placement.zone == "us-east-1b"));
+    assert!(nodes.iter().all(|n| n.extra["market"] == "spot"));
+    assert!(nodes
+        .iter()
+        .all(|n| n.extra.get("ssh.host") == n.public_ip.as_ref()));
+    assert!(nodes.iter().all(|n| n.extra["ssh.user"] == "ubuntu"));
+
+    // Independent checks of everything launch made.
+    let xml = live_instances(f.emu, "gang4", &f.owner);
+    let ids = instance_ids(&xml);
+    assert_eq!(ids.len(), 4, "{xml}");
+    let mut got: Vec<String> = nodes.iter().map(|n| n.id.0.clone()).collect();
+    got.sort();
+    assert_eq!(got, ids);
+    assert_eq!(
+        values(&xml, "instanceType")
+            .iter()
+            .filter(|t| *t == "p4d.24xlarge")
+            .count(),
+        4
+    );
+    assert_eq!(
+        values(&xml, "instanceLifecycle")
+            .iter()
+            .filter(|t| *t == "spot")
+            .count(),
+        4,
+        "{xml}"
+    );
+    let name = values(&xml, "keyName");
+    assert!(
+        name.iter().all(|k| k.starts_with("gangway-gang4-")),
+        "{name:?}"
+    );
+    assert!(
+        xml.contains("<key>team</key>") && xml.contains("<value>ml</value>"),
+        "labels are tags"
+    );
+    let groups = values(&xml, "groupName");
+    assert!(
+        groups.iter().any(|g| g.starts_with("gangway-gang4-")),
+        "placement/security group: {groups:?}"
+    );
+
+    let sg = tagged(f.emu, "DescribeSecurityGroups", "gang4", &f.owner);
+    assert_eq!(
+        values(&sg, "groupId")
+            .iter()
+            .collect::<std::collections::BTreeSet<_>>()
+            .len(),
+        1,
+        "{sg}"
+    );
+    assert!(
+        sg.contains("203.0.113.7/32"),
+        "ssh only from the caller: {sg}"
+    );
+    assert!(
+        sg.contains("<fromPort>8888</fromPort>"),
+        "task ports opened: {sg}"
+    );
+    let own_group = values(&sg, "groupId")[0].clone();
+    assert!(
+        values(&sg, "groupId")
+            .iter()
+            .filter(|g| **g == own_group)
+            .count()
+            >= 2,
+        "the group admits its own members: {sg}"
+    );
+    let pg = tagged(f.emu, "DescribePlacementGroups", "gang4", &f.owner);
+    assert_eq!(values(&pg, "strategy"), vec!["cluster"], "{pg}");
+    let kp = tagged(f.emu, "DescribeKeyPairs", "gang4", &f.owner);
+    assert_eq!(values(&kp, "keyName").len(), 1, "{kp}");
+
+    // Topology: the four nodes sit under two leaf switches, in pairs.
+    let paths = f.p.topology(&nodes).await.unwrap();
+    assert!(paths.iter().all(|p| p.len() == 3), "{paths:?}");
+    let leaves: std::collections::BTreeSet<&String> = paths.iter().map(|p| &p[2]).collect();
+    assert_eq!(leaves.len(), 2, "{paths:?}");
+
+    // Launching again is a reconcile: the same four instances.
+    let again = f.p.launch(&req).await.expect("relaunch");
+    let mut again_ids: Vec<String> = again.iter().map(|n| n.id.0.clone()).collect();
+    again_ids.sort();
+    assert_eq!(again_ids, ids);
+    assert_eq!(
+        instance_ids(&live_instances(f.emu, "gang4", &f.owner)).len(),
+        4
+    );
+
+    // One node lost: the relaunch creates just the shortfall.
+    let (s, body) = f.emu.call(
+        REGION,
+        &[("Action", "TerminateInstances"), ("InstanceId.1", &ids[0])],
+    );
+    assert_eq!(s, 200, "{body}");
+    let healed = f.p.launch(&req).await.expect("heal");
+    assert_eq!(healed.len(), 4);
+    let now = instance_ids(&live_instances(f.emu, "gang4", &f.owner));
+    assert_eq!(now.len(), 4);
+    assert_eq!(
+        now.iter().filter(|i| ids.contains(i)).count(),
+        3,
+        "three kept, one new"
+    );
+
+    f.p.terminate(&req.cluster).await.expect("terminate");
+    assert_nothing_left(f.emu, "gang4", &f.owner);
+    // Idempotent, and describe sees nothing.
+    f.p.terminate(&req.cluster).await.expect("second terminate");
+    assert!(f.p.describe(&req.cluster).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ec2_errors_become_the_failover_loops_kinds() {
+    let Some(f) = fixture("errors").await else {
+        return;
+    };
+    for (cluster, code, kind) in [
+        (
+            "err-cap",
+            "InsufficientInstanceCapacity",
+            ErrorKind::Capacity,
+        ),
+        (
+            "err-host",
+            "InsufficientCapacityOnHost",
+            ErrorKind::Capacity,
+        ),
+        ("err-bid", "SpotMaxPriceTooLow", ErrorKind::Capacity),
+        ("err-zone", "Unsupported", ErrorKind::Capacity),
+        ("err-spot", "MaxSpotInstanceCountExceeded", ErrorKind::Quota),
+        ("err-vcpu", "VcpuLimitExceeded", ErrorKind::Quota),
+        ("err-lim", "InstanceLimitExceeded", ErrorKind::Quota),
+        ("err-thr", "RequestLimitExceeded", ErrorKind::Transient),
+        ("err-auth", "UnauthorizedOperation", ErrorKind::Auth),
+    ] {
+        f.emu.inject("RunInstances", &[cluster], code, "", 1);
+        let req = request(cluster, "us-east-1a", 2, true);
+        let e = f.p.launch(&req).await.expect_err(code);
+        assert_eq!(e.kind, kind, "{code}: {e}");
+        assert_eq!(e.provider, "aws");
+        assert_eq!(e.location, "us-east-1/us-east-1a", "{e}");
+        assert!(
+            e.message.contains(code) && e.message.contains("RunInstances"),
+            "{e}"
+        );
+        assert!(
+            !e.to_string().contains("testing"),
+            "no credentials in errors: {e}"
+        );
+        // Nothing was created by the refused call; the groups and key made
+        // before it go with terminate (a half-created cluster).
+        assert!(instance_ids(&live_instances(f.emu, cluster, &f.owner)).is_empty());
+        assert!(!values(
+            &tagged(f.emu, "DescribeSecurityGroups", cluster, &f.owner),
+            "groupId"
+        )
+        .is_empty());
+        f.p.terminate(&req.cluster)
+            .await
+            .expect("terminate half-created");
+        assert_nothing_left(f.emu, cluster, &f.owner);
+    }
+    assert!(f.emu.fired("RunInstances", "InsufficientInstanceCapacity") >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spot_reclaim_is_reported_as_a_preemption() {
+    let Some(f) = fixture("reclaim").await else {
+        return;
+    };
+    let req = request("reclaim", "us-east-1c", 2, true);
+    let nodes = f.p.launch(&req).await.expect("launch");
+    f.emu.interrupt(REGION, &nodes[1].id.0);
+    let seen = f.p.describe(&req.cluster).await.unwrap();
+    let lost = seen
+        .iter()
+        .find(|n| n.id == nodes[1].id)
+        .expect("reclaimed node still listed");
+    match &lost.state {
+        NodeState::Preempted { reason } => {
+            assert!(
+                reason.contains("Server.SpotInstanceTermination"),
+                "{reason}"
+            )
+        }
+        other => panic!("expected a preemption, got {other:?}"),
+    }
+    let kept = seen.iter().find(|n| n.id == nodes[0].id).unwrap();
+    assert_eq!(kept.state, NodeState::Running);
+    // A relaunch replaces the reclaimed node.
+    let back = f.p.launch(&req).await.expect("relaunch");
+    assert_eq!(back.len(), 2);
+    assert!(back.iter().any(|n| n.id == nodes[0].id));
+    assert!(!back.iter().any(|n| n.id == nodes[1].id));
+    f.p.terminate(&req.cluster).await.unwrap();
+    assert_nothing_left(f.emu, "reclaim", &f.owner);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_demand_nodes_stop_and_start_but_spot_ones_refuse() {
+    let Some(f) = fixture("stop").await else {
+        return;
+    };
+    let req = request("stopper", "us-east-1a", 2, false);
+    let nodes = f.p.launch(&req).await.expect("launch");
+    assert!(nodes.iter().all(|n| n.extra["market"] == "on-demand"));
+    f.p.stop(&req.cluster).await.expect("stop");
+    let seen = f.p.describe(&req.cluster).await.unwrap();
+    assert!(
+        seen.iter().all(|n| n.state == NodeState::Stopped),
+        "{seen:?}"
+    );
+    let back =
+        f.p.start(&req.cluster, req.provider_config.as_ref())
+            .await
+            .expect("start");
+    assert_eq!(back.len(), 2);
+    assert!(back.iter().all(|n| n.state == NodeState::Running));
+    f.p.terminate(&req.cluster).await.unwrap();
+
+    let spot = request("stopper-spot", "us-east-1a", 1, true);
+    f.p.launch(&spot).await.expect("launch spot");
+    let e = f.p.stop(&spot.cluster).await.expect_err("spot stop");
+    assert_eq!(e.kind, ErrorKind::InvalidRequest);
+    assert!(e.message.contains("cannot be stopped"), "{e}");
+    f.p.terminate(&spot.cluster).await.unwrap();
+    assert_nothing_left(f.emu, "stopper", &f.owner);
+    assert_nothing_left(f.emu, "stopper-spot", &f.owner);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owner_sweep_finds_clusters_whose_records_were_lost() {
+    let Some(f) = fixture("sweep").await else {
+        return;
+    };
+    let req = request("orphan", "us-east-1d", 1, true);
+    f.p.launch(&req).await.expect("launch");
+    // The local record is gone (a lost state directory).
+    std::fs::remove_dir_all(f.dir.join("aws")).unwrap();
+    assert!(f.p.describe(&req.cluster).await.unwrap().is_empty());
+    let found = f.p.clusters(&f.owner).await.expect("sweep");
+    assert_eq!(found, vec![ClusterName("orphan".into())]);
+    assert!(f
+        .p
+        .clusters("somebody-else")
+        .await
+        .unwrap()
+        .iter()
+        .all(|c| c.0 != "orphan"));
+    f.p.terminate(&req.cluster)
+        .await
+        .expect("terminate what the sweep found");
+    assert_nothing_left(f.emu, "orphan", &f.owner);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prices_come_from_offerings_and_spot_history() {
+    let Some(f) = fixture("prices").await else {
+        return;
+    };
+    let quotes =
+        f.p.prices(
+            &["p4d.24xlarge".to_string(), "no-such.type".to_string()],
+            &[REGION.to_string()],
+        )
+        .await
+        .expect("prices");
+    assert!(!quotes.is_empty());
+    assert!(quotes
+        .iter()
+        .all(|q| q.instance_type == "p4d.24xlarge" && q.region == REGION));
+    assert!(quotes
+        .iter()
+        .all(|q| q.zone.as_deref().is_some_and(|z| z.starts_with(REGION))));
+    assert!(quotes.iter().any(|q| q.spot_price.is_some()), "{quotes:?}");
+    assert!(
+        quotes.iter().all(|q| q.price.is_none()),
+        "on-demand prices are not in EC2's API"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_config_and_images_are_named() {
+    let Some(f) = fixture("bad").await else {
+        return;
+    };
+    let mut req = request("badcfg", "us-east-1a", 1, false);
+    req.provider_config = Some(json!({"ssh_usr": "x"}));
+    let e = f.p.launch(&req).await.unwrap_err();
+    assert_eq!(e.kind, ErrorKind::InvalidRequest);
+    assert!(e.message.contains("config.aws.ssh_usr"), "{e}");
+    let mut req = request("badimg", "us-east-1a", 1, false);
+    req.image_id = Some("docker:pytorch".into());
+    let e = f.p.launch(&req).await.unwrap_err();
+    assert!(e.message.contains("not an AMI id"), "{e}");
+    f.p.terminate(&req.cluster).await.unwrap();
+    assert_nothing_left(f.emu, "badimg", &f.owner);
+}
