@@ -270,6 +270,11 @@ pub fn launch(a: &LaunchArgs, catalog_dir: Option<&Path>, out: Output) -> Result
                         &providers,
                         &progress,
                         RetryPolicy::default(),
+                        if a.provision_only {
+                            provision::Contact::Later
+                        } else {
+                            provision::Contact::Now
+                        },
                     ) => Some(r),
                     _ = async {
                         while interrupts::count() == before {
@@ -317,6 +322,16 @@ pub fn launch(a: &LaunchArgs, catalog_dir: Option<&Path>, out: Output) -> Result
         }
     };
     drop(lock);
+    if a.provision_only {
+        if out == Output::Json {
+            print_json(&json!({"cluster": name, "status": "UP", "nodes": row.num_nodes}))?;
+        } else {
+            progress.line(&format!(
+                "Provisioned only: run on it with `gangway exec {name} TASK`; remove it with `gangway down {name}`"
+            ));
+        }
+        return Ok(ExitCode::Ok);
+    }
     let mut spec = spec;
     spec.gpus_per_node = row.accelerator_count.ceil() as u32;
     submit(

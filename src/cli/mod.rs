@@ -163,6 +163,10 @@ pub struct LaunchArgs {
     /// Tear the cluster down after the run.
     #[arg(long)]
     pub down: bool,
+    /// Provision the nodes and stop: no setup, no run, no SSH yet (run
+    /// later with `exec`; the first command meets the nodes).
+    #[arg(long, conflicts_with_all = ["detach", "down"])]
+    pub provision_only: bool,
 }
 
 /// Runs a parsed command line.

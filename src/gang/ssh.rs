@@ -149,6 +149,10 @@ fn remote_path(p: &str) -> String {
     }
 }
 
+/// Node fact marking a node nobody has connected to yet: its host key is
+/// accepted on first contact, then verified strictly.
+pub const FIRST_CONTACT: &str = "ssh.first_contact";
+
 /// The SSH transport for one cluster.
 pub struct SshTransport {
     known_hosts: PathBuf,
@@ -338,11 +342,20 @@ impl Transport for SshTransport {
                 .port(t.port)
                 .keyfile(t.key.clone().unwrap_or_else(|| self.key.clone()))
                 .user_known_hosts_file(&self.known_hosts)
-                .known_hosts_check(if self.accept_new_hosts {
-                    KnownHosts::Add
-                } else {
-                    KnownHosts::Strict
-                })
+                // A node provisioned without contact (`--provision-only`)
+                // is met for the first time here.
+                .known_hosts_check(
+                    if self.accept_new_hosts
+                        || node
+                            .extra
+                            .get(FIRST_CONTACT)
+                            .is_some_and(|v| v == "pending")
+                    {
+                        KnownHosts::Add
+                    } else {
+                        KnownHosts::Strict
+                    },
+                )
                 .connect_timeout(Duration::from_secs(10))
                 .server_alive_interval(KEEPALIVE)
                 .control_directory(&self.control_dir);

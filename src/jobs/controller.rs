@@ -355,6 +355,7 @@ impl Controller {
                     &self.providers,
                     &Silent,
                     RetryPolicy::default(),
+                    provision::Contact::Now,
                 )
                 .await;
                 match result {

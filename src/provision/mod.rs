@@ -48,13 +48,36 @@ impl Providers {
                 )),
             );
         }
+        #[cfg(feature = "aws")]
+        map.insert(
+            "aws".into(),
+            Arc::new(gangway_aws::AwsProvider::new(
+                home.join("aws"),
+                owner(),
+                home.join("ssh").join("id_ed25519.pub"),
+            )),
+        );
         Providers { map }
+    }
+
+    /// Every provider in this build, by name.
+    pub fn all(&self) -> impl Iterator<Item = (&str, &Arc<dyn Provider>)> {
+        self.map.iter().map(|(k, v)| (k.as_str(), v))
     }
 
     /// The provider for `cloud`.
     pub fn get(&self, cloud: &str) -> Option<Arc<dyn Provider>> {
         self.map.get(cloud).cloned()
     }
+}
+
+/// Whether provisioning connects to new nodes before it returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Contact {
+    /// Connect now: record host keys, wait for sshd (the default).
+    Now,
+    /// Leave the first connection to the first command (`--provision-only`).
+    Later,
 }
 
 /// What provisioning reports as it goes; the CLI renders it.
@@ -230,6 +253,7 @@ pub async fn provision(
     providers: &Providers,
     reporter: &dyn Reporter,
     retry: RetryPolicy,
+    contact: Contact,
 ) -> Result<Provisioned, ProvisionError> {
     let name = ClusterName(cluster.name.clone());
     let config: Option<serde_json::Value> = cluster
@@ -311,8 +335,24 @@ pub async fn provision(
             image_id: c.spec.image_id.clone(),
             client_token: cluster.client_token.clone(),
             provider_config: config.as_ref().and_then(|v| v.get(&c.cloud)).cloned(),
+            network_tier: c.spec.network_tier.clone(),
+            max_price: c.spec.max_hourly_cost,
+            ports: c.spec.ports.iter().map(|p| (p.start, p.end)).collect(),
+            labels: c.spec.labels.clone(),
         };
         reporter.event(ProvisionEvent::Trying(c));
+        // Clouds import gangway's public key into the nodes: it must exist.
+        if c.cloud != "local" {
+            if let Err(e) = crate::gang::ssh::ensure_key(store.home()) {
+                return Err(ProviderError::new(
+                    ErrorKind::Fatal,
+                    c.cloud.clone(),
+                    "local",
+                    e.to_string(),
+                )
+                .into());
+            }
+        }
         let mut tries = 0;
         let result = loop {
             tries += 1;
@@ -340,14 +380,20 @@ pub async fn provision(
                 let ranked = assign_ranks(got);
                 let mut rows = node_rows(&ranked);
                 if c.cloud != "local" {
-                    if c.cloud == "ssh" {
-                        for r in &mut rows {
-                            r.extra.insert("gpus.discover".into(), "true".into());
+                    for r in &mut rows {
+                        r.extra.insert("gpus.discover".into(), "true".into());
+                        if contact == Contact::Later {
+                            r.extra
+                                .insert(crate::gang::ssh::FIRST_CONTACT.into(), "pending".into());
                         }
                     }
                     // First contact: record host keys (verified strictly from
                     // now on) and wait for sshd on freshly booted nodes.
-                    if let Err(e) = first_contact(store.home(), &cluster.name, &rows).await {
+                    let reached = match contact {
+                        Contact::Now => first_contact(store.home(), &cluster.name, &rows).await,
+                        Contact::Later => Ok(()),
+                    };
+                    if let Err(e) = reached {
                         let _ = provider.terminate(&name).await;
                         let why = format!("cannot reach the nodes: {e}");
                         reporter.event(ProvisionEvent::Failed(c, &why));
