@@ -50,7 +50,9 @@ fn main() -> std::process::ExitCode {
 fn init_tracing(verbose: u8) {
     use tracing_subscriber::EnvFilter;
     let default = match verbose {
-        0 => "warn",
+        // The AWS SDK warns about every credential source it tries; gangway
+        // reports what finally failed itself, with a hint.
+        0 => "warn,aws_config=error,aws_smithy_runtime=error,aws_runtime=error",
         1 => "gangway=info",
         2 => "gangway=debug",
         _ => "trace",

@@ -371,6 +371,81 @@ impl Catalog {
         changed
     }
 
+    /// `cloud`'s offerings after a live refresh of `regions`: where the
+    /// provider quoted a type in a region, the type is offered exactly in
+    /// the quoted zones (rows for other zones go, new zones are added from
+    /// a sibling row) and takes the quoted prices; a type not quoted in a
+    /// refreshed region is no longer sold there. Other regions stay as they
+    /// were.
+    pub fn refreshed(
+        &self,
+        cloud: &str,
+        regions: &[String],
+        quotes: &[PriceQuote],
+    ) -> Vec<Offering> {
+        let mut out: Vec<Offering> = Vec::new();
+        let mut seen: std::collections::HashSet<(&str, &str)> = Default::default();
+        for o in self.offerings.iter().filter(|o| o.cloud == cloud) {
+            if !regions.contains(&o.region) {
+                out.push(o.clone());
+                continue;
+            }
+            if !seen.insert((&o.instance_type, &o.region)) {
+                continue;
+            }
+            let template = o;
+            for q in quotes.iter().filter(|q| {
+                q.instance_type == template.instance_type && q.region == template.region
+            }) {
+                let zone = q.zone.clone().unwrap_or_else(|| template.zone.clone());
+                let old = self.offerings.iter().find(|x| {
+                    x.cloud == cloud
+                        && x.instance_type == template.instance_type
+                        && x.region == template.region
+                        && x.zone == zone
+                });
+                let mut row = old.unwrap_or(template).clone();
+                row.zone = zone;
+                row.price = q.price.or(row.price);
+                row.spot_price = q.spot_price.or(old.and_then(|x| x.spot_price));
+                if row.price.is_some() || row.spot_price.is_some() {
+                    out.push(row);
+                }
+            }
+        }
+        out
+    }
+
+    /// `cloud`'s offerings in gangway's own CSV format, dated `taken`, with
+    /// `note` as a comment line (what [`Catalog::load_dir`] reads back).
+    pub fn to_own_csv(offerings: &[&Offering], taken: Date, note: &str) -> String {
+        let num = |v: Option<f64>| v.map(|p| format!("{p}")).unwrap_or_default();
+        let mut out = format!(
+            "# taken: {taken}\n# {note}\n\
+             instance_type,accelerator,accelerator_count,accelerator_memory_gib,vcpus,memory_gib,region,zone,price,spot_price,placement,efa\n"
+        );
+        for o in offerings {
+            out.push_str(&format!(
+                "{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                o.instance_type,
+                o.accelerator.as_deref().unwrap_or(""),
+                o.accelerator_count,
+                o.accelerator_memory_gib
+                    .map(|m| m.to_string())
+                    .unwrap_or_default(),
+                o.vcpus,
+                o.memory_gib,
+                o.region,
+                o.zone,
+                num(o.price),
+                num(o.spot_price),
+                if o.placement { "cluster" } else { "" },
+                o.efa
+            ));
+        }
+        out
+    }
+
     /// Every offering.
     pub fn offerings(&self) -> &[Offering] {
         &self.offerings
@@ -490,6 +565,62 @@ fn parse_own_row(cloud: &str, line: &str) -> Result<Offering, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refresh_keeps_offered_zones_adds_new_ones_and_prices_spot() {
+        let row = |zone: &str, spot: Option<f64>| Offering {
+            cloud: "aws".into(),
+            instance_type: "p4d.24xlarge".into(),
+            accelerator: Some("A100".into()),
+            accelerator_count: 8.0,
+            accelerator_memory_gib: Some(40.0),
+            vcpus: 96.0,
+            memory_gib: 1152.0,
+            region: zone[..zone.len() - 1].to_string(),
+            zone: zone.into(),
+            price: Some(32.77),
+            spot_price: spot,
+            placement: true,
+            efa: true,
+        };
+        let c = Catalog::from_offerings(vec![
+            row("us-east-1a", Some(12.0)),
+            row("us-east-1b", Some(13.0)),
+            row("us-west-2a", Some(14.0)),
+        ]);
+        let quote = |zone: &str, spot: Option<f64>| PriceQuote {
+            instance_type: "p4d.24xlarge".into(),
+            region: "us-east-1".into(),
+            zone: Some(zone.into()),
+            price: None,
+            spot_price: spot,
+        };
+        // 1a is offered with a new spot price, 1b no longer, 1c is new.
+        let quotes = [quote("us-east-1a", Some(9.5)), quote("us-east-1c", None)];
+        let got = c.refreshed("aws", &["us-east-1".to_string()], &quotes);
+        let zones: Vec<(&str, Option<f64>, Option<f64>)> = got
+            .iter()
+            .map(|o| (o.zone.as_str(), o.price, o.spot_price))
+            .collect();
+        assert_eq!(
+            zones,
+            vec![
+                ("us-east-1a", Some(32.77), Some(9.5)),
+                ("us-east-1c", Some(32.77), None),
+                ("us-west-2a", Some(32.77), Some(14.0)),
+            ]
+        );
+        // The CSV form reads back the same.
+        let refs: Vec<&Offering> = got.iter().collect();
+        let text = Catalog::to_own_csv(&refs, Date::parse("2026-12-02").unwrap(), "test");
+        let (back, taken, warnings) = parse_own("aws", &text, "test");
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(taken, Date::parse("2026-12-02"));
+        assert_eq!(back, got);
+        // A type with no quotes in a refreshed region is gone from it.
+        let gone = c.refreshed("aws", &["us-east-1".to_string()], &[]);
+        assert!(gone.iter().all(|o| o.region == "us-west-2"));
+    }
 
     #[test]
     fn dates_round_trip_and_age() {

@@ -16,18 +16,20 @@ pub enum CatalogAction {
     Show,
     /// Replace prices with live ones from the providers' APIs.
     Refresh {
-        /// Only this cloud.
+        /// Only this cloud (default: every cloud with a live price API).
         #[arg(long)]
         cloud: Option<String>,
+        /// Only these regions (comma-separated; default: every region the
+        /// catalog lists for the cloud).
+        #[arg(long, value_delimiter = ',')]
+        regions: Vec<String>,
     },
 }
 
 /// Runs a catalog action.
 pub fn run(action: CatalogAction, dir: Option<&Path>, out: Output) -> Result<ExitCode, Error> {
     match action {
-        CatalogAction::Refresh { .. } => Err(Error::NotImplemented(
-            "catalog refresh (live prices arrive with the AWS and GCP providers)".into(),
-        )),
+        CatalogAction::Refresh { cloud, regions } => refresh(cloud.as_deref(), &regions, dir, out),
         CatalogAction::Show => {
             let c = load_catalog(dir)?;
             let today = Date::today();
@@ -68,4 +70,138 @@ pub fn run(action: CatalogAction, dir: Option<&Path>, out: Output) -> Result<Exi
             Ok(ExitCode::Ok)
         }
     }
+}
+
+/// Clouds whose prices come from a live API.
+const LIVE: &[&str] = &["aws", "gcp"];
+
+/// `gangway catalog refresh`: asks each cloud's API which types its zones
+/// sell and at what spot price, and writes the result as the user's
+/// overlay, `$GANGWAY_HOME/catalog/<cloud>.csv`, which every later command
+/// reads over the shipped catalog.
+fn refresh(
+    cloud: Option<&str>,
+    regions: &[String],
+    dir: Option<&Path>,
+    out: Output,
+) -> Result<ExitCode, Error> {
+    use crate::provision::Providers;
+    let home = super::launch::gangway_home()?;
+    let providers = Providers::new(&home);
+    let clouds: Vec<&str> = match cloud {
+        Some(c) if LIVE.contains(&c) => vec![c],
+        Some(c) => {
+            return Err(Error::usage(
+                format!("'{c}' has no live price API to refresh from"),
+                Some(&format!("clouds with one: {}", LIVE.join(", "))),
+            ))
+        }
+        None => LIVE.to_vec(),
+    };
+    let base = load_catalog(dir)?;
+    let rt = super::launch::runtime()?;
+    let today = Date::today();
+    let mut report = Vec::new();
+    for c in clouds {
+        let Some(provider) = providers.get(c) else {
+            if cloud.is_some() {
+                return Err(Error::usage(
+                    format!("the {c} provider is not in this build"),
+                    None,
+                ));
+            }
+            eprintln!("{c}: skipped, the {c} provider is not in this build");
+            continue;
+        };
+        let mut known: Vec<String> = base
+            .offerings()
+            .iter()
+            .filter(|o| o.cloud == c)
+            .map(|o| o.region.clone())
+            .collect();
+        known.sort();
+        known.dedup();
+        let wanted: Vec<String> = if regions.is_empty() {
+            known
+        } else {
+            for r in regions {
+                if !known.contains(r) {
+                    return Err(Error::usage(
+                        format!("the catalog lists no {c} offerings in region '{r}'"),
+                        Some(&format!("{c} regions in the catalog: {}", known.join(", "))),
+                    ));
+                }
+            }
+            regions.to_vec()
+        };
+        let mut types: Vec<String> = base
+            .offerings()
+            .iter()
+            .filter(|o| o.cloud == c && wanted.contains(&o.region))
+            .map(|o| o.instance_type.clone())
+            .collect();
+        types.sort();
+        types.dedup();
+        let bar = if out == Output::Table && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            indicatif::ProgressBar::new(wanted.len() as u64)
+        } else {
+            indicatif::ProgressBar::hidden()
+        };
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
+                .expect("static template")
+                .progress_chars("=> "),
+        );
+        bar.set_prefix(c.to_string());
+        let mut quotes = Vec::new();
+        for r in &wanted {
+            bar.set_message(r.clone());
+            let got = rt
+                .block_on(provider.prices(&types, std::slice::from_ref(r)))
+                .map_err(Error::from)?;
+            quotes.extend(got);
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        let rows = base.refreshed(c, &wanted, &quotes);
+        let spot = quotes.iter().filter(|q| q.spot_price.is_some()).count();
+        let refs: Vec<&crate::catalog::Offering> = rows.iter().collect();
+        let note = format!(
+            "{c}: offerings and spot prices of {} from the {c} API on {today}; other prices as before",
+            wanted.join(" ")
+        );
+        let path = home.join("catalog").join(format!("{c}.csv"));
+        write_atomic(
+            &path,
+            crate::catalog::Catalog::to_own_csv(&refs, today, &note).as_bytes(),
+        )?;
+        if out == Output::Table {
+            println!(
+                "{c}: {} offering(s) in {} region(s), {spot} spot price(s) from the API; wrote {}",
+                rows.len(),
+                wanted.len(),
+                path.display()
+            );
+        }
+        report.push(json!({
+            "cloud": c, "regions": wanted, "offerings": rows.len(),
+            "spot_prices": spot, "path": path.display().to_string(),
+        }));
+    }
+    if out == Output::Json {
+        print_json(&json!({ "refreshed": report }))?;
+    }
+    Ok(ExitCode::Ok)
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+    use std::io::Write;
+    let dir = path.parent().expect("a file in a directory");
+    std::fs::create_dir_all(dir)?;
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
 }

@@ -98,6 +98,11 @@ pub struct DownArgs {
     /// Every cluster.
     #[arg(long, short = 'a')]
     pub all: bool,
+    /// Also ask the clouds for clusters tagged with your owner tag that
+    /// this machine's state does not know (a lost or other state
+    /// directory), and tear those down too.
+    #[arg(long)]
+    pub orphans: bool,
     /// Do not ask for confirmation.
     #[arg(short = 'y', long)]
     pub yes: bool,
@@ -624,6 +629,12 @@ fn confirm_names(what: &str, names: &[String], yes: bool) -> Result<bool, Error>
 /// `gangway down`.
 pub fn down(a: &DownArgs, out: Output) -> Result<ExitCode, Error> {
     let (home, store) = open()?;
+    if a.orphans {
+        let code = down_orphans(&home, &store, a.yes, out)?;
+        if a.clusters.is_empty() && !a.all {
+            return Ok(code);
+        }
+    }
     let names: Vec<String> = if a.all {
         store.clusters()?.into_iter().map(|c| c.name).collect()
     } else if a.clusters.is_empty() {
@@ -680,6 +691,50 @@ pub fn down(a: &DownArgs, out: Output) -> Result<ExitCode, Error> {
         Some(e) => Err(e),
         None => Ok(ExitCode::Ok),
     }
+}
+
+/// Tears down what the clouds hold under our owner tag and the state
+/// does not know.
+fn down_orphans(
+    home: &std::path::Path,
+    store: &Store,
+    yes: bool,
+    out: Output,
+) -> Result<ExitCode, Error> {
+    let providers = Providers::new(home);
+    let rt = runtime()?;
+    let owner = provision::owner();
+    let known: Vec<String> = store.clusters()?.into_iter().map(|c| c.name).collect();
+    let mut found: Vec<(String, ClusterName)> = Vec::new();
+    for (cloud, p) in providers.all() {
+        let listed = rt.block_on(p.clusters(&owner))?;
+        for c in listed {
+            if !known.contains(&c.0) {
+                found.push((cloud.to_string(), c));
+            }
+        }
+    }
+    let names: Vec<String> = found.iter().map(|(cl, c)| format!("{c} ({cl})")).collect();
+    if found.is_empty() {
+        if out == Output::Table {
+            println!("No orphaned clusters under owner '{owner}'.");
+        }
+    } else if out == Output::Table && !confirm_names("Tear down orphaned", &names, yes)? {
+        return Ok(ExitCode::Interrupted);
+    }
+    let mut done = Vec::new();
+    for (cloud, c) in &found {
+        let p = providers.get(cloud).expect("listed by this provider");
+        rt.block_on(p.terminate(c))?;
+        if out == Output::Table {
+            println!("Terminated orphaned cluster '{c}' on {cloud}.");
+        }
+        done.push(json!({"cloud": cloud, "cluster": c.0}));
+    }
+    if out == Output::Json {
+        print_json(&json!({ "orphans_terminated": done }))?;
+    }
+    Ok(ExitCode::Ok)
 }
 
 /// `gangway stop`.

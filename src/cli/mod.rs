@@ -3,6 +3,7 @@
 //! Each command returns `Result<ExitCode, Error>`; `main` prints errors.
 
 mod catalog_cmd;
+mod check;
 mod cluster;
 mod gpus;
 mod interrupts;
@@ -84,7 +85,7 @@ pub enum Command {
         action: jobs::JobsCommand,
     },
     /// Check credentials and which clouds can be used.
-    Check(StubArgs),
+    Check(check::CheckArgs),
     /// GPU types, counts and cheapest prices by cloud.
     #[command(name = "show-gpus")]
     ShowGpus(gpus::ShowGpusArgs),
@@ -118,14 +119,6 @@ pub enum Command {
         /// Cluster.
         cluster: String,
     },
-}
-
-/// Arguments of commands not built yet; accepted so `--help` works.
-#[derive(Debug, Args)]
-pub struct StubArgs {
-    /// Arguments.
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-    pub args: Vec<String>,
 }
 
 /// `gangway optimize`.
@@ -198,12 +191,8 @@ pub fn run(cli: Cli) -> Result<ExitCode, Error> {
         Command::AutostopWatch { cluster } => cluster::autostop_watch(&cluster),
         Command::Jobs { action } => jobs::run(action, out),
         Command::JobsController => jobs::controller_main(),
-        Command::Check(_) => stub("check (arrives with the cloud providers)"),
+        Command::Check(a) => check::check(&a, out),
     }
-}
-
-fn stub(what: &str) -> Result<ExitCode, Error> {
-    Err(Error::NotImplemented(what.to_string()))
 }
 
 /// The embedded catalog, overlaid with `dir` if given; warns on stderr
@@ -219,6 +208,13 @@ pub fn load_catalog_for(
     relevant: impl Fn(&str) -> bool,
 ) -> Result<Catalog, Error> {
     let mut c = Catalog::embedded();
+    // What `gangway catalog refresh` fetched overrides what shipped.
+    if let Ok(home) = launch::gangway_home() {
+        let refreshed = home.join("catalog");
+        if refreshed.is_dir() {
+            c.overlay(Catalog::load_dir(&refreshed)?);
+        }
+    }
     if let Some(dir) = dir {
         c.overlay(Catalog::load_dir(dir)?);
     }
@@ -234,10 +230,11 @@ pub fn load_catalog_for(
         }
         eprintln!(
             "warning: {} prices from {} were taken on {} ({age} days ago); \
-             pass --catalog DIR with newer prices (live refresh arrives with the cloud providers)",
+             run `gangway catalog refresh --cloud {}` or pass --catalog DIR with newer prices",
             s.cloud,
             s.origin,
-            s.taken.map(|d| d.to_string()).unwrap_or_default()
+            s.taken.map(|d| d.to_string()).unwrap_or_default(),
+            s.cloud
         );
     }
     if let Some(first) = c.warnings.first() {

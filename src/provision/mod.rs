@@ -501,7 +501,8 @@ pub async fn teardown(
     if let Some(cloud) = &row.cloud {
         // On machines that outlive the cluster (ssh pools), whatever the
         // cluster still runs there is killed before they are released.
-        if cloud != "local" {
+        // Cloud VMs go with everything on them: no connection needed.
+        if cloud == "ssh" {
             let nodes = store.nodes(name)?;
             if let Some(t) = crate::gang::transport_for(cloud, store.home(), name) {
                 if t.connect(&nodes).await.is_ok() {

@@ -210,14 +210,32 @@ fn show_gpus_lists_cheapest_by_cloud_and_refuses_unknown_names() {
 }
 
 #[test]
-fn unfinished_commands_say_so_with_exit_10() {
-    let cases: Vec<Vec<&str>> = vec![vec!["check"], vec!["catalog", "refresh"]];
-    for args in cases {
-        let (code, out, err) = parts(&gangway(&args));
-        assert_eq!(code, 10, "{args:?}: {err}");
-        assert!(out.is_empty(), "{args:?}");
-        assert!(err.contains("not implemented yet"), "{args:?}: {err}");
-    }
+fn check_and_catalog_refresh_refuse_what_they_cannot_do() {
+    // The local provider needs no credentials: always usable.
+    let (code, out, err) = parts(&gangway(["check", "local"]));
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("local") && out.contains("ok"), "{out}");
+    // Prices of the local cloud and of clouds without a provider yet
+    // cannot be refreshed; both say why.
+    let (code, _, err) = parts(&gangway(["catalog", "refresh", "--cloud", "local"]));
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("no live price API") && err.contains("aws"),
+        "{err}"
+    );
+    let (code, _, err) = parts(&gangway(["catalog", "refresh", "--cloud", "gcp"]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("gcp provider is not in this build"), "{err}");
+    let (code, _, err) = parts(&gangway([
+        "catalog",
+        "refresh",
+        "--cloud",
+        "aws",
+        "--regions",
+        "mars-1",
+    ]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("mars-1") && err.contains("us-east-1"), "{err}");
 }
 
 #[test]

@@ -92,14 +92,23 @@ where
         }
         SdkError::TimeoutError(_) => (ErrorKind::Transient, format!("{call}: timed out")),
         SdkError::DispatchFailure(d) => {
-            let why = if d.is_timeout() {
-                "timed out".to_string()
-            } else if d.is_io() {
-                format!("cannot reach the EC2 endpoint ({})", source_chain(&err))
+            let chain = source_chain(&err);
+            if chain.contains("loading credentials") || chain.contains("no credentials") {
+                // Every source in the chain failed: no retry will help.
+                (
+                    ErrorKind::Auth,
+                    format!("{call}: no usable AWS credentials ({chain}) ({AUTH_HINT})"),
+                )
             } else {
-                source_chain(&err)
-            };
-            (ErrorKind::Transient, format!("{call}: {why}"))
+                let why = if d.is_timeout() {
+                    "timed out".to_string()
+                } else if d.is_io() {
+                    format!("cannot reach the EC2 endpoint ({chain})")
+                } else {
+                    chain
+                };
+                (ErrorKind::Transient, format!("{call}: {why}"))
+            }
         }
         SdkError::ConstructionFailure(_) => {
             let chain = source_chain(&err);

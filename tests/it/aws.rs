@@ -1,0 +1,335 @@
+//! `infra: aws` end to end through the real binary, against the EC2
+//! emulator (moto plus gangway's fault layer). Instances there are not
+//! machines, so launches stop after provisioning (`--provision-only`); the
+//! SSH steps are covered by the ssh suites.
+
+#[path = "../support/ec2_emulator.rs"]
+mod ec2_emulator;
+
+use std::process::Output;
+
+use ec2_emulator::Ec2Emulator;
+use serde_json::Value;
+
+use crate::common::{command_in, json_doc, parts, Running, TestHome};
+
+/// A home whose gangway talks to the emulator as an owner of its own (so
+/// sweeps never see other tests' clusters).
+struct Aws {
+    home: TestHome,
+    emu: &'static Ec2Emulator,
+    owner: String,
+}
+
+impl Aws {
+    fn new() -> Option<Aws> {
+        let emu = Ec2Emulator::shared()?;
+        let home = TestHome::new();
+        let owner = format!("it-{}", home.marker);
+        Some(Aws { home, emu, owner })
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        let mut c = command_in(self.home.path());
+        c.envs(self.emu.env())
+            .env("USER", &self.owner)
+            .env("GANGWAY_AWS_SSH_CIDR", "198.51.100.0/24")
+            .args(args);
+        Running::start(c).wait()
+    }
+
+    /// A task on AWS with the emulator's images.
+    fn task(&self, name: &str, infra: &str, nodes: u32) -> String {
+        self.home.file(
+            &format!("{name}.yaml"),
+            &format!(
+                "name: {name}\nnum_nodes: {nodes}\nresources:\n  infra: {infra}\n  accelerators: A100:8\n  use_spot: true\n\
+                 run: echo hi\nconfig:\n  aws:\n    ami_name: 'Deep Learning AMI Ubuntu*'\n    ami_owner: '898082745236'\n    poll_ms: 20\n    boot_timeout_s: 30\n"
+            ),
+        )
+    }
+
+    fn launch(&self, cluster: &str, task: &str) -> (i32, String, String) {
+        parts(&self.run(&["launch", "--provision-only", "-y", "-c", cluster, task]))
+    }
+
+    fn status(&self, cluster: &str) -> Value {
+        let (code, out, err) = parts(&self.run(&["status", cluster, "-o", "json"]));
+        assert_eq!(code, 0, "{err}");
+        json_doc(&out)["clusters"][0].clone()
+    }
+
+    /// Independent count of what EC2 holds for the cluster, by tag.
+    fn left(&self, cluster: &str) -> Vec<String> {
+        let mut found = Vec::new();
+        for region in [
+            "us-east-1",
+            "us-west-2",
+            "eu-west-1",
+            "us-east-2",
+            "eu-central-1",
+        ] {
+            for (action, item) in [
+                ("DescribeInstances", "instanceId"),
+                ("DescribeSecurityGroups", "groupId"),
+                ("DescribePlacementGroups", "groupName"),
+                ("DescribeKeyPairs", "keyName"),
+            ] {
+                let mut params = vec![
+                    ("Action", action),
+                    ("Filter.1.Name", "tag:gangway-cluster"),
+                    ("Filter.1.Value.1", cluster),
+                    ("Filter.2.Name", "tag:gangway-owner"),
+                    ("Filter.2.Value.1", self.owner.as_str()),
+                ];
+                if action == "DescribeInstances" {
+                    params.extend([
+                        ("Filter.3.Name", "instance-state-name"),
+                        ("Filter.3.Value.1", "pending"),
+                        ("Filter.3.Value.2", "running"),
+                        ("Filter.3.Value.3", "stopped"),
+                    ]);
+                }
+                let (s, xml) = self.emu.call(region, &params);
+                assert_eq!(s, 200, "{action}: {xml}");
+                let open = format!("<{item}>");
+                for piece in xml.split(&open).skip(1) {
+                    let v = piece.split('<').next().unwrap_or_default();
+                    if action != "DescribeInstances" || v.starts_with("i-") {
+                        found.push(format!("{region} {action} {v}"));
+                    }
+                }
+            }
+        }
+        found.sort();
+        found.dedup();
+        found
+    }
+}
+
+#[test]
+fn a_stockout_fails_over_to_the_next_zone_and_down_leaves_nothing() {
+    let Some(aws) = Aws::new() else { return };
+    let task = aws.task("stockout", "aws/us-east-1", 2);
+    aws.emu.inject(
+        "RunInstances",
+        &["gw-stockout"],
+        "InsufficientInstanceCapacity",
+        "",
+        1,
+    );
+    let (code, out, err) = aws.launch("gw-stockout", &task);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let all = format!("{out}{err}");
+    assert!(
+        all.contains("InsufficientInstanceCapacity"),
+        "the failed attempt is shown: {all}"
+    );
+    assert_eq!(
+        aws.emu
+            .fired("RunInstances", "InsufficientInstanceCapacity"),
+        1
+    );
+
+    let c = aws.status("gw-stockout");
+    assert_eq!(c["status"], "UP", "{c}");
+    assert_eq!(c["cloud"], "aws");
+    assert_eq!(c["region"], "us-east-1");
+    // The cheapest zone failed, so the cluster is in another one.
+    let plan = parts(&aws.run(&["optimize", &task, "-o", "json"])).1;
+    let first = json_doc(&plan)["plan"][0]["zone"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(!first.is_empty(), "plan: {plan}");
+    assert_ne!(c["zone"].as_str(), Some(first.as_str()), "{c}");
+    let nodes = c["nodes"].as_array().expect("nodes");
+    assert_eq!(nodes.len(), 2);
+    let instances: Vec<_> = aws
+        .left("gw-stockout")
+        .into_iter()
+        .filter(|l| l.contains("DescribeInstances"))
+        .collect();
+    assert_eq!(
+        instances.len(),
+        2,
+        "no leftovers of the failed attempt: {instances:?}"
+    );
+
+    let (code, out, err) = parts(&aws.run(&["down", "-y", "gw-stockout"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(aws.left("gw-stockout"), Vec::<String>::new());
+    assert!(aws.home.cluster_opt("gw-stockout").is_none());
+}
+
+#[test]
+fn throttling_is_retried_with_backoff() {
+    let Some(aws) = Aws::new() else { return };
+    let task = aws.task("throttle", "aws/us-east-1", 1);
+    aws.emu.inject(
+        "RunInstances",
+        &["gw-throttle"],
+        "RequestLimitExceeded",
+        "Request limit exceeded.",
+        2,
+    );
+    let (code, out, err) = aws.launch("gw-throttle", &task);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(aws.emu.fired("RunInstances", "RequestLimitExceeded"), 2);
+    let c = aws.status("gw-throttle");
+    assert_eq!(c["status"], "UP");
+    // Retried in place: the first candidate's zone, not a failover.
+    let plan = parts(&aws.run(&["optimize", &task, "-o", "json"])).1;
+    assert_eq!(c["zone"], json_doc(&plan)["plan"][0]["zone"], "{c}");
+    assert_eq!(parts(&aws.run(&["down", "-y", "gw-throttle"])).0, 0);
+    assert_eq!(aws.left("gw-throttle"), Vec::<String>::new());
+}
+
+#[test]
+fn a_quota_blocks_the_region_and_the_launch_moves_on() {
+    let Some(aws) = Aws::new() else { return };
+    let task = aws.task("quota", "aws", 1);
+    let plan = parts(&aws.run(&["optimize", &task, "-o", "json"])).1;
+    let first = json_doc(&plan)["plan"][0]["region"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    aws.emu
+        .inject("RunInstances", &["gw-quota"], "VcpuLimitExceeded", "", 1);
+    let (code, out, err) = aws.launch("gw-quota", &task);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let c = aws.status("gw-quota");
+    assert_ne!(
+        c["region"].as_str(),
+        Some(first.as_str()),
+        "moved off {first}: {c}"
+    );
+    assert_eq!(parts(&aws.run(&["down", "-y", "gw-quota"])).0, 0);
+    assert_eq!(aws.left("gw-quota"), Vec::<String>::new());
+}
+
+#[test]
+fn refused_credentials_stop_the_launch_and_leave_nothing() {
+    let Some(aws) = Aws::new() else { return };
+    let task = aws.task("denied", "aws/us-east-1", 2);
+    aws.emu.inject(
+        "RunInstances",
+        &["gw-denied"],
+        "UnauthorizedOperation",
+        "You are not authorized to perform this operation.",
+        1,
+    );
+    let (code, out, err) = aws.launch("gw-denied", &task);
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        err.contains("aws") && err.contains("UnauthorizedOperation"),
+        "{err}"
+    );
+    assert!(err.contains("us-east-1"), "names the region: {err}");
+    assert!(!err.contains("testing"), "no credentials in errors: {err}");
+    assert!(aws.home.cluster_opt("gw-denied").is_none());
+    assert_eq!(aws.left("gw-denied"), Vec::<String>::new());
+}
+
+#[test]
+fn check_names_the_identity_and_regions() {
+    let Some(aws) = Aws::new() else { return };
+    let (code, out, err) = parts(&aws.run(&["check", "aws", "-o", "json"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    let v = json_doc(&out);
+    let c = &v["clouds"][0];
+    assert_eq!(c["cloud"], "aws");
+    assert_eq!(c["ok"], true);
+    assert!(
+        c["identity"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("arn:aws")),
+        "{c}"
+    );
+    assert!(c["regions"]
+        .as_array()
+        .is_some_and(|r| r.iter().any(|x| x == "us-east-1")));
+    // An unknown cloud is a usage error naming the known ones.
+    let (code, _, err) = parts(&aws.run(&["check", "azure"]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("aws") && err.contains("local"), "{err}");
+}
+
+#[test]
+fn catalog_refresh_writes_live_spot_prices_into_the_users_overlay() {
+    let Some(aws) = Aws::new() else { return };
+    let (code, out, err) = parts(&aws.run(&[
+        "catalog",
+        "refresh",
+        "--cloud",
+        "aws",
+        "--regions",
+        "us-east-1",
+    ]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    let path = aws.home.path().join("catalog/aws.csv");
+    let text = std::fs::read_to_string(&path).expect("overlay written");
+    // The emulator's spot price for p4d in us-east-1 is what the file holds.
+    let (_, xml) = aws.emu.call(
+        "us-east-1",
+        &[
+            ("Action", "DescribeSpotPriceHistory"),
+            ("InstanceType.1", "p4d.24xlarge"),
+            ("ProductDescription.1", "Linux/UNIX"),
+        ],
+    );
+    let price: f64 = xml
+        .split("<spotPrice>")
+        .nth(1)
+        .and_then(|s| s.split('<').next())
+        .and_then(|s| s.parse().ok())
+        .expect("emulator spot price");
+    let p4d: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("p4d.24xlarge,") && l.contains(",us-east-1,"))
+        .collect();
+    assert!(!p4d.is_empty(), "{text}");
+    for l in &p4d {
+        let spot: f64 = l.split(',').nth(9).unwrap().parse().expect("spot price");
+        assert_eq!(spot, price, "{l}");
+    }
+    // Other regions keep the shipped prices; `catalog show` names the overlay.
+    assert!(text.contains(",us-west-2,"), "other regions kept");
+    let (code, out, _) = parts(&aws.run(&["catalog", "show", "-o", "json"]));
+    assert_eq!(code, 0);
+    let v = json_doc(&out);
+    let src = v["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["cloud"] == "aws")
+        .cloned()
+        .unwrap();
+    assert!(
+        src["origin"].as_str().unwrap().ends_with("catalog/aws.csv"),
+        "{src}"
+    );
+    assert_eq!(src["age_days"], 0, "{src}");
+}
+
+#[test]
+fn down_orphans_finds_what_a_lost_state_directory_forgot() {
+    let Some(aws) = Aws::new() else { return };
+    let task = aws.task("orphan", "aws/us-east-1", 1);
+    let (code, out, err) = aws.launch("gw-orphan", &task);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(!aws.left("gw-orphan").is_empty());
+    // Another machine (a fresh home) of the same owner sweeps it up.
+    let other = Aws {
+        home: TestHome::new(),
+        emu: aws.emu,
+        owner: aws.owner.clone(),
+    };
+    let (code, out, err) = parts(&other.run(&["down", "--orphans", "-y"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("gw-orphan"), "{out}");
+    assert_eq!(aws.left("gw-orphan"), Vec::<String>::new());
+    // The first home still lists it; its down finds nothing left and forgets it.
+    assert_eq!(parts(&aws.run(&["down", "-y", "gw-orphan"])).0, 0);
+    assert!(aws.home.cluster_opt("gw-orphan").is_none());
+}
