@@ -327,6 +327,46 @@ fn explain_connect(e: &openssh::Error) -> String {
     }
 }
 
+/// The AWS spot interruption watcher (`templates/aws-spot-watch.sh`): run
+/// with `--once` it prints the node's `spot/instance-action` notice, if
+/// IMDSv2 has one.
+pub const AWS_SPOT_WATCH: &str = include_str!("../../templates/aws-spot-watch.sh");
+
+/// What precedes a notice in a spot probe's output, so that anything else
+/// the node's shell prints is never taken for one.
+const SPOT_NOTICE_MARK: &str = "gangway-spot-notice:";
+
+/// The command that asks a node's metadata service for a spot notice, or
+/// None for nodes that have none to ask: not spot (`market` fact), or a
+/// local-provider node, whose notices are files under
+/// `env.GANGWAY_METADATA_DIR`. A node's `env.GANGWAY_IMDS_ENDPOINT` fact
+/// (tests) points the watcher at another metadata service.
+fn spot_notice_probe(node: &NodeRow) -> Option<String> {
+    let spot = node.extra.get("market").is_some_and(|m| m == "spot");
+    if !spot || node.extra.contains_key("env.GANGWAY_METADATA_DIR") {
+        return None;
+    }
+    let endpoint = node
+        .extra
+        .get("env.GANGWAY_IMDS_ENDPOINT")
+        .map(|e| format!("GANGWAY_IMDS_ENDPOINT={} ", sq(e)))
+        .unwrap_or_default();
+    // Exit 1 (no notice) and 2 (no metadata service) both print nothing.
+    Some(format!(
+        "n=$({endpoint}sh -c {} aws-spot-watch --once 2>/dev/null) && \
+         printf '%s%s\\n' {SPOT_NOTICE_MARK} \"$n\"; true",
+        sq(AWS_SPOT_WATCH)
+    ))
+}
+
+/// The notice in a spot probe's output, on one line:
+/// `spot/instance-action: {json}`.
+fn parse_spot_notice(out: &str) -> Option<String> {
+    let (_, notice) = out.split_once(SPOT_NOTICE_MARK)?;
+    let notice = notice.split_whitespace().collect::<Vec<_>>().join(" ");
+    (!notice.is_empty()).then(|| format!("spot/instance-action: {notice}"))
+}
+
 #[async_trait::async_trait]
 impl Transport for SshTransport {
     async fn connect(&self, nodes: &[NodeRow]) -> Result<(), TransportError> {
@@ -562,10 +602,12 @@ impl Transport for SshTransport {
         Ok(String::from_utf8_lossy(&out).into_owned())
     }
 
-    fn preemption_notice(&self, _node: &NodeRow) -> Option<String> {
-        // Machines in an ssh pool are never preempted; the cloud providers
-        // read their metadata servers through `run` when they arrive.
-        None
+    fn preemption_notice(&self, node: &NodeRow) -> Option<String> {
+        // Machines in an ssh pool are never preempted: only AWS spot nodes
+        // are asked, and nothing else costs an SSH call. A notice check
+        // never fails the job: a probe that fails reads as no notice.
+        let remote = spot_notice_probe(node)?;
+        parse_spot_notice(&self.probe(node, &remote).ok()?)
     }
 
     fn make_dir(&self, node: &NodeRow, path: &str) -> Result<(), TransportError> {
@@ -606,6 +648,78 @@ mod tests {
         assert!(
             e.contains("can be read by others") && e.contains("chmod 600"),
             "{e}"
+        );
+    }
+
+    fn node_with(facts: &[(&str, &str)]) -> NodeRow {
+        NodeRow {
+            rank: 0,
+            instance_id: "i-0".into(),
+            private_ip: "10.0.0.1".into(),
+            public_ip: None,
+            zone: "us-east-1a".into(),
+            topology: String::new(),
+            state: "running".into(),
+            extra: facts
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn only_aws_spot_nodes_are_asked_for_a_notice() {
+        for facts in [
+            &[][..],
+            &[("market", "on-demand"), ("instance_type", "p4d.24xlarge")][..],
+            // A local-provider spot node: its notices are files.
+            &[("market", "spot"), ("env.GANGWAY_METADATA_DIR", "/x/meta")][..],
+        ] {
+            let n = node_with(facts);
+            assert_eq!(spot_notice_probe(&n), None, "{facts:?}");
+        }
+        // Not connected to anything: a probe would be an error, which also
+        // reads as no notice; the checks above show no probe is made.
+        let home = tempfile::tempdir().unwrap();
+        let t = SshTransport::new(home.path(), "c", false).unwrap();
+        assert_eq!(
+            t.preemption_notice(&node_with(&[("market", "on-demand")])),
+            None
+        );
+        assert_eq!(t.preemption_notice(&node_with(&[("market", "spot")])), None);
+
+        let n = node_with(&[("market", "spot"), ("instance_type", "p4d.24xlarge")]);
+        let remote = spot_notice_probe(&n).expect("a spot node is asked");
+        assert!(remote.contains(&sq(AWS_SPOT_WATCH)), "{remote}");
+        assert!(remote.contains("--once") && !remote.contains("GANGWAY_IMDS_ENDPOINT="));
+        let n = node_with(&[
+            ("market", "spot"),
+            ("env.GANGWAY_IMDS_ENDPOINT", "http://127.0.0.1:9"),
+        ]);
+        let remote = spot_notice_probe(&n).unwrap();
+        assert!(remote.contains("GANGWAY_IMDS_ENDPOINT='http://127.0.0.1:9' sh -c "));
+    }
+
+    #[test]
+    fn the_embedded_watcher_is_the_template() {
+        assert!(AWS_SPOT_WATCH.starts_with("#!/bin/sh\n"));
+        assert!(AWS_SPOT_WATCH.contains("spot/instance-action"));
+    }
+
+    #[test]
+    fn a_notice_is_read_only_after_its_mark() {
+        assert_eq!(parse_spot_notice(""), None);
+        assert_eq!(parse_spot_notice("welcome to the node\n"), None);
+        assert_eq!(parse_spot_notice("gangway-spot-notice:\n"), None);
+        let json = r#"{"action": "terminate", "time": "2026-12-02T22:51:00Z"}"#;
+        assert_eq!(
+            parse_spot_notice(&format!("motd {{\"x\": 1}}\ngangway-spot-notice:{json}\n")),
+            Some(format!("spot/instance-action: {json}"))
+        );
+        // Spread over lines: one line in the job's events.
+        assert_eq!(
+            parse_spot_notice("gangway-spot-notice:{\n  \"action\": \"stop\"\n}\n").as_deref(),
+            Some(r#"spot/instance-action: { "action": "stop" }"#)
         );
     }
 

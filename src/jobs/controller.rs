@@ -63,7 +63,20 @@ pub struct Controller {
     described: std::collections::HashMap<i64, std::time::Instant>,
     decided: std::collections::HashMap<i64, std::time::Instant>,
     no_spot: std::collections::HashSet<i64>,
+    transports: std::collections::HashMap<String, Reach>,
 }
+
+/// A cluster's transport, kept between passes so SSH connections (one
+/// master per node) are made once, not on every look at a job.
+struct Reach {
+    ids: Vec<String>,
+    transport: std::sync::Arc<dyn Transport>,
+    connected: bool,
+    tried: Option<std::time::Instant>,
+}
+
+/// How long after a failed connection the controller tries again.
+const RECONNECT_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Where the controller's lock and log live.
 pub fn controller_paths(home: &Path) -> (PathBuf, PathBuf) {
@@ -119,6 +132,7 @@ impl Controller {
             catalog,
             log,
             described: Default::default(),
+            transports: Default::default(),
             decided: Default::default(),
             no_spot: Default::default(),
         })
@@ -477,11 +491,39 @@ impl Controller {
         Ok(())
     }
 
-    fn nodes_and_transport(&self, job: &ManagedJob) -> Option<(Vec<NodeRow>, Box<dyn Transport>)> {
-        let row = self.store.cluster(&job.cluster).ok()??;
-        let t = transport_for(row.cloud.as_deref()?, &self.home, &job.cluster)?;
+    async fn nodes_and_transport(
+        &mut self,
+        job: &ManagedJob,
+    ) -> Option<(Vec<NodeRow>, std::sync::Arc<dyn Transport>)> {
+        let Some(row) = self.store.cluster(&job.cluster).ok().flatten() else {
+            self.transports.remove(&job.cluster);
+            return None;
+        };
+        let cloud = row.cloud.clone()?;
         let nodes = self.store.nodes(&job.cluster).ok()?;
-        Some((nodes, t))
+        let ids: Vec<String> = nodes.iter().map(|n| n.instance_id.clone()).collect();
+        let same = self
+            .transports
+            .get(&job.cluster)
+            .is_some_and(|r| r.ids == ids);
+        if !same {
+            let t = transport_for(&cloud, &self.home, &job.cluster)?;
+            self.transports.insert(
+                job.cluster.clone(),
+                Reach {
+                    ids,
+                    transport: std::sync::Arc::from(t),
+                    connected: cloud == "local",
+                    tried: None,
+                },
+            );
+        }
+        let reach = self.transports.get_mut(&job.cluster)?;
+        if !reach.connected && reach.tried.is_none_or(|t| t.elapsed() > RECONNECT_AFTER) {
+            reach.tried = Some(std::time::Instant::now());
+            reach.connected = reach.transport.connect(&nodes).await.is_ok();
+        }
+        Some((nodes, std::sync::Arc::clone(&reach.transport)))
     }
 
     async fn observe(
@@ -514,7 +556,7 @@ impl Controller {
             self.store.save_managed(job, was, &reason)?;
             return Ok(());
         }
-        let Some((nodes, transport)) = self.nodes_and_transport(job) else {
+        let Some((nodes, transport)) = self.nodes_and_transport(job).await else {
             return self.preempted(job, "the job's cluster disappeared").await;
         };
         if !inner.status.is_terminal() {

@@ -1,10 +1,12 @@
 //! Integration tests: the real binary, end to end.
 
+mod aws;
 mod bad_specs;
 mod cli;
 mod cluster_cmds;
 mod common;
 mod compat;
+mod imds;
 mod jobs;
 mod launch;
 mod sim;
