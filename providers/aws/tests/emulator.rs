@@ -479,3 +479,50 @@ async fn bad_config_and_images_are_named() {
     f.p.terminate(&req.cluster).await.unwrap();
     assert_nothing_left(f.emu, "badimg", &f.owner);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn best_network_asks_for_efa_interfaces() {
+    let Some(f) = fixture("efa").await else {
+        return;
+    };
+    let mut req = request("hpc-net", "us-east-1a", 1, false);
+    req.network_tier = Some("best".into());
+    req.provider_config = Some(json!({
+        "ami_name": "Deep Learning AMI Ubuntu*", "ami_owner": "898082745236",
+        "ssh_cidr": "203.0.113.7/32", "poll_ms": 20, "boot_timeout_s": 30,
+        "use_internal_ips": true,
+    }));
+    // moto drops InterfaceType, so the request itself is checked: a rule
+    // that only matches a RunInstances carrying `efa` interfaces on the
+    // first and the fourth network card (p4d has four) fires.
+    let probe = |cluster: &str| {
+        json!({
+            "action": "RunInstances", "contains": [cluster],
+            "code": "InvalidParameterCombination", "message": "probe",
+            "params": {
+                "NetworkInterface.1.InterfaceType": "efa",
+                "NetworkInterface.4.InterfaceType": "efa",
+            },
+        })
+    };
+    f.emu.inject_rule(&probe("hpc-net"));
+    let e = f.p.launch(&req).await.expect_err("the probe rule fires");
+    assert_eq!(e.kind, ErrorKind::InvalidRequest, "{e}");
+    assert!(e.message.contains("probe"), "{e}");
+    let nodes = f.p.launch(&req).await.expect("launch");
+    // Reached on the private address: several interfaces get no public one.
+    assert_eq!(nodes[0].extra.get("ssh.host"), Some(&nodes[0].private_ip));
+    let xml = live_instances(f.emu, "hpc-net", &f.owner);
+    assert!(values(&xml, "networkInterfaceId").len() >= 2, "{xml}");
+    f.p.terminate(&req.cluster).await.unwrap();
+    assert_nothing_left(f.emu, "hpc-net", &f.owner);
+    // Without the tier, the same type gets the plain single interface.
+    let plain = request("hpc-plain", "us-east-1a", 1, false);
+    let id = f.emu.inject_rule(&probe("hpc-plain"));
+    if let Err(e) = f.p.launch(&plain).await {
+        panic!("no EFA was asked for, yet: {e}");
+    }
+    f.emu.remove_fault(id);
+    f.p.terminate(&plain.cluster).await.unwrap();
+    assert_nothing_left(f.emu, "hpc-plain", &f.owner);
+}

@@ -241,6 +241,14 @@ class FaultRules:
             isinstance(c, str) for c in contains
         ):
             raise ValueError('"contains" is a list of strings')
+        # Exact matches on named parameters, e.g.
+        # {"NetworkInterface.2.InterfaceType": "efa"}: for checks that a
+        # substring of some value cannot make.
+        params = spec.get("params", {})
+        if not isinstance(params, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in params.items()
+        ):
+            raise ValueError('"params" maps parameter names to exact values')
         times = spec.get("times", 1)
         if not isinstance(times, int) or isinstance(times, bool) or times == 0 or times < -1:
             raise ValueError('"times" is a positive count, or -1 for always')
@@ -256,6 +264,7 @@ class FaultRules:
                 "id": self._next_id,
                 "action": action,
                 "contains": contains,
+                "params": params,
                 "region": region,
                 "code": code,
                 "message": message,
@@ -268,8 +277,10 @@ class FaultRules:
             self._rules.append(rule)
             return dict(rule)
 
-    def take(self, action, region, values):
-        """The first live rule matching this request, counted as fired."""
+    def take(self, action, region, request):
+        """The first live rule matching this request (a dict of its
+        parameters), counted as fired."""
+        values = list(request.values())
         with self._lock:
             for rule in self._rules:
                 if rule["remaining"] == 0 or rule["action"] != action:
@@ -277,6 +288,8 @@ class FaultRules:
                 if rule["region"] and rule["region"] != region:
                     continue
                 if not all(any(c in v for v in values) for c in rule["contains"]):
+                    continue
+                if any(request.get(k) != v for k, v in rule["params"].items()):
                     continue
                 if rule["remaining"] > 0:
                     rule["remaining"] -= 1
@@ -350,7 +363,7 @@ class Emulator:
             )
 
         try:
-            rule = self.faults.take(action, region, list(params.values()))
+            rule = self.faults.take(action, region, params)
             if rule:
                 log.info("fault rule %s: %s -> %s", rule["id"], action, rule["code"])
                 raise EmulatorError(rule["code"], rule["message"], rule["status"])
