@@ -390,7 +390,9 @@ pub async fn provision(
                     // First contact: record host keys (verified strictly from
                     // now on) and wait for sshd on freshly booted nodes.
                     let reached = match contact {
-                        Contact::Now => first_contact(store.home(), &cluster.name, &rows).await,
+                        Contact::Now => {
+                            first_contact(store.home(), &c.cloud, &cluster.name, &rows).await
+                        }
                         Contact::Later => Ok(()),
                     };
                     if let Err(e) = reached {
@@ -474,9 +476,23 @@ pub async fn provision(
 }
 
 /// Opens the first SSH connection to new nodes, accepting their host keys.
-async fn first_contact(home: &Path, cluster: &str, rows: &[NodeRow]) -> Result<(), String> {
+async fn first_contact(
+    home: &Path,
+    cloud: &str,
+    cluster: &str,
+    rows: &[NodeRow],
+) -> Result<(), String> {
     use crate::gang::Transport;
-    let t = crate::gang::ssh::SshTransport::new(home, cluster, true).map_err(|e| e.to_string())?;
+    // Machines in a pool are up already; a fresh cloud VM boots, runs
+    // cloud-init and only then answers on port 22 (minutes on GPU images).
+    let wait = if cloud == "ssh" {
+        Duration::from_secs(60)
+    } else {
+        Duration::from_secs(600)
+    };
+    let t = crate::gang::ssh::SshTransport::new(home, cluster, true)
+        .map_err(|e| e.to_string())?
+        .with_connect_timeout(wait);
     t.connect(rows).await.map_err(|e| e.to_string())
 }
 

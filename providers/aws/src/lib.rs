@@ -1345,45 +1345,21 @@ impl Provider for AwsProvider {
             .iter()
             .filter_map(|r| r.region_name().map(str::to_string))
             .collect();
-        let mut found: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        // Every region at once: a sweep is ~40 regions x 4 calls.
         let owner_filter = filter(&format!("tag:{TAG_OWNER}"), owner);
-        for region in &regions {
-            let ec2 = self.ec2(region).await;
-            let mut names: Vec<String> = Vec::new();
-            let inst = ec2
-                .describe_instances()
-                .filters(owner_filter.clone())
-                .filters(filter_many(
-                    "instance-state-name",
-                    &["pending", "running", "stopping", "stopped", "shutting-down"],
-                ))
-                .send()
-                .await
-                .map_err(|e| from_sdk(e, region, "DescribeInstances"))?;
-            for r in inst.reservations() {
-                for i in r.instances() {
-                    names.extend(tag_value(i.tags(), TAG_CLUSTER));
-                }
-            }
-            let sgs = ec2
-                .describe_security_groups()
-                .filters(owner_filter.clone())
-                .send()
-                .await
-                .map_err(|e| from_sdk(e, region, "DescribeSecurityGroups"))?;
-            for g in sgs.security_groups() {
-                names.extend(tag_value(g.tags(), TAG_CLUSTER));
-            }
-            let keys = ec2
-                .describe_key_pairs()
-                .filters(owner_filter.clone())
-                .send()
-                .await
-                .map_err(|e| from_sdk(e, region, "DescribeKeyPairs"))?;
-            for k in keys.key_pairs() {
-                names.extend(tag_value(k.tags(), TAG_CLUSTER));
-            }
-            for n in names {
+        let mut tasks = tokio::task::JoinSet::new();
+        for region in regions {
+            let ec2 = self.ec2(&region).await;
+            let f = owner_filter.clone();
+            tasks.spawn(async move {
+                let names = sweep_region(&ec2, &region, f).await;
+                (region, names)
+            });
+        }
+        let mut found: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        while let Some(joined) = tasks.join_next().await {
+            let (region, names) = joined.map_err(|e| local_err(&format!("sweep task: {e}")))?;
+            for n in names? {
                 found.entry(n).or_default().push(region.clone());
             }
         }
@@ -1433,6 +1409,57 @@ impl AwsProvider {
             .map_err(|e| from_sdk(e, loc, "StartInstances"))?;
         Ok(())
     }
+}
+
+/// Names of the clusters holding anything tagged with the owner in one
+/// region: instances, security groups, key pairs, placement groups.
+async fn sweep_region(ec2: &Client, region: &str, owner: Filter) -> Result<Vec<String>> {
+    let mut names: Vec<String> = Vec::new();
+    let inst = ec2
+        .describe_instances()
+        .filters(owner.clone())
+        .filters(filter_many(
+            "instance-state-name",
+            &["pending", "running", "stopping", "stopped", "shutting-down"],
+        ))
+        .send()
+        .await
+        .map_err(|e| from_sdk(e, region, "DescribeInstances"))?;
+    for r in inst.reservations() {
+        for i in r.instances() {
+            names.extend(tag_value(i.tags(), TAG_CLUSTER));
+        }
+    }
+    let sgs = ec2
+        .describe_security_groups()
+        .filters(owner.clone())
+        .send()
+        .await
+        .map_err(|e| from_sdk(e, region, "DescribeSecurityGroups"))?;
+    for g in sgs.security_groups() {
+        names.extend(tag_value(g.tags(), TAG_CLUSTER));
+    }
+    let keys = ec2
+        .describe_key_pairs()
+        .filters(owner.clone())
+        .send()
+        .await
+        .map_err(|e| from_sdk(e, region, "DescribeKeyPairs"))?;
+    for k in keys.key_pairs() {
+        names.extend(tag_value(k.tags(), TAG_CLUSTER));
+    }
+    let pgs = ec2
+        .describe_placement_groups()
+        .filters(owner)
+        .send()
+        .await
+        .map_err(|e| from_sdk(e, region, "DescribePlacementGroups"))?;
+    for g in pgs.placement_groups() {
+        names.extend(tag_value(g.tags(), TAG_CLUSTER));
+    }
+    names.sort();
+    names.dedup();
+    Ok(names)
 }
 
 /// Retries a delete that EC2 refuses while something still uses the
