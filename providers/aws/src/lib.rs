@@ -648,10 +648,16 @@ impl AwsProvider {
                     .build(),
             );
         if want_efa && facts.efa_interfaces > 0 {
-            // One EFA interface per network card; several interfaces rule
-            // out an automatic public address, so such nodes are reached on
-            // their private ones (config.aws.use_internal_ips + ssh_jump).
-            let n = facts.efa_interfaces;
+            // One EFA interface per network card. Several interfaces rule
+            // out an automatic public address, so all cards are used only
+            // for nodes reached on their private addresses
+            // (config.aws.use_internal_ips + ssh_jump); otherwise one EFA
+            // interface with a public address, so the launch still works.
+            let n = if opts.use_internal_ips {
+                facts.efa_interfaces
+            } else {
+                1
+            };
             for card in 0..n {
                 call = call.network_interfaces(
                     InstanceNetworkInterfaceSpecification::builder()

@@ -516,6 +516,33 @@ async fn best_network_asks_for_efa_interfaces() {
     assert!(values(&xml, "networkInterfaceId").len() >= 2, "{xml}");
     f.p.terminate(&req.cluster).await.unwrap();
     assert_nothing_left(f.emu, "hpc-net", &f.owner);
+    // Reached on public addresses: one EFA interface, with a public address.
+    let mut public = request("hpc-pub", "us-east-1a", 1, false);
+    public.network_tier = Some("best".into());
+    let id = f.emu.inject_rule(&json!({
+        "action": "RunInstances", "contains": ["hpc-pub"],
+        "code": "InvalidParameterCombination", "message": "probe",
+        "params": {"NetworkInterface.2.InterfaceType": "efa"},
+    }));
+    let nodes = f.p.launch(&public).await.expect("one EFA interface only");
+    assert_eq!(nodes[0].extra.get("ssh.host"), nodes[0].public_ip.as_ref());
+    f.emu.remove_fault(id);
+    f.emu.inject_rule(&json!({
+        "action": "RunInstances", "contains": ["hpc-pub"],
+        "code": "InvalidParameterCombination", "message": "probe",
+        "params": {
+            "NetworkInterface.1.InterfaceType": "efa",
+            "NetworkInterface.1.AssociatePublicIpAddress": "true",
+        },
+    }));
+    f.p.terminate(&public.cluster).await.unwrap();
+    let e =
+        f.p.launch(&public)
+            .await
+            .expect_err("EFA with a public address");
+    assert!(e.message.contains("probe"), "{e}");
+    f.p.terminate(&public.cluster).await.unwrap();
+    assert_nothing_left(f.emu, "hpc-pub", &f.owner);
     // Without the tier, the same type gets the plain single interface.
     let plain = request("hpc-plain", "us-east-1a", 1, false);
     let id = f.emu.inject_rule(&probe("hpc-plain"));
