@@ -242,6 +242,29 @@ pub fn reap(store: &crate::state::Store) -> Result<usize, crate::state::StateErr
             continue;
         };
         let nodes = store.nodes(&job.cluster)?;
+        // Remote ranks are reached over a connection this process does not
+        // have yet. reap is synchronous and may run inside a runtime, so
+        // the connection is made on a thread of its own.
+        if cluster.cloud.as_deref() != Some("local") {
+            let connected = std::thread::scope(|s| {
+                s.spawn(|| {
+                    tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .is_ok_and(|rt| rt.block_on(transport.connect(&nodes)).is_ok())
+                })
+                .join()
+                .unwrap_or(false)
+            });
+            if !connected {
+                tracing::warn!(
+                    "job {} on {}: cannot reach the nodes to stop its ranks",
+                    job.id,
+                    job.cluster
+                );
+                continue;
+            }
+        }
         signal_run(store, transport.as_ref(), &nodes, job.id, libc::SIGKILL);
     }
     Ok(reaped.len())

@@ -591,3 +591,38 @@ fn wait_for_marker(marker: &str, n: usize) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+#[test]
+fn a_killed_driver_leaves_no_ranks_running_on_pool_machines() {
+    let Some(sshd) = Sshd::start(2) else { return };
+    let home = pool_home(&sshd);
+    let t = home.file(
+        "idle.yaml",
+        "num_nodes: 2\nresources:\n  infra: ssh/lab\nrun: \"true\"\n",
+    );
+    let (code, out, err) = crate::common::parts(&home.run(["launch", &t, "-c", "kd"]));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let (code, _, err) = crate::common::parts(&home.run([
+        "exec",
+        "kd",
+        "-d",
+        "--env",
+        &home.marker_env(),
+        "sleep 300",
+    ]));
+    assert_eq!(code, 0, "{err}");
+    let job = home.wait_job_status("kd", "RUNNING");
+    wait_for_marker(&home.marker, 2);
+    let pid = job["driver_pid"].as_u64().expect("driver_pid") as u32;
+    let ours = format!("GANGWAY_HOME={}", home.path().display());
+    assert!(crate::common::procs_with_env(&ours).contains(&pid));
+    // SAFETY: kill(2) on this test's own driver, checked above.
+    unsafe {
+        libc::kill(pid as i32, libc::SIGKILL);
+    }
+    // Whoever notices the dead driver next (here `queue`) stops its ranks
+    // on the pool machines, over SSH.
+    home.wait_job_status("kd", "FAILED_DRIVER");
+    crate::common::assert_no_marker_procs(&home.marker, "the driver was killed");
+    assert_eq!(crate::common::parts(&home.run(["down", "kd", "-y"])).0, 0);
+}
