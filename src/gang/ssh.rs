@@ -60,7 +60,11 @@ impl SshTarget {
     }
 
     fn key_name(&self) -> String {
-        format!("{}@{}:{}", self.user, self.host, self.port)
+        if self.user.is_empty() {
+            format!("{}:{}", self.host, self.port)
+        } else {
+            format!("{}@{}:{}", self.user, self.host, self.port)
+        }
     }
 }
 
@@ -149,6 +153,26 @@ fn remote_path(p: &str) -> String {
     }
 }
 
+/// The variable naming a command's processes on its node. The shell that
+/// sets it by `export` does not carry it in `/proc/PID/environ` (that is
+/// the environment a process was started with), so only the command's own
+/// processes match, never the wrapper that waits for them.
+const TOKEN_VAR: &str = "GANGWAY_SSH_TOKEN";
+
+/// The remote command that sends `signal` to the processes started with
+/// `token`: the group of each (the command's `setsid` made its first
+/// process a group leader), else the process alone.
+fn signal_token(token: &str, signal: i32) -> String {
+    format!(
+        "for p in $(grep -lzx {TOKEN_VAR}={token} /proc/[0-9]*/environ 2>/dev/null); do \
+         p=${{p#/proc/}}; p=${{p%/environ}}; \
+         kill -{signal} -- -$p 2>/dev/null || kill -{signal} $p 2>/dev/null; done; true"
+    )
+}
+
+/// Variables gangway sets to paths on the node.
+const NODE_PATH_VARS: &[&str] = &["GANGWAY_CHECKPOINT_DIR"];
+
 /// Node fact marking a node nobody has connected to yet: its host key is
 /// accepted on first contact, then verified strictly.
 pub const FIRST_CONTACT: &str = "ssh.first_contact";
@@ -160,6 +184,7 @@ pub struct SshTransport {
     key: PathBuf,
     accept_new_hosts: bool,
     connect_timeout: Duration,
+    max_handshakes: usize,
     sessions: Mutex<HashMap<SshTarget, Arc<Session>>>,
     /// Local ssh pid → (target, token naming the remote process group).
     remote: Mutex<HashMap<u32, (SshTarget, String)>>,
@@ -180,6 +205,7 @@ impl SshTransport {
             key,
             accept_new_hosts: first_contact,
             connect_timeout: Duration::from_secs(60),
+            max_handshakes: MAX_HANDSHAKES,
             sessions: Mutex::new(HashMap::new()),
             remote: Mutex::new(HashMap::new()),
         })
@@ -189,6 +215,82 @@ impl SshTransport {
     pub fn with_connect_timeout(mut self, d: Duration) -> SshTransport {
         self.connect_timeout = d;
         self
+    }
+
+    /// At most `n` master connections opened at once (default
+    /// [`MAX_HANDSHAKES`]).
+    pub fn with_max_handshakes(mut self, n: usize) -> SshTransport {
+        self.max_handshakes = n.max(1);
+        self
+    }
+
+    fn deadline(&self) -> tokio::time::Instant {
+        tokio::time::Instant::now() + self.connect_timeout
+    }
+
+    /// Whether a node's host key may be new: while provisioning, or for a
+    /// node provisioned without contact (`--provision-only`), met here for
+    /// the first time.
+    fn accepts(&self, node: &NodeRow) -> bool {
+        self.accept_new_hosts
+            || node
+                .extra
+                .get(FIRST_CONTACT)
+                .is_some_and(|v| v == "pending")
+    }
+
+    /// The master connection's settings for `t`; `via`: the control socket
+    /// of the jump host to go through.
+    fn builder(
+        &self,
+        t: &SshTarget,
+        accept_new: bool,
+        via: Option<&Path>,
+    ) -> Result<SessionBuilder, TransportError> {
+        let mut b = SessionBuilder::default();
+        if !t.user.is_empty() {
+            b.user(t.user.clone());
+        }
+        b.port(t.port)
+            .keyfile(t.key.clone().unwrap_or_else(|| self.key.clone()))
+            .user_known_hosts_file(&self.known_hosts)
+            .known_hosts_check(if accept_new {
+                KnownHosts::Add
+            } else {
+                KnownHosts::Strict
+            })
+            .connect_timeout(Duration::from_secs(10))
+            .server_alive_interval(KEEPALIVE)
+            .control_directory(&self.control_dir);
+        if let Some(via) = via {
+            b.config_file(self.proxy_config(via).map_err(|e| TransportError {
+                node: t.key_name(),
+                what: "cannot write the jump host's ssh configuration".into(),
+                source: e,
+            })?);
+        }
+        Ok(b)
+    }
+
+    /// An ssh configuration file whose `ProxyCommand` goes through the
+    /// master connection at `via` (a jump host's). With `-F`, the user's
+    /// own configuration is not read for nodes behind a jump host.
+    fn proxy_config(&self, via: &Path) -> std::io::Result<PathBuf> {
+        let via = via.display().to_string();
+        let path = self
+            .control_dir
+            .join(format!("proxy-{:016x}.conf", fnv1a(via.as_bytes())));
+        let text = format!(
+            "# gangway: reach the node through the jump host's master connection\n\
+             ProxyCommand ssh -S {} -o ControlMaster=no -o BatchMode=yes -W '[%h]:%p' jump-host\n",
+            sq(&via.replace('%', "%%"))
+        );
+        if std::fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
+            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+            std::fs::write(&tmp, &text)?;
+            std::fs::rename(&tmp, &path)?;
+        }
+        Ok(path)
     }
 
     fn session(&self, t: &SshTarget) -> Option<Arc<Session>> {
@@ -280,6 +382,7 @@ impl SshTransport {
         // -a keeps times, so unchanged files are skipped next time.
         c.args(["-a", "-e", &rsh]);
         if update {
+            // Downloads: a newer file already here wins.
             c.arg("--update");
         }
         let out = c
@@ -302,6 +405,80 @@ impl SshTransport {
             });
         }
         Ok(())
+    }
+}
+
+/// FNV-1a, for short stable file names.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x100000001b3)
+    })
+}
+
+/// One hop of a `ProxyJump` value: `[ssh://][user@]host[:port]` or
+/// `[user@][v6]:port`. Without a user, ssh's own default applies (the
+/// user's ssh configuration, else the local user), as with `ssh -J`; the
+/// node's key is offered too. `via`: the hop before, if any.
+fn parse_hop(hop: &str, key: Option<PathBuf>, via: Option<&PathBuf>) -> SshTarget {
+    let hop = hop.strip_prefix("ssh://").unwrap_or(hop);
+    let (user, rest) = match hop.rsplit_once('@') {
+        Some((u, h)) => (u.to_string(), h),
+        None => (String::new(), hop),
+    };
+    let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
+        match v6.split_once(']') {
+            Some((h, after)) => (
+                h.to_string(),
+                after
+                    .strip_prefix(':')
+                    .and_then(|p| p.parse().ok())
+                    .unwrap_or(22),
+            ),
+            None => (rest.to_string(), 22),
+        }
+    } else {
+        match rest.split_once(':') {
+            Some((h, p)) if !p.contains(':') => (h.to_string(), p.parse().unwrap_or(22)),
+            _ => (rest.to_string(), 22),
+        }
+    };
+    SshTarget {
+        host,
+        port,
+        user,
+        key,
+        // Hops are told apart by the path that reaches them.
+        jump: via.map(|v| v.display().to_string()),
+    }
+}
+
+/// Opens a master connection, retrying with backoff (a booting node's
+/// sshd is not up yet) until `deadline`; a changed host key is final.
+async fn connect_with_retry(
+    b: SessionBuilder,
+    t: SshTarget,
+    who: String,
+    deadline: tokio::time::Instant,
+) -> Result<(SshTarget, Arc<Session>), TransportError> {
+    let mut pause = Duration::from_millis(200);
+    loop {
+        match b.connect(&t.host).await {
+            Ok(s) => return Ok((t, Arc::new(s))),
+            Err(e) => {
+                let why = explain_connect(&e);
+                let fatal = why.contains("host key changed");
+                if fatal || tokio::time::Instant::now() + pause > deadline {
+                    return Err(TransportError {
+                        node: who,
+                        what: format!("cannot connect to {}", t.key_name()),
+                        source: std::io::Error::other(why),
+                    });
+                }
+                tracing::info!("waiting for sshd on {}: {why}", t.key_name());
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+        }
     }
 }
 
@@ -370,67 +547,54 @@ fn parse_spot_notice(out: &str) -> Option<String> {
 #[async_trait::async_trait]
 impl Transport for SshTransport {
     async fn connect(&self, nodes: &[NodeRow]) -> Result<(), TransportError> {
-        let sem = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
+        // Jump hosts first: one master per hop, shared by every node
+        // behind it, so a bastion sees one connection, not one per node
+        // (its sshd's MaxStartups would refuse a crowd of handshakes).
+        let mut proxies: HashMap<String, PathBuf> = HashMap::new();
+        for node in nodes {
+            let t = SshTarget::of(node);
+            let Some(spec) = t.jump.clone() else { continue };
+            if proxies.contains_key(&spec) || self.session(&t).is_some() {
+                continue;
+            }
+            let mut via: Option<PathBuf> = None;
+            for hop in spec.split(',').map(str::trim).filter(|h| !h.is_empty()) {
+                let hop_target = parse_hop(hop, t.key.clone(), via.as_ref());
+                let session = match self.session(&hop_target) {
+                    Some(s) => s,
+                    None => {
+                        let b = self.builder(&hop_target, self.accepts(node), via.as_deref())?;
+                        let who = format!("jump host {hop} (for {})", name(node));
+                        let (k, s) =
+                            connect_with_retry(b, hop_target, who, self.deadline()).await?;
+                        if let Ok(mut m) = self.sessions.lock() {
+                            m.insert(k, Arc::clone(&s));
+                        }
+                        s
+                    }
+                };
+                via = Some(session.control_socket().to_path_buf());
+            }
+            if let Some(v) = via {
+                proxies.insert(spec, v);
+            }
+        }
+
+        let sem = Arc::new(tokio::sync::Semaphore::new(self.max_handshakes));
         let mut tasks = tokio::task::JoinSet::new();
         for node in nodes {
             let t = SshTarget::of(node);
             if self.session(&t).is_some() {
                 continue;
             }
-            let mut b = SessionBuilder::default();
-            b.user(t.user.clone())
-                .port(t.port)
-                .keyfile(t.key.clone().unwrap_or_else(|| self.key.clone()))
-                .user_known_hosts_file(&self.known_hosts)
-                // A node provisioned without contact (`--provision-only`)
-                // is met for the first time here.
-                .known_hosts_check(
-                    if self.accept_new_hosts
-                        || node
-                            .extra
-                            .get(FIRST_CONTACT)
-                            .is_some_and(|v| v == "pending")
-                    {
-                        KnownHosts::Add
-                    } else {
-                        KnownHosts::Strict
-                    },
-                )
-                .connect_timeout(Duration::from_secs(10))
-                .server_alive_interval(KEEPALIVE)
-                .control_directory(&self.control_dir);
-            if let Some(j) = &t.jump {
-                b.jump_hosts([j.as_str()]);
-            }
+            let via = t.jump.as_ref().and_then(|j| proxies.get(j));
+            let b = self.builder(&t, self.accepts(node), via.map(PathBuf::as_path))?;
             let who = name(node);
             let sem = Arc::clone(&sem);
-            let deadline = tokio::time::Instant::now() + self.connect_timeout;
+            let deadline = self.deadline();
             tasks.spawn(async move {
                 let _permit = sem.acquire_owned().await;
-                let mut pause = Duration::from_millis(200);
-                loop {
-                    match b.connect(&t.host).await {
-                        Ok(s) => {
-                            // Where every command records its process group.
-                            let _ = s.shell("mkdir -p \"$HOME/.gangway/procs\"").status().await;
-                            return Ok((t, Arc::new(s)));
-                        }
-                        Err(e) => {
-                            let why = explain_connect(&e);
-                            let fatal = why.contains("host key changed");
-                            if fatal || tokio::time::Instant::now() + pause > deadline {
-                                return Err(TransportError {
-                                    node: who,
-                                    what: format!("cannot connect to {}", t.key_name()),
-                                    source: std::io::Error::other(why),
-                                });
-                            }
-                            tracing::info!("waiting for sshd on {}: {why}", t.key_name());
-                            tokio::time::sleep(pause).await;
-                            pause = (pause * 2).min(Duration::from_secs(5));
-                        }
-                    }
-                }
+                connect_with_retry(b, t, who, deadline).await
             });
         }
         let mut first_err = None;
@@ -479,22 +643,28 @@ impl Transport for SshTransport {
         // The environment goes over stdin (not the command line, which
         // other users of the node can read). The command runs as its own
         // session and process group (`setsid` in a background child, which
-        // is never a group leader, so no fork: `$!` is the group id), whose
-        // id is kept under a token so `signal` can reach the whole group.
-        let mut env = String::new();
+        // is never a group leader, so no fork), and carries a token in its
+        // environment by which `signal` finds it. No pid file: a command is
+        // one fork and two execs on the node, and nothing is left behind
+        // when the connection drops.
+        let mut env = format!("export {TOKEN_VAR}={token}\n");
         for (k, v) in &node.extra {
             if let Some(n) = k.strip_prefix("env.") {
                 env.push_str(&format!("export {n}={}\n", sq(v)));
             }
         }
         for (k, v) in &cmd.env {
-            env.push_str(&format!("export {k}={}\n", sq(v)));
+            // gangway's own paths on the node are absolute there, as on
+            // every other cloud: `~/x` would stay a literal `~` in "$VAR/f".
+            let value = match v.strip_prefix("~/") {
+                Some(_) if NODE_PATH_VARS.contains(&k.as_str()) => remote_path(v),
+                _ => sq(v),
+            };
+            env.push_str(&format!("export {k}={value}\n"));
         }
         let wrapper = format!(
             ". /dev/stdin; cd {cwd} 2>/dev/null || cd; \
-             setsid bash -c {script} </dev/null & \
-             echo $! > \"$HOME/.gangway/procs/{token}\"; wait $!; rc=$?; \
-             rm -f \"$HOME/.gangway/procs/{token}\"; exit $rc",
+             setsid bash -c {script} </dev/null & wait $!",
             cwd = remote_path(&cmd.cwd),
             script = sq(&cmd.script),
         );
@@ -523,10 +693,7 @@ impl Transport for SshTransport {
         let Some((_, token)) = entry else {
             return;
         };
-        let remote = format!(
-            "p=$(cat \"$HOME/.gangway/procs/{token}\" 2>/dev/null) && kill -{signal} -- -$p 2>/dev/null; true"
-        );
-        let _ = self.run(node, &remote, None);
+        let _ = self.run(node, &signal_token(&token, signal), None);
     }
 
     fn signal_job(&self, node: &NodeRow, _pgid: u32, job: i64, signal: i32) {
@@ -571,12 +738,24 @@ impl Transport for SshTransport {
     fn download(&self, node: &NodeRow, path: &str, dest: &Path) -> Result<(), TransportError> {
         let t = SshTarget::of(node);
         let _ = std::fs::create_dir_all(dest);
-        self.rsync(
+        let copied = self.rsync(
             node,
             &format!("{}/", rsync_path(&t, path)),
             &format!("{}/", dest.display()),
             true,
-        )
+        );
+        // A directory the job never made (on this node) copies nothing.
+        match copied {
+            Err(e) => {
+                let p = remote_path(path);
+                let asked = format!("if [ -e {p} ]; then echo present; else echo absent; fi");
+                match self.run(node, &asked, None) {
+                    Ok(out) if out.starts_with(b"absent") => Ok(()),
+                    _ => Err(e),
+                }
+            }
+            ok => ok,
+        }
     }
 
     fn write_file(&self, node: &NodeRow, path: &str, data: &[u8]) -> Result<(), TransportError> {
@@ -721,6 +900,49 @@ mod tests {
             parse_spot_notice("gangway-spot-notice:{\n  \"action\": \"stop\"\n}\n").as_deref(),
             Some(r#"spot/instance-action: { "action": "stop" }"#)
         );
+    }
+
+    #[test]
+    fn jump_hops_parse_like_ssh_does() {
+        let k = Some(PathBuf::from("/k"));
+        let h = parse_hop("bastion", k.clone(), None);
+        assert_eq!(
+            (
+                h.user.as_str(),
+                h.host.as_str(),
+                h.port,
+                h.key.clone(),
+                h.jump.clone()
+            ),
+            ("", "bastion", 22, k.clone(), None)
+        );
+        assert_eq!(h.key_name(), "bastion:22");
+        let via = PathBuf::from("/ctl/master");
+        let h = parse_hop("ssh://ops@10.0.0.5:2222", None, Some(&via));
+        assert_eq!(
+            (h.user.as_str(), h.host.as_str(), h.port),
+            ("ops", "10.0.0.5", 2222)
+        );
+        assert_eq!(h.jump.as_deref(), Some("/ctl/master"));
+        let h = parse_hop("me@[fd00::1]:2200", None, None);
+        assert_eq!((h.host.as_str(), h.port), ("fd00::1", 2200));
+        let h = parse_hop("fd00::2", None, None);
+        assert_eq!((h.host.as_str(), h.port), ("fd00::2", 22));
+    }
+
+    #[test]
+    fn a_proxy_config_goes_through_the_jump_hosts_master() {
+        let home = tempfile::tempdir().unwrap();
+        let t = SshTransport::new(home.path(), "c", false).unwrap();
+        let p = t.proxy_config(Path::new("/x/it's 100%/master")).unwrap();
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(
+            text.contains(r"ProxyCommand ssh -S '/x/it'\''s 100%%/master' -o ControlMaster=no"),
+            "{text}"
+        );
+        assert!(text.contains("-W '[%h]:%p'"), "{text}");
+        // The same socket, the same file.
+        assert_eq!(t.proxy_config(Path::new("/x/it's 100%/master")).unwrap(), p);
     }
 
     #[test]

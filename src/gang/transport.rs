@@ -80,7 +80,8 @@ pub trait Transport: Send + Sync {
     /// local directory `dest`, merging with what is there: a file already
     /// in `dest` with a newer modification time is kept (several nodes'
     /// checkpoint directories merge into one, and a stale restored copy on
-    /// one node must not win over the file another node just wrote).
+    /// one node must not win over the file another node just wrote). A
+    /// path that does not exist on the node copies nothing.
     fn download(&self, node: &NodeRow, path: &str, dest: &Path) -> Result<(), TransportError>;
 
     /// Writes a small file on the node.
@@ -238,6 +239,9 @@ impl Transport for LocalTransport {
     }
 
     fn download(&self, node: &NodeRow, path: &str, dest: &Path) -> Result<(), TransportError> {
+        if !Path::new(path).exists() {
+            return Ok(());
+        }
         merge_newest(Path::new(path), dest).map_err(|source| TransportError {
             node: node_name(node),
             what: format!("cannot copy {path} to {}", dest.display()),

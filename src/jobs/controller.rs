@@ -850,10 +850,9 @@ impl Controller {
             .as_deref()
             .unwrap_or(gang::DEFAULT_CHECKPOINT_DIR);
         for n in nodes {
+            // The path is the node's: only the transport can tell whether
+            // it exists there (over SSH it is not on this machine).
             let path = transport.node_path(n, ck);
-            if !Path::new(&path).exists() {
-                continue;
-            }
             transport
                 .download(n, &path, &tmp)
                 .map_err(|e| e.to_string())?;
