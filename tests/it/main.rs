@@ -9,6 +9,7 @@ mod compat;
 mod imds;
 mod jobs;
 mod launch;
+mod netns;
 mod sim;
 mod spec;
 mod ssh;

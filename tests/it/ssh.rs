@@ -8,6 +8,7 @@ use gangway::gang::ssh::SshTransport;
 use gangway::gang::{NodeCommand, Transport};
 use gangway::state::NodeRow;
 
+use crate::netns::{Link, NetnsKeys, NetnsNode};
 use crate::sshd::Sshd;
 
 fn nodes(sshd: &Sshd, n: usize) -> Vec<NodeRow> {
@@ -179,6 +180,17 @@ fn files_go_up_and_come_back_newest_winning() {
         "local"
     );
     let _ = run_all(&t, &ns, &format!("rm -rf ~/{dest}"), &[]);
+    // A directory that is not there (a rank that never checkpointed)
+    // copies nothing and is no error; a node that cannot be reached is one.
+    let empty = tempfile::tempdir().unwrap();
+    t.download(&ns[0], &format!("~/{dest}"), empty.path())
+        .expect("a missing directory is no error");
+    assert!(crate::common::dir_names(empty.path()).is_empty());
+    let mut gone = ns[0].clone();
+    gone.extra.insert("ssh.host".into(), "127.0.0.1".into());
+    assert!(t
+        .download(&gone, &format!("~/{dest}"), empty.path())
+        .is_err());
 }
 
 #[test]
@@ -313,166 +325,13 @@ fn a_gang_runs_on_an_ssh_pool_ranked_by_topology_and_down_releases_it() {
     assert_eq!(code, 0, "{err}");
 }
 
-/// A node in a network namespace of its own, with its own sshd, reached
-/// over a veth pair; `cut()` drops the link without a word, as a dead node
-/// or a broken switch does.
-struct NetnsNode {
-    ns: String,
-    host_if: String,
-    addr: String,
-    sshd: Option<std::process::Child>,
-    dir: tempfile::TempDir,
-}
-
-impl NetnsNode {
-    fn start() -> Option<NetnsNode> {
-        let root = unsafe { libc::geteuid() } == 0;
-        let have = |p: &str| std::path::Path::new(p).exists();
-        if !root || !have("/usr/sbin/sshd") || !(have("/usr/sbin/ip") || have("/sbin/ip")) {
-            eprintln!("SKIPPED: the network-namespace test needs root, sshd and ip");
-            return None;
-        }
-        let id = std::process::id();
-        let ns = format!("gwn{id}");
-        let host_if = format!("gwh{id}");
-        let node_if = format!("gwp{id}");
-        let subnet = format!("10.231.{}", id % 250);
-        let addr = format!("{subnet}.2");
-        let sh = |cmd: &str| {
-            std::process::Command::new("sh")
-                .arg("-c")
-                .arg(cmd)
-                .status()
-                .map(|s| s.success())
-                .unwrap_or(false)
-        };
-        if !sh(&format!("ip netns add {ns}")) {
-            eprintln!("SKIPPED: cannot create a network namespace here");
-            return None;
-        }
-        let ok = sh(&format!(
-            "ip link add {host_if} type veth peer name {node_if} && \
-             ip link set {node_if} netns {ns} && \
-             ip addr add {subnet}.1/24 dev {host_if} && ip link set {host_if} up && \
-             ip netns exec {ns} ip addr add {addr}/24 dev {node_if} && \
-             ip netns exec {ns} ip link set {node_if} up && \
-             ip netns exec {ns} ip link set lo up"
-        ));
-        let dir = tempfile::tempdir().unwrap();
-        let mut node = NetnsNode {
-            ns,
-            host_if,
-            addr,
-            sshd: None,
-            dir,
-        };
-        if !ok {
-            eprintln!("SKIPPED: cannot wire a veth pair into the namespace");
-            return None;
-        }
-        let d = node.dir.path().to_path_buf();
-        for k in ["host", "client"] {
-            assert!(sh(&format!(
-                "ssh-keygen -q -t ed25519 -N '' -f {}/{k}",
-                d.display()
-            )));
-        }
-        std::fs::copy(d.join("client.pub"), d.join("authorized_keys")).unwrap();
-        std::fs::create_dir_all(d.join("home")).unwrap();
-        let _ = std::fs::create_dir_all("/run/sshd");
-        std::fs::write(
-            d.join("sshd_config"),
-            format!(
-                "ListenAddress {addr}:22\nHostKey {d}/host\nPidFile {d}/sshd.pid\n\
-                 AuthorizedKeysFile {d}/authorized_keys\nPermitRootLogin prohibit-password\n\
-                 PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n\
-                 StrictModes no\nUseDNS no\nLogLevel ERROR\nSetEnv HOME={d}/home\n\
-                 ClientAliveInterval 60\n\
-                 ForceCommand cd \"$HOME\" || exit 1; eval \"$SSH_ORIGINAL_COMMAND\"\n",
-                addr = node.addr,
-                d = d.display()
-            ),
-        )
-        .unwrap();
-        node.sshd = Some(
-            std::process::Command::new("ip")
-                .args([
-                    "netns",
-                    "exec",
-                    &node.ns,
-                    "/usr/sbin/sshd",
-                    "-D",
-                    "-e",
-                    "-f",
-                ])
-                .arg(d.join("sshd_config"))
-                .stderr(std::fs::File::create(d.join("sshd.log")).unwrap())
-                .spawn()
-                .unwrap(),
-        );
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        let target: std::net::SocketAddr = format!("{}:22", node.addr).parse().unwrap();
-        while std::net::TcpStream::connect_timeout(&target, Duration::from_millis(200)).is_err() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "sshd in the namespace never listened"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Some(node)
-    }
-
-    fn row(&self) -> NodeRow {
-        let mut extra = BTreeMap::new();
-        extra.insert("ssh.host".to_string(), self.addr.clone());
-        extra.insert("ssh.user".to_string(), "root".to_string());
-        extra.insert(
-            "ssh.key".to_string(),
-            self.dir.path().join("client").display().to_string(),
-        );
-        NodeRow {
-            rank: 0,
-            instance_id: "netns-0".into(),
-            private_ip: self.addr.clone(),
-            public_ip: None,
-            zone: "ns".into(),
-            topology: String::new(),
-            state: "running".into(),
-            extra,
-        }
-    }
-
-    /// The link goes down: packets vanish, nothing answers.
-    fn cut(&self) {
-        let _ = std::process::Command::new("ip")
-            .args(["link", "set", &self.host_if, "down"])
-            .status();
-    }
-}
-
-impl Drop for NetnsNode {
-    fn drop(&mut self) {
-        if let Some(mut s) = self.sshd.take() {
-            let _ = s.kill();
-            let _ = s.wait();
-        }
-        let _ = std::process::Command::new("ip")
-            .args(["link", "del", &self.host_if])
-            .status();
-        let _ = std::process::Command::new("ip")
-            .args(["netns", "del", &self.ns])
-            .status();
-    }
-}
-
 #[test]
 fn a_node_that_stops_answering_is_detected_within_15_seconds() {
-    let Some(node) = NetnsNode::start() else {
-        return;
-    };
+    let Some(keys) = NetnsKeys::new() else { return };
+    let node = NetnsNode::start("gw-lone", Link::Host, &keys);
     let home = tempfile::tempdir().unwrap();
     let t = SshTransport::new(home.path(), "ns", true).unwrap();
-    let rows = vec![node.row()];
+    let rows = vec![node.row(0)];
     connect(&t, &rows).unwrap();
     let marker = format!("gw-netns-{}", std::process::id());
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -625,4 +484,445 @@ fn a_killed_driver_leaves_no_ranks_running_on_pool_machines() {
     home.wait_job_status("kd", "FAILED_DRIVER");
     crate::common::assert_no_marker_procs(&home.marker, "the driver was killed");
     assert_eq!(crate::common::parts(&home.run(["down", "kd", "-y"])).0, 0);
+}
+
+fn env0(path: &std::path::Path) -> BTreeMap<String, String> {
+    let raw = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    raw.split(|b| *b == 0)
+        .filter(|e| !e.is_empty())
+        .filter_map(|e| {
+            let e = String::from_utf8_lossy(e);
+            e.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn every_rank_over_ssh_gets_the_gang_environment_and_nothing_else() {
+    let Some(sshd) = Sshd::start(3) else { return };
+    let home = pool_home(&sshd);
+    let wd = home.path().join("wd");
+    std::fs::create_dir_all(&wd).unwrap();
+    std::fs::write(wd.join("synced.txt"), "from the workdir\n").unwrap();
+    // The pool's hosts share one home here (one sshd): files per rank.
+    let t = home.file(
+        "env.yaml",
+        &format!(
+            "num_nodes: 3\nworkdir: {}\nresources:\n  infra: ssh/lab\n\
+             envs:\n  GW_TEST_MARKER: {}\n  MY_SETTING: forty-two\n\
+             setup: env -0 > ~/env-setup-$SKYPILOT_SETUP_NODE_RANK\n\
+             run: |\n  env -0 > ~/env-run-$NODE_RANK\n  pwd > ~/pwd-run-$NODE_RANK\n  \
+             cat synced.txt > ~/synced-run-$NODE_RANK\n",
+            wd.display(),
+            home.marker
+        ),
+    );
+    let o = crate::common::Running::start({
+        let mut c = crate::common::command_in(home.path());
+        c.args(["launch", &t, "-c", "envs"])
+            .env("AWS_SECRET_ACCESS_KEY", "leak")
+            .env("GW_UNRELATED_LAUNCHER_VAR", "leak");
+        c
+    })
+    .wait();
+    let (code, out, err) = crate::common::parts(&o);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let nodes = home.nodes("envs");
+    assert_eq!(nodes.len(), 3);
+    let ips: Vec<&str> = nodes.iter().map(|n| n.ip.as_str()).collect();
+    let mut sorted = ips.clone();
+    sorted.sort();
+    let mut pool: Vec<&str> = sshd.addrs.iter().map(String::as_str).collect();
+    pool.sort();
+    assert_eq!(sorted, pool, "the gang is the pool's hosts");
+    let job_id = home.last_job("envs")["id"].as_i64().unwrap();
+    for r in 0..3usize {
+        let env = env0(&sshd.home.join(format!("env-run-{r}")));
+        let get = |k: &str| env.get(k).map(String::as_str);
+        let rs = r.to_string();
+        let ctx = format!("rank {r}: {env:#?}");
+        for k in ["NODE_RANK", "GANGWAY_NODE_RANK", "SKYPILOT_NODE_RANK"] {
+            assert_eq!(get(k), Some(rs.as_str()), "{k} of {ctx}");
+        }
+        for k in ["NNODES", "GANGWAY_NUM_NODES", "SKYPILOT_NUM_NODES"] {
+            assert_eq!(get(k), Some("3"), "{k} of {ctx}");
+        }
+        for k in ["GANGWAY_NODE_IPS", "SKYPILOT_NODE_IPS"] {
+            let got: Vec<&str> = get(k).unwrap_or("").lines().collect();
+            assert_eq!(got, ips, "{k} of {ctx}");
+        }
+        assert_eq!(get("MASTER_ADDR"), Some(ips[0]), "{ctx}");
+        assert_eq!(get("MASTER_PORT"), Some("29500"), "{ctx}");
+        assert_eq!(get("GANGWAY_NUM_GPUS_PER_NODE"), Some("0"), "{ctx}");
+        assert_eq!(get("CUDA_VISIBLE_DEVICES"), None, "no GPUs here: {ctx}");
+        assert_eq!(get("GANGWAY_CLUSTER"), Some("envs"), "{ctx}");
+        assert_eq!(
+            get("GANGWAY_JOB_ID"),
+            Some(job_id.to_string().as_str()),
+            "{ctx}"
+        );
+        assert_eq!(get("GANGWAY_RESTART_COUNT"), Some("0"), "{ctx}");
+        assert_eq!(
+            get("GANGWAY_CHECKPOINT_DIR"),
+            Some(
+                sshd.home
+                    .join("gangway_checkpoints")
+                    .display()
+                    .to_string()
+                    .as_str()
+            ),
+            "absolute on the node: {ctx}"
+        );
+        assert_eq!(get("MY_SETTING"), Some("forty-two"), "{ctx}");
+        assert_eq!(get("GW_TEST_MARKER"), Some(home.marker.as_str()), "{ctx}");
+        assert_eq!(
+            get("HOME"),
+            Some(sshd.home.display().to_string().as_str()),
+            "{ctx}"
+        );
+        // The node's own ssh session, not the launcher's environment.
+        assert!(get("SSH_CONNECTION").is_some(), "{ctx}");
+        for k in [
+            "AWS_SECRET_ACCESS_KEY",
+            "GW_UNRELATED_LAUNCHER_VAR",
+            "GANGWAY_HOME",
+        ] {
+            assert_eq!(get(k), None, "launcher env leaked: {k} in {ctx}");
+        }
+        assert!(
+            !env.values().any(|v| v == "leak"),
+            "launcher env leaked: {ctx}"
+        );
+        let pwd = std::fs::read_to_string(sshd.home.join(format!("pwd-run-{r}"))).unwrap();
+        assert_eq!(
+            pwd.trim(),
+            sshd.home.join("sky_workdir").display().to_string()
+        );
+        assert_eq!(
+            std::fs::read_to_string(sshd.home.join(format!("synced-run-{r}"))).unwrap(),
+            "from the workdir\n"
+        );
+        let setup = env0(&sshd.home.join(format!("env-setup-{r}")));
+        let sget = |k: &str| setup.get(k).map(String::as_str);
+        let sctx = format!("setup of rank {r}: {setup:#?}");
+        assert_eq!(sget("GANGWAY_SETUP_NODE_RANK"), Some(rs.as_str()), "{sctx}");
+        for k in ["NODE_RANK", "MASTER_ADDR"] {
+            assert_eq!(sget(k), None, "{k} in {sctx}");
+        }
+        assert_eq!(sget("MY_SETTING"), Some("forty-two"), "{sctx}");
+        assert_eq!(sget("AWS_SECRET_ACCESS_KEY"), None, "{sctx}");
+    }
+    assert_eq!(crate::common::parts(&home.run(["down", "envs", "-y"])).0, 0);
+}
+
+#[test]
+fn file_mounts_reach_every_node_over_ssh() {
+    let Some(sshd) = Sshd::start(2) else { return };
+    let home = pool_home(&sshd);
+    let src = home.path().join("data");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::write(src.join("sub/a.txt"), "alpha\n").unwrap();
+    let one = home.path().join("one.txt");
+    std::fs::write(&one, "just one\n").unwrap();
+    // An absolute destination: on these "nodes" (this machine), a fresh
+    // directory of the test's own.
+    let abs = tempfile::tempdir().unwrap();
+    let dest = abs.path().join("deep/one.txt");
+    let t = home.file(
+        "mounts.yaml",
+        &format!(
+            "num_nodes: 2\nresources:\n  infra: ssh/lab\nfile_mounts:\n  ~/mounted: {}\n  {}: {}\n\
+             run: |\n  cat ~/mounted/sub/a.txt\n  cat {}\n",
+            src.display(),
+            dest.display(),
+            one.display(),
+            dest.display()
+        ),
+    );
+    let (code, out, err) = crate::common::parts(&home.run(["launch", &t, "-c", "mounts"]));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    for rank in 0..2 {
+        let lines: Vec<&str> = out
+            .lines()
+            .filter(|l| l.starts_with(&format!("(rank {rank}, ")))
+            .collect();
+        assert!(lines.iter().any(|l| l.ends_with(" alpha")), "{out}");
+        assert!(lines.iter().any(|l| l.ends_with(" just one")), "{out}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(sshd.home.join("mounted/sub/a.txt")).unwrap(),
+        "alpha\n"
+    );
+    assert_eq!(
+        crate::common::parts(&home.run(["down", "mounts", "-y"])).0,
+        0
+    );
+}
+
+#[test]
+fn ctrl_c_once_stops_and_twice_kills_the_ranks_over_ssh() {
+    let Some(sshd) = Sshd::start(2) else { return };
+    let home = pool_home(&sshd);
+    let task = |name: &str, run: &str| {
+        home.file(
+            name,
+            &format!(
+                "num_nodes: 2\nresources:\n  infra: ssh/lab\nenvs:\n  GW_TEST_MARKER: {}\nrun: |\n{run}",
+                home.marker
+            ),
+        )
+    };
+    // Once: SIGTERM reaches the ranks on the pool hosts; the job is
+    // CANCELLED and nothing is left there.
+    let t = task("once.yaml", "  sleep 300\n");
+    let mut launcher = home.spawn(["launch", &t, "-c", "cc"]);
+    launcher.wait_for_stdout("all 2 rank(s) running", "the ranks to run");
+    wait_for_marker(&home.marker, 2);
+    launcher.signal(libc::SIGINT);
+    let (code, out, err) = crate::common::parts(&launcher.wait());
+    assert_eq!(code, 5, "stdout:\n{out}\nstderr:\n{err}");
+    assert_eq!(home.last_job("cc")["status"], "CANCELLED");
+    crate::common::assert_no_marker_procs(&home.marker, "Ctrl-C over ssh");
+
+    // Twice: ranks that ignore SIGTERM are killed.
+    let t = task("twice.yaml", "  trap '' TERM\n  sleep 300\n");
+    let mut launcher = home.spawn(["exec", "cc", &t]);
+    launcher.wait_for_stdout("all 2 rank(s) running", "the ranks to run");
+    wait_for_marker(&home.marker, 2);
+    launcher.signal(libc::SIGINT);
+    launcher.wait_for_stdout("stopping every rank", "the graceful stop to begin");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        crate::common::procs_with_marker(&home.marker).len() >= 2,
+        "SIGTERM was ignored: the ranks must still be there"
+    );
+    launcher.signal(libc::SIGINT);
+    let (code, out, err) = crate::common::parts(&launcher.wait());
+    assert_eq!(code, 5, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("killing every rank"), "{out}");
+    assert_eq!(home.last_job("cc")["status"], "CANCELLED");
+    crate::common::assert_no_marker_procs(&home.marker, "the second Ctrl-C over ssh");
+    assert_eq!(crate::common::parts(&home.run(["down", "cc", "-y"])).0, 0);
+}
+
+#[test]
+fn a_managed_job_on_a_pool_restarts_from_its_kept_checkpoint() {
+    let Some(sshd) = Sshd::start(2) else { return };
+    let home = pool_home(&sshd);
+    // Run 0 checkpoints step 7, waits until gangway kept it, loses its
+    // disk and fails; run 1 must find step 7 restored onto the node.
+    let t = home.file(
+        "managed.yaml",
+        &format!(
+            "num_nodes: 2\nresources:\n  infra: ssh/lab\n  job_recovery:\n    max_restarts_on_errors: 1\n\
+             checkpoint:\n  sync_interval: 1\nenvs:\n  GW_TEST_MARKER: {}\n\
+             run: |\n  ck=\"$GANGWAY_CHECKPOINT_DIR/step\"\n  \
+             if [ \"$GANGWAY_RESTART_COUNT\" = 0 ]; then\n    t=$(date +%s%3N)\n    \
+             [ \"$NODE_RANK\" = 0 ] && echo 7 > \"$ck\"\n    \
+             while [ \"$(cat \"$GANGWAY_CHECKPOINT_DIR/.gangway-synced\" 2>/dev/null || echo 0)\" -lt \"$t\" ]; do sleep 0.05; done\n    \
+             sleep 0.5; rm -f \"$ck\"; exit 3\n  fi\n  \
+             echo \"rank $NODE_RANK resumed at step $(cat \"$ck\") in run $GANGWAY_RESTART_COUNT\"\n",
+            home.marker
+        ),
+    );
+    let (code, out, err) = crate::common::parts(&home.run(["jobs", "launch", &t, "-y"]));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    for r in 0..2 {
+        assert!(
+            out.contains(&format!("rank {r} resumed at step 7 in run 1")),
+            "{out}"
+        );
+    }
+    let (_, q, _) = crate::common::parts(&home.run(["jobs", "queue", "-o", "json"]));
+    let j = crate::common::json_doc(&q)["jobs"][0].clone();
+    assert_eq!(j["state"], "SUCCEEDED", "{j}");
+    assert_eq!(j["restarts_on_errors"], 1, "{j}");
+    // The job's cluster is gone and the pool's hosts are free again.
+    crate::common::wait_for(
+        "the pool's hosts to be released",
+        Duration::from_secs(30),
+        || {
+            let left = crate::common::dir_names(&home.path().join("ssh_pools/alloc"));
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            }
+        },
+    );
+    crate::common::assert_no_marker_procs(&home.marker, "the managed job ended");
+}
+
+/// An ssh pool of namespaced nodes.
+fn netns_pool(
+    home: &crate::common::TestHome,
+    keys: &NetnsKeys,
+    hosts: &[(&NetnsNode, Option<&NetnsNode>)],
+) {
+    let lines: Vec<String> = hosts
+        .iter()
+        .map(|(n, jump)| {
+            let jump = jump
+                .map(|j| format!(", jump: root@{}", j.addr))
+                .unwrap_or_default();
+            format!(
+                "      - {{address: {}, name: {}{jump}}}",
+                n.addr, n.hostname
+            )
+        })
+        .collect();
+    std::fs::write(
+        home.path().join("ssh_pools.yaml"),
+        format!(
+            "pools:\n  ns:\n    defaults:\n      port: 22\n      user: root\n      key: {}\n    hosts:\n{}\n",
+            keys.client().display(),
+            lines.join("\n")
+        ),
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_gang_on_namespaced_nodes_stops_when_one_stops_answering_and_names_it() {
+    let Some(keys) = NetnsKeys::new() else { return };
+    let nodes: Vec<NetnsNode> = (0..3)
+        .map(|i| NetnsNode::start(&format!("gw-node-{i}"), Link::Host, &keys))
+        .collect();
+    let home = crate::common::TestHome::new();
+    netns_pool(
+        &home,
+        &keys,
+        &nodes.iter().map(|n| (n, None)).collect::<Vec<_>>(),
+    );
+    let t = home.file(
+        "gang.yaml",
+        &format!(
+            "num_nodes: 3\nresources:\n  infra: ssh/ns\nenvs:\n  GW_TEST_MARKER: {}\n\
+             run: |\n  echo \"rank $NODE_RANK is $(hostname)\"\n  sleep 300\n",
+            home.marker
+        ),
+    );
+    let mut launcher = home.spawn(["launch", &t, "-c", "nsg"]);
+    launcher.wait_for_stdout("all 3 rank(s) running", "the ranks to run");
+    wait_for_marker(&home.marker, 3);
+    for n in &nodes {
+        launcher.wait_for_stdout(&format!(" is {}", n.hostname), "every node's own hostname");
+    }
+    let lost = &nodes[1];
+    lost.cut();
+    let cut_at = std::time::Instant::now();
+    let (code, out, err) = crate::common::parts(&launcher.wait());
+    let took = cut_at.elapsed();
+    assert_eq!(code, 1, "stdout:\n{out}\nstderr:\n{err}");
+    // Named: its rank and address, and why.
+    let line = out
+        .lines()
+        .find(|l| l.contains(&format!("({})", lost.addr)) && l.contains("connection was lost"))
+        .unwrap_or_else(|| panic!("the lost node is not named:\n{out}"));
+    assert!(line.contains("rank "), "{line}");
+    // Keepalives notice in 12 s; then the others are stopped (SIGTERM).
+    assert!(
+        took < Duration::from_secs(30),
+        "the gang stopped after {took:?}"
+    );
+    eprintln!("gang stopped {took:?} after the link was cut: {line}");
+    // The others' ranks were stopped on their nodes; the lost one's rank is
+    // out of reach (its node is gone, as far as anyone can tell).
+    let left = crate::common::leftover_marker_procs(&home.marker);
+    let elsewhere: Vec<u32> = left
+        .iter()
+        .copied()
+        .filter(|p| !lost.inside(&[*p]).contains(p))
+        .collect();
+    assert!(
+        elsewhere.is_empty(),
+        "ranks left on the nodes that still answer: {}",
+        crate::common::describe_procs(&elsewhere)
+    );
+    lost.kill_all();
+    assert_eq!(home.last_job("nsg")["status"], "FAILED");
+}
+
+#[test]
+fn nodes_behind_a_jump_host_are_reached_through_one_connection_to_it() {
+    let Some(keys) = NetnsKeys::new() else { return };
+    let bastion = NetnsNode::start("gw-bastion", Link::Host, &keys);
+    let behind: Vec<NetnsNode> = (0..3)
+        .map(|i| NetnsNode::start(&format!("gw-inner-{i}"), Link::Behind(&bastion), &keys))
+        .collect();
+    // Not reachable from here except through the bastion: ssh straight to
+    // a node fails. (A plain TCP connect is no proof: this machine's
+    // default route may lead to a proxy that accepts anything.)
+    for n in &behind {
+        let direct = std::process::Command::new("timeout")
+            .args(["5", "ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=2"])
+            .args([
+                "-o",
+                "StrictHostKeyChecking=no",
+                "-o",
+                "UserKnownHostsFile=/dev/null",
+            ])
+            .arg("-i")
+            .arg(keys.client())
+            .arg(format!("root@{}", n.addr))
+            .arg("true")
+            .output()
+            .unwrap();
+        assert!(!direct.status.success(), "{} is reachable directly", n.addr);
+    }
+    let home = crate::common::TestHome::new();
+    netns_pool(
+        &home,
+        &keys,
+        &behind
+            .iter()
+            .map(|n| (n, Some(&bastion)))
+            .collect::<Vec<_>>(),
+    );
+    let t = home.file(
+        "jump.yaml",
+        &format!(
+            "num_nodes: 3\nresources:\n  infra: ssh/ns\nenvs:\n  GW_TEST_MARKER: {}\n\
+             run: |\n  echo \"rank $NODE_RANK is $(hostname)\"\n  sleep 2\n",
+            home.marker
+        ),
+    );
+    // While it runs, count the connections the bastion's sshd holds.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let counter = {
+        let stop = std::sync::Arc::clone(&stop);
+        let ns = format!("ip netns exec {}", bastion.ns());
+        let addr = bastion.addr.clone();
+        std::thread::spawn(move || {
+            let mut most = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let o = std::process::Command::new("sh")
+                    .arg("-c")
+                    .arg(format!(
+                        "{ns} ss -Htn state established '( sport = :22 )' src {addr}"
+                    ))
+                    .output()
+                    .unwrap();
+                most = most.max(String::from_utf8_lossy(&o.stdout).lines().count());
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            most
+        })
+    };
+    let (code, out, err) = crate::common::parts(&home.run(["launch", &t, "-c", "jmp"]));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let most = counter.join().unwrap();
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    for n in &behind {
+        assert!(out.contains(&format!(" is {}", n.hostname)), "{out}");
+    }
+    assert!(most >= 1, "never saw a connection to the bastion");
+    assert!(
+        most < behind.len(),
+        "{most} connections to the bastion at once for {} nodes: not shared",
+        behind.len()
+    );
+    assert_eq!(crate::common::parts(&home.run(["down", "jmp", "-y"])).0, 0);
+    crate::common::assert_no_marker_procs(&home.marker, "down behind a jump host");
 }
