@@ -55,7 +55,7 @@ async fn run_all(t: &SshTransport, nodes: &[NodeRow]) {
         });
         waits.push((child, drain));
     }
-    for (mut c, d) in waits {
+    for (c, d) in waits {
         let s = c.wait().await.unwrap();
         assert!(s.success());
         d.join().unwrap();

@@ -485,10 +485,10 @@ async fn phase(
             })
             .and_then(|(r, w)| transport.spawn(node, &cmd, w).map(|c| (r, c)));
         match spawned {
-            Ok((reader, mut child)) => {
-                pgids[rank] = child.id();
-                if let Some(pgid) = child.id() {
-                    logs.record_pid(rank, pgid);
+            Ok((reader, child)) => {
+                if child.id() != 0 {
+                    pgids[rank] = Some(child.id());
+                    logs.record_pid(rank, child.id());
                 }
                 pumps.push((rank, logs.pump(reader, rank, &node.private_ip, which)));
                 set.spawn(async move { (rank, child.wait().await) });

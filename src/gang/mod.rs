@@ -17,7 +17,9 @@ use serde::{Deserialize, Serialize};
 
 pub use driver::{describe_exit, drive, GRACE};
 pub use ranks::{assign_ranks, ring_hops, switch_hops};
-pub use transport::{copy_tree, LocalTransport, NodeCommand, Transport, TransportError};
+pub use transport::{
+    copy_tree, LocalTransport, NodeCommand, NodeProcess, Transport, TransportError,
+};
 
 use crate::state::NodeRow;
 

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use openssh::{KnownHosts, Session, SessionBuilder};
 
-use super::transport::{NodeCommand, Transport, TransportError};
+use super::transport::{NodeCommand, NodeProcess, Transport, TransportError};
 use crate::state::NodeRow;
 
 /// Most master connections opened at once.
@@ -170,6 +170,9 @@ fn signal_token(token: &str, signal: i32) -> String {
     )
 }
 
+/// Ids of the commands this process started over SSH (they are not pids).
+static NEXT_PROCESS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1 << 24);
+
 /// Variables gangway sets to paths on the node.
 const NODE_PATH_VARS: &[&str] = &["GANGWAY_CHECKPOINT_DIR"];
 
@@ -186,7 +189,7 @@ pub struct SshTransport {
     connect_timeout: Duration,
     max_handshakes: usize,
     sessions: Mutex<HashMap<SshTarget, Arc<Session>>>,
-    /// Local ssh pid → (target, token naming the remote process group).
+    /// Command id → (target, token naming the remote process group).
     remote: Mutex<HashMap<u32, (SshTarget, String)>>,
 }
 
@@ -462,7 +465,9 @@ async fn connect_with_retry(
 ) -> Result<(SshTarget, Arc<Session>), TransportError> {
     let mut pause = Duration::from_millis(200);
     loop {
-        match b.connect(&t.host).await {
+        // Native multiplexing: commands are sent to the master over its
+        // control socket by this process, with no ssh client per command.
+        match b.connect_mux(&t.host).await {
             Ok(s) => return Ok((t, Arc::new(s))),
             Err(e) => {
                 let why = explain_connect(&e);
@@ -628,8 +633,13 @@ impl Transport for SshTransport {
         node: &NodeRow,
         cmd: &NodeCommand,
         output: PipeWriter,
-    ) -> Result<tokio::process::Child, TransportError> {
-        let (t, ctl) = self.control(node)?;
+    ) -> Result<NodeProcess, TransportError> {
+        let t = SshTarget::of(node);
+        let session = self.session(&t).ok_or_else(|| TransportError {
+            node: name(node),
+            what: "not connected".into(),
+            source: std::io::Error::other("connect() was not called for this node"),
+        })?;
         let err = |what: &str, source| TransportError {
             node: name(node),
             what: what.to_string(),
@@ -674,18 +684,54 @@ impl Transport for SshTransport {
             .map_err(|e| err("cannot pass the environment", e))?;
         drop(env_w);
         // The wrapper is plain POSIX sh: it runs in the login shell as is.
-        let std_cmd = self.ssh_command(&ctl, &t, &wrapper);
-        let mut c = tokio::process::Command::from(std_cmd);
+        // It goes straight to the master over its control socket (the
+        // multiplexing protocol, with our pipes passed along): no local
+        // ssh process per command.
         let out2 = output
             .try_clone()
             .map_err(|e| err("cannot duplicate the output pipe", e))?;
-        c.stdin(env_r).stdout(out2).stderr(output);
-        c.process_group(0);
-        let child = c.spawn().map_err(|e| err("cannot start ssh", e))?;
-        if let (Some(pid), Ok(mut m)) = (child.id(), self.remote.lock()) {
-            m.insert(pid, (t, token));
+        let mut c = Arc::clone(&session).arc_raw_command(wrapper);
+        c.stdin(openssh::Stdio::from(std::os::fd::OwnedFd::from(env_r)))
+            .stdout(openssh::Stdio::from(std::os::fd::OwnedFd::from(out2)))
+            .stderr(openssh::Stdio::from(std::os::fd::OwnedFd::from(output)));
+        let id = NEXT_PROCESS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Ok(mut m) = self.remote.lock() {
+            m.insert(id, (t.clone(), token));
         }
-        Ok(child)
+        let who = t.key_name();
+        // Started now, on the caller's runtime, not when first awaited.
+        let rt = tokio::runtime::Handle::try_current().map_err(|e| {
+            err(
+                "no async runtime to start the command on",
+                std::io::Error::other(e),
+            )
+        })?;
+        let started = rt.spawn(async move {
+            use std::os::unix::process::ExitStatusExt;
+            let code = |c: i32| std::process::ExitStatus::from_raw(c << 8);
+            let child = match c.spawn().await {
+                Ok(child) => child,
+                Err(e) => {
+                    tracing::debug!("{who}: cannot start the command: {e}");
+                    return Ok(code(255));
+                }
+            };
+            match child.wait().await {
+                Ok(status) => Ok(status),
+                // The crate reads exit code 127 as "not found": give it back.
+                Err(openssh::Error::Remote(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                    Ok(code(127))
+                }
+                // No exit status: the connection (or the master) went away.
+                Err(e) => {
+                    tracing::debug!("{who}: the command's session ended without a status: {e}");
+                    Ok(code(255))
+                }
+            }
+        });
+        Ok(NodeProcess::new(id, async move {
+            started.await.map_err(std::io::Error::other)?
+        }))
     }
 
     fn signal(&self, node: &NodeRow, pgid: u32, signal: i32) {

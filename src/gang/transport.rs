@@ -33,6 +33,46 @@ pub struct TransportError {
     pub source: std::io::Error,
 }
 
+/// A command started on a node by [`Transport::spawn`]: an id (for the
+/// local transport the pid, which is also its process group) and its end.
+pub struct NodeProcess {
+    id: u32,
+    end: std::pin::Pin<
+        Box<dyn std::future::Future<Output = std::io::Result<std::process::ExitStatus>> + Send>,
+    >,
+}
+
+impl NodeProcess {
+    /// A process whose end is `end`.
+    pub fn new(
+        id: u32,
+        end: impl std::future::Future<Output = std::io::Result<std::process::ExitStatus>>
+            + Send
+            + 'static,
+    ) -> NodeProcess {
+        NodeProcess {
+            id,
+            end: Box::pin(end),
+        }
+    }
+
+    /// A local child process.
+    pub fn from_child(mut child: tokio::process::Child) -> NodeProcess {
+        let id = child.id().unwrap_or(0);
+        NodeProcess::new(id, async move { child.wait().await })
+    }
+
+    /// Its id, for [`Transport::signal`] and [`Transport::reaped`].
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// Waits until it ends.
+    pub async fn wait(self) -> std::io::Result<std::process::ExitStatus> {
+        self.end.await
+    }
+}
+
 /// Runs commands on nodes and copies files to them.
 #[async_trait::async_trait]
 pub trait Transport: Send + Sync {
@@ -44,14 +84,14 @@ pub trait Transport: Send + Sync {
     }
 
     /// Starts `cmd` on `node` in a process group of its own; stdout and
-    /// stderr both go to `output`. Returns the child (whose pid is the
-    /// group id on the launching side).
+    /// stderr both go to `output`. Returns its handle, whose id names it
+    /// to `signal` and `reaped`.
     fn spawn(
         &self,
         node: &NodeRow,
         cmd: &NodeCommand,
         output: PipeWriter,
-    ) -> Result<tokio::process::Child, TransportError>;
+    ) -> Result<NodeProcess, TransportError>;
 
     /// Sends `signal` to the process group started by `spawn`.
     fn signal(&self, node: &NodeRow, pgid: u32, signal: i32);
@@ -145,7 +185,7 @@ impl Transport for LocalTransport {
         node: &NodeRow,
         cmd: &NodeCommand,
         output: PipeWriter,
-    ) -> Result<tokio::process::Child, TransportError> {
+    ) -> Result<NodeProcess, TransportError> {
         let err = |what: &str, source| TransportError {
             node: node_name(node),
             what: what.to_string(),
@@ -191,7 +231,7 @@ impl Transport for LocalTransport {
                 let _ = std::fs::write(procs.join(pid.to_string()), b"");
             }
         }
-        Ok(child)
+        Ok(NodeProcess::from_child(child))
     }
 
     fn signal(&self, _node: &NodeRow, pgid: u32, signal: i32) {

@@ -66,7 +66,7 @@ fn run_all(
             waits.push((child, reader));
         }
         let mut out = Vec::new();
-        for (mut child, reader) in waits {
+        for (child, reader) in waits {
             let status = child.wait().await.unwrap();
             out.push((status.code(), reader.join().unwrap()));
         }
@@ -130,8 +130,8 @@ fn a_signal_stops_the_remote_process_group() {
             env: vec![("GW_TEST_MARKER".into(), marker.clone())],
             cwd: "~".into(),
         };
-        let mut child = t.spawn(&ns[0], &cmd, w).unwrap();
-        let pid = child.id().unwrap();
+        let child = t.spawn(&ns[0], &cmd, w).unwrap();
+        let pid = child.id();
         // Wait for the remote sleepers to exist (same machine: /proc).
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while crate::common::procs_with_marker(&marker).len() < 2 {
@@ -345,7 +345,7 @@ fn a_node_that_stops_answering_is_detected_within_15_seconds() {
             env: vec![("GW_TEST_MARKER".into(), marker.clone())],
             cwd: "~".into(),
         };
-        let mut child = t.spawn(&rows[0], &cmd, w).unwrap();
+        let child = t.spawn(&rows[0], &cmd, w).unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while crate::common::procs_with_marker(&marker).is_empty() {
             assert!(
