@@ -59,12 +59,13 @@ pub fn path(home: &Path) -> PathBuf {
     home.join("ssh_pools.yaml")
 }
 
-struct Cx<'a> {
-    file: &'a str,
+/// Located errors for the YAML files beside the task files (also slurm.yaml).
+pub(crate) struct Cx<'a> {
+    pub(crate) file: &'a str,
 }
 
 impl Cx<'_> {
-    fn err(
+    pub(crate) fn err(
         &self,
         n: &Node,
         field: &str,
@@ -82,7 +83,11 @@ impl Cx<'_> {
         }
     }
 
-    fn map<'n>(&self, n: &'n Node, field: &str) -> Result<&'n [(Node, Node)], SpecError> {
+    pub(crate) fn map<'n>(
+        &self,
+        n: &'n Node,
+        field: &str,
+    ) -> Result<&'n [(Node, Node)], SpecError> {
         match &n.kind {
             Kind::Map(m) => Ok(m),
             _ => Err(self.err(
@@ -94,7 +99,7 @@ impl Cx<'_> {
         }
     }
 
-    fn text(&self, n: &Node, field: &str) -> Result<String, SpecError> {
+    pub(crate) fn text(&self, n: &Node, field: &str) -> Result<String, SpecError> {
         match &n.kind {
             Kind::Scalar { text, .. } => Ok(text.clone()),
             _ => Err(self.err(
@@ -106,7 +111,7 @@ impl Cx<'_> {
         }
     }
 
-    fn key(&self, k: &Node, field: &str) -> Result<String, SpecError> {
+    pub(crate) fn key(&self, k: &Node, field: &str) -> Result<String, SpecError> {
         self.text(k, field)
     }
 }
@@ -128,7 +133,7 @@ const HOST_KEYS: &[&str] = &[
     "address", "name", "port", "user", "key", "jump", "gpus", "cpus", "memory", "topology", "zone",
 ];
 
-fn expand_home(p: &str) -> String {
+pub(crate) fn expand_home(p: &str) -> String {
     match (p.strip_prefix("~/"), std::env::var_os("HOME")) {
         (Some(rest), Some(h)) => Path::new(&h).join(rest).display().to_string(),
         _ => p.to_string(),
@@ -187,7 +192,13 @@ fn apply(cx: &Cx<'_>, d: &mut Defaults, key: &str, v: &Node, field: &str) -> Res
     Ok(())
 }
 
-fn unknown(cx: &Cx<'_>, k: &Node, field: &str, key: &str, allowed: &[&str]) -> SpecError {
+pub(crate) fn unknown(
+    cx: &Cx<'_>,
+    k: &Node,
+    field: &str,
+    key: &str,
+    allowed: &[&str],
+) -> SpecError {
     let hint = crate::spec::closest_name(key, allowed).map(|c| format!("did you mean '{c}'?"));
     cx.err(
         k,

@@ -13,6 +13,7 @@ pub mod inventory;
 pub mod jobs;
 pub mod optimizer;
 pub mod provision;
+pub mod slurm_clusters;
 pub mod spec;
 pub mod state;
 

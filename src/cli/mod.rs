@@ -223,6 +223,9 @@ pub fn load_catalog_for(
         if let Some(inv) = crate::inventory::load(&home)? {
             c.overlay(inv.catalog());
         }
+        if let Some(s) = crate::slurm_clusters::load(&home)? {
+            c.overlay(s.catalog());
+        }
     }
     for (s, age) in c.stale_sources(Date::today()) {
         if !relevant(&s.cloud) {

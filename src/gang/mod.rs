@@ -8,6 +8,7 @@
 mod driver;
 pub mod gpus;
 mod ranks;
+pub mod slurm;
 pub mod ssh;
 mod transport;
 
@@ -295,8 +296,15 @@ pub fn signal_run(
     }
 }
 
+/// Whether `cloud`'s nodes are reached over SSH (every cloud but the local
+/// one and Slurm, whose nodes are reached through `srun`).
+pub fn over_ssh(cloud: &str) -> bool {
+    !matches!(cloud, "local" | "slurm" | "")
+}
+
 /// The transport for the nodes of `cloud` in `cluster`: local processes
-/// for the local cloud, SSH (host keys verified strictly) for every other.
+/// for the local cloud, job steps for Slurm, SSH (host keys verified
+/// strictly) for every other.
 pub fn transport_for(
     cloud: &str,
     home: &std::path::Path,
@@ -304,6 +312,7 @@ pub fn transport_for(
 ) -> Option<Box<dyn Transport>> {
     match cloud {
         "local" => Some(Box::new(LocalTransport)),
+        "slurm" => Some(Box::new(slurm::SlurmTransport::default())),
         "" => None,
         _ => ssh::SshTransport::new(home, cluster, false)
             .ok()

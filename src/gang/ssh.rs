@@ -157,12 +157,12 @@ fn remote_path(p: &str) -> String {
 /// sets it by `export` does not carry it in `/proc/PID/environ` (that is
 /// the environment a process was started with), so only the command's own
 /// processes match, never the wrapper that waits for them.
-const TOKEN_VAR: &str = "GANGWAY_SSH_TOKEN";
+pub(crate) const TOKEN_VAR: &str = "GANGWAY_TOKEN";
 
 /// The remote command that sends `signal` to the processes started with
 /// `token`: the group of each (the command's `setsid` made its first
 /// process a group leader), else the process alone.
-fn signal_token(token: &str, signal: i32) -> String {
+pub(crate) fn signal_token(token: &str, signal: i32) -> String {
     format!(
         "for p in $(grep -lzx {TOKEN_VAR}={token} /proc/[0-9]*/environ 2>/dev/null); do \
          p=${{p#/proc/}}; p=${{p%/environ}}; \

@@ -168,9 +168,9 @@ fn extra<'a>(node: &'a NodeRow, key: &str) -> &'a str {
 
 /// Variables a node's commands keep from the launching machine; everything
 /// else is left behind, as on a fresh cloud node (so no credentials leak).
-const KEPT_ENV: &[&str] = &["PATH", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME", "TMPDIR"];
+pub(crate) const KEPT_ENV: &[&str] = &["PATH", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME", "TMPDIR"];
 
-fn shell() -> &'static str {
+pub(crate) fn shell() -> &'static str {
     if Path::new("/bin/bash").exists() {
         "/bin/bash"
     } else {

@@ -116,6 +116,9 @@ impl Controller {
         if let Some(inv) = crate::inventory::load(home)? {
             catalog.overlay(inv.catalog());
         }
+        if let Some(s) = crate::slurm_clusters::load(home)? {
+            catalog.overlay(s.catalog());
+        }
         let (_, log_path) = controller_paths(home);
         if let Some(d) = log_path.parent() {
             std::fs::create_dir_all(d)?;

@@ -48,6 +48,13 @@ impl Providers {
                 )),
             );
         }
+        // Slurm clusters, when slurm.yaml lists some.
+        if let Ok(Some(s)) = crate::slurm_clusters::load(home) {
+            map.insert(
+                "slurm".into(),
+                Arc::new(gangway_slurm::SlurmProvider::new(s.clusters)),
+            );
+        }
         #[cfg(feature = "aws")]
         map.insert(
             "aws".into(),
@@ -342,7 +349,7 @@ pub async fn provision(
         };
         reporter.event(ProvisionEvent::Trying(c));
         // Clouds import gangway's public key into the nodes: it must exist.
-        if c.cloud != "local" {
+        if crate::gang::over_ssh(&c.cloud) {
             if let Err(e) = crate::gang::ssh::ensure_key(store.home()) {
                 return Err(ProviderError::new(
                     ErrorKind::Fatal,
@@ -379,7 +386,7 @@ pub async fn provision(
                 }
                 let ranked = assign_ranks(got);
                 let mut rows = node_rows(&ranked);
-                if c.cloud != "local" {
+                if crate::gang::over_ssh(&c.cloud) {
                     for r in &mut rows {
                         r.extra.insert("gpus.discover".into(), "true".into());
                         if contact == Contact::Later {

@@ -11,6 +11,7 @@ mod jobs;
 mod launch;
 mod netns;
 mod sim;
+mod slurm;
 mod spec;
 mod ssh;
 mod sshd;

@@ -1,0 +1,712 @@
+//! The `slurm` provider: a cluster's nodes are a Slurm allocation.
+//!
+//! A launch submits one batch job per gangway cluster (`gangway-<cluster>`,
+//! `--nodes=N --ntasks-per-node=1`, the partition, GPUs per node, account,
+//! QoS, time limit) whose script only holds the allocation; setup and run
+//! are then job steps on its nodes (`srun --jobid ... --overlap`, one per
+//! rank, started by the gang driver through the Slurm transport). Slurm
+//! does the allocation, so a pending job is waited for (and its reason
+//! reported) up to `max_queue_wait`, after which the launch is a capacity
+//! failure and the failover plan moves on. A job Slurm requeues (node
+//! failure, preemption) or ends with `NODE_FAIL` / `PREEMPTED` is a
+//! preemption to the managed-job controller. `terminate` is `scancel`.
+//!
+//! Commands run on this machine (the login node, or any host with Slurm's
+//! client commands and a `SLURM_CONF` for the cluster).
+#![deny(missing_docs)]
+
+pub mod parse;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use gangway_provider::{
+    CheckReport, ClusterName, ErrorKind, LaunchRequest, Node, NodeState, Placement, Provider,
+    ProviderError, Result,
+};
+
+use parse::Job;
+
+/// One partition of a cluster, as the optimizer sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Partition {
+    /// Partition name.
+    pub name: String,
+    /// GPU type and count per node (`A100:8`), if any.
+    pub gpu: Option<(String, u32)>,
+    /// Slurm's GRES type for those GPUs when it differs from the name the
+    /// task uses (`a100` for `A100`); none: `--gpus-per-node=N` of any type.
+    pub gres_type: Option<String>,
+    /// vCPUs per node.
+    pub cpus: f32,
+    /// Memory per node, GiB.
+    pub memory_gib: f32,
+    /// Most nodes one launch may ask for.
+    pub max_nodes: u32,
+    /// USD per GPU-hour, for cost reports (0 by default: it is yours).
+    pub price_per_gpu_hour: f64,
+    /// `--exclusive`.
+    pub exclusive: bool,
+}
+
+/// One Slurm cluster from `$GANGWAY_HOME/slurm.yaml`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Cluster {
+    /// The name `infra: slurm/<name>` uses.
+    pub name: String,
+    /// `SLURM_CONF` for its client commands, if not the system's.
+    pub conf: Option<PathBuf>,
+    /// `--account`.
+    pub account: Option<String>,
+    /// `--qos`.
+    pub qos: Option<String>,
+    /// `--time` when the task does not say.
+    pub time_limit: Option<String>,
+    /// Where each node's home for gangway lives (workdir, checkpoints):
+    /// `<work_dir>/<cluster>/<node>`.
+    pub work_dir: String,
+    /// How long a launch waits for a pending allocation.
+    pub max_queue_wait: Duration,
+    /// Partitions gangway may use, in preference order.
+    pub partitions: Vec<Partition>,
+}
+
+/// Extra keys on every Slurm node (read by the Slurm transport).
+pub mod keys {
+    /// The allocation's job id.
+    pub const JOB: &str = "slurm.job";
+    /// The node's Slurm name (what `srun -w` takes).
+    pub const NODE: &str = "slurm.node";
+    /// `SLURM_CONF` for the cluster, if not the system's.
+    pub const CONF: &str = "slurm.conf";
+}
+
+/// Says how a launch is going (a pending job's reason and wait).
+pub type Progress = Box<dyn Fn(&str) + Send + Sync>;
+
+/// The provider.
+pub struct SlurmProvider {
+    clusters: Vec<Cluster>,
+    poll: Duration,
+    progress: Progress,
+}
+
+const NAME: &str = "slurm";
+
+fn err(kind: ErrorKind, location: &str, message: impl Into<String>) -> ProviderError {
+    ProviderError::new(kind, NAME, location, message)
+}
+
+/// The batch job that holds a cluster's allocation.
+pub fn job_name(cluster: &ClusterName) -> String {
+    format!("gangway-{}", cluster.0)
+}
+
+fn uid() -> u32 {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    unsafe { libc::getuid() }
+}
+
+impl SlurmProvider {
+    /// A provider for these clusters; progress goes to stderr.
+    pub fn new(clusters: Vec<Cluster>) -> SlurmProvider {
+        SlurmProvider {
+            clusters,
+            poll: Duration::from_millis(500),
+            progress: Box::new(|line| eprintln!("  {line}")),
+        }
+    }
+
+    /// Where progress lines go.
+    pub fn with_progress(mut self, progress: Progress) -> SlurmProvider {
+        self.progress = progress;
+        self
+    }
+
+    /// How often a pending job is looked at.
+    pub fn with_poll(mut self, poll: Duration) -> SlurmProvider {
+        self.poll = poll;
+        self
+    }
+
+    fn cluster(&self, name: &str) -> Result<&Cluster> {
+        self.clusters
+            .iter()
+            .find(|c| c.name == name)
+            .ok_or_else(|| {
+                err(
+                    ErrorKind::InvalidRequest,
+                    name,
+                    format!(
+                        "no Slurm cluster '{name}' in slurm.yaml (it has: {})",
+                        self.clusters
+                            .iter()
+                            .map(|c| c.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                )
+            })
+    }
+
+    /// Runs one of Slurm's client commands for `c`; stdout, or an error
+    /// with its stderr.
+    async fn slurm(&self, c: &Cluster, prog: &str, args: &[String]) -> Result<String> {
+        let mut cmd = tokio::process::Command::new(prog);
+        cmd.args(args).stdin(std::process::Stdio::null());
+        if let Some(conf) = &c.conf {
+            cmd.env("SLURM_CONF", conf);
+        }
+        cmd.kill_on_drop(true);
+        let out =
+            match tokio::time::timeout(Duration::from_secs(60), cmd.output()).await {
+                Ok(Ok(out)) => out,
+                Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => return Err(err(
+                    ErrorKind::Fatal,
+                    &c.name,
+                    format!(
+                        "`{prog}` is not installed here: Slurm's client commands must be on PATH"
+                    ),
+                )),
+                Ok(Err(e)) => return Err(err(ErrorKind::Fatal, &c.name, format!("{prog}: {e}"))),
+                Err(_) => {
+                    return Err(err(
+                        ErrorKind::Transient,
+                        &c.name,
+                        format!("{prog} did not answer within 60 s"),
+                    ))
+                }
+            };
+        if out.status.success() {
+            return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
+        }
+        let words = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        Err(err(classify(&words), &c.name, format!("{prog}: {words}")))
+    }
+
+    /// Every live job of ours with this name.
+    async fn find(&self, c: &Cluster, name: &str) -> Result<Vec<Job>> {
+        let me = uid();
+        let jobs = self.jobs(c).await?;
+        Ok(jobs
+            .into_iter()
+            .filter(|j| j.name == name && j.uid == me)
+            .collect())
+    }
+
+    /// Every job the controller knows: `squeue --json` where Slurm has it,
+    /// else `scontrol -o show job`.
+    async fn jobs(&self, c: &Cluster) -> Result<Vec<Job>> {
+        if let Ok(text) = self.slurm(c, "squeue", &["--json".into()]).await {
+            if let Ok(jobs) = parse::jobs_from_squeue_json(&text) {
+                return Ok(jobs);
+            }
+        }
+        let text = self
+            .slurm(c, "scontrol", &["-o".into(), "show".into(), "job".into()])
+            .await
+            .or_else(|e| {
+                // An empty queue reads "No jobs in the system".
+                if e.message.contains("No jobs") {
+                    Ok(String::new())
+                } else {
+                    Err(e)
+                }
+            })?;
+        Ok(parse::jobs_from_scontrol(&text))
+    }
+
+    async fn nodes_of(&self, c: &Cluster, job: &Job, partition: &str) -> Result<Vec<Node>> {
+        let mut list = vec!["-o".to_string(), "show".into(), "node".into()];
+        list.push(job.nodes.join(","));
+        let addrs = parse::node_addresses(&self.slurm(c, "scontrol", &list).await?);
+        let topo = self
+            .slurm(c, "scontrol", &["show".into(), "topology".into()])
+            .await
+            .map(|t| parse::Topology::parse(&t))
+            .unwrap_or_default();
+        let home = expand_home(&c.work_dir);
+        Ok(job
+            .nodes
+            .iter()
+            .map(|n| {
+                let mut extra = BTreeMap::new();
+                extra.insert(keys::JOB.into(), job.id.to_string());
+                extra.insert(keys::NODE.into(), n.clone());
+                if let Some(conf) = &c.conf {
+                    extra.insert(keys::CONF.into(), conf.display().to_string());
+                }
+                extra.insert("home".into(), format!("{home}/{}/{n}", job.name));
+                Node {
+                    id: gangway_provider::InstanceId(format!("{}/{n}", job.id)),
+                    state: node_state(job),
+                    private_ip: addrs.get(n).cloned().unwrap_or_else(|| n.clone()),
+                    public_ip: None,
+                    placement: Placement {
+                        cloud: NAME.into(),
+                        region: c.name.clone(),
+                        zone: partition.to_string(),
+                    },
+                    topology: topo.path(n),
+                    extra,
+                }
+            })
+            .collect())
+    }
+
+    async fn cancel(&self, c: &Cluster, ids: &[u64]) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let args: Vec<String> = ids.iter().map(u64::to_string).collect();
+        match self.slurm(c, "scancel", &args).await {
+            Ok(_) => Ok(()),
+            // Already gone.
+            Err(e) if e.message.contains("Invalid job id") => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn expand_home(p: &str) -> String {
+    match (p.strip_prefix("~/"), std::env::var_os("HOME")) {
+        (Some(rest), Some(h)) => format!("{}/{rest}", h.to_string_lossy()),
+        _ => p.to_string(),
+    }
+}
+
+fn node_state(job: &Job) -> NodeState {
+    match job.state.as_str() {
+        "RUNNING" if job.restarts == 0 => NodeState::Running,
+        "PENDING" | "CONFIGURING" | "REQUEUED" | "REQUEUE_HOLD" if job.restarts > 0 => {
+            NodeState::Preempted {
+                reason: format!(
+                    "Slurm requeued job {} (node failure or preemption; now {}, {})",
+                    job.id, job.state, job.reason
+                ),
+            }
+        }
+        "RUNNING" => NodeState::Preempted {
+            reason: format!(
+                "Slurm restarted job {} after a node failure or preemption",
+                job.id
+            ),
+        },
+        "PENDING" | "CONFIGURING" => NodeState::Pending,
+        "NODE_FAIL" | "PREEMPTED" | "BOOT_FAIL" => NodeState::Preempted {
+            reason: format!("Slurm job {}: {} ({})", job.id, job.state, job.reason),
+        },
+        "SUSPENDED" | "STOPPED" => NodeState::Stopped,
+        _ => NodeState::Terminated,
+    }
+}
+
+/// What a Slurm command's error means to the failover loop.
+pub fn classify(words: &str) -> ErrorKind {
+    let w = words.to_ascii_lowercase();
+    if w.contains("requested node configuration is not available")
+        || w.contains("node count specification invalid")
+        || w.contains("requested nodes are busy")
+    {
+        ErrorKind::Capacity
+    } else if w.contains("qosmax")
+        || w.contains("assocmax")
+        || w.contains("job violates accounting/qos policy")
+        || w.contains("qos") && (w.contains("limit") || w.contains("exceed"))
+    {
+        ErrorKind::Quota
+    } else if w.contains("invalid account")
+        || w.contains("invalid partition")
+        || w.contains("invalid qos")
+        || w.contains("invalid generic resource")
+        || w.contains("invalid feature")
+        || w.contains("time limit")
+    {
+        ErrorKind::InvalidRequest
+    } else if w.contains("unable to contact slurm controller")
+        || w.contains("socket timed out")
+        || w.contains("connection refused")
+        || w.contains("try again")
+    {
+        ErrorKind::Transient
+    } else if w.contains("munge") || w.contains("authentication") || w.contains("access denied") {
+        ErrorKind::Auth
+    } else {
+        ErrorKind::Fatal
+    }
+}
+
+/// `config.slurm.max_queue_wait`: seconds (`600`) or `10m`, `2h`, `30s`.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let t = text.trim();
+    let (num, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => (&t[..i], &t[i..]),
+        None => (t, "s"),
+    };
+    let n: u64 = num.parse().ok()?;
+    let secs = match unit.trim() {
+        "s" => n,
+        "m" | "min" => n * 60,
+        "h" => n * 3600,
+        _ => return None,
+    };
+    Some(Duration::from_secs(secs))
+}
+
+#[async_trait::async_trait]
+impl Provider for SlurmProvider {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    async fn check(&self) -> Result<CheckReport> {
+        let mut usable = Vec::new();
+        let mut why = Vec::new();
+        for c in &self.clusters {
+            match self
+                .slurm(c, "sinfo", &["-h".into(), "-o".into(), "%P".into()])
+                .await
+            {
+                Ok(_) => usable.push(c.name.clone()),
+                Err(e) => why.push(e.message),
+            }
+        }
+        Ok(CheckReport {
+            ok: !usable.is_empty(),
+            identity: Some(format!("uid {}", uid())),
+            regions: usable,
+            hint: (!why.is_empty()).then(|| why.join("; ")),
+        })
+    }
+
+    async fn launch(&self, req: &LaunchRequest) -> Result<Vec<Node>> {
+        let c = self.cluster(&req.placement.region)?;
+        let loc = format!("{}/{}", c.name, req.placement.zone);
+        let Some(part) = c.partitions.iter().find(|p| p.name == req.placement.zone) else {
+            return Err(err(
+                ErrorKind::InvalidRequest,
+                &loc,
+                format!(
+                    "cluster {} has no partition '{}' in slurm.yaml",
+                    c.name, req.placement.zone
+                ),
+            ));
+        };
+        if req.use_spot {
+            return Err(err(
+                ErrorKind::Capacity,
+                &loc,
+                "Slurm partitions have no spot market",
+            ));
+        }
+        let name = job_name(&req.cluster);
+        let cfg = req.provider_config.as_ref();
+        let max_wait = cfg
+            .and_then(|v| v.get("max_queue_wait"))
+            .and_then(|v| match v {
+                serde_json::Value::Number(n) => n.as_u64().map(Duration::from_secs),
+                serde_json::Value::String(s) => parse_duration(s),
+                _ => None,
+            })
+            .unwrap_or(c.max_queue_wait);
+        // Reconcile: a live allocation of the right shape is reused, any
+        // other is cancelled first.
+        let mut existing = self.find(c, &name).await?;
+        existing.retain(|j| {
+            j.state == "PENDING" && j.restarts == 0
+                || j.state == "RUNNING" && j.restarts == 0 && j.nodes.len() == req.count as usize
+        });
+        let stale: Vec<u64> = self
+            .find(c, &name)
+            .await?
+            .iter()
+            .filter(|j| !existing.iter().any(|e| e.id == j.id))
+            .map(|j| j.id)
+            .collect();
+        self.cancel(c, &stale).await?;
+        let id = match existing.first() {
+            Some(j) => j.id,
+            None => {
+                let mut args = vec![
+                    "--parsable".to_string(),
+                    format!("--job-name={name}"),
+                    format!("--nodes={}", req.count),
+                    "--ntasks-per-node=1".into(),
+                    format!("--partition={}", part.name),
+                    "--output=/dev/null".into(),
+                    format!("--comment=gangway-owner={}", req.owner),
+                ];
+                if let Some((_, n)) = req.accelerator.as_ref().filter(|(_, n)| *n >= 1.0) {
+                    let n = *n as u32;
+                    match &part.gres_type {
+                        Some(t) => args.push(format!("--gpus-per-node={t}:{n}")),
+                        None => args.push(format!("--gpus-per-node={n}")),
+                    }
+                }
+                if part.exclusive {
+                    args.push("--exclusive".into());
+                }
+                if let Some(a) = cfg
+                    .and_then(|v| v.get("account"))
+                    .and_then(|v| v.as_str())
+                    .or(c.account.as_deref())
+                {
+                    args.push(format!("--account={a}"));
+                }
+                if let Some(q) = cfg
+                    .and_then(|v| v.get("qos"))
+                    .and_then(|v| v.as_str())
+                    .or(c.qos.as_deref())
+                {
+                    args.push(format!("--qos={q}"));
+                }
+                if let Some(t) = cfg
+                    .and_then(|v| v.get("time"))
+                    .and_then(|v| v.as_str())
+                    .or(c.time_limit.as_deref())
+                {
+                    args.push(format!("--time={t}"));
+                }
+                // The batch script only holds the allocation.
+                args.push("--wrap=exec sleep 2147483647".into());
+                let out = self.slurm(c, "sbatch", &args).await.map_err(|mut e| {
+                    e.location = loc.clone();
+                    e
+                })?;
+                let id = out
+                    .trim()
+                    .split(';')
+                    .next()
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .ok_or_else(|| {
+                        err(
+                            ErrorKind::Fatal,
+                            &loc,
+                            format!("sbatch printed '{}', not a job id", out.trim()),
+                        )
+                    })?;
+                (self.progress)(&format!("slurm {loc}: submitted job {id} ({name})"));
+                id
+            }
+        };
+        // Wait for the allocation, saying why it waits.
+        let started = Instant::now();
+        let mut said = String::new();
+        let mut said_at = Instant::now();
+        loop {
+            let job = self
+                .jobs(c)
+                .await?
+                .into_iter()
+                .find(|j| j.id == id)
+                .ok_or_else(|| {
+                    err(
+                        ErrorKind::Fatal,
+                        &loc,
+                        format!("job {id} vanished from the queue"),
+                    )
+                })?;
+            match job.state.as_str() {
+                "RUNNING" if job.nodes.len() == req.count as usize => {
+                    return self.nodes_of(c, &job, &part.name).await;
+                }
+                "PENDING" | "CONFIGURING" | "RUNNING" => {}
+                other => {
+                    return Err(err(
+                        ErrorKind::Capacity,
+                        &loc,
+                        format!("job {id} ended {other} ({}) before it ran", job.reason),
+                    ))
+                }
+            }
+            let waited = started.elapsed();
+            if waited >= max_wait {
+                self.cancel(c, &[id]).await?;
+                return Err(err(
+                    ErrorKind::Capacity,
+                    &loc,
+                    format!(
+                        "job {id} still pending after {} s ({}); cancelled (config.slurm.max_queue_wait)",
+                        waited.as_secs(),
+                        job.reason
+                    ),
+                ));
+            }
+            let why = format!("{} ({})", job.state, job.reason);
+            if why != said || said_at.elapsed() >= Duration::from_secs(30) {
+                (self.progress)(&format!(
+                    "slurm {loc}: job {id} {why}, waiting {} s of at most {} s",
+                    waited.as_secs(),
+                    max_wait.as_secs()
+                ));
+                said = why;
+                said_at = Instant::now();
+            }
+            tokio::time::sleep(self.poll).await;
+        }
+    }
+
+    async fn describe(&self, cluster: &ClusterName) -> Result<Vec<Node>> {
+        let name = job_name(cluster);
+        let mut out = Vec::new();
+        for c in &self.clusters {
+            let me = uid();
+            let jobs = self.jobs(c).await?;
+            // The newest job of that name says how the cluster is.
+            let Some(job) = jobs
+                .iter()
+                .filter(|j| j.name == name && j.uid == me)
+                .max_by_key(|j| (j.alive(), j.id))
+            else {
+                continue;
+            };
+            let partition = String::new();
+            if job.nodes.is_empty() {
+                out.push(Node {
+                    id: gangway_provider::InstanceId(job.id.to_string()),
+                    state: node_state(job),
+                    private_ip: String::new(),
+                    public_ip: None,
+                    placement: Placement {
+                        cloud: NAME.into(),
+                        region: c.name.clone(),
+                        zone: partition,
+                    },
+                    topology: Vec::new(),
+                    extra: BTreeMap::new(),
+                });
+            } else {
+                out.extend(self.nodes_of(c, job, &partition).await?);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn stop(&self, cluster: &ClusterName) -> Result<()> {
+        Err(err(
+            ErrorKind::InvalidRequest,
+            &cluster.0,
+            "a Slurm allocation cannot be stopped and started again; use `gangway down`",
+        ))
+    }
+
+    async fn start(
+        &self,
+        cluster: &ClusterName,
+        _provider_config: Option<&serde_json::Value>,
+    ) -> Result<Vec<Node>> {
+        Err(err(
+            ErrorKind::InvalidRequest,
+            &cluster.0,
+            "a Slurm allocation cannot be stopped and started again; launch it anew",
+        ))
+    }
+
+    async fn terminate(&self, cluster: &ClusterName) -> Result<()> {
+        let name = job_name(cluster);
+        for c in &self.clusters {
+            let ids: Vec<u64> = self
+                .find(c, &name)
+                .await?
+                .iter()
+                .filter(|j| j.alive())
+                .map(|j| j.id)
+                .collect();
+            self.cancel(c, &ids).await?;
+            // Wait until Slurm no longer holds them (COMPLETING included).
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let left = self
+                    .find(c, &name)
+                    .await?
+                    .into_iter()
+                    .filter(|j| j.alive())
+                    .count();
+                if left == 0 {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(err(
+                        ErrorKind::Transient,
+                        &c.name,
+                        format!("{left} job(s) named {name} still in the queue 60 s after scancel"),
+                    ));
+                }
+                tokio::time::sleep(self.poll).await;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slurm_errors_steer_the_failover_loop() {
+        let refused = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../tests/fixtures/slurm/sbatch-too-many-gpus.refused.txt"),
+        )
+        .unwrap();
+        assert_eq!(classify(&refused), ErrorKind::Capacity);
+        assert_eq!(
+            classify("sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified"),
+            ErrorKind::InvalidRequest
+        );
+        assert_eq!(
+            classify("sbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job submit limit, user's size and/or time limits)"),
+            ErrorKind::Quota
+        );
+        assert_eq!(
+            classify("squeue: error: Unable to contact slurm controller (connect failure)"),
+            ErrorKind::Transient
+        );
+        assert_eq!(classify("something else"), ErrorKind::Fatal);
+    }
+
+    #[test]
+    fn queue_waits_read_as_durations() {
+        assert_eq!(parse_duration("600"), Some(Duration::from_secs(600)));
+        assert_eq!(parse_duration("10m"), Some(Duration::from_secs(600)));
+        assert_eq!(parse_duration("2h"), Some(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("ten"), None);
+    }
+
+    fn job(state: &str, restarts: u32) -> Job {
+        Job {
+            id: 4,
+            name: "gangway-x".into(),
+            uid: 0,
+            state: state.into(),
+            reason: "BeginTime".into(),
+            restarts,
+            nodes: vec![],
+        }
+    }
+
+    #[test]
+    fn requeued_and_failed_nodes_are_preemptions() {
+        assert_eq!(node_state(&job("RUNNING", 0)), NodeState::Running);
+        assert_eq!(node_state(&job("PENDING", 0)), NodeState::Pending);
+        assert!(matches!(
+            node_state(&job("PENDING", 1)),
+            NodeState::Preempted { .. }
+        ));
+        assert!(matches!(
+            node_state(&job("RUNNING", 1)),
+            NodeState::Preempted { .. }
+        ));
+        assert!(matches!(
+            node_state(&job("NODE_FAIL", 0)),
+            NodeState::Preempted { .. }
+        ));
+        assert!(matches!(
+            node_state(&job("PREEMPTED", 0)),
+            NodeState::Preempted { .. }
+        ));
+        assert_eq!(node_state(&job("CANCELLED", 0)), NodeState::Terminated);
+    }
+}

@@ -1,0 +1,362 @@
+//! Commands on Slurm nodes: each is a job step of the cluster's
+//! allocation, `srun --jobid=J --overlap -w NODE -N1 -n1`, started from
+//! this machine (the login node). The step inherits srun's environment,
+//! which gangway builds from scratch as for local nodes (so nothing of the
+//! launcher's leaks), and Slurm's own (`SLURM_*`, `CUDA_VISIBLE_DEVICES`
+//! for the GPUs of the allocation). Files travel as tar streams through a
+//! step's stdin and stdout, so compute nodes need not share a filesystem
+//! with the login node.
+
+use std::collections::HashMap;
+use std::io::{PipeWriter, Write};
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Mutex;
+
+use gangway_slurm::keys;
+
+use super::ssh::{signal_token, TOKEN_VAR};
+use super::transport::{shell, NodeCommand, NodeProcess, Transport, TransportError, KEPT_ENV};
+use crate::state::NodeRow;
+
+/// The Slurm transport.
+#[derive(Debug, Default)]
+pub struct SlurmTransport {
+    /// srun's pid → (node name, token of its task on the node).
+    tokens: Mutex<HashMap<u32, String>>,
+}
+
+fn name(node: &NodeRow) -> String {
+    format!(
+        "rank {} ({})",
+        node.rank,
+        node.extra.get(keys::NODE).map_or("?", String::as_str)
+    )
+}
+
+fn extra<'a>(node: &'a NodeRow, key: &str) -> &'a str {
+    node.extra.get(key).map(String::as_str).unwrap_or("")
+}
+
+fn sq(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+fn fail(node: &NodeRow, what: impl Into<String>, source: std::io::Error) -> TransportError {
+    TransportError {
+        node: name(node),
+        what: what.into(),
+        source,
+    }
+}
+
+/// An `srun` running `script` (with bash) as a one-task step on `node`.
+fn srun(node: &NodeRow, script: &str) -> std::process::Command {
+    let mut c = std::process::Command::new("srun");
+    c.arg(format!("--jobid={}", extra(node, keys::JOB)))
+        .arg("--overlap")
+        .arg("--nodes=1")
+        .arg("--ntasks=1")
+        .arg(format!("--nodelist={}", extra(node, keys::NODE)))
+        .arg("--quiet")
+        .arg("--kill-on-bad-exit=1")
+        .arg(shell())
+        .arg("-c")
+        .arg(script);
+    c.env_clear();
+    for k in KEPT_ENV {
+        if let Some(v) = std::env::var_os(k) {
+            c.env(k, v);
+        }
+    }
+    if let Some(v) = std::env::var_os("HOME") {
+        c.env("HOME", v);
+    }
+    match node.extra.get(keys::CONF) {
+        Some(conf) => {
+            c.env("SLURM_CONF", conf);
+        }
+        None => {
+            if let Some(v) = std::env::var_os("SLURM_CONF") {
+                c.env("SLURM_CONF", v);
+            }
+        }
+    }
+    c
+}
+
+/// Runs a short step; its stdout, or an error with its stderr.
+fn run(node: &NodeRow, script: &str, input: Option<&[u8]>) -> Result<Vec<u8>, TransportError> {
+    let mut c = srun(node, script);
+    c.stdin(if input.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = c.spawn().map_err(|e| fail(node, "cannot start srun", e))?;
+    if let (Some(data), Some(mut w)) = (input, child.stdin.take()) {
+        let data = data.to_vec();
+        std::thread::spawn(move || {
+            let _ = w.write_all(&data);
+        });
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| fail(node, "srun failed", e))?;
+    if out.status.success() {
+        Ok(out.stdout)
+    } else {
+        Err(fail(
+            node,
+            format!(
+                "a step on {} failed ({})",
+                extra(node, keys::NODE),
+                out.status
+            ),
+            std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string()),
+        ))
+    }
+}
+
+static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+#[async_trait::async_trait]
+impl Transport for SlurmTransport {
+    async fn connect(&self, nodes: &[NodeRow]) -> Result<(), TransportError> {
+        // Each node's home for gangway, made by one step per node at once.
+        let mut children = Vec::new();
+        for n in nodes {
+            let mut c = tokio::process::Command::from(srun(
+                n,
+                &format!("mkdir -p {}", sq(extra(n, "home"))),
+            ));
+            c.stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped());
+            let child = c.spawn().map_err(|e| fail(n, "cannot start srun", e))?;
+            children.push((n, child));
+        }
+        for (n, child) in children {
+            let out = child
+                .wait_with_output()
+                .await
+                .map_err(|e| fail(n, "srun failed", e))?;
+            if !out.status.success() {
+                return Err(fail(
+                    n,
+                    format!("cannot run a step in Slurm job {}", extra(n, keys::JOB)),
+                    std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string()),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn spawn(
+        &self,
+        node: &NodeRow,
+        cmd: &NodeCommand,
+        output: PipeWriter,
+    ) -> Result<NodeProcess, TransportError> {
+        let token = format!(
+            "{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let cwd = self.node_path(node, &cmd.cwd);
+        let script = format!(
+            "cd {} 2>/dev/null || cd {}\n{}",
+            sq(&cwd),
+            sq(extra(node, "home")),
+            cmd.script
+        );
+        let mut c = tokio::process::Command::from(srun(node, &script));
+        for (k, v) in &node.extra {
+            if let Some(n) = k.strip_prefix("env.") {
+                c.env(n, v);
+            }
+        }
+        for (k, v) in &cmd.env {
+            c.env(k, v);
+        }
+        c.env(TOKEN_VAR, &token);
+        let out2 = output
+            .try_clone()
+            .map_err(|e| fail(node, "cannot duplicate the output pipe", e))?;
+        c.stdin(Stdio::null()).stdout(out2).stderr(output);
+        c.process_group(0);
+        c.kill_on_drop(false);
+        let child = c.spawn().map_err(|e| fail(node, "cannot start srun", e))?;
+        if let (Some(pid), Ok(mut m)) = (child.id(), self.tokens.lock()) {
+            m.insert(pid, token);
+        }
+        Ok(NodeProcess::from_child(child))
+    }
+
+    fn signal(&self, node: &NodeRow, pgid: u32, signal: i32) {
+        let token = self.tokens.lock().ok().and_then(|m| m.get(&pgid).cloned());
+        if let Some(token) = token {
+            // On the node, to the task's process group: srun would turn a
+            // SIGTERM into a cancelled step, not a signal the job can catch.
+            let _ = run(node, &signal_token(&token, signal), None);
+        }
+        if signal == libc::SIGKILL && pgid > 1 {
+            // SAFETY: signalling the srun process group this transport made.
+            unsafe {
+                libc::kill(-(pgid as i32), signal);
+            }
+        }
+    }
+
+    fn signal_job(&self, node: &NodeRow, _pgid: u32, job: i64, signal: i32) {
+        let script = format!(
+            "for p in /proc/[0-9]*; do grep -qxz 'GANGWAY_RUN={job}' $p/environ 2>/dev/null && \
+             grep -qxz 'SLURM_JOB_ID={}' $p/environ 2>/dev/null && \
+             kill -{signal} ${{p#/proc/}} 2>/dev/null; done; true",
+            extra(node, keys::JOB)
+        );
+        let _ = run(node, &script, None);
+    }
+
+    fn reaped(&self, _node: &NodeRow, pgid: u32) {
+        if let Ok(mut m) = self.tokens.lock() {
+            m.remove(&pgid);
+        }
+    }
+
+    fn upload(&self, node: &NodeRow, local: &Path, dest: &str) -> Result<(), TransportError> {
+        let dest = self.node_path(node, dest);
+        let (dir, name) = if local.is_dir() {
+            (local.to_path_buf(), ".".to_string())
+        } else {
+            let parent = local.parent().unwrap_or(Path::new("."));
+            let file = local
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            (parent.to_path_buf(), file)
+        };
+        let tar = std::process::Command::new("tar")
+            .arg("-C")
+            .arg(&dir)
+            .arg("-cf")
+            .arg("-")
+            .arg(&name)
+            .output()
+            .map_err(|e| fail(node, format!("cannot pack {}", local.display()), e))?;
+        if !tar.status.success() {
+            return Err(fail(
+                node,
+                format!("cannot pack {}", local.display()),
+                std::io::Error::other(String::from_utf8_lossy(&tar.stderr).trim().to_string()),
+            ));
+        }
+        let script = if local.is_dir() {
+            format!("mkdir -p {d} && tar -C {d} -xf -", d = sq(&dest))
+        } else {
+            // A file lands at dest itself.
+            let parent = dest.rsplit_once('/').map_or(".", |(p, _)| p);
+            format!(
+                "mkdir -p {p} && t=$(mktemp -d {p}/.gw.XXXXXX) && tar -C \"$t\" -xf - && mv -f \"$t\"/{f} {d}; rm -rf \"$t\"",
+                p = sq(if parent.is_empty() { "/" } else { parent }),
+                f = sq(&name),
+                d = sq(&dest)
+            )
+        };
+        run(node, &script, Some(&tar.stdout)).map(|_| ())
+    }
+
+    fn node_path(&self, node: &NodeRow, path: &str) -> String {
+        let home = extra(node, "home");
+        if let Some(rest) = path.strip_prefix("~/") {
+            format!("{home}/{rest}")
+        } else if path == "~" {
+            home.to_string()
+        } else if path.starts_with('/') {
+            path.to_string()
+        } else {
+            format!("{home}/{path}")
+        }
+    }
+
+    fn make_dir(&self, node: &NodeRow, path: &str) -> Result<(), TransportError> {
+        run(node, &format!("mkdir -p {}", sq(path)), None).map(|_| ())
+    }
+
+    fn download(&self, node: &NodeRow, path: &str, dest: &Path) -> Result<(), TransportError> {
+        let packed = run(
+            node,
+            &format!("if [ -d {p} ]; then tar -C {p} -cf - .; fi", p = sq(path)),
+            None,
+        )?;
+        if packed.is_empty() {
+            return Ok(());
+        }
+        std::fs::create_dir_all(dest)
+            .map_err(|e| fail(node, format!("cannot create {}", dest.display()), e))?;
+        // Unpacked beside, then merged newest-wins like every transport.
+        let tmp =
+            tempdir_in(dest).map_err(|e| fail(node, "cannot make a temporary directory", e))?;
+        let mut tar = std::process::Command::new("tar")
+            .arg("-C")
+            .arg(&tmp)
+            .arg("-xf")
+            .arg("-")
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| fail(node, "cannot run tar", e))?;
+        if let Some(mut w) = tar.stdin.take() {
+            let _ = w.write_all(&packed);
+        }
+        let out = tar
+            .wait_with_output()
+            .map_err(|e| fail(node, "cannot run tar", e))?;
+        let merged = if out.status.success() {
+            super::transport::merge_newest(&tmp, dest)
+        } else {
+            Err(std::io::Error::other(
+                String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            ))
+        };
+        let _ = std::fs::remove_dir_all(&tmp);
+        merged.map_err(|e| fail(node, format!("cannot copy {path} to {}", dest.display()), e))
+    }
+
+    fn write_file(&self, node: &NodeRow, path: &str, data: &[u8]) -> Result<(), TransportError> {
+        run(
+            node,
+            &format!("cat > {p}.tmp && mv -f {p}.tmp {p}", p = sq(path)),
+            Some(data),
+        )
+        .map(|_| ())
+    }
+
+    fn preemption_notice(&self, _node: &NodeRow) -> Option<String> {
+        // Slurm signals the steps itself (GraceTime), and a requeue shows
+        // in the job's state, which the provider reports.
+        None
+    }
+
+    fn probe(&self, node: &NodeRow, script: &str) -> Result<String, TransportError> {
+        run(node, script, None).map(|o| String::from_utf8_lossy(&o).into_owned())
+    }
+}
+
+/// A fresh directory beside `dest` (same filesystem, so the merge renames).
+fn tempdir_in(dest: &Path) -> std::io::Result<std::path::PathBuf> {
+    let parent = dest.parent().unwrap_or(dest);
+    for i in 0..100u32 {
+        let p = parent.join(format!(
+            ".gangway-download-{}-{}",
+            std::process::id(),
+            crate::state::now_ms() as u64 + u64::from(i)
+        ));
+        if std::fs::create_dir(&p).is_ok() {
+            return Ok(p);
+        }
+    }
+    Err(std::io::Error::other("no free temporary directory name"))
+}

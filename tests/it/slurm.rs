@@ -1,0 +1,267 @@
+//! Gangs on a real Slurm: each test starts its own throwaway cluster
+//! (munged, slurmctld, four slurmd on this host, two switches, two fake
+//! GPUs per node; tests/emulators/slurm/start.sh) and drives the binary
+//! against it through `$GANGWAY_HOME/slurm.yaml`.
+//!
+//! Needs root and Slurm's packages (`.ci/run` installs them with
+//! tests/emulators/slurm/install.sh); each test prints `SKIPPED: why` and
+//! passes where they are missing.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::common::{assert_no_marker_procs, parts, TestHome, DEADLINE};
+
+/// A running Slurm cluster of this test; stopped when dropped.
+struct Slurm {
+    dir: PathBuf,
+}
+
+impl Slurm {
+    /// Starts `nodes` nodes, or prints `SKIPPED` and returns `None`.
+    fn start(nodes: u32) -> Option<Slurm> {
+        let have = |p: &str| Path::new(p).exists();
+        if !have("/usr/sbin/slurmctld") || !have("/usr/sbin/slurmd") || !have("/usr/sbin/munged") {
+            eprintln!(
+                "SKIPPED: Slurm is not installed (tests/emulators/slurm/install.sh installs it, as root)"
+            );
+            return None;
+        }
+        // Socket paths under DIR must stay short: a directory in /tmp.
+        let dir = PathBuf::from(format!(
+            "/tmp/gwsl-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        let _ = std::fs::create_dir_all(&dir);
+        let out = Command::new(crate::common::root().join("tests/emulators/slurm/start.sh"))
+            .arg(&dir)
+            .arg(nodes.to_string())
+            .output()
+            .expect("start.sh runs");
+        match out.status.code() {
+            Some(0) => Some(Slurm { dir }),
+            Some(3) => {
+                eprintln!("{}", String::from_utf8_lossy(&out.stdout).trim());
+                let _ = std::fs::remove_dir_all(&dir);
+                None
+            }
+            _ => panic!(
+                "start.sh {} failed:\n{}\n{}",
+                dir.display(),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        }
+    }
+
+    fn conf(&self) -> PathBuf {
+        self.dir.join("slurm.conf")
+    }
+
+    /// Runs one of Slurm's commands against this cluster; its stdout.
+    fn cmd(&self, prog: &str, args: &[&str]) -> String {
+        let out = Command::new(prog)
+            .args(args)
+            .env("SLURM_CONF", self.conf())
+            .output()
+            .unwrap_or_else(|e| panic!("{prog}: {e}"));
+        assert!(
+            out.status.success(),
+            "{prog} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Jobs Slurm still holds (pending, running, completing): `id name state`.
+    fn queue(&self) -> Vec<String> {
+        self.cmd("squeue", &["-h", "-o", "%i %j %T"])
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Waits until no job named `gangway-*` is queued; fails the test if
+    /// one stays.
+    fn assert_no_gangway_jobs(&self, after: &str) {
+        let started = Instant::now();
+        loop {
+            let ours: Vec<String> = self
+                .queue()
+                .into_iter()
+                .filter(|l| l.contains(" gangway-"))
+                .collect();
+            if ours.is_empty() {
+                return;
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "gangway's jobs still in the queue after {after}: {ours:?}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Writes `slurm.yaml` into `home` for this cluster, named `test`.
+    fn configure(&self, home: &TestHome, extra: &str) {
+        home.file(
+            "slurm.yaml",
+            &format!(
+                "clusters:\n  test:\n    conf: {}\n    work_dir: {}\n{extra}    partitions:\n      gpu:\n        gpus: A100:2\n        gres: fake\n",
+                self.conf().display(),
+                home.path().join("slurm-nodes").display()
+            ),
+        );
+    }
+}
+
+impl Drop for Slurm {
+    fn drop(&mut self) {
+        let _ = Command::new(crate::common::root().join("tests/emulators/slurm/stop.sh"))
+            .arg(&self.dir)
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+#[test]
+fn ddp_rendezvous_runs_unchanged_on_slurm_ranked_by_its_switches() {
+    let Some(slurm) = Slurm::start(4) else { return };
+    let home = TestHome::new();
+    slurm.configure(&home, "");
+    // The example file as it is; only where it runs is given on the
+    // command line.
+    let o = home.run([
+        "launch",
+        "examples/ddp-rendezvous.yaml",
+        "--infra",
+        "slurm/test",
+        "-c",
+        "rdv",
+        "-y",
+    ]);
+    let (code, out, err) = parts(&o);
+    assert_eq!(code, 0, "launch failed:\n{out}\n{err}");
+    assert!(
+        out.contains("sum of ranks 6, expected 6: ok"),
+        "the rendezvous did not add up:\n{out}\n{err}"
+    );
+    // The allocation is a job Slurm holds for the cluster.
+    assert!(
+        slurm
+            .queue()
+            .iter()
+            .any(|l| l.ends_with("gangway-rdv RUNNING")),
+        "no running allocation: {:?}",
+        slurm.queue()
+    );
+    // Ranks follow topology.conf: n1, n2 under s1, then n3, n4 under s2;
+    // every step has the node's GPUs and the gang's environment.
+    let o = home.run([
+        "exec",
+        "rdv",
+        "echo \"R=$NODE_RANK/$NNODES node=$SLURMD_NODENAME topo=$GANGWAY_NODE_TOPOLOGY \
+         gpus=$GANGWAY_NUM_GPUS_PER_NODE cvd=$CUDA_VISIBLE_DEVICES\"",
+    ]);
+    let (code, out, err) = parts(&o);
+    assert_eq!(code, 0, "exec failed:\n{out}\n{err}");
+    for (rank, node, topo) in [
+        (0, "n1", "s0/s1"),
+        (1, "n2", "s0/s1"),
+        (2, "n3", "s0/s2"),
+        (3, "n4", "s0/s2"),
+    ] {
+        let want = format!("R={rank}/4 node={node} topo={topo} gpus=1 cvd=0");
+        assert!(out.contains(&want), "no '{want}' in:\n{out}");
+    }
+    let o = home.run(["down", "-y", "rdv"]);
+    assert_eq!(parts(&o).0, 0, "down failed: {}", parts(&o).2);
+    slurm.assert_no_gangway_jobs("down");
+}
+
+#[test]
+fn a_failing_rank_stops_the_gang_and_down_leaves_nothing_queued() {
+    let Some(slurm) = Slurm::start(4) else { return };
+    let home = TestHome::new();
+    slurm.configure(&home, "");
+    let task = home.file(
+        "fail.yaml",
+        &format!(
+            "name: fail\nnum_nodes: 3\nresources:\n  accelerators: A100:2\nenvs:\n  {}: {}\n\
+             run: |\n  if [ \"$NODE_RANK\" = 1 ]; then sleep 1; exit 3; fi\n  sleep 300\n",
+            crate::common::MARKER_ENV,
+            home.marker
+        ),
+    );
+    let o = home.run(["launch", &task, "--infra", "slurm/test", "-c", "fl", "-y"]);
+    let (code, out, err) = parts(&o);
+    assert_eq!(code, 1, "a failed rank must fail the launch:\n{out}\n{err}");
+    assert!(
+        err.contains("rank 1") && err.contains("code 3")
+            || out.contains("rank 1") && out.contains("code 3"),
+        "the failure does not name rank 1 and its code:\n{out}\n{err}"
+    );
+    // The other ranks were stopped on their nodes.
+    assert_no_marker_procs(&home.marker, "a rank failed");
+    let o = home.run(["down", "-y", "fl"]);
+    assert_eq!(parts(&o).0, 0, "down failed: {}", parts(&o).2);
+    slurm.assert_no_gangway_jobs("down");
+}
+
+#[test]
+fn a_pending_allocation_says_why_and_gives_up_after_max_queue_wait() {
+    let Some(slurm) = Slurm::start(2) else { return };
+    let home = TestHome::new();
+    slurm.configure(&home, "    max_queue_wait: 3s\n");
+    // Someone else holds every node.
+    let other = slurm.cmd(
+        "sbatch",
+        &[
+            "--parsable",
+            "--nodes=2",
+            "--job-name=someone-else",
+            "--exclusive",
+            "--output=/dev/null",
+            "--wrap=exec sleep 600",
+        ],
+    );
+    let o = home.run([
+        "launch",
+        "examples/hello.yaml",
+        "--infra",
+        "slurm/test",
+        "--num-nodes",
+        "2",
+        "-c",
+        "wait",
+        "-y",
+    ]);
+    let (code, out, err) = parts(&o);
+    assert_eq!(
+        code, 3,
+        "a queue that does not move is no resources:\n{out}\n{err}"
+    );
+    let all = format!("{out}\n{err}");
+    assert!(
+        all.contains("PENDING (") && all.contains("waiting"),
+        "the wait is not reported:\n{all}"
+    );
+    assert!(
+        all.contains("still pending after") && all.contains("max_queue_wait"),
+        "the give-up does not say why:\n{all}"
+    );
+    // Its own job was cancelled; the other user's is untouched.
+    slurm.assert_no_gangway_jobs("giving up");
+    assert!(
+        slurm
+            .queue()
+            .iter()
+            .any(|l| l.starts_with(other.trim()) && l.contains("RUNNING")),
+        "the other job was touched: {:?}",
+        slurm.queue()
+    );
+}
