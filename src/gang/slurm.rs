@@ -334,10 +334,34 @@ impl Transport for SlurmTransport {
         .map(|_| ())
     }
 
-    fn preemption_notice(&self, _node: &NodeRow) -> Option<String> {
-        // Slurm signals the steps itself (GraceTime), and a requeue shows
-        // in the job's state, which the provider reports.
-        None
+    fn preemption_notice(&self, node: &NodeRow) -> Option<String> {
+        // Slurm signals the steps itself when it preempts with GraceTime,
+        // and marks the job with the time it will take it back; a job it
+        // already requeued or took shows in its state.
+        let mut c = std::process::Command::new("scontrol");
+        c.args(["-o", "show", "job", extra(node, keys::JOB)]);
+        if let Some(conf) = node.extra.get(keys::CONF) {
+            c.env("SLURM_CONF", conf);
+        }
+        let out = c.stdin(Stdio::null()).stderr(Stdio::null()).output().ok()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let f = gangway_slurm::parse::fields(text.lines().next()?);
+        let preempt = f.get("PreemptTime").copied().unwrap_or("None");
+        let state = f.get("JobState").copied().unwrap_or("");
+        let restarts = f.get("Restarts").copied().unwrap_or("0");
+        if preempt != "None" && !preempt.is_empty() {
+            Some(format!(
+                "Slurm preempts job {} at {preempt}",
+                extra(node, keys::JOB)
+            ))
+        } else if matches!(state, "PREEMPTED" | "NODE_FAIL") || restarts != "0" {
+            Some(format!(
+                "Slurm job {}: {state}, restarts {restarts}",
+                extra(node, keys::JOB)
+            ))
+        } else {
+            None
+        }
     }
 
     fn probe(&self, node: &NodeRow, script: &str) -> Result<String, TransportError> {

@@ -654,6 +654,20 @@ impl Controller {
                 if let Ok(t) = self.sync(mt, &nodes, transport.as_ref()) {
                     job.last_sync_at = Some(t);
                 }
+                // A scheduler that signals the ranks itself (Slurm's
+                // GraceTime) can have them checkpoint and exit 0 before the
+                // notice was seen here: that is a preemption, not the end.
+                if let Some((rank, words)) = nodes
+                    .iter()
+                    .find_map(|n| transport.preemption_notice(n).map(|w| (n.rank, w)))
+                {
+                    return self
+                        .preempted(
+                            job,
+                            &format!("the ranks ended on a preemption (rank {rank}: {words})"),
+                        )
+                        .await;
+                }
                 self.finish(job, ManagedState::Succeeded, "every rank exited 0")
                     .await
             }

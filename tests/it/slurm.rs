@@ -265,3 +265,151 @@ fn a_pending_allocation_says_why_and_gives_up_after_max_queue_wait() {
         slurm.queue()
     );
 }
+
+#[test]
+fn a_managed_job_survives_a_node_going_down_from_its_kept_checkpoint() {
+    let Some(slurm) = Slurm::start(4) else { return };
+    let home = TestHome::new();
+    slurm.configure(&home, "");
+    let flags = home.path().join("flags");
+    std::fs::create_dir_all(&flags).unwrap();
+    // Run 0 checkpoints step 7, says so once gangway kept it (and which
+    // node rank 1 is on), then trains on; the test takes rank 1's node
+    // away. Run 1 must find step 7 restored on its (other) nodes.
+    let t = home.file(
+        "managed.yaml",
+        &format!(
+            "num_nodes: 2\nresources:\n  infra: slurm/test\n  accelerators: A100:1\n\
+             checkpoint:\n  sync_interval: 1\nenvs:\n  GW_TEST_MARKER: {}\n  FLAGS: {}\n\
+             run: |\n  ck=\"$GANGWAY_CHECKPOINT_DIR/step\"\n  \
+             if [ \"$GANGWAY_RESTART_COUNT\" = 0 ]; then\n    t=$(date +%s%3N)\n    \
+             [ \"$NODE_RANK\" = 0 ] && echo 7 > \"$ck\"\n    \
+             while [ \"$(cat \"$GANGWAY_CHECKPOINT_DIR/.gangway-synced\" 2>/dev/null || echo 0)\" -lt \"$t\" ]; do sleep 0.05; done\n    \
+             echo \"$SLURMD_NODENAME\" > \"$FLAGS/rank$NODE_RANK\"\n    sleep 300\n  fi\n  \
+             echo \"rank $NODE_RANK resumed at step $(cat \"$ck\") in run $GANGWAY_RESTART_COUNT on $SLURMD_NODENAME\"\n",
+            home.marker,
+            flags.display()
+        ),
+    );
+    let launch = home.spawn(["jobs", "launch", &t, "-y"]);
+    crate::common::wait_for("run 0 to checkpoint", DEADLINE, || {
+        std::fs::read_to_string(flags.join("rank1"))
+            .map_err(|e| format!("{e}; launch says: {}", launch.stdout_now()))
+    });
+    let lost = std::fs::read_to_string(flags.join("rank1"))
+        .unwrap()
+        .trim()
+        .to_string();
+    slurm.cmd(
+        "scontrol",
+        &[
+            "update",
+            &format!("nodename={lost}"),
+            "state=down",
+            "reason=gangway test: node lost",
+        ],
+    );
+    let o = launch.wait();
+    let (code, out, err) = parts(&o);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    for r in 0..2 {
+        let line = out
+            .lines()
+            .find(|l| l.contains(&format!("rank {r} resumed at step 7 in run 1")))
+            .unwrap_or_else(|| panic!("rank {r} did not resume from step 7:\n{out}\n{err}"));
+        assert!(
+            !line.ends_with(&format!(" on {lost}")),
+            "rank {r} ran again on the node that went down: {line}"
+        );
+    }
+    let (_, q, _) = parts(&home.run(["jobs", "queue", "-o", "json"]));
+    let j = crate::common::json_doc(&q)["jobs"][0].clone();
+    assert_eq!(j["state"], "SUCCEEDED", "{j}");
+    assert_eq!(j["preemptions"], 1, "a lost node is a preemption: {j}");
+    slurm.assert_no_gangway_jobs("the managed job ended");
+    assert_no_marker_procs(&home.marker, "the managed job ended");
+}
+
+#[test]
+fn slurm_preemption_with_grace_time_checkpoints_and_resumes_in_another_partition() {
+    let Some(slurm) = Slurm::start(4) else { return };
+    let home = TestHome::new();
+    // `debug` (n1, n2; GraceTime=5) first, `gpu` (every node) as the
+    // fallback; a launch waits 3 s for either before moving on.
+    home.file(
+        "slurm.yaml",
+        &format!(
+            "clusters:\n  test:\n    conf: {}\n    work_dir: {}\n    max_queue_wait: 3s\n    partitions:\n      \
+             debug:\n        gpus: A100:2\n        gres: fake\n      gpu:\n        gpus: A100:2\n        gres: fake\n",
+            slurm.conf().display(),
+            home.path().join("slurm-nodes").display()
+        ),
+    );
+    let flags = home.path().join("flags");
+    std::fs::create_dir_all(&flags).unwrap();
+    // Run 0 checkpoints step 9 when Slurm's SIGTERM comes and exits 0.
+    let t = home.file(
+        "managed.yaml",
+        &format!(
+            "num_nodes: 2\nresources:\n  infra: slurm/test\n  accelerators: A100:1\n\
+             envs:\n  GW_TEST_MARKER: {}\n  FLAGS: {}\n\
+             run: |\n  ck=\"$GANGWAY_CHECKPOINT_DIR/step\"\n  \
+             if [ \"$GANGWAY_RESTART_COUNT\" = 0 ]; then\n    \
+             trap '[ \"$NODE_RANK\" = 0 ] && echo 9 > \"$ck\"; echo \"rank $NODE_RANK checkpointed\"; exit 0' TERM\n    \
+             echo \"$SLURM_JOB_PARTITION\" > \"$FLAGS/rank$NODE_RANK\"\n    \
+             while true; do sleep 0.2; done\n  fi\n  \
+             echo \"rank $NODE_RANK resumed at step $(cat \"$ck\") in run $GANGWAY_RESTART_COUNT in $SLURM_JOB_PARTITION\"\n",
+            home.marker,
+            flags.display()
+        ),
+    );
+    let launch = home.spawn(["jobs", "launch", &t, "-y"]);
+    crate::common::wait_for("run 0 to start in debug", DEADLINE, || {
+        match (
+            std::fs::read_to_string(flags.join("rank0")),
+            std::fs::read_to_string(flags.join("rank1")),
+        ) {
+            (Ok(a), Ok(b)) => Ok((a, b)),
+            _ => Err(format!("launch says: {}", launch.stdout_now())),
+        }
+    });
+    assert_eq!(
+        std::fs::read_to_string(flags.join("rank0")).unwrap().trim(),
+        "debug",
+        "the first partition listed was not tried first"
+    );
+    // A higher-priority job wants debug's nodes.
+    slurm.cmd(
+        "sbatch",
+        &[
+            "--partition=urgent",
+            "--nodelist=n1,n2",
+            "--exclusive",
+            "--job-name=urgent",
+            "--output=/dev/null",
+            "--wrap=exec sleep 600",
+        ],
+    );
+    let o = launch.wait();
+    let (code, out, err) = parts(&o);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        out.contains("rank 0 checkpointed"),
+        "no checkpoint on SIGTERM:\n{out}"
+    );
+    for r in 0..2 {
+        assert!(
+            out.contains(&format!("rank {r} resumed at step 9 in run 1 in gpu")),
+            "rank {r} did not resume from step 9 in the gpu partition:\n{out}\n{err}"
+        );
+    }
+    let (_, q, _) = parts(&home.run(["jobs", "queue", "-o", "json"]));
+    let j = crate::common::json_doc(&q)["jobs"][0].clone();
+    assert_eq!(j["state"], "SUCCEEDED", "{j}");
+    assert_eq!(
+        j["preemptions"], 1,
+        "Slurm's preemption is a preemption: {j}"
+    );
+    slurm.assert_no_gangway_jobs("the managed job ended");
+    assert_no_marker_procs(&home.marker, "the managed job ended");
+}

@@ -159,25 +159,26 @@ impl SlurmProvider {
             cmd.env("SLURM_CONF", conf);
         }
         cmd.kill_on_drop(true);
-        let out =
-            match tokio::time::timeout(Duration::from_secs(60), cmd.output()).await {
-                Ok(Ok(out)) => out,
-                Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => return Err(err(
+        let out = match tokio::time::timeout(Duration::from_secs(60), cmd.output()).await {
+            Ok(Ok(out)) => out,
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(err(
                     ErrorKind::Fatal,
                     &c.name,
                     format!(
                         "`{prog}` is not installed here: Slurm's client commands must be on PATH"
                     ),
-                )),
-                Ok(Err(e)) => return Err(err(ErrorKind::Fatal, &c.name, format!("{prog}: {e}"))),
-                Err(_) => {
-                    return Err(err(
-                        ErrorKind::Transient,
-                        &c.name,
-                        format!("{prog} did not answer within 60 s"),
-                    ))
-                }
-            };
+                ))
+            }
+            Ok(Err(e)) => return Err(err(ErrorKind::Fatal, &c.name, format!("{prog}: {e}"))),
+            Err(_) => {
+                return Err(err(
+                    ErrorKind::Transient,
+                    &c.name,
+                    format!("{prog} did not answer within 60 s"),
+                ))
+            }
+        };
         if out.status.success() {
             return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
         }
@@ -198,7 +199,12 @@ impl SlurmProvider {
     /// Every job the controller knows: `squeue --json` where Slurm has it,
     /// else `scontrol -o show job`.
     async fn jobs(&self, c: &Cluster) -> Result<Vec<Job>> {
-        if let Ok(text) = self.slurm(c, "squeue", &["--json".into()]).await {
+        // `--me`: Slurm 22.05 ignores filters with --json (and lists every
+        // job), later versions honour them; ours are filtered here anyway.
+        if let Ok(text) = self
+            .slurm(c, "squeue", &["--me".into(), "--json".into()])
+            .await
+        {
             if let Ok(jobs) = parse::jobs_from_squeue_json(&text) {
                 return Ok(jobs);
             }
