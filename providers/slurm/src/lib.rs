@@ -441,6 +441,9 @@ impl Provider for SlurmProvider {
                     "--ntasks-per-node=1".into(),
                     format!("--partition={}", part.name),
                     "--output=/dev/null".into(),
+                    // Nothing of this process's environment is kept in
+                    // Slurm's job record (the holder needs none of it).
+                    "--export=NONE".into(),
                     format!("--comment=gangway-owner={}", req.owner),
                 ];
                 if let Some((_, n)) = req.accelerator.as_ref().filter(|(_, n)| *n >= 1.0) {
