@@ -57,6 +57,8 @@ pub fn instance_type(partition: &str, gpus: u32) -> String {
 const CLUSTER_KEYS: &[&str] = &[
     "conf",
     "login",
+    "login_key",
+    "login_jump",
     "account",
     "qos",
     "time",
@@ -101,11 +103,17 @@ pub fn parse(text: &str, file: &str) -> Result<SlurmClusters, SpecError> {
                 account: None,
                 qos: None,
                 time_limit: None,
-                work_dir: expand_home("~/.gangway/slurm"),
+                login: None,
+                // `~` is the home where Slurm's commands run (the login
+                // node's, when it is reached over SSH).
+                work_dir: "~/.gangway/slurm".into(),
                 max_queue_wait: Duration::from_secs(600),
                 partitions: Vec::new(),
             };
             let mut has_partitions = false;
+            let mut login: Option<gangway_slurm::Login> = None;
+            let mut login_key = None;
+            let mut login_jump = None;
             for (fk, fv) in cx.map(cv, &cf)? {
                 let key = cx.key(fk, &cf)?;
                 let field = format!("{cf}.{key}");
@@ -118,21 +126,28 @@ pub fn parse(text: &str, file: &str) -> Result<SlurmClusters, SpecError> {
                         }
                     }
                     "login" => {
-                        let login = cx.text(fv, &field)?;
-                        if login != "local" {
-                            return Err(cx.err(
-                                fv,
-                                &field,
-                                format!("login '{login}': only 'local' works in this build"),
-                                Some("run gangway on the login node (or any host with Slurm's commands and the cluster's slurm.conf) and write login: local"),
-                            ));
+                        let text = cx.text(fv, &field)?;
+                        if text != "local" {
+                            let Some(l) = gangway_slurm::Login::parse(&text) else {
+                                return Err(cx.err(
+                                    fv,
+                                    &field,
+                                    format!("'{text}' is not [user@]host[:port]"),
+                                    Some("write login: local (Slurm's commands on this machine) or login: me@login1.example.com"),
+                                ));
+                            };
+                            login = Some(l);
                         }
                     }
+                    "login_key" => {
+                        login_key = Some(PathBuf::from(expand_home(&cx.text(fv, &field)?)))
+                    }
+                    "login_jump" => login_jump = Some(cx.text(fv, &field)?),
                     "conf" => c.conf = Some(PathBuf::from(expand_home(&cx.text(fv, &field)?))),
                     "account" => c.account = Some(cx.text(fv, &field)?),
                     "qos" => c.qos = Some(cx.text(fv, &field)?),
                     "time" => c.time_limit = Some(cx.text(fv, &field)?),
-                    "work_dir" => c.work_dir = expand_home(&cx.text(fv, &field)?),
+                    "work_dir" => c.work_dir = cx.text(fv, &field)?,
                     "max_queue_wait" => {
                         let t = cx.text(fv, &field)?;
                         c.max_queue_wait = gangway_slurm::parse_duration(&t).ok_or_else(|| {
@@ -146,6 +161,18 @@ pub fn parse(text: &str, file: &str) -> Result<SlurmClusters, SpecError> {
                     }
                     other => return Err(unknown(&cx, fk, &cf, other, CLUSTER_KEYS)),
                 }
+            }
+            if let Some(mut l) = login {
+                l.key = login_key;
+                l.jump = login_jump;
+                c.login = Some(l);
+            } else if login_key.is_some() || login_jump.is_some() {
+                return Err(cx.err(
+                    cv,
+                    &cf,
+                    "login_key and login_jump need a login host",
+                    Some("add login: me@login1.example.com"),
+                ));
             }
             if !has_partitions || c.partitions.is_empty() {
                 return Err(cx.err(
@@ -316,11 +343,22 @@ mod tests {
         assert_eq!(e.field, "clusters.hpc.partitions.gpu");
         assert!(e.hint.as_deref().unwrap_or("").contains("gpus"), "{e:?}");
         let e = parse(
-            "clusters:\n  hpc:\n    login: me@login1\n    partitions: {gpu: }\n",
+            "clusters:\n  hpc:\n    login: me@login 1\n    partitions: {gpu: }\n",
             "s.yaml",
         )
         .unwrap_err();
         assert_eq!(e.field, "clusters.hpc.login");
+        let s = parse(
+            "clusters:\n  hpc:\n    login: me@login1:2222\n    login_jump: bastion\n    partitions: {gpu: }\n",
+            "s.yaml",
+        )
+        .unwrap();
+        let l = s.clusters[0].login.clone().unwrap();
+        assert_eq!(
+            (l.host.as_str(), l.port, l.user.as_deref()),
+            ("login1", Some(2222), Some("me"))
+        );
+        assert_eq!(l.jump.as_deref(), Some("bastion"));
         let e = parse("clusters:\n  hpc:\n    account: x\n", "s.yaml").unwrap_err();
         assert!(e.message.contains("partitions"), "{e:?}");
     }

@@ -312,7 +312,7 @@ pub fn transport_for(
 ) -> Option<Box<dyn Transport>> {
     match cloud {
         "local" => Some(Box::new(LocalTransport)),
-        "slurm" => Some(Box::new(slurm::SlurmTransport::default())),
+        "slurm" => Some(Box::new(slurm::SlurmTransport::new(home))),
         "" => None,
         _ => ssh::SshTransport::new(home, cluster, false)
             .ok()

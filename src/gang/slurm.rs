@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::sync::Mutex;
 
-use gangway_slurm::keys;
+use gangway_slurm::{keys, sh_quote, Login};
 
 use super::ssh::{signal_token, TOKEN_VAR};
 use super::transport::{shell, NodeCommand, NodeProcess, Transport, TransportError, KEPT_ENV};
@@ -22,8 +22,94 @@ use crate::state::NodeRow;
 /// The Slurm transport.
 #[derive(Debug, Default)]
 pub struct SlurmTransport {
-    /// srun's pid → (node name, token of its task on the node).
+    /// srun's pid → token of its task on the node.
     tokens: Mutex<HashMap<u32, String>>,
+    /// gangway's ssh directory (control sockets, login nodes' host keys).
+    ssh_dir: std::path::PathBuf,
+}
+
+impl SlurmTransport {
+    /// A transport that reaches login nodes with gangway's ssh directory
+    /// (`$GANGWAY_HOME/ssh`), as the provider does.
+    pub fn new(home: &Path) -> SlurmTransport {
+        SlurmTransport {
+            tokens: Mutex::default(),
+            ssh_dir: home.join("ssh"),
+        }
+    }
+
+    /// `prog args...` where Slurm's commands run for `node`: here, or on
+    /// its login node over ssh.
+    fn slurm_command(&self, node: &NodeRow, prog: &str, args: &[String]) -> std::process::Command {
+        self.with_env(node, prog, args, &[], false).0
+    }
+
+    /// Like [`Self::slurm_command`] with `env` for the command. Over ssh,
+    /// with `env_on_stdin` the variables travel on stdin (the returned
+    /// bytes, to be written there first), never on a command line.
+    fn with_env(
+        &self,
+        node: &NodeRow,
+        prog: &str,
+        args: &[String],
+        env: &[(String, String)],
+        env_on_stdin: bool,
+    ) -> (std::process::Command, Option<Vec<u8>>) {
+        let conf = node.extra.get(keys::CONF);
+        let Some(login) = Login::from_extra(&node.extra) else {
+            let mut c = std::process::Command::new(prog);
+            c.args(args);
+            c.env_clear();
+            for k in KEPT_ENV {
+                if let Some(v) = std::env::var_os(k) {
+                    c.env(k, v);
+                }
+            }
+            if let Some(v) = std::env::var_os("HOME") {
+                c.env("HOME", v);
+            }
+            match conf {
+                Some(conf) => {
+                    c.env("SLURM_CONF", conf);
+                }
+                None => {
+                    if let Some(v) = std::env::var_os("SLURM_CONF") {
+                        c.env("SLURM_CONF", v);
+                    }
+                }
+            }
+            c.envs(env.iter().map(|(k, v)| (k, v)));
+            return (c, None);
+        };
+        let mut all: Vec<(String, String)> = Vec::new();
+        if let Some(conf) = conf {
+            all.push(("SLURM_CONF".into(), conf.clone()));
+        }
+        all.extend(env.iter().cloned());
+        let words: Vec<String> = std::iter::once(prog.to_string())
+            .chain(args.iter().cloned())
+            .map(|w| sh_quote(&w))
+            .collect();
+        let mut remote = String::new();
+        let mut stdin = None;
+        if env_on_stdin {
+            let mut exports = String::new();
+            for (k, v) in &all {
+                exports.push_str(&format!("export {k}={}\n", sh_quote(v)));
+            }
+            remote.push_str(". /dev/stdin; exec ");
+            stdin = Some(exports.into_bytes());
+        } else {
+            remote.push_str("exec env ");
+            for (k, v) in &all {
+                remote.push_str(&format!("{k}={} ", sh_quote(v)));
+            }
+        }
+        remote.push_str(&words.join(" "));
+        let mut c = login.ssh(&self.ssh_dir);
+        c.arg(remote);
+        (c, stdin)
+    }
 }
 
 fn name(node: &NodeRow) -> String {
@@ -50,44 +136,35 @@ fn fail(node: &NodeRow, what: impl Into<String>, source: std::io::Error) -> Tran
     }
 }
 
-/// An `srun` running `script` (with bash) as a one-task step on `node`.
-fn srun(node: &NodeRow, script: &str) -> std::process::Command {
-    let mut c = std::process::Command::new("srun");
-    c.arg(format!("--jobid={}", extra(node, keys::JOB)))
-        .arg("--overlap")
-        .arg("--nodes=1")
-        .arg("--ntasks=1")
-        .arg(format!("--nodelist={}", extra(node, keys::NODE)))
-        .arg("--quiet")
-        .arg("--kill-on-bad-exit=1")
-        .arg(shell())
-        .arg("-c")
-        .arg(script);
-    c.env_clear();
-    for k in KEPT_ENV {
-        if let Some(v) = std::env::var_os(k) {
-            c.env(k, v);
-        }
-    }
-    if let Some(v) = std::env::var_os("HOME") {
-        c.env("HOME", v);
-    }
-    match node.extra.get(keys::CONF) {
-        Some(conf) => {
-            c.env("SLURM_CONF", conf);
-        }
-        None => {
-            if let Some(v) = std::env::var_os("SLURM_CONF") {
-                c.env("SLURM_CONF", v);
-            }
-        }
-    }
-    c
+/// `srun` arguments running `script` with bash as a one-task step on `node`.
+fn srun_args(node: &NodeRow, script: &str) -> Vec<String> {
+    let bash = if Login::from_extra(&node.extra).is_some() {
+        "bash"
+    } else {
+        shell()
+    };
+    vec![
+        format!("--jobid={}", extra(node, keys::JOB)),
+        "--overlap".into(),
+        "--nodes=1".into(),
+        "--ntasks=1".into(),
+        format!("--nodelist={}", extra(node, keys::NODE)),
+        "--quiet".into(),
+        "--kill-on-bad-exit=1".into(),
+        bash.into(),
+        "-c".into(),
+        script.into(),
+    ]
 }
 
 /// Runs a short step; its stdout, or an error with its stderr.
-fn run(node: &NodeRow, script: &str, input: Option<&[u8]>) -> Result<Vec<u8>, TransportError> {
-    let mut c = srun(node, script);
+fn run(
+    t: &SlurmTransport,
+    node: &NodeRow,
+    script: &str,
+    input: Option<&[u8]>,
+) -> Result<Vec<u8>, TransportError> {
+    let mut c = t.slurm_command(node, "srun", &srun_args(node, script));
     c.stdin(if input.is_some() {
         Stdio::piped()
     } else {
@@ -128,9 +205,10 @@ impl Transport for SlurmTransport {
         // Each node's home for gangway, made by one step per node at once.
         let mut children = Vec::new();
         for n in nodes {
-            let mut c = tokio::process::Command::from(srun(
+            let mut c = tokio::process::Command::from(self.slurm_command(
                 n,
-                &format!("mkdir -p {}", sq(extra(n, "home"))),
+                "srun",
+                &srun_args(n, &format!("mkdir -p {}", sq(extra(n, "home")))),
             ));
             c.stdin(Stdio::null())
                 .stdout(Stdio::null())
@@ -172,20 +250,33 @@ impl Transport for SlurmTransport {
             sq(extra(node, "home")),
             cmd.script
         );
-        let mut c = tokio::process::Command::from(srun(node, &script));
-        for (k, v) in &node.extra {
-            if let Some(n) = k.strip_prefix("env.") {
-                c.env(n, v);
-            }
-        }
-        for (k, v) in &cmd.env {
-            c.env(k, v);
-        }
-        c.env(TOKEN_VAR, &token);
+        let mut env: Vec<(String, String)> = node
+            .extra
+            .iter()
+            .filter_map(|(k, v)| k.strip_prefix("env.").map(|n| (n.to_string(), v.clone())))
+            .collect();
+        env.extend(cmd.env.iter().cloned());
+        env.push((TOKEN_VAR.to_string(), token.clone()));
+        let (std_cmd, pre) = self.with_env(node, "srun", &srun_args(node, &script), &env, true);
+        let mut c = tokio::process::Command::from(std_cmd);
         let out2 = output
             .try_clone()
             .map_err(|e| fail(node, "cannot duplicate the output pipe", e))?;
-        c.stdin(Stdio::null()).stdout(out2).stderr(output);
+        match pre {
+            // The environment (secrets included) goes over ssh's stdin.
+            Some(bytes) => {
+                let (r, mut w) =
+                    std::io::pipe().map_err(|e| fail(node, "cannot make a pipe", e))?;
+                w.write_all(&bytes)
+                    .map_err(|e| fail(node, "cannot pass the environment", e))?;
+                drop(w);
+                c.stdin(r);
+            }
+            None => {
+                c.stdin(Stdio::null());
+            }
+        }
+        c.stdout(out2).stderr(output);
         c.process_group(0);
         c.kill_on_drop(false);
         let child = c.spawn().map_err(|e| fail(node, "cannot start srun", e))?;
@@ -200,7 +291,7 @@ impl Transport for SlurmTransport {
         if let Some(token) = token {
             // On the node, to the task's process group: srun would turn a
             // SIGTERM into a cancelled step, not a signal the job can catch.
-            let _ = run(node, &signal_token(&token, signal), None);
+            let _ = run(self, node, &signal_token(&token, signal), None);
         }
         if signal == libc::SIGKILL && pgid > 1 {
             // SAFETY: signalling the srun process group this transport made.
@@ -217,7 +308,7 @@ impl Transport for SlurmTransport {
              kill -{signal} ${{p#/proc/}} 2>/dev/null; done; true",
             extra(node, keys::JOB)
         );
-        let _ = run(node, &script, None);
+        let _ = run(self, node, &script, None);
     }
 
     fn reaped(&self, _node: &NodeRow, pgid: u32) {
@@ -265,7 +356,7 @@ impl Transport for SlurmTransport {
                 d = sq(&dest)
             )
         };
-        run(node, &script, Some(&tar.stdout)).map(|_| ())
+        run(self, node, &script, Some(&tar.stdout)).map(|_| ())
     }
 
     fn node_path(&self, node: &NodeRow, path: &str) -> String {
@@ -282,11 +373,12 @@ impl Transport for SlurmTransport {
     }
 
     fn make_dir(&self, node: &NodeRow, path: &str) -> Result<(), TransportError> {
-        run(node, &format!("mkdir -p {}", sq(path)), None).map(|_| ())
+        run(self, node, &format!("mkdir -p {}", sq(path)), None).map(|_| ())
     }
 
     fn download(&self, node: &NodeRow, path: &str, dest: &Path) -> Result<(), TransportError> {
         let packed = run(
+            self,
             node,
             &format!("if [ -d {p} ]; then tar -C {p} -cf - .; fi", p = sq(path)),
             None,
@@ -327,6 +419,7 @@ impl Transport for SlurmTransport {
 
     fn write_file(&self, node: &NodeRow, path: &str, data: &[u8]) -> Result<(), TransportError> {
         run(
+            self,
             node,
             &format!("cat > {p}.tmp && mv -f {p}.tmp {p}", p = sq(path)),
             Some(data),
@@ -338,11 +431,16 @@ impl Transport for SlurmTransport {
         // Slurm signals the steps itself when it preempts with GraceTime,
         // and marks the job with the time it will take it back; a job it
         // already requeued or took shows in its state.
-        let mut c = std::process::Command::new("scontrol");
-        c.args(["-o", "show", "job", extra(node, keys::JOB)]);
-        if let Some(conf) = node.extra.get(keys::CONF) {
-            c.env("SLURM_CONF", conf);
-        }
+        let mut c = self.slurm_command(
+            node,
+            "scontrol",
+            &[
+                "-o".into(),
+                "show".into(),
+                "job".into(),
+                extra(node, keys::JOB).into(),
+            ],
+        );
         let out = c.stdin(Stdio::null()).stderr(Stdio::null()).output().ok()?;
         let text = String::from_utf8_lossy(&out.stdout);
         let f = gangway_slurm::parse::fields(text.lines().next()?);
@@ -365,7 +463,7 @@ impl Transport for SlurmTransport {
     }
 
     fn probe(&self, node: &NodeRow, script: &str) -> Result<String, TransportError> {
-        run(node, script, None).map(|o| String::from_utf8_lossy(&o).into_owned())
+        run(self, node, script, None).map(|o| String::from_utf8_lossy(&o).into_owned())
     }
 }
 

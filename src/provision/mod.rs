@@ -52,7 +52,10 @@ impl Providers {
         if let Ok(Some(s)) = crate::slurm_clusters::load(home) {
             map.insert(
                 "slurm".into(),
-                Arc::new(gangway_slurm::SlurmProvider::new(s.clusters)),
+                Arc::new(gangway_slurm::SlurmProvider::new(
+                    s.clusters,
+                    home.join("ssh"),
+                )),
             );
         }
         #[cfg(feature = "aws")]

@@ -413,3 +413,78 @@ fn slurm_preemption_with_grace_time_checkpoints_and_resumes_in_another_partition
     slurm.assert_no_gangway_jobs("the managed job ended");
     assert_no_marker_procs(&home.marker, "the managed job ended");
 }
+
+#[test]
+fn a_cluster_behind_a_login_node_is_driven_over_ssh() {
+    let Some(slurm) = Slurm::start(2) else { return };
+    let Some(sshd) = crate::sshd::Sshd::start(1) else {
+        return;
+    };
+    let home = TestHome::new();
+    // Slurm's commands run on the "login node" (this host, behind the test
+    // sshd, whose sessions have their own HOME); `~` there is its home.
+    home.file(
+        "slurm.yaml",
+        &format!(
+            "clusters:\n  test:\n    login: {}@{}:{}\n    login_key: {}\n    conf: {}\n    partitions:\n      gpu:\n        gpus: A100:2\n        gres: fake\n",
+            sshd.user,
+            sshd.addrs[0],
+            sshd.port,
+            sshd.client_key.display(),
+            slurm.conf().display()
+        ),
+    );
+    let task = home.file(
+        "login.yaml",
+        &format!(
+            "num_nodes: 2\nresources:\n  accelerators: A100:1\nenvs:\n  {}: {}\n\
+             run: |\n  echo \"R=$NODE_RANK node=$SLURMD_NODENAME pwd=$PWD secret=${{#GW_SECRET}}\"\n",
+            crate::common::MARKER_ENV,
+            home.marker
+        ),
+    );
+    let o = home.run([
+        "launch",
+        &task,
+        "--infra",
+        "slurm/test",
+        "-c",
+        "lg",
+        "-y",
+        "--secret",
+        "GW_SECRET=hunter2-not-in-logs",
+    ]);
+    let (code, out, err) = parts(&o);
+    assert_eq!(code, 0, "launch failed:\n{out}\n{err}");
+    let remote_home = sshd.home.join(".gangway/slurm/gangway-lg");
+    for (rank, node) in [(0, "n1"), (1, "n2")] {
+        let want = format!(
+            "R={rank} node={node} pwd={}/{node} secret=19",
+            remote_home.display()
+        );
+        assert!(out.contains(&want), "no '{want}' in:\n{out}\n{err}");
+    }
+    assert!(
+        !out.contains("hunter2") && !err.contains("hunter2"),
+        "the secret was printed"
+    );
+    // Nothing gangway wrote (state, logs) holds it.
+    let mut stack = vec![home.path().to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if let Ok(bytes) = std::fs::read(&p) {
+                assert!(
+                    !String::from_utf8_lossy(&bytes).contains("hunter2"),
+                    "the secret is in {}",
+                    p.display()
+                );
+            }
+        }
+    }
+    let o = home.run(["down", "-y", "lg"]);
+    assert_eq!(parts(&o).0, 0, "down failed: {}", parts(&o).2);
+    slurm.assert_no_gangway_jobs("down");
+}

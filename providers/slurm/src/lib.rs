@@ -50,11 +50,127 @@ pub struct Partition {
     pub exclusive: bool,
 }
 
+/// A login node reached over SSH (the system's `ssh`, so your
+/// `~/.ssh/config`, agent and known_hosts apply).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Login {
+    /// Host name or address (or a `Host` alias of your ssh config).
+    pub host: String,
+    /// Port, when not ssh's default.
+    pub port: Option<u16>,
+    /// User, when not ssh's default.
+    pub user: Option<String>,
+    /// Private key, when not ssh's default.
+    pub key: Option<PathBuf>,
+    /// `ProxyJump`.
+    pub jump: Option<String>,
+}
+
+impl Login {
+    /// Parses `[user@]host[:port]`.
+    pub fn parse(text: &str) -> Option<Login> {
+        let (user, rest) = match text.rsplit_once('@') {
+            Some((u, h)) => (Some(u.to_string()), h),
+            None => (None, text),
+        };
+        let (host, port) = match rest.rsplit_once(':') {
+            Some((h, p)) if !h.contains(':') => (h, Some(p.parse().ok()?)),
+            _ => (rest, None),
+        };
+        (!host.is_empty() && !host.contains(char::is_whitespace)).then(|| Login {
+            host: host.to_string(),
+            port,
+            user: user.filter(|u| !u.is_empty()),
+            key: None,
+            jump: None,
+        })
+    }
+
+    /// Facts on a node that say how its login node is reached.
+    pub fn to_extra(&self, extra: &mut BTreeMap<String, String>) {
+        extra.insert(keys::LOGIN_HOST.into(), self.host.clone());
+        if let Some(p) = self.port {
+            extra.insert(keys::LOGIN_PORT.into(), p.to_string());
+        }
+        if let Some(u) = &self.user {
+            extra.insert(keys::LOGIN_USER.into(), u.clone());
+        }
+        if let Some(k) = &self.key {
+            extra.insert(keys::LOGIN_KEY.into(), k.display().to_string());
+        }
+        if let Some(j) = &self.jump {
+            extra.insert(keys::LOGIN_JUMP.into(), j.clone());
+        }
+    }
+
+    /// The login node of a node, from its facts; `None`: commands run here.
+    pub fn from_extra(extra: &BTreeMap<String, String>) -> Option<Login> {
+        Some(Login {
+            host: extra.get(keys::LOGIN_HOST)?.clone(),
+            port: extra.get(keys::LOGIN_PORT).and_then(|p| p.parse().ok()),
+            user: extra.get(keys::LOGIN_USER).cloned(),
+            key: extra.get(keys::LOGIN_KEY).map(PathBuf::from),
+            jump: extra.get(keys::LOGIN_JUMP).cloned(),
+        })
+    }
+
+    /// `ssh` to the login node, options set, ready for one argument: the
+    /// remote command. `ssh_dir` is gangway's (`$GANGWAY_HOME/ssh`). One
+    /// master connection per login node is shared by every command
+    /// (`ControlPersist` keeps it 60 s after the last one). `BatchMode`:
+    /// never a prompt, so a key that needs a passphrase is an error that
+    /// says so. Host keys: those in your `~/.ssh/known_hosts` are checked
+    /// strictly; a host found in neither file is recorded on first contact
+    /// in gangway's `ssh/known_hosts_slurm`, then checked strictly too.
+    pub fn ssh(&self, ssh_dir: &std::path::Path) -> std::process::Command {
+        let _ = std::fs::create_dir_all(ssh_dir.join("ctl"));
+        let mut c = std::process::Command::new("ssh");
+        c.args(["-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15"])
+            .args(["-o", "ServerAliveInterval=3", "-o", "ServerAliveCountMax=3"])
+            .args(["-o", "ControlMaster=auto", "-o", "ControlPersist=60"])
+            .args(["-o", "StrictHostKeyChecking=accept-new"])
+            .arg("-o")
+            .arg(format!(
+                "UserKnownHostsFile={}/known_hosts_slurm %d/.ssh/known_hosts",
+                ssh_dir.display()
+            ))
+            .arg("-o")
+            .arg(format!("ControlPath={}/ctl/slurm-%C", ssh_dir.display()));
+        if let Some(p) = self.port {
+            c.arg("-p").arg(p.to_string());
+        }
+        if let Some(u) = &self.user {
+            c.arg("-l").arg(u);
+        }
+        if let Some(k) = &self.key {
+            c.arg("-o").arg("IdentitiesOnly=yes").arg("-i").arg(k);
+        }
+        if let Some(j) = &self.jump {
+            c.arg("-J").arg(j);
+        }
+        c.arg(&self.host);
+        c
+    }
+}
+
+/// Quotes a word for a POSIX shell.
+pub fn sh_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,@%+".contains(c))
+    {
+        return s.to_string();
+    }
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
 /// One Slurm cluster from `$GANGWAY_HOME/slurm.yaml`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Cluster {
     /// The name `infra: slurm/<name>` uses.
     pub name: String,
+    /// The login node, when Slurm's commands are not on this machine.
+    pub login: Option<Login>,
     /// `SLURM_CONF` for its client commands, if not the system's.
     pub conf: Option<PathBuf>,
     /// `--account`.
@@ -80,6 +196,16 @@ pub mod keys {
     pub const NODE: &str = "slurm.node";
     /// `SLURM_CONF` for the cluster, if not the system's.
     pub const CONF: &str = "slurm.conf";
+    /// The login node's host (absent: Slurm's commands run locally).
+    pub const LOGIN_HOST: &str = "slurm.login.host";
+    /// Its port.
+    pub const LOGIN_PORT: &str = "slurm.login.port";
+    /// Its user.
+    pub const LOGIN_USER: &str = "slurm.login.user";
+    /// The key for it.
+    pub const LOGIN_KEY: &str = "slurm.login.key";
+    /// The jump host to it.
+    pub const LOGIN_JUMP: &str = "slurm.login.jump";
 }
 
 /// Says how a launch is going (a pending job's reason and wait).
@@ -88,6 +214,7 @@ pub type Progress = Box<dyn Fn(&str) + Send + Sync>;
 /// The provider.
 pub struct SlurmProvider {
     clusters: Vec<Cluster>,
+    ssh_dir: PathBuf,
     poll: Duration,
     progress: Progress,
 }
@@ -109,10 +236,13 @@ fn uid() -> u32 {
 }
 
 impl SlurmProvider {
-    /// A provider for these clusters; progress goes to stderr.
-    pub fn new(clusters: Vec<Cluster>) -> SlurmProvider {
+    /// A provider for these clusters; progress goes to stderr. `ssh_dir`
+    /// is gangway's (`$GANGWAY_HOME/ssh`: control sockets and known hosts
+    /// of login nodes).
+    pub fn new(clusters: Vec<Cluster>, ssh_dir: PathBuf) -> SlurmProvider {
         SlurmProvider {
             clusters,
+            ssh_dir,
             poll: Duration::from_millis(500),
             progress: Box::new(|line| eprintln!("  {line}")),
         }
@@ -153,11 +283,34 @@ impl SlurmProvider {
     /// Runs one of Slurm's client commands for `c`; stdout, or an error
     /// with its stderr.
     async fn slurm(&self, c: &Cluster, prog: &str, args: &[String]) -> Result<String> {
-        let mut cmd = tokio::process::Command::new(prog);
-        cmd.args(args).stdin(std::process::Stdio::null());
-        if let Some(conf) = &c.conf {
-            cmd.env("SLURM_CONF", conf);
-        }
+        let mut cmd = match &c.login {
+            None => {
+                let mut cmd = tokio::process::Command::new(prog);
+                cmd.args(args);
+                if let Some(conf) = &c.conf {
+                    cmd.env("SLURM_CONF", conf);
+                }
+                cmd
+            }
+            Some(login) => {
+                let mut remote = String::new();
+                if let Some(conf) = &c.conf {
+                    remote.push_str(&format!(
+                        "SLURM_CONF={} ",
+                        sh_quote(&conf.to_string_lossy())
+                    ));
+                }
+                remote.push_str(prog);
+                for a in args {
+                    remote.push(' ');
+                    remote.push_str(&sh_quote(a));
+                }
+                let mut ssh = login.ssh(&self.ssh_dir);
+                ssh.arg(remote);
+                tokio::process::Command::from(ssh)
+            }
+        };
+        cmd.stdin(std::process::Stdio::null());
         cmd.kill_on_drop(true);
         let out = match tokio::time::timeout(Duration::from_secs(60), cmd.output()).await {
             Ok(Ok(out)) => out,
@@ -183,6 +336,34 @@ impl SlurmProvider {
             return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
         }
         let words = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        if let (Some(login), Some(255)) = (&c.login, out.status.code()) {
+            // ssh's own failure, not the command's.
+            let kind = if words.contains("Permission denied") {
+                ErrorKind::Auth
+            } else if words.contains("Host key verification failed")
+                || words.contains("IDENTIFICATION HAS CHANGED")
+            {
+                ErrorKind::Fatal
+            } else {
+                ErrorKind::Transient
+            };
+            let hint = if words.contains("Host key verification failed") {
+                format!(
+                    " (connect once with `ssh {}` to check and record its host key)",
+                    login.host
+                )
+            } else {
+                String::new()
+            };
+            return Err(err(
+                kind,
+                &c.name,
+                format!(
+                    "cannot reach the login node {} over ssh: {words}{hint}",
+                    login.host
+                ),
+            ));
+        }
         Err(err(classify(&words), &c.name, format!("{prog}: {words}")))
     }
 
@@ -232,7 +413,13 @@ impl SlurmProvider {
             .await
             .map(|t| parse::Topology::parse(&t))
             .unwrap_or_default();
-        let home = expand_home(&c.work_dir);
+        let home = match (&c.login, c.work_dir.strip_prefix("~/")) {
+            (Some(_), Some(rest)) => {
+                let remote = self.slurm(c, "printenv", &["HOME".into()]).await?;
+                format!("{}/{rest}", remote.trim())
+            }
+            _ => expand_home(&c.work_dir),
+        };
         Ok(job
             .nodes
             .iter()
@@ -242,6 +429,9 @@ impl SlurmProvider {
                 extra.insert(keys::NODE.into(), n.clone());
                 if let Some(conf) = &c.conf {
                     extra.insert(keys::CONF.into(), conf.display().to_string());
+                }
+                if let Some(login) = &c.login {
+                    login.to_extra(&mut extra);
                 }
                 extra.insert("home".into(), format!("{home}/{}/{n}", job.name));
                 Node {
@@ -275,6 +465,8 @@ impl SlurmProvider {
     }
 }
 
+/// `~/x` in this machine's home; a login node's work dir is left for its
+/// shell (`$HOME`) to expand.
 fn expand_home(p: &str) -> String {
     match (p.strip_prefix("~/"), std::env::var_os("HOME")) {
         (Some(rest), Some(h)) => format!("{}/{rest}", h.to_string_lossy()),
@@ -674,6 +866,28 @@ mod tests {
             ErrorKind::Transient
         );
         assert_eq!(classify("something else"), ErrorKind::Fatal);
+    }
+
+    #[test]
+    fn login_nodes_parse_and_words_are_quoted_for_their_shell() {
+        let l = Login::parse("me@login1:2222").unwrap();
+        assert_eq!(
+            (l.host.as_str(), l.port, l.user.as_deref()),
+            ("login1", Some(2222), Some("me"))
+        );
+        let l = Login::parse("hpc-login").unwrap();
+        assert_eq!((l.port, l.user), (None, None));
+        assert!(Login::parse("me@").is_none());
+        assert!(Login::parse("a b").is_none());
+        assert!(Login::parse("host:port").is_none());
+        let mut extra = BTreeMap::new();
+        let mut l = Login::parse("me@login1:2222").unwrap();
+        l.jump = Some("bastion".into());
+        l.to_extra(&mut extra);
+        assert_eq!(Login::from_extra(&extra), Some(l));
+        assert_eq!(sh_quote("--jobid=12"), "--jobid=12");
+        assert_eq!(sh_quote("it's $HOME"), r"'it'\''s $HOME'");
+        assert_eq!(sh_quote(""), "''");
     }
 
     #[test]
