@@ -243,7 +243,7 @@ impl SlurmProvider {
         SlurmProvider {
             clusters,
             ssh_dir,
-            poll: Duration::from_millis(500),
+            poll: Duration::from_secs(2),
             progress: Box::new(|line| eprintln!("  {line}")),
         }
     }
@@ -254,7 +254,9 @@ impl SlurmProvider {
         self
     }
 
-    /// How often a pending job is looked at.
+    /// The longest pause between two looks at a pending job (they start
+    /// at 100 ms and double: quick when Slurm is, light on slurmctld when
+    /// the queue is long).
     pub fn with_poll(mut self, poll: Duration) -> SlurmProvider {
         self.poll = poll;
         self
@@ -695,6 +697,7 @@ impl Provider for SlurmProvider {
         let started = Instant::now();
         let mut said = String::new();
         let mut said_at = Instant::now();
+        let mut pause = Duration::from_millis(100);
         loop {
             let job = self
                 .jobs(c)
@@ -744,7 +747,8 @@ impl Provider for SlurmProvider {
                 said = why;
                 said_at = Instant::now();
             }
-            tokio::time::sleep(self.poll).await;
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(self.poll);
         }
     }
 
@@ -817,6 +821,7 @@ impl Provider for SlurmProvider {
             self.cancel(c, &ids).await?;
             // Wait until Slurm no longer holds them (COMPLETING included).
             let deadline = Instant::now() + Duration::from_secs(60);
+            let mut pause = Duration::from_millis(50);
             loop {
                 let left = self
                     .find(c, &name)
@@ -834,7 +839,8 @@ impl Provider for SlurmProvider {
                         format!("{left} job(s) named {name} still in the queue 60 s after scancel"),
                     ));
                 }
-                tokio::time::sleep(self.poll).await;
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(self.poll);
             }
         }
         Ok(())
