@@ -488,3 +488,50 @@ fn a_cluster_behind_a_login_node_is_driven_over_ssh() {
     assert_eq!(parts(&o).0, 0, "down failed: {}", parts(&o).2);
     slurm.assert_no_gangway_jobs("down");
 }
+
+#[test]
+fn a_queue_that_does_not_move_falls_back_to_the_next_provider_in_order() {
+    let Some(slurm) = Slurm::start(2) else { return };
+    let home = TestHome::new();
+    slurm.configure(&home, "    max_queue_wait: 2s\n");
+    slurm.cmd(
+        "sbatch",
+        &[
+            "--nodes=2",
+            "--exclusive",
+            "--job-name=someone-else",
+            "--output=/dev/null",
+            "--wrap=exec sleep 600",
+        ],
+    );
+    // The in-house cluster first, then (here) the local cloud.
+    let task = home.file(
+        "ordered.yaml",
+        &format!(
+            "num_nodes: 2\nresources:\n  accelerators: A100:1\n  ordered:\n    - infra: slurm/test\n    - infra: local\n\
+             envs:\n  {}: {}\nrun: echo \"ran on $GANGWAY_CLUSTER rank $NODE_RANK slurm=${{SLURM_JOB_ID:-none}}\"\n",
+            crate::common::MARKER_ENV,
+            home.marker
+        ),
+    );
+    let o = home.run(["launch", &task, "-c", "ord", "-y"]);
+    let (code, out, err) = parts(&o);
+    assert_eq!(code, 0, "launch failed:\n{out}\n{err}");
+    let all = format!("{out}\n{err}");
+    assert!(
+        all.contains("slurm/test/gpu") && all.contains("still pending after"),
+        "Slurm was not tried first or its wait not reported:\n{all}"
+    );
+    assert!(
+        out.contains("ran on ord rank 0 slurm=none")
+            && out.contains("ran on ord rank 1 slurm=none"),
+        "the run did not land on the next provider:\n{all}"
+    );
+    assert_eq!(
+        home.cluster("ord")["cloud"],
+        "local",
+        "{}",
+        home.cluster("ord")
+    );
+    slurm.assert_no_gangway_jobs("falling back");
+}

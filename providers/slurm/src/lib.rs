@@ -537,6 +537,35 @@ pub fn classify(words: &str) -> ErrorKind {
     }
 }
 
+/// The keys a task may set under `config.slurm`.
+pub const CONFIG_KEYS: &[&str] = &["account", "qos", "time", "max_queue_wait"];
+
+/// Refuses unknown keys and wrong types in a task's `config.slurm`.
+pub fn check_config(cfg: Option<&serde_json::Value>) -> std::result::Result<(), String> {
+    let Some(cfg) = cfg else { return Ok(()) };
+    let Some(map) = cfg.as_object() else {
+        return Err("config.slurm must be a mapping".into());
+    };
+    for (k, v) in map {
+        if !CONFIG_KEYS.contains(&k.as_str()) {
+            return Err(format!(
+                "config.slurm.{k} is not a setting (known: {})",
+                CONFIG_KEYS.join(", ")
+            ));
+        }
+        let ok = match k.as_str() {
+            "max_queue_wait" => {
+                v.as_u64().is_some() || v.as_str().and_then(parse_duration).is_some()
+            }
+            _ => v.is_string(),
+        };
+        if !ok {
+            return Err(format!("config.slurm.{k}: {v} is not a valid value"));
+        }
+    }
+    Ok(())
+}
+
 /// `config.slurm.max_queue_wait`: seconds (`600`) or `10m`, `2h`, `30s`.
 pub fn parse_duration(text: &str) -> Option<Duration> {
     let t = text.trim();
@@ -602,6 +631,7 @@ impl Provider for SlurmProvider {
         }
         let name = job_name(&req.cluster);
         let cfg = req.provider_config.as_ref();
+        check_config(cfg).map_err(|m| err(ErrorKind::InvalidRequest, &loc, m))?;
         let max_wait = cfg
             .and_then(|v| v.get("max_queue_wait"))
             .and_then(|v| match v {
@@ -894,6 +924,19 @@ mod tests {
         assert_eq!(sh_quote("--jobid=12"), "--jobid=12");
         assert_eq!(sh_quote("it's $HOME"), r"'it'\''s $HOME'");
         assert_eq!(sh_quote(""), "''");
+    }
+
+    #[test]
+    fn task_settings_are_checked_by_name() {
+        let ok = serde_json::json!({"account": "p", "max_queue_wait": "5m"});
+        assert!(check_config(Some(&ok)).is_ok());
+        assert!(check_config(Some(&serde_json::json!({"max_queue_wait": 30}))).is_ok());
+        let typo = serde_json::json!({"acount": "p"});
+        assert!(check_config(Some(&typo)).unwrap_err().contains("acount"));
+        let bad = serde_json::json!({"max_queue_wait": "soon"});
+        assert!(check_config(Some(&bad))
+            .unwrap_err()
+            .contains("max_queue_wait"));
     }
 
     #[test]
