@@ -165,23 +165,8 @@ fn run(
     input: Option<&[u8]>,
 ) -> Result<Vec<u8>, TransportError> {
     let mut c = t.slurm_command(node, "srun", &srun_args(node, script));
-    c.stdin(if input.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    })
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    let mut child = c.spawn().map_err(|e| fail(node, "cannot start srun", e))?;
-    if let (Some(data), Some(mut w)) = (input, child.stdin.take()) {
-        let data = data.to_vec();
-        std::thread::spawn(move || {
-            let _ = w.write_all(&data);
-        });
-    }
-    let out = child
-        .wait_with_output()
-        .map_err(|e| fail(node, "srun failed", e))?;
+    let out = super::transport::output_with_input(&mut c, input)
+        .map_err(|e| fail(node, "cannot run srun", e))?;
     if out.status.success() {
         Ok(out.stdout)
     } else {

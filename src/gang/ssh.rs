@@ -342,22 +342,8 @@ impl SshTransport {
             source,
         };
         let mut c = self.ssh_command(&ctl, &t, remote);
-        c.stdin(if input.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-        let mut child = c.spawn().map_err(|e| err("cannot run ssh".into(), e))?;
-        if let (Some(data), Some(mut stdin)) = (input, child.stdin.take()) {
-            stdin
-                .write_all(data)
-                .map_err(|e| err("cannot send data".into(), e))?;
-        }
-        let out = child
-            .wait_with_output()
-            .map_err(|e| err("ssh failed".into(), e))?;
+        let out = super::transport::output_with_input(&mut c, input)
+            .map_err(|e| err("cannot run ssh".into(), e))?;
         if !out.status.success() {
             return Err(err(
                 format!("`{remote}` failed"),

@@ -154,6 +154,31 @@ pub trait Transport: Send + Sync {
     }
 }
 
+/// Runs `c` to its end with `input` on its stdin, written from a thread
+/// (a command that answers before it has read everything cannot deadlock
+/// on full pipes); its status and output.
+pub(crate) fn output_with_input(
+    c: &mut std::process::Command,
+    input: Option<&[u8]>,
+) -> std::io::Result<std::process::Output> {
+    c.stdin(if input.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = c.spawn()?;
+    if let (Some(data), Some(mut w)) = (input, child.stdin.take()) {
+        let data = data.to_vec();
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let _ = w.write_all(&data);
+        });
+    }
+    child.wait_with_output()
+}
+
 /// Commands as local processes in the node's directory.
 #[derive(Debug, Default)]
 pub struct LocalTransport;

@@ -178,6 +178,35 @@ fn ddp_rendezvous_runs_unchanged_on_slurm_ranked_by_its_switches() {
         let want = format!("R={rank}/4 node={node} topo={topo} gpus=1 cvd=0");
         assert!(out.contains(&want), "no '{want}' in:\n{out}");
     }
+    // cancel stops a running job's steps on every node; the allocation stays.
+    let o = home.run([
+        "exec",
+        "rdv",
+        "-d",
+        "--env",
+        &home.marker_env(),
+        "sleep 300",
+    ]);
+    assert_eq!(parts(&o).0, 0, "exec -d failed: {}", parts(&o).2);
+    crate::common::wait_for("the ranks to run", DEADLINE, || {
+        let n = crate::common::procs_with_marker(&home.marker).len();
+        if n >= 4 {
+            Ok(())
+        } else {
+            Err(format!("{n} marked processes"))
+        }
+    });
+    let o = home.run(["cancel", "rdv", "--all"]);
+    assert_eq!(parts(&o).0, 0, "cancel failed: {}", parts(&o).2);
+    assert_no_marker_procs(&home.marker, "cancel");
+    assert!(
+        slurm
+            .queue()
+            .iter()
+            .any(|l| l.ends_with("gangway-rdv RUNNING")),
+        "cancel took the allocation: {:?}",
+        slurm.queue()
+    );
     let o = home.run(["down", "-y", "rdv"]);
     assert_eq!(parts(&o).0, 0, "down failed: {}", parts(&o).2);
     slurm.assert_no_gangway_jobs("down");

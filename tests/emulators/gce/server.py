@@ -239,7 +239,7 @@ def short(name_or_url):
 
 def fingerprint(*parts):
     digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
-    return base64.b64encode(digest[:8]).decode()
+    return base64.urlsafe_b64encode(digest[:8]).decode()
 
 
 def hexhash(length, *parts):
