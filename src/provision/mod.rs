@@ -58,6 +58,15 @@ impl Providers {
                 )),
             );
         }
+        #[cfg(feature = "gcp")]
+        map.insert(
+            "gcp".into(),
+            Arc::new(gangway_gcp::GcpProvider::new(
+                home.join("gcp"),
+                owner(),
+                home.join("ssh").join("id_ed25519.pub"),
+            )),
+        );
         #[cfg(feature = "aws")]
         map.insert(
             "aws".into(),

@@ -6,6 +6,7 @@ mod cli;
 mod cluster_cmds;
 mod common;
 mod compat;
+mod gcp;
 mod imds;
 mod jobs;
 mod launch;

@@ -291,6 +291,35 @@ pub trait Provider: Send + Sync {
     }
 }
 
+/// Asks checkip.amazonaws.com (plain HTTP, 3 s) for this machine's public
+/// IPv4 address (firewall rules open SSH to it only). The error says what
+/// failed; callers add which setting replaces it.
+pub fn my_public_ip() -> std::result::Result<String, String> {
+    use std::io::{Read, Write};
+    use std::net::ToSocketAddrs;
+    use std::time::Duration;
+    let why = |e: &dyn std::fmt::Display| {
+        format!("cannot learn your public address from checkip.amazonaws.com ({e})")
+    };
+    let addr = ("checkip.amazonaws.com", 80)
+        .to_socket_addrs()
+        .map_err(|e| why(&e))?
+        .next()
+        .ok_or_else(|| why(&"no address"))?;
+    let mut s =
+        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3)).map_err(|e| why(&e))?;
+    s.set_read_timeout(Some(Duration::from_secs(3)))
+        .map_err(|e| why(&e))?;
+    s.write_all(b"GET / HTTP/1.0\r\nHost: checkip.amazonaws.com\r\n\r\n")
+        .map_err(|e| why(&e))?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).map_err(|e| why(&e))?;
+    let ip = body.rsplit("\r\n\r\n").next().unwrap_or_default().trim();
+    ip.parse::<std::net::Ipv4Addr>()
+        .map(|a| a.to_string())
+        .map_err(|_| why(&format!("unexpected answer '{ip}'")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,1141 @@
+//! The GCP provider: Compute Engine through Google's official Rust client
+//! (`google-cloud-compute-v1`, REST/JSON, with `google-cloud-auth`'s
+//! Application Default Credentials).
+//!
+//! A launch is a reconcile by label (`gangway-cluster`, `gangway-owner`):
+//! running VMs of the right zone, type and market are kept, stopped
+//! on-demand ones started, others deleted, and the shortfall created by one
+//! `instances.bulkInsert` (`count = minCount`, all or nothing) with a
+//! `requestId` derived from the request, so a retried call never doubles
+//! the cluster. Per cluster: two firewall rules (SSH from the caller's
+//! address, everything between members, by network tag) and, for multi-node
+//! GPU gangs, a compact-placement resource policy. Operations are waited
+//! for and their `error` read (the client's `until_done` answers `Ok` for a
+//! failed operation), and GCE's codes steer the failover loop.
+//!
+//! `GANGWAY_GCP_ENDPOINT` points it elsewhere (private endpoints, the test
+//! fake); a plain-http loopback endpoint is used without credentials.
+#![deny(missing_docs)]
+
+mod errors;
+mod names;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use gangway_provider::{
+    CheckReport, ClusterName, ErrorKind, InstanceId, LaunchRequest, Node, NodeState, Placement,
+    Provider, ProviderError, Result,
+};
+use google_cloud_compute_v1::client::{Firewalls, Instances, ResourcePolicies};
+use google_cloud_compute_v1::model::{
+    self, access_config, attached_disk, firewall, instance, resource_policy_group_placement_policy,
+    scheduling,
+};
+use google_cloud_gax::options::RequestOptionsBuilder;
+use google_cloud_gax::paginator::ItemPaginator;
+use google_cloud_lro::Poller;
+
+pub use errors::{classify_codes, classify_http};
+pub use names::{gpu_type, request_id, Names};
+
+/// Label naming the cluster (a sanitized name plus a hash of the exact one).
+pub const LABEL_CLUSTER: &str = "gangway-cluster";
+/// Label naming who launched it.
+pub const LABEL_OWNER: &str = "gangway-owner";
+
+/// The user gangway puts its key in for (`ssh-keys` metadata).
+const DEFAULT_SSH_USER: &str = "gangway";
+
+fn err(kind: ErrorKind, location: &str, message: impl Into<String>) -> ProviderError {
+    ProviderError::new(kind, "gcp", location, message)
+}
+
+struct Clients {
+    project: String,
+    instances: Instances,
+    policies: ResourcePolicies,
+    firewalls: Firewalls,
+}
+
+/// The GCP provider.
+pub struct GcpProvider {
+    owner: String,
+    public_key: PathBuf,
+    records: PathBuf,
+    clients: tokio::sync::OnceCell<std::result::Result<Clients, ProviderError>>,
+}
+
+/// The task's `config.gcp` settings.
+#[derive(Clone, Debug, Default)]
+struct Options {
+    ssh_user: Option<String>,
+    ssh_cidr: Option<String>,
+    network: Option<String>,
+    termination_action: Option<String>,
+    use_internal_ips: bool,
+    placement: Option<bool>,
+    boot_timeout_s: Option<u64>,
+}
+
+const OPTION_KEYS: &[&str] = &[
+    "ssh_user",
+    "ssh_cidr",
+    "network",
+    "termination_action",
+    "use_internal_ips",
+    "placement_policy",
+    "boot_timeout_s",
+];
+
+fn options(v: Option<&serde_json::Value>, loc: &str) -> Result<Options> {
+    let mut o = Options::default();
+    let Some(v) = v else { return Ok(o) };
+    let bad = |k: &str, why: &str| {
+        err(
+            ErrorKind::InvalidRequest,
+            loc,
+            format!("config.gcp.{k}: {why}"),
+        )
+    };
+    let map = v.as_object().ok_or_else(|| bad("", "must be a mapping"))?;
+    for (k, v) in map {
+        let s = || {
+            v.as_str()
+                .map(str::to_string)
+                .ok_or_else(|| bad(k, "must be a string"))
+        };
+        match k.as_str() {
+            "ssh_user" => o.ssh_user = Some(s()?),
+            "ssh_cidr" => o.ssh_cidr = Some(s()?),
+            "network" => o.network = Some(s()?),
+            "termination_action" => {
+                let t = s()?.to_ascii_uppercase();
+                if t != "STOP" && t != "DELETE" {
+                    return Err(bad(k, "must be STOP or DELETE"));
+                }
+                o.termination_action = Some(t);
+            }
+            "use_internal_ips" => {
+                o.use_internal_ips = v.as_bool().ok_or_else(|| bad(k, "must be true or false"))?
+            }
+            "placement_policy" => {
+                o.placement = Some(v.as_bool().ok_or_else(|| bad(k, "must be true or false"))?)
+            }
+            "boot_timeout_s" => {
+                o.boot_timeout_s = Some(v.as_u64().ok_or_else(|| bad(k, "must be seconds"))?)
+            }
+            other => {
+                return Err(bad(
+                    other,
+                    &format!("not a setting (known: {})", OPTION_KEYS.join(", ")),
+                ))
+            }
+        }
+    }
+    Ok(o)
+}
+
+/// The project: `GOOGLE_CLOUD_PROJECT`, `CLOUDSDK_CORE_PROJECT`, then the
+/// active gcloud configuration's `core/project`.
+pub fn project() -> Option<String> {
+    for v in ["GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT"] {
+        if let Ok(p) = std::env::var(v) {
+            if !p.is_empty() {
+                return Some(p);
+            }
+        }
+    }
+    let dir = std::env::var_os("CLOUDSDK_CONFIG")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config/gcloud")))?;
+    let active = std::fs::read_to_string(dir.join("active_config"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "default".into());
+    let text = std::fs::read_to_string(dir.join("configurations").join(format!("config_{active}")))
+        .ok()?;
+    let mut in_core = false;
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_core = line == "[core]";
+        } else if in_core {
+            if let Some((k, v)) = line.split_once('=') {
+                if k.trim() == "project" && !v.trim().is_empty() {
+                    return Some(v.trim().to_string());
+                }
+            }
+        }
+    }
+    None
+}
+
+/// The API endpoint override, and whether it is a loopback plain-http one
+/// (used without credentials).
+fn endpoint() -> (Option<String>, bool) {
+    match std::env::var("GANGWAY_GCP_ENDPOINT") {
+        Ok(e) if !e.is_empty() => {
+            let local = e.starts_with("http://127.")
+                || e.starts_with("http://localhost")
+                || e.starts_with("http://[::1]");
+            (Some(e.trim_end_matches('/').to_string()), local)
+        }
+        _ => (None, false),
+    }
+}
+
+fn region_of(zone: &str) -> &str {
+    zone.rsplit_once('-').map_or(zone, |(r, _)| r)
+}
+
+fn last(url: &str) -> &str {
+    url.rsplit('/').next().unwrap_or(url)
+}
+
+impl GcpProvider {
+    /// A provider labelling with `owner`, putting `public_key` (an OpenSSH
+    /// `.pub` file) into each VM's `ssh-keys`, and keeping the regions each
+    /// cluster touched under `root`.
+    pub fn new(root: PathBuf, owner: impl Into<String>, public_key: PathBuf) -> GcpProvider {
+        GcpProvider {
+            owner: owner.into(),
+            public_key,
+            records: root.join("clusters"),
+            clients: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    async fn clients(&self) -> Result<&Clients> {
+        let r = self
+            .clients
+            .get_or_init(|| async {
+                let project = project().ok_or_else(|| {
+                    err(
+                        ErrorKind::Auth,
+                        "",
+                        "no project: set GOOGLE_CLOUD_PROJECT or run `gcloud config set project ID`",
+                    )
+                })?;
+                let (ep, anonymous) = endpoint();
+                macro_rules! build {
+                    ($t:ty) => {{
+                        let mut b = <$t>::builder()
+                            .with_attempt_timeout(Duration::from_secs(60))
+                            .with_retry_policy(
+                                google_cloud_gax::retry_policy::RetryPolicyExt::with_attempt_limit(
+                                    google_cloud_gax::retry_policy::Aip194Strict,
+                                    3,
+                                ),
+                            );
+                        // Operations are looked at after 100 ms, then
+                        // up to every 2 s (the client's own default starts
+                        // at 1 s and grows to a minute).
+                        if let Ok(backoff) =
+                            google_cloud_gax::exponential_backoff::ExponentialBackoffBuilder::new()
+                                .with_initial_delay(Duration::from_millis(100))
+                                .with_maximum_delay(Duration::from_secs(2))
+                                .build()
+                        {
+                            b = b.with_polling_backoff_policy(backoff);
+                        }
+                        if let Some(ep) = &ep {
+                            b = b.with_endpoint(ep.clone());
+                        }
+                        if anonymous {
+                            b = b.with_credentials(
+                                google_cloud_auth::credentials::anonymous::Builder::new().build(),
+                            );
+                        }
+                        b.build().await.map_err(|e| {
+                            err(
+                                ErrorKind::Auth,
+                                "",
+                                format!(
+                                    "cannot build the Compute Engine client: {e} (run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file)"
+                                ),
+                            )
+                        })?
+                    }};
+                }
+                Ok(Clients {
+                    project,
+                    instances: build!(Instances),
+                    policies: build!(ResourcePolicies),
+                    firewalls: build!(Firewalls),
+                })
+            })
+            .await;
+        r.as_ref().map_err(Clone::clone)
+    }
+
+    fn names(&self, cluster: &ClusterName) -> Names {
+        Names::new(&cluster.0, &self.owner)
+    }
+
+    fn label_filter(&self, names: &Names) -> String {
+        format!(
+            "labels.{LABEL_CLUSTER} = {} AND labels.{LABEL_OWNER} = {}",
+            names.label, names.owner_label
+        )
+    }
+
+    /// The cluster's VMs in every zone.
+    async fn vms(&self, names: &Names) -> Result<Vec<model::Instance>> {
+        let c = self.clients().await?;
+        let mut items = c
+            .instances
+            .aggregated_list()
+            .set_project(&c.project)
+            .set_filter(self.label_filter(names))
+            .by_item();
+        let mut out = Vec::new();
+        while let Some(item) = items.next().await {
+            let (_, scoped) = item.map_err(|e| call_err(&e, "", "instances.aggregatedList"))?;
+            out.extend(scoped.instances);
+        }
+        Ok(out)
+    }
+
+    fn record_regions(&self, names: &Names) -> Vec<String> {
+        std::fs::read_to_string(self.records.join(&names.base))
+            .map(|t| t.lines().map(str::to_string).collect())
+            .unwrap_or_default()
+    }
+
+    fn remember_region(&self, names: &Names, region: &str) -> Result<()> {
+        let mut regions = self.record_regions(names);
+        if regions.iter().any(|r| r == region) {
+            return Ok(());
+        }
+        regions.push(region.to_string());
+        std::fs::create_dir_all(&self.records)
+            .and_then(|()| std::fs::write(self.records.join(&names.base), regions.join("\n")))
+            .map_err(|e| {
+                err(
+                    ErrorKind::Fatal,
+                    region,
+                    format!("cannot record the cluster's region locally: {e}"),
+                )
+            })
+    }
+
+    fn node(&self, i: &model::Instance, opts_user: &str, internal: bool) -> Node {
+        let zone = last(i.zone.as_deref().unwrap_or_default()).to_string();
+        let nic = i.network_interfaces.first();
+        let private_ip = nic.and_then(|n| n.network_ip.clone()).unwrap_or_default();
+        let public_ip = nic
+            .and_then(|n| n.access_configs.first())
+            .and_then(|a| a.nat_ip.clone());
+        let spot = i
+            .scheduling
+            .as_ref()
+            .and_then(|s| s.provisioning_model.as_ref())
+            .is_some_and(|m| *m == scheduling::ProvisioningModel::Spot);
+        let mut extra = BTreeMap::new();
+        let host = if internal {
+            Some(private_ip.clone())
+        } else {
+            public_ip.clone()
+        };
+        if let Some(h) = host.filter(|h| !h.is_empty()) {
+            extra.insert("ssh.host".to_string(), h);
+        }
+        extra.insert("ssh.user".to_string(), opts_user.to_string());
+        extra.insert(
+            "market".to_string(),
+            if spot { "spot" } else { "on-demand" }.to_string(),
+        );
+        if let Some(t) = &i.machine_type {
+            extra.insert("instance_type".to_string(), last(t).to_string());
+        }
+        let topology = i
+            .resource_status
+            .as_ref()
+            .and_then(|r| r.physical_host.as_deref())
+            .map(|h| {
+                // `/BLOCK/SUBBLOCK/HOST`: the switch path is block, sub-block.
+                let parts: Vec<String> = h
+                    .split('/')
+                    .filter(|p| !p.is_empty())
+                    .map(str::to_string)
+                    .collect();
+                parts[..parts.len().saturating_sub(1)].to_vec()
+            })
+            .unwrap_or_default();
+        Node {
+            id: InstanceId(i.name.clone().unwrap_or_default()),
+            state: state_of(i, spot),
+            private_ip,
+            public_ip,
+            placement: Placement {
+                cloud: "gcp".into(),
+                region: region_of(&zone).to_string(),
+                zone,
+            },
+            topology,
+            extra,
+        }
+    }
+
+    async fn wait_op(
+        &self,
+        poller: impl Poller<model::Operation, model::Operation>,
+        loc: &str,
+        call: &str,
+        limit: Duration,
+    ) -> Result<model::Operation> {
+        let op = tokio::time::timeout(limit, poller.until_done())
+            .await
+            .map_err(|_| {
+                err(
+                    ErrorKind::Transient,
+                    loc,
+                    format!(
+                        "{call}: the operation was not done after {} s",
+                        limit.as_secs()
+                    ),
+                )
+            })?
+            .map_err(|e| call_err(&e, loc, call))?;
+        if let Some(e) = &op.error {
+            let codes: Vec<String> = e.errors.iter().filter_map(|x| x.code.clone()).collect();
+            let words: Vec<String> = e
+                .errors
+                .iter()
+                .map(|x| {
+                    format!(
+                        "{}: {}",
+                        x.code.as_deref().unwrap_or("ERROR"),
+                        x.message.as_deref().unwrap_or("")
+                    )
+                })
+                .collect();
+            return Err(err(
+                classify_codes(&codes, op.http_error_status_code),
+                loc,
+                format!("{call}: {}", words.join("; ")),
+            ));
+        }
+        Ok(op)
+    }
+
+    async fn delete_vms(&self, vms: &[model::Instance]) -> Result<()> {
+        let c = self.clients().await?;
+        let mut waits = Vec::new();
+        for i in vms {
+            let zone = last(i.zone.as_deref().unwrap_or_default()).to_string();
+            let name = i.name.clone().unwrap_or_default();
+            let poller = c
+                .instances
+                .delete()
+                .set_project(&c.project)
+                .set_zone(&zone)
+                .set_instance(&name)
+                .poller();
+            waits.push(async move {
+                match self
+                    .wait_op(poller, &zone, "instances.delete", Duration::from_secs(300))
+                    .await
+                {
+                    Err(e) if e.message.contains("404") || e.message.contains("notFound") => Ok(()),
+                    other => other.map(|_| ()),
+                }
+            });
+        }
+        for w in waits {
+            w.await?;
+        }
+        Ok(())
+    }
+
+    async fn ensure_firewall(
+        &self,
+        names: &Names,
+        opts: &Options,
+        req: &LaunchRequest,
+        nonce: &str,
+    ) -> Result<()> {
+        let c = self.clients().await?;
+        let network = opts
+            .network
+            .clone()
+            .unwrap_or_else(|| "global/networks/default".into());
+        let cidr = match (&opts.ssh_cidr, std::env::var("GANGWAY_GCP_SSH_CIDR")) {
+            (Some(c), _) => c.clone(),
+            (None, Ok(c)) if !c.is_empty() => c,
+            _ => {
+                let ip = tokio::task::spawn_blocking(gangway_provider::my_public_ip)
+                    .await
+                    .map_err(|e| err(ErrorKind::Fatal, "", e.to_string()))?
+                    .map_err(|e| {
+                        err(
+                            ErrorKind::Fatal,
+                            "",
+                            format!("{e} to open SSH to it only; set config.gcp.ssh_cidr or GANGWAY_GCP_SSH_CIDR"),
+                        )
+                    })?;
+                format!("{ip}/32")
+            }
+        };
+        let mut ssh_ports = vec!["22".to_string()];
+        for (a, b) in &req.ports {
+            ssh_ports.push(if a == b {
+                a.to_string()
+            } else {
+                format!("{a}-{b}")
+            });
+        }
+        let labels = |mut f: model::Firewall| {
+            f.description = Some(format!("gangway cluster {}", req.cluster.0));
+            f
+        };
+        let rules = [
+            labels(
+                model::Firewall::new()
+                    .set_name(names.firewall_ssh())
+                    .set_network(&network)
+                    .set_direction(firewall::Direction::Ingress)
+                    .set_allowed([firewall::Allowed::new()
+                        .set_ip_protocol("tcp")
+                        .set_ports(["22"])])
+                    .set_source_ranges([cidr])
+                    .set_target_tags([names.tag.clone()]),
+            ),
+            labels(
+                model::Firewall::new()
+                    .set_name(names.firewall_internal())
+                    .set_network(&network)
+                    .set_direction(firewall::Direction::Ingress)
+                    .set_allowed([firewall::Allowed::new().set_ip_protocol("all")])
+                    .set_source_tags([names.tag.clone()])
+                    .set_target_tags([names.tag.clone()]),
+            ),
+        ];
+        let mut rules = rules.to_vec();
+        if !req.ports.is_empty() {
+            rules.push(labels(
+                model::Firewall::new()
+                    .set_name(names.firewall_ports())
+                    .set_network(&network)
+                    .set_direction(firewall::Direction::Ingress)
+                    .set_allowed([firewall::Allowed::new()
+                        .set_ip_protocol("tcp")
+                        .set_ports(ssh_ports.into_iter().skip(1))])
+                    .set_source_ranges(["0.0.0.0/0"])
+                    .set_target_tags([names.tag.clone()]),
+            ));
+        }
+        for rule in rules {
+            let name = rule.name.clone().unwrap_or_default();
+            let poller = c
+                .firewalls
+                .insert()
+                .set_project(&c.project)
+                .set_request_id(request_id(&[&req.client_token, nonce, &name]))
+                .set_body(rule)
+                .with_idempotency(true)
+                .poller();
+            match self
+                .wait_op(
+                    poller,
+                    "global",
+                    "firewalls.insert",
+                    Duration::from_secs(120),
+                )
+                .await
+            {
+                Err(e) if e.message.contains("alreadyExists") || e.message.contains("409") => {}
+                other => {
+                    other?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn ensure_policy(
+        &self,
+        names: &Names,
+        region: &str,
+        count: u32,
+        token: &str,
+    ) -> Result<String> {
+        let c = self.clients().await?;
+        let name = names.policy();
+        let policy = model::ResourcePolicy::new()
+            .set_name(&name)
+            .set_description("gangway: compact placement for one cluster")
+            .set_group_placement_policy(
+                model::ResourcePolicyGroupPlacementPolicy::new()
+                    .set_collocation(
+                        resource_policy_group_placement_policy::Collocation::Collocated,
+                    )
+                    .set_vm_count(count as i32),
+            );
+        let poller = c
+            .policies
+            .insert()
+            .set_project(&c.project)
+            .set_region(region)
+            .set_request_id(request_id(&[token, region, &name]))
+            .set_body(policy)
+            .with_idempotency(true)
+            .poller();
+        match self
+            .wait_op(
+                poller,
+                region,
+                "resourcePolicies.insert",
+                Duration::from_secs(120),
+            )
+            .await
+        {
+            Err(e) if e.message.contains("alreadyExists") || e.message.contains("409") => {}
+            other => {
+                other?;
+            }
+        }
+        Ok(name)
+    }
+
+    async fn delete_network_things(&self, names: &Names, regions: &[String]) -> Result<()> {
+        let c = self.clients().await?;
+        for region in regions {
+            let poller = c
+                .policies
+                .delete()
+                .set_project(&c.project)
+                .set_region(region)
+                .set_resource_policy(names.policy())
+                .poller();
+            match self
+                .wait_op(
+                    poller,
+                    region,
+                    "resourcePolicies.delete",
+                    Duration::from_secs(120),
+                )
+                .await
+            {
+                Err(e) if is_not_found(&e) => {}
+                other => {
+                    other?;
+                }
+            }
+        }
+        for fw in [
+            names.firewall_ssh(),
+            names.firewall_internal(),
+            names.firewall_ports(),
+        ] {
+            let poller = c
+                .firewalls
+                .delete()
+                .set_project(&c.project)
+                .set_firewall(&fw)
+                .poller();
+            match self
+                .wait_op(
+                    poller,
+                    "global",
+                    "firewalls.delete",
+                    Duration::from_secs(120),
+                )
+                .await
+            {
+                Err(e) if is_not_found(&e) => {}
+                other => {
+                    other?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn public_key(&self) -> Result<String> {
+        std::fs::read_to_string(&self.public_key)
+            .map(|k| k.trim().to_string())
+            .map_err(|e| {
+                err(
+                    ErrorKind::Fatal,
+                    "",
+                    format!(
+                        "cannot read gangway's public key {}: {e}",
+                        self.public_key.display()
+                    ),
+                )
+            })
+    }
+}
+
+/// Unique per launch attempt (see the request ids in `launch`).
+fn nonce() -> String {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "{}-{t}-{}",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
+}
+
+fn is_not_found(e: &ProviderError) -> bool {
+    e.message.contains("404")
+        || e.message.contains("notFound")
+        || e.message.contains("was not found")
+}
+
+/// A client call's error, named and classified.
+fn call_err(e: &google_cloud_gax::error::Error, loc: &str, call: &str) -> ProviderError {
+    let (kind, words) = errors::describe(e);
+    err(kind, loc, format!("{call}: {words}"))
+}
+
+fn state_of(i: &model::Instance, spot: bool) -> NodeState {
+    use instance::Status as S;
+    match i.status.as_ref() {
+        Some(S::Running) => NodeState::Running,
+        Some(S::Provisioning) | Some(S::Staging) | Some(S::Pending) | Some(S::Repairing) => {
+            NodeState::Pending
+        }
+        Some(S::Terminated) | Some(S::Stopped) | Some(S::Stopping) | Some(S::Suspended)
+        | Some(S::Suspending) | Some(S::PendingStop)
+            if spot =>
+        {
+            NodeState::Preempted {
+                reason: format!(
+                    "GCE stopped the Spot VM ({})",
+                    i.status
+                        .as_ref()
+                        .and_then(|s| s.name())
+                        .unwrap_or("TERMINATED")
+                ),
+            }
+        }
+        Some(S::Terminated) | Some(S::Stopped) | Some(S::Suspended) => NodeState::Stopped,
+        Some(S::Stopping) | Some(S::Suspending) | Some(S::PendingStop) => NodeState::Stopped,
+        _ => NodeState::Terminated,
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider for GcpProvider {
+    fn name(&self) -> &str {
+        "gcp"
+    }
+
+    async fn check(&self) -> Result<CheckReport> {
+        let c = match self.clients().await {
+            Ok(c) => c,
+            Err(e) => {
+                return Ok(CheckReport {
+                    ok: false,
+                    identity: None,
+                    regions: Vec::new(),
+                    hint: Some(e.message),
+                })
+            }
+        };
+        let (ep, anonymous) = endpoint();
+        let probe = c
+            .instances
+            .list()
+            .set_project(&c.project)
+            .set_zone("us-central1-a")
+            .set_max_results(1u32)
+            .send()
+            .await;
+        let who = format!(
+            "project {}{}",
+            c.project,
+            match (&ep, anonymous) {
+                (Some(e), true) => format!(" at {e} (no credentials)"),
+                (Some(e), false) => format!(" at {e}"),
+                _ => String::new(),
+            }
+        );
+        Ok(match probe {
+            Ok(_) => CheckReport {
+                ok: true,
+                identity: Some(who),
+                regions: Vec::new(),
+                hint: None,
+            },
+            Err(e) => CheckReport {
+                ok: false,
+                identity: Some(who),
+                regions: Vec::new(),
+                hint: Some(call_err(&e, "us-central1-a", "instances.list").message),
+            },
+        })
+    }
+
+    async fn launch(&self, req: &LaunchRequest) -> Result<Vec<Node>> {
+        let zone = req.placement.zone.clone();
+        let region = region_of(&zone).to_string();
+        let loc = format!("{region}/{zone}");
+        let opts = options(req.provider_config.as_ref(), &loc)?;
+        let user = opts
+            .ssh_user
+            .clone()
+            .unwrap_or_else(|| DEFAULT_SSH_USER.into());
+        let names = self.names(&req.cluster);
+        let c = self.clients().await?;
+        let nonce = nonce();
+        // Reconcile: keep what fits, start stopped on-demand VMs, delete the rest.
+        let vms = self.vms(&names).await?;
+        let mut keep = Vec::new();
+        let mut to_start = Vec::new();
+        let mut strays = Vec::new();
+        for i in vms {
+            let z = last(i.zone.as_deref().unwrap_or_default()).to_string();
+            let ty = last(i.machine_type.as_deref().unwrap_or_default()).to_string();
+            let spot = i
+                .scheduling
+                .as_ref()
+                .and_then(|s| s.provisioning_model.as_ref())
+                .is_some_and(|m| *m == scheduling::ProvisioningModel::Spot);
+            let fits = z == zone && ty == req.instance_type && spot == req.use_spot;
+            match i.status.as_ref() {
+                _ if !fits => strays.push(i),
+                Some(instance::Status::Running)
+                | Some(instance::Status::Provisioning)
+                | Some(instance::Status::Staging)
+                    if keep.len() + to_start.len() < req.count as usize =>
+                {
+                    keep.push(i)
+                }
+                Some(instance::Status::Terminated) | Some(instance::Status::Stopped)
+                    if !spot && keep.len() + to_start.len() < req.count as usize =>
+                {
+                    to_start.push(i)
+                }
+                _ => strays.push(i),
+            }
+        }
+        self.delete_vms(&strays).await?;
+        for i in &to_start {
+            let poller = c
+                .instances
+                .start()
+                .set_project(&c.project)
+                .set_zone(&zone)
+                .set_instance(i.name.clone().unwrap_or_default())
+                .poller();
+            self.wait_op(poller, &loc, "instances.start", Duration::from_secs(600))
+                .await?;
+        }
+        let have = (keep.len() + to_start.len()) as u32;
+        if have < req.count {
+            let shortfall = req.count - have;
+            self.remember_region(&names, &region)?;
+            self.ensure_firewall(&names, &opts, req, &nonce).await?;
+            let gpu = req.accelerator.as_ref().filter(|(_, n)| *n > 0.0);
+            let compact = opts.placement.unwrap_or(req.count > 1 && gpu.is_some());
+            let policy = if compact {
+                Some(
+                    self.ensure_policy(&names, &region, req.count, &nonce)
+                        .await?,
+                )
+            } else {
+                None
+            };
+            let body = self.bulk_body(req, &names, &opts, &user, shortfall, policy)?;
+            // One id per attempt: the client resends it when it retries
+            // the POST (so a lost answer never doubles the gang), while a
+            // later attempt (another zone, a retry after a failed
+            // operation, a relaunch after down) is a new request: GCE
+            // answers a reused id with the first call's operation, whatever
+            // the new call asks. Doubles across attempts are what the
+            // reconcile by label above prevents.
+            let id = request_id(&[&req.client_token, &zone, &nonce]);
+            let poller = c
+                .instances
+                .bulk_insert()
+                .set_project(&c.project)
+                .set_zone(&zone)
+                .set_request_id(id)
+                .set_body(body)
+                .with_idempotency(true)
+                .poller();
+            self.wait_op(
+                poller,
+                &loc,
+                "instances.bulkInsert",
+                Duration::from_secs(900),
+            )
+            .await?;
+        }
+        // Every VM running, with its addresses.
+        let limit = Duration::from_secs(opts.boot_timeout_s.unwrap_or(600));
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(100);
+        loop {
+            let vms: Vec<model::Instance> = self
+                .vms(&names)
+                .await?
+                .into_iter()
+                .filter(|i| last(i.zone.as_deref().unwrap_or_default()) == zone)
+                .collect();
+            let nodes: Vec<Node> = vms
+                .iter()
+                .map(|i| self.node(i, &user, opts.use_internal_ips))
+                .collect();
+            if let Some(p) = nodes.iter().find_map(|n| match &n.state {
+                NodeState::Preempted { reason } => Some(format!("{}: {reason}", n.id)),
+                _ => None,
+            }) {
+                return Err(err(
+                    ErrorKind::Capacity,
+                    &loc,
+                    format!("a VM was taken back while starting: {p}"),
+                ));
+            }
+            let ready = nodes.len() == req.count as usize
+                && nodes.iter().all(|n| {
+                    n.state == NodeState::Running
+                        && !n.private_ip.is_empty()
+                        && (opts.use_internal_ips || n.public_ip.is_some())
+                });
+            if ready {
+                return Ok(nodes);
+            }
+            if started.elapsed() > limit {
+                return Err(err(
+                    ErrorKind::Capacity,
+                    &loc,
+                    format!(
+                        "{} of {} VMs running after {} s",
+                        nodes
+                            .iter()
+                            .filter(|n| n.state == NodeState::Running)
+                            .count(),
+                        req.count,
+                        limit.as_secs()
+                    ),
+                ));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    async fn describe(&self, cluster: &ClusterName) -> Result<Vec<Node>> {
+        let names = self.names(cluster);
+        Ok(self
+            .vms(&names)
+            .await?
+            .iter()
+            .map(|i| {
+                let user = i
+                    .metadata
+                    .as_ref()
+                    .and_then(|m| {
+                        m.items
+                            .iter()
+                            .find(|it| it.key.as_deref() == Some("ssh-keys"))
+                            .and_then(|it| it.value.as_deref())
+                            .and_then(|v| v.split_once(':').map(|(u, _)| u.to_string()))
+                    })
+                    .unwrap_or_else(|| DEFAULT_SSH_USER.into());
+                self.node(i, &user, false)
+            })
+            .collect())
+    }
+
+    async fn stop(&self, cluster: &ClusterName) -> Result<()> {
+        let c = self.clients().await?;
+        for i in self.vms(&self.names(cluster)).await? {
+            let zone = last(i.zone.as_deref().unwrap_or_default()).to_string();
+            let spot = i
+                .scheduling
+                .as_ref()
+                .and_then(|s| s.provisioning_model.as_ref())
+                .is_some_and(|m| *m == scheduling::ProvisioningModel::Spot);
+            if spot {
+                return Err(err(
+                    ErrorKind::InvalidRequest,
+                    &zone,
+                    "Spot VMs are not stopped and started by gangway; use `gangway down`",
+                ));
+            }
+            let poller = c
+                .instances
+                .stop()
+                .set_project(&c.project)
+                .set_zone(&zone)
+                .set_instance(i.name.clone().unwrap_or_default())
+                .poller();
+            self.wait_op(poller, &zone, "instances.stop", Duration::from_secs(600))
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn start(
+        &self,
+        cluster: &ClusterName,
+        _provider_config: Option<&serde_json::Value>,
+    ) -> Result<Vec<Node>> {
+        let c = self.clients().await?;
+        let names = self.names(cluster);
+        for i in self.vms(&names).await? {
+            if !matches!(
+                i.status,
+                Some(instance::Status::Terminated) | Some(instance::Status::Stopped)
+            ) {
+                continue;
+            }
+            let zone = last(i.zone.as_deref().unwrap_or_default()).to_string();
+            let poller = c
+                .instances
+                .start()
+                .set_project(&c.project)
+                .set_zone(&zone)
+                .set_instance(i.name.clone().unwrap_or_default())
+                .poller();
+            self.wait_op(poller, &zone, "instances.start", Duration::from_secs(600))
+                .await?;
+        }
+        self.describe(cluster).await
+    }
+
+    async fn terminate(&self, cluster: &ClusterName) -> Result<()> {
+        let names = self.names(cluster);
+        let vms = self.vms(&names).await?;
+        let mut regions = self.record_regions(&names);
+        for i in &vms {
+            let r = region_of(last(i.zone.as_deref().unwrap_or_default())).to_string();
+            if !regions.contains(&r) {
+                regions.push(r);
+            }
+        }
+        self.delete_vms(&vms).await?;
+        self.delete_network_things(&names, &regions).await?;
+        let _ = std::fs::remove_file(self.records.join(&names.base));
+        Ok(())
+    }
+
+    async fn topology(&self, nodes: &[Node]) -> Result<Vec<Vec<String>>> {
+        Ok(nodes.iter().map(|n| n.topology.clone()).collect())
+    }
+}
+
+impl GcpProvider {
+    fn bulk_body(
+        &self,
+        req: &LaunchRequest,
+        names: &Names,
+        opts: &Options,
+        user: &str,
+        count: u32,
+        policy: Option<String>,
+    ) -> Result<model::BulkInsertInstanceResource> {
+        let gpu = req.accelerator.as_ref().filter(|(_, n)| *n > 0.0);
+        let image = req.image_id.clone().unwrap_or_else(|| {
+            if gpu.is_some() {
+                "projects/deeplearning-platform-release/global/images/family/common-cu124-ubuntu-2204".into()
+            } else {
+                "projects/ubuntu-os-cloud/global/images/family/ubuntu-2204-lts".into()
+            }
+        });
+        let mut labels: HashMap<String, String> = req
+            .labels
+            .iter()
+            .filter(|(k, _)| *k != LABEL_CLUSTER && *k != LABEL_OWNER)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        labels.insert(LABEL_CLUSTER.into(), names.label.clone());
+        labels.insert(LABEL_OWNER.into(), names.owner_label.clone());
+        let mut sched = model::Scheduling::new().set_automatic_restart(!req.use_spot);
+        if req.use_spot {
+            sched = sched
+                .set_provisioning_model(scheduling::ProvisioningModel::Spot)
+                .set_instance_termination_action(match opts.termination_action.as_deref() {
+                    Some("DELETE") => scheduling::InstanceTerminationAction::Delete,
+                    _ => scheduling::InstanceTerminationAction::Stop,
+                });
+        }
+        if gpu.is_some() || req.use_spot {
+            sched = sched.set_on_host_maintenance(scheduling::OnHostMaintenance::Terminate);
+        }
+        let mut access = Vec::new();
+        if !opts.use_internal_ips {
+            access.push(
+                model::AccessConfig::new()
+                    .set_name("External NAT")
+                    .set_type(access_config::Type::OneToOneNat),
+            );
+        }
+        let mut props = model::InstanceProperties::new()
+            .set_machine_type(&req.instance_type)
+            .set_disks([model::AttachedDisk::new()
+                .set_boot(true)
+                .set_auto_delete(true)
+                .set_type(attached_disk::Type::Persistent)
+                .set_initialize_params(
+                    model::AttachedDiskInitializeParams::new()
+                        .set_source_image(image)
+                        .set_disk_size_gb(i64::from(req.disk_size_gib.unwrap_or(256)))
+                        .set_disk_type("pd-balanced"),
+                )])
+            .set_network_interfaces([model::NetworkInterface::new()
+                .set_network(
+                    opts.network
+                        .clone()
+                        .unwrap_or_else(|| "global/networks/default".into()),
+                )
+                .set_access_configs(access)])
+            .set_scheduling(sched)
+            .set_metadata(
+                model::Metadata::new().set_items([model::metadata::Items::new()
+                    .set_key("ssh-keys")
+                    .set_value(format!("{user}:{}", self.public_key()?))]),
+            )
+            .set_tags(model::Tags::new().set_items([names.tag.clone()]))
+            .set_labels(labels);
+        // N1 hosts take attached GPUs; A2/A3/G2 types carry their own.
+        if let Some((name, n)) = gpu {
+            if req.instance_type.starts_with("n1-") {
+                props = props.set_guest_accelerators([model::AcceleratorConfig::new()
+                    .set_accelerator_type(gpu_type(name))
+                    .set_accelerator_count(*n as i32)]);
+            }
+        }
+        if let Some(p) = policy {
+            props = props.set_resource_policies([p]);
+        }
+        Ok(model::BulkInsertInstanceResource::new()
+            .set_count(i64::from(count))
+            .set_min_count(i64::from(count))
+            .set_name_pattern(names.pattern())
+            .set_instance_properties(props))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_settings_are_checked_by_name() {
+        let ok = serde_json::json!({"ssh_user": "me", "termination_action": "delete"});
+        let o = options(Some(&ok), "x").unwrap();
+        assert_eq!(o.termination_action.as_deref(), Some("DELETE"));
+        let typo = serde_json::json!({"ssh_usr": "me"});
+        assert!(options(Some(&typo), "x")
+            .unwrap_err()
+            .message
+            .contains("ssh_usr"));
+        let bad = serde_json::json!({"termination_action": "PAUSE"});
+        assert!(options(Some(&bad), "x").is_err());
+    }
+
+    #[test]
+    fn regions_come_from_zones() {
+        assert_eq!(region_of("us-central1-a"), "us-central1");
+        assert_eq!(region_of("europe-west4-b"), "europe-west4");
+    }
+}

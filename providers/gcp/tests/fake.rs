@@ -1,0 +1,312 @@
+//! The GCP provider through Google's Rust client against the schema-checked
+//! Compute Engine fake (tests/emulators/gce): every request body the client
+//! sends is checked against the official discovery document there.
+//!
+//! Needs the fake's venv (`tests/emulators/gce/setup.sh`; `.ci/run` makes
+//! one and passes its python in `GANGWAY_TEST_GCE_PYTHON`); without it each
+//! test prints `SKIPPED` and passes.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+
+use gangway_gcp::GcpProvider;
+use gangway_provider::{ClusterName, ErrorKind, LaunchRequest, NodeState, Placement, Provider};
+
+struct Fake {
+    url: String,
+    _child: Child,
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// One fake for the whole test binary (the endpoint is process-wide
+/// environment); tests keep apart by cluster name, zone and machine type.
+fn fake() -> Option<&'static Fake> {
+    static FAKE: OnceLock<Option<Fake>> = OnceLock::new();
+    FAKE.get_or_init(|| {
+        let python = std::env::var_os("GANGWAY_TEST_GCE_PYTHON")
+            .map(PathBuf::from)
+            .or_else(|| {
+                let p = root().join("target/gce-venv/bin/python");
+                p.exists().then_some(p)
+            });
+        let Some(python) = python else {
+            eprintln!(
+                "SKIPPED: no venv for the GCE fake (run tests/emulators/gce/setup.sh, or set GANGWAY_TEST_GCE_PYTHON)"
+            );
+            return None;
+        };
+        let mut child = Command::new(&python)
+            .arg(root().join("tests/emulators/gce/server.py"))
+            .args(["--host", "127.0.0.1", "--port", "0", "--watch-stdin"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the GCE fake starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("READY ")
+            .unwrap_or_else(|| panic!("the GCE fake said {line:?}"))
+            .to_string();
+        // SAFETY (edition 2021: safe): set once, before any client is built.
+        std::env::set_var("GANGWAY_GCP_ENDPOINT", &url);
+        std::env::set_var("GOOGLE_CLOUD_PROJECT", "gangway-test");
+        std::env::set_var("GANGWAY_GCP_SSH_CIDR", "192.0.2.0/24");
+        Some(Fake { url, _child: child })
+    })
+    .as_ref()
+}
+
+impl Fake {
+    fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> serde_json::Value {
+        let addr = self.url.trim_start_matches("http://");
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        write!(
+            s,
+            "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        let text = out.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        serde_json::from_str(text).unwrap_or(serde_json::Value::Null)
+    }
+
+    fn state(&self) -> serde_json::Value {
+        self.call("GET", "/_gangway/state", None)
+    }
+
+    /// Everything in the fake whose name starts with `prefix`.
+    fn named(&self, kind: &str, prefix: &str) -> Vec<serde_json::Value> {
+        let st = self.state();
+        let mut out = Vec::new();
+        collect(&st[kind], prefix, &mut out);
+        out
+    }
+}
+
+fn collect(v: &serde_json::Value, prefix: &str, out: &mut Vec<serde_json::Value>) {
+    match v {
+        serde_json::Value::Array(a) => a.iter().for_each(|x| collect(x, prefix, out)),
+        serde_json::Value::Object(o) => {
+            if o.get("name")
+                .and_then(|n| n.as_str())
+                .is_some_and(|n| n.starts_with(prefix))
+                && o.contains_key("kind")
+            {
+                out.push(v.clone());
+            } else {
+                o.values().for_each(|x| collect(x, prefix, out));
+            }
+        }
+        _ => {}
+    }
+}
+
+fn provider(dir: &Path) -> GcpProvider {
+    let key = dir.join("id.pub");
+    std::fs::write(
+        &key,
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTests gangway\n",
+    )
+    .unwrap();
+    GcpProvider::new(dir.join("gcp"), "tester", key)
+}
+
+fn req(cluster: &str, zone: &str, ty: &str, count: u32, spot: bool) -> LaunchRequest {
+    LaunchRequest {
+        cluster: ClusterName(cluster.into()),
+        owner: "tester".into(),
+        placement: Placement {
+            cloud: "gcp".into(),
+            region: zone.rsplit_once('-').unwrap().0.into(),
+            zone: zone.into(),
+        },
+        instance_type: ty.into(),
+        count,
+        use_spot: spot,
+        accelerator: Some(("A100".into(), 1.0)),
+        disk_size_gib: Some(100),
+        image_id: None,
+        client_token: format!("token-{cluster}"),
+        provider_config: None,
+        network_tier: None,
+        max_price: None,
+        ports: vec![],
+        labels: Default::default(),
+    }
+}
+
+fn prefix(cluster: &str) -> String {
+    gangway_gcp::Names::new(cluster, "tester").base
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spot_gang_is_created_compact_relaunched_without_doubles_and_removed() {
+    let Some(fake) = fake() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let p = provider(dir.path());
+    let r = req("gang", "us-central1-a", "a2-highgpu-1g", 2, true);
+    let nodes = p.launch(&r).await.expect("launch");
+    assert_eq!(nodes.len(), 2);
+    for n in &nodes {
+        assert_eq!(n.state, NodeState::Running, "{n:?}");
+        assert!(n.public_ip.is_some() && !n.private_ip.is_empty(), "{n:?}");
+        assert_eq!(n.extra.get("ssh.user").map(String::as_str), Some("gangway"));
+        assert_eq!(n.extra.get("market").map(String::as_str), Some("spot"));
+        // Compact placement: the physical host's block and sub-block.
+        assert_eq!(n.topology.len(), 2, "{n:?}");
+    }
+    let base = prefix("gang");
+    let vms = fake.named("instances", &base);
+    assert_eq!(vms.len(), 2, "{vms:#?}");
+    for vm in &vms {
+        assert_eq!(vm["labels"]["gangway-cluster"], base.as_str(), "{vm}");
+        assert_eq!(vm["labels"]["gangway-owner"], "tester", "{vm}");
+        assert_eq!(vm["scheduling"]["provisioningModel"], "SPOT", "{vm}");
+        assert_eq!(vm["scheduling"]["onHostMaintenance"], "TERMINATE", "{vm}");
+        assert!(
+            vm["resourcePolicies"]
+                .to_string()
+                .contains(&format!("{base}-compact")),
+            "{vm}"
+        );
+        assert!(vm["tags"]["items"].to_string().contains(&base), "{vm}");
+        let keys = vm["metadata"]["items"].to_string();
+        assert!(keys.contains("gangway:ssh-ed25519"), "{keys}");
+    }
+    let pol = fake.named("resourcePolicies", &format!("{base}-compact"));
+    assert_eq!(pol.len(), 1, "{:#}", fake.state());
+    assert_eq!(pol[0]["groupPlacementPolicy"]["collocation"], "COLLOCATED");
+    assert_eq!(pol[0]["groupPlacementPolicy"]["vmCount"], 2);
+    let fw = fake.named("firewalls", &base);
+    assert_eq!(fw.len(), 2, "{fw:#?}");
+    assert!(fw
+        .iter()
+        .any(|f| f["sourceRanges"].to_string().contains("192.0.2.0/24")));
+    // Relaunch: the same two VMs, nothing new.
+    let again = p.launch(&r).await.expect("relaunch");
+    let mut a: Vec<_> = nodes.iter().map(|n| n.id.0.clone()).collect();
+    let mut b: Vec<_> = again.iter().map(|n| n.id.0.clone()).collect();
+    a.sort();
+    b.sort();
+    assert_eq!(a, b);
+    assert_eq!(fake.named("instances", &base).len(), 2);
+    // Teardown leaves nothing of the cluster.
+    p.terminate(&r.cluster).await.expect("terminate");
+    p.terminate(&r.cluster)
+        .await
+        .expect("terminate is idempotent");
+    assert!(fake.named("instances", &base).is_empty());
+    assert!(fake.named("resourcePolicies", &base).is_empty());
+    assert!(fake.named("firewalls", &base).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stockout_is_capacity_and_the_next_zone_works() {
+    let Some(fake) = fake() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let p = provider(dir.path());
+    fake.call(
+        "POST",
+        "/_gangway/capacity",
+        Some(&serde_json::json!({"zone": "us-central1-b", "machineType": "a2-highgpu-2g", "available": 0})),
+    );
+    let r = req("stock", "us-central1-b", "a2-highgpu-2g", 2, false);
+    let e = p.launch(&r).await.expect_err("no capacity");
+    assert_eq!(e.kind, ErrorKind::Capacity, "{e}");
+    assert!(e.message.contains("ZONE_RESOURCE_POOL_EXHAUSTED"), "{e}");
+    assert!(e.location.contains("us-central1-b"), "{e}");
+    assert!(fake.named("instances", &prefix("stock")).is_empty());
+    let r2 = req("stock", "us-central1-c", "a2-highgpu-2g", 2, false);
+    let nodes = p.launch(&r2).await.expect("the next zone");
+    assert_eq!(nodes.len(), 2);
+    assert!(nodes.iter().all(|n| n.placement.zone == "us-central1-c"));
+    p.terminate(&r2.cluster).await.unwrap();
+    assert!(fake.named("instances", &prefix("stock")).is_empty());
+    assert!(fake.named("firewalls", &prefix("stock")).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_and_throttling_are_told_apart() {
+    let Some(fake) = fake() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let p = provider(dir.path());
+    let base = prefix("quota");
+    fake.call(
+        "POST",
+        "/_gangway/fault",
+        Some(&serde_json::json!({"method": "instances.bulkInsert", "contains": base, "operation_error": "QUOTA_EXCEEDED"})),
+    );
+    let r = req("quota", "us-central1-f", "a2-highgpu-1g", 1, false);
+    let e = p.launch(&r).await.expect_err("over quota");
+    assert_eq!(e.kind, ErrorKind::Quota, "{e}");
+    fake.call(
+        "POST",
+        "/_gangway/fault",
+        Some(&serde_json::json!({"method": "instances.bulkInsert", "contains": base, "http_status": 429, "times": 5})),
+    );
+    let e = p.launch(&r).await.expect_err("throttled");
+    assert_eq!(e.kind, ErrorKind::Transient, "{e}");
+    fake.call("DELETE", "/_gangway/faults", None);
+    // The same placement again is a new request, not a replay of the
+    // failed one: it creates the VM.
+    let nodes = p.launch(&r).await.expect("launch once the quota is there");
+    assert_eq!(nodes.len(), 1);
+    p.terminate(&r.cluster).await.unwrap();
+    assert!(fake.named("instances", &base).is_empty());
+    assert!(fake.named("firewalls", &base).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preempted_spot_vm_is_reported_as_preempted() {
+    let Some(fake) = fake() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let p = provider(dir.path());
+    let r = req("pre", "us-east1-c", "a2-highgpu-1g", 2, true);
+    let nodes = p.launch(&r).await.expect("launch");
+    let victim = nodes[1].id.0.clone();
+    fake.call(
+        "POST",
+        "/_gangway/preempt",
+        Some(&serde_json::json!({"instance": victim})),
+    );
+    let seen = p.describe(&r.cluster).await.unwrap();
+    let v = seen
+        .iter()
+        .find(|n| n.id.0 == victim)
+        .expect("still listed (STOP)");
+    assert!(matches!(v.state, NodeState::Preempted { .. }), "{v:?}");
+    let other = seen.iter().find(|n| n.id.0 != victim).unwrap();
+    assert_eq!(other.state, NodeState::Running);
+    // A relaunch replaces the preempted VM (a new VM, perhaps under the
+    // same name) instead of starting it again.
+    let victim_ip = v.private_ip.clone();
+    let again = p.launch(&r).await.expect("relaunch");
+    assert_eq!(again.len(), 2);
+    assert!(
+        again
+            .iter()
+            .all(|n| n.private_ip != victim_ip && n.state == NodeState::Running),
+        "{again:?}"
+    );
+    assert_eq!(fake.named("instances", &prefix("pre")).len(), 2);
+    p.terminate(&r.cluster).await.unwrap();
+    assert!(fake.named("instances", &prefix("pre")).is_empty());
+}
