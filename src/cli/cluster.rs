@@ -707,7 +707,16 @@ fn down_orphans(
     let known: Vec<String> = store.clusters()?.into_iter().map(|c| c.name).collect();
     let mut found: Vec<(String, ClusterName)> = Vec::new();
     for (cloud, p) in providers.all() {
-        let listed = rt.block_on(p.clusters(&owner))?;
+        let listed = match rt.block_on(p.clusters(&owner)) {
+            Ok(l) => l,
+            // A cloud you have no credentials for holds nothing of yours
+            // that this machine could tear down: say so and go on.
+            Err(e) if e.kind == gangway_provider::ErrorKind::Auth => {
+                eprintln!("{cloud}: skipped: {e}");
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         for c in listed {
             if !known.contains(&c.0) {
                 found.push((cloud.to_string(), c));

@@ -499,6 +499,8 @@ fn explain_connect(e: &openssh::Error) -> String {
 /// with `--once` it prints the node's `spot/instance-action` notice, if
 /// IMDSv2 has one.
 pub const AWS_SPOT_WATCH: &str = include_str!("../../templates/aws-spot-watch.sh");
+/// The GCP watcher (metadata `instance/preempted`), run over SSH with `--once`.
+pub const GCP_PREEMPTED_WATCH: &str = include_str!("../../templates/gcp-preempted-watch.sh");
 
 /// What precedes a notice in a spot probe's output, so that anything else
 /// the node's shell prints is never taken for one.
@@ -514,25 +516,37 @@ fn spot_notice_probe(node: &NodeRow) -> Option<String> {
     if !spot || node.extra.contains_key("env.GANGWAY_METADATA_DIR") {
         return None;
     }
+    // Exit 1 (no notice) and 2 (no metadata service) both print nothing.
+    if node.extra.get("cloud").is_some_and(|c| c == "gcp") {
+        let host = node
+            .extra
+            .get("env.GCE_METADATA_HOST")
+            .map(|h| format!("GCE_METADATA_HOST={} ", sq(h)))
+            .unwrap_or_default();
+        return Some(format!(
+            "n=$({host}sh -c {} gcp-preempted-watch --once 2>/dev/null) && \
+             printf '%s%s\\n' {SPOT_NOTICE_MARK} \"instance/preempted: $n\"; true",
+            sq(GCP_PREEMPTED_WATCH)
+        ));
+    }
     let endpoint = node
         .extra
         .get("env.GANGWAY_IMDS_ENDPOINT")
         .map(|e| format!("GANGWAY_IMDS_ENDPOINT={} ", sq(e)))
         .unwrap_or_default();
-    // Exit 1 (no notice) and 2 (no metadata service) both print nothing.
     Some(format!(
         "n=$({endpoint}sh -c {} aws-spot-watch --once 2>/dev/null) && \
-         printf '%s%s\\n' {SPOT_NOTICE_MARK} \"$n\"; true",
+         printf '%s%s\\n' {SPOT_NOTICE_MARK} \"spot/instance-action: $n\"; true",
         sq(AWS_SPOT_WATCH)
     ))
 }
 
 /// The notice in a spot probe's output, on one line:
-/// `spot/instance-action: {json}`.
+/// `spot/instance-action: {json}` or `instance/preempted: TRUE`.
 fn parse_spot_notice(out: &str) -> Option<String> {
     let (_, notice) = out.split_once(SPOT_NOTICE_MARK)?;
     let notice = notice.split_whitespace().collect::<Vec<_>>().join(" ");
-    (!notice.is_empty()).then(|| format!("spot/instance-action: {notice}"))
+    (notice.split_once(": ").is_some_and(|(_, v)| !v.is_empty())).then_some(notice)
 }
 
 #[async_trait::async_trait]
@@ -922,15 +936,28 @@ mod tests {
         assert_eq!(parse_spot_notice(""), None);
         assert_eq!(parse_spot_notice("welcome to the node\n"), None);
         assert_eq!(parse_spot_notice("gangway-spot-notice:\n"), None);
+        assert_eq!(
+            parse_spot_notice("gangway-spot-notice:spot/instance-action: \n"),
+            None
+        );
         let json = r#"{"action": "terminate", "time": "2026-12-02T22:51:00Z"}"#;
         assert_eq!(
-            parse_spot_notice(&format!("motd {{\"x\": 1}}\ngangway-spot-notice:{json}\n")),
+            parse_spot_notice(&format!(
+                "motd {{\"x\": 1}}\ngangway-spot-notice:spot/instance-action: {json}\n"
+            )),
             Some(format!("spot/instance-action: {json}"))
         );
         // Spread over lines: one line in the job's events.
         assert_eq!(
-            parse_spot_notice("gangway-spot-notice:{\n  \"action\": \"stop\"\n}\n").as_deref(),
+            parse_spot_notice(
+                "gangway-spot-notice:spot/instance-action: {\n  \"action\": \"stop\"\n}\n"
+            )
+            .as_deref(),
             Some(r#"spot/instance-action: { "action": "stop" }"#)
+        );
+        assert_eq!(
+            parse_spot_notice("gangway-spot-notice:instance/preempted: TRUE\n").as_deref(),
+            Some("instance/preempted: TRUE")
         );
     }
 

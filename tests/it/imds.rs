@@ -411,6 +411,48 @@ fn gcp_polling_writes_true_and_terminates_the_group() {
     polling_terminates_the_process_group(Cloud::Gcp, &imds, || {});
 }
 
+#[test]
+fn the_ssh_transport_reads_a_gcp_spot_nodes_preemption() {
+    let Some(()) = tools() else { return };
+    let Some(sshd) = Sshd::start(1) else { return };
+    let imds = FakeImds::start();
+    let host = format!("127.0.0.1:{}", imds.port);
+    let spot = ssh_node(
+        &sshd,
+        0,
+        &[
+            ("market", "spot"),
+            ("cloud", "gcp"),
+            ("env.GCE_METADATA_HOST", &host),
+        ],
+    );
+    let on_demand = ssh_node(
+        &sshd,
+        1,
+        &[
+            ("market", "on-demand"),
+            ("cloud", "gcp"),
+            ("env.GCE_METADATA_HOST", &host),
+        ],
+    );
+    let home = tempfile::tempdir().expect("tempdir");
+    let t = SshTransport::new(home.path(), "gce", true).expect("transport");
+    let nodes = [spot.clone(), on_demand.clone()];
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(t.connect(&nodes))
+        .expect("connect");
+    assert_eq!(t.preemption_notice(&spot), None, "before the preemption");
+    imds.arm();
+    assert_eq!(
+        t.preemption_notice(&spot).as_deref(),
+        Some("instance/preempted: TRUE")
+    );
+    assert_eq!(t.preemption_notice(&on_demand), None);
+}
+
 /// A node of `sshd` with `facts` on top of how it is reached.
 fn ssh_node(sshd: &Sshd, rank: u32, facts: &[(&str, &str)]) -> NodeRow {
     let mut extra = BTreeMap::new();

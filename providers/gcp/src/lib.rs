@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use gangway_provider::{
     CheckReport, ClusterName, ErrorKind, InstanceId, LaunchRequest, Node, NodeState, Placement,
-    Provider, ProviderError, Result,
+    PriceQuote, Provider, ProviderError, Result,
 };
 use google_cloud_compute_v1::client::{Firewalls, Instances, ResourcePolicies};
 use google_cloud_compute_v1::model::{
@@ -44,6 +44,9 @@ pub use names::{gpu_type, request_id, Names};
 pub const LABEL_CLUSTER: &str = "gangway-cluster";
 /// Label naming who launched it.
 pub const LABEL_OWNER: &str = "gangway-owner";
+
+/// Metadata item holding the cluster's exact name.
+const META_CLUSTER: &str = "gangway-cluster";
 
 /// The user gangway puts its key in for (`ssh-keys` metadata).
 const DEFAULT_SSH_USER: &str = "gangway";
@@ -341,6 +344,8 @@ impl GcpProvider {
             extra.insert("ssh.host".to_string(), h);
         }
         extra.insert("ssh.user".to_string(), opts_user.to_string());
+        // The SSH transport asks spot nodes' metadata server for a notice.
+        extra.insert("cloud".to_string(), "gcp".to_string());
         extra.insert(
             "market".to_string(),
             if spot { "spot" } else { "on-demand" }.to_string(),
@@ -1021,6 +1026,47 @@ impl Provider for GcpProvider {
     async fn topology(&self, nodes: &[Node]) -> Result<Vec<Vec<String>>> {
         Ok(nodes.iter().map(|n| n.topology.clone()).collect())
     }
+
+    async fn prices(
+        &self,
+        _instance_types: &[String],
+        _regions: &[String],
+    ) -> Result<Vec<PriceQuote>> {
+        Err(err(
+            ErrorKind::InvalidRequest,
+            "global",
+            "catalog refresh for gcp is not built yet (machine types per zone and Cloud Billing prices); the shipped GCP catalog stays in use",
+        ))
+    }
+
+    async fn clusters(&self, owner: &str) -> Result<Vec<ClusterName>> {
+        let c = self.clients().await?;
+        let owner_label = Names::new("", owner).owner_label;
+        let mut items = c
+            .instances
+            .aggregated_list()
+            .set_project(&c.project)
+            .set_filter(format!("labels.{LABEL_OWNER} = {owner_label}"))
+            .by_item();
+        let mut out: Vec<ClusterName> = Vec::new();
+        while let Some(item) = items.next().await {
+            let (_, scoped) = item.map_err(|e| call_err(&e, "", "instances.aggregatedList"))?;
+            for i in scoped.instances {
+                let name = i.metadata.as_ref().and_then(|m| {
+                    m.items
+                        .iter()
+                        .find(|it| it.key.as_deref() == Some(META_CLUSTER))
+                        .and_then(|it| it.value.clone())
+                });
+                if let Some(n) = name {
+                    if !out.iter().any(|c| c.0 == n) {
+                        out.push(ClusterName(n));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
 }
 
 impl GcpProvider {
@@ -1090,9 +1136,16 @@ impl GcpProvider {
                 .set_access_configs(access)])
             .set_scheduling(sched)
             .set_metadata(
-                model::Metadata::new().set_items([model::metadata::Items::new()
-                    .set_key("ssh-keys")
-                    .set_value(format!("{user}:{}", self.public_key()?))]),
+                model::Metadata::new().set_items([
+                    model::metadata::Items::new()
+                        .set_key("ssh-keys")
+                        .set_value(format!("{user}:{}", self.public_key()?)),
+                    // The exact name (labels hold a cleaned one), for the
+                    // owner sweep.
+                    model::metadata::Items::new()
+                        .set_key(META_CLUSTER)
+                        .set_value(&req.cluster.0),
+                ]),
             )
             .set_tags(model::Tags::new().set_items([names.tag.clone()]))
             .set_labels(labels);

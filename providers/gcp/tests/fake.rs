@@ -200,6 +200,14 @@ async fn a_spot_gang_is_created_compact_relaunched_without_doubles_and_removed()
     assert!(fw
         .iter()
         .any(|f| f["sourceRanges"].to_string().contains("192.0.2.0/24")));
+    // The owner sweep finds it by its exact name.
+    let found = p.clusters("tester").await.expect("sweep");
+    assert!(found.contains(&r.cluster), "{found:?}");
+    assert!(!p
+        .clusters("someone-else")
+        .await
+        .unwrap()
+        .contains(&r.cluster));
     // Relaunch: the same two VMs, nothing new.
     let again = p.launch(&r).await.expect("relaunch");
     let mut a: Vec<_> = nodes.iter().map(|n| n.id.0.clone()).collect();
