@@ -187,6 +187,19 @@ fn endpoint() -> (Option<String>, bool) {
     }
 }
 
+/// The bare zone of a VM.
+fn zone_of(i: &model::Instance) -> String {
+    last(i.zone.as_deref().unwrap_or_default()).to_string()
+}
+
+/// Whether a VM is Spot.
+fn is_spot(i: &model::Instance) -> bool {
+    i.scheduling
+        .as_ref()
+        .and_then(|s| s.provisioning_model.as_ref())
+        .is_some_and(|m| *m == scheduling::ProvisioningModel::Spot)
+}
+
 fn region_of(zone: &str) -> &str {
     zone.rsplit_once('-').map_or(zone, |(r, _)| r)
 }
@@ -323,17 +336,13 @@ impl GcpProvider {
     }
 
     fn node(&self, i: &model::Instance, opts_user: &str, internal: bool) -> Node {
-        let zone = last(i.zone.as_deref().unwrap_or_default()).to_string();
+        let zone = zone_of(i);
         let nic = i.network_interfaces.first();
         let private_ip = nic.and_then(|n| n.network_ip.clone()).unwrap_or_default();
         let public_ip = nic
             .and_then(|n| n.access_configs.first())
             .and_then(|a| a.nat_ip.clone());
-        let spot = i
-            .scheduling
-            .as_ref()
-            .and_then(|s| s.provisioning_model.as_ref())
-            .is_some_and(|m| *m == scheduling::ProvisioningModel::Spot);
+        let spot = is_spot(i);
         let mut extra = BTreeMap::new();
         let host = if internal {
             Some(private_ip.clone())
@@ -428,7 +437,7 @@ impl GcpProvider {
         let c = self.clients().await?;
         let mut waits = Vec::new();
         for i in vms {
-            let zone = last(i.zone.as_deref().unwrap_or_default()).to_string();
+            let zone = zone_of(i);
             let name = i.name.clone().unwrap_or_default();
             let poller = c
                 .instances
@@ -657,6 +666,34 @@ impl GcpProvider {
         Ok(())
     }
 
+    /// Starts (or stops) one VM and waits until that is done.
+    async fn power(&self, i: &model::Instance, start: bool) -> Result<()> {
+        let c = self.clients().await?;
+        let zone = zone_of(i);
+        let name = i.name.clone().unwrap_or_default();
+        let limit = Duration::from_secs(600);
+        if start {
+            let p = c
+                .instances
+                .start()
+                .set_project(&c.project)
+                .set_zone(&zone)
+                .set_instance(name)
+                .poller();
+            self.wait_op(p, &zone, "instances.start", limit).await?;
+        } else {
+            let p = c
+                .instances
+                .stop()
+                .set_project(&c.project)
+                .set_zone(&zone)
+                .set_instance(name)
+                .poller();
+            self.wait_op(p, &zone, "instances.stop", limit).await?;
+        }
+        Ok(())
+    }
+
     fn public_key(&self) -> Result<String> {
         std::fs::read_to_string(&self.public_key)
             .map(|k| k.trim().to_string())
@@ -795,13 +832,9 @@ impl Provider for GcpProvider {
         let mut to_start = Vec::new();
         let mut strays = Vec::new();
         for i in vms {
-            let z = last(i.zone.as_deref().unwrap_or_default()).to_string();
+            let z = zone_of(&i);
             let ty = last(i.machine_type.as_deref().unwrap_or_default()).to_string();
-            let spot = i
-                .scheduling
-                .as_ref()
-                .and_then(|s| s.provisioning_model.as_ref())
-                .is_some_and(|m| *m == scheduling::ProvisioningModel::Spot);
+            let spot = is_spot(&i);
             let fits = z == zone && ty == req.instance_type && spot == req.use_spot;
             match i.status.as_ref() {
                 _ if !fits => strays.push(i),
@@ -822,15 +855,7 @@ impl Provider for GcpProvider {
         }
         self.delete_vms(&strays).await?;
         for i in &to_start {
-            let poller = c
-                .instances
-                .start()
-                .set_project(&c.project)
-                .set_zone(&zone)
-                .set_instance(i.name.clone().unwrap_or_default())
-                .poller();
-            self.wait_op(poller, &loc, "instances.start", Duration::from_secs(600))
-                .await?;
+            self.power(i, true).await?;
         }
         let have = (keep.len() + to_start.len()) as u32;
         if have < req.count {
@@ -882,7 +907,7 @@ impl Provider for GcpProvider {
                 .vms(&names)
                 .await?
                 .into_iter()
-                .filter(|i| last(i.zone.as_deref().unwrap_or_default()) == zone)
+                .filter(|i| zone_of(i) == zone)
                 .collect();
             let nodes: Vec<Node> = vms
                 .iter()
@@ -951,30 +976,15 @@ impl Provider for GcpProvider {
     }
 
     async fn stop(&self, cluster: &ClusterName) -> Result<()> {
-        let c = self.clients().await?;
         for i in self.vms(&self.names(cluster)).await? {
-            let zone = last(i.zone.as_deref().unwrap_or_default()).to_string();
-            let spot = i
-                .scheduling
-                .as_ref()
-                .and_then(|s| s.provisioning_model.as_ref())
-                .is_some_and(|m| *m == scheduling::ProvisioningModel::Spot);
-            if spot {
+            if is_spot(&i) {
                 return Err(err(
                     ErrorKind::InvalidRequest,
-                    &zone,
+                    &zone_of(&i),
                     "Spot VMs are not stopped and started by gangway; use `gangway down`",
                 ));
             }
-            let poller = c
-                .instances
-                .stop()
-                .set_project(&c.project)
-                .set_zone(&zone)
-                .set_instance(i.name.clone().unwrap_or_default())
-                .poller();
-            self.wait_op(poller, &zone, "instances.stop", Duration::from_secs(600))
-                .await?;
+            self.power(&i, false).await?;
         }
         Ok(())
     }
@@ -984,7 +994,6 @@ impl Provider for GcpProvider {
         cluster: &ClusterName,
         _provider_config: Option<&serde_json::Value>,
     ) -> Result<Vec<Node>> {
-        let c = self.clients().await?;
         let names = self.names(cluster);
         for i in self.vms(&names).await? {
             if !matches!(
@@ -993,16 +1002,7 @@ impl Provider for GcpProvider {
             ) {
                 continue;
             }
-            let zone = last(i.zone.as_deref().unwrap_or_default()).to_string();
-            let poller = c
-                .instances
-                .start()
-                .set_project(&c.project)
-                .set_zone(&zone)
-                .set_instance(i.name.clone().unwrap_or_default())
-                .poller();
-            self.wait_op(poller, &zone, "instances.start", Duration::from_secs(600))
-                .await?;
+            self.power(&i, true).await?;
         }
         self.describe(cluster).await
     }
@@ -1012,7 +1012,7 @@ impl Provider for GcpProvider {
         let vms = self.vms(&names).await?;
         let mut regions = self.record_regions(&names);
         for i in &vms {
-            let r = region_of(last(i.zone.as_deref().unwrap_or_default())).to_string();
+            let r = region_of(&zone_of(i)).to_string();
             if !regions.contains(&r) {
                 regions.push(r);
             }

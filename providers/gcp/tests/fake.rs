@@ -246,6 +246,18 @@ async fn a_stockout_is_capacity_and_the_next_zone_works() {
     let nodes = p.launch(&r2).await.expect("the next zone");
     assert_eq!(nodes.len(), 2);
     assert!(nodes.iter().all(|n| n.placement.zone == "us-central1-c"));
+    // On-demand VMs stop (disks kept) and start again.
+    p.stop(&r2.cluster).await.expect("stop");
+    let stopped = p.describe(&r2.cluster).await.unwrap();
+    assert!(
+        stopped.len() == 2 && stopped.iter().all(|n| n.state == NodeState::Stopped),
+        "{stopped:?}"
+    );
+    let started = p.start(&r2.cluster, None).await.expect("start");
+    assert!(
+        started.len() == 2 && started.iter().all(|n| n.state == NodeState::Running),
+        "{started:?}"
+    );
     p.terminate(&r2.cluster).await.unwrap();
     assert!(fake.named("instances", &prefix("stock")).is_empty());
     assert!(fake.named("firewalls", &prefix("stock")).is_empty());
