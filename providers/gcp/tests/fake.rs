@@ -6,117 +6,29 @@
 //! one and passes its python in `GANGWAY_TEST_GCE_PYTHON`); without it each
 //! test prints `SKIPPED` and passes.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::OnceLock;
 
 use gangway_gcp::GcpProvider;
 use gangway_provider::{ClusterName, ErrorKind, LaunchRequest, NodeState, Placement, Provider};
 
-struct Fake {
-    url: String,
-    _child: Child,
-}
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+#[path = "../../../tests/support/gce_fake.rs"]
+mod gce_fake;
+use gce_fake::GceFake;
 
 /// One fake for the whole test binary (the endpoint is process-wide
 /// environment); tests keep apart by cluster name, zone and machine type.
-fn fake() -> Option<&'static Fake> {
-    static FAKE: OnceLock<Option<Fake>> = OnceLock::new();
+fn fake() -> Option<&'static GceFake> {
+    static FAKE: OnceLock<Option<GceFake>> = OnceLock::new();
     FAKE.get_or_init(|| {
-        let python = std::env::var_os("GANGWAY_TEST_GCE_PYTHON")
-            .map(PathBuf::from)
-            .or_else(|| {
-                let p = root().join("target/gce-venv/bin/python");
-                p.exists().then_some(p)
-            });
-        let Some(python) = python else {
-            eprintln!(
-                "SKIPPED: no venv for the GCE fake (run tests/emulators/gce/setup.sh, or set GANGWAY_TEST_GCE_PYTHON)"
-            );
-            return None;
-        };
-        let mut child = Command::new(&python)
-            .arg(root().join("tests/emulators/gce/server.py"))
-            .args(["--host", "127.0.0.1", "--port", "0", "--watch-stdin"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("the GCE fake starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let url = line
-            .trim()
-            .strip_prefix("READY ")
-            .unwrap_or_else(|| panic!("the GCE fake said {line:?}"))
-            .to_string();
-        // SAFETY (edition 2021: safe): set once, before any client is built.
-        std::env::set_var("GANGWAY_GCP_ENDPOINT", &url);
+        let fake = GceFake::start()?;
+        // Edition 2021: safe. Set once, before any client is built.
+        std::env::set_var("GANGWAY_GCP_ENDPOINT", &fake.url);
         std::env::set_var("GOOGLE_CLOUD_PROJECT", "gangway-test");
         std::env::set_var("GANGWAY_GCP_SSH_CIDR", "192.0.2.0/24");
-        Some(Fake { url, _child: child })
+        Some(fake)
     })
     .as_ref()
-}
-
-impl Fake {
-    fn call(
-        &self,
-        method: &str,
-        path: &str,
-        body: Option<&serde_json::Value>,
-    ) -> serde_json::Value {
-        let addr = self.url.trim_start_matches("http://");
-        let mut s = std::net::TcpStream::connect(addr).unwrap();
-        let body = body.map(|b| b.to_string()).unwrap_or_default();
-        write!(
-            s,
-            "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        let text = out.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-        serde_json::from_str(text).unwrap_or(serde_json::Value::Null)
-    }
-
-    fn state(&self) -> serde_json::Value {
-        self.call("GET", "/_gangway/state", None)
-    }
-
-    /// Everything in the fake whose name starts with `prefix`.
-    fn named(&self, kind: &str, prefix: &str) -> Vec<serde_json::Value> {
-        let st = self.state();
-        let mut out = Vec::new();
-        collect(&st[kind], prefix, &mut out);
-        out
-    }
-}
-
-fn collect(v: &serde_json::Value, prefix: &str, out: &mut Vec<serde_json::Value>) {
-    match v {
-        serde_json::Value::Array(a) => a.iter().for_each(|x| collect(x, prefix, out)),
-        serde_json::Value::Object(o) => {
-            if o.get("name")
-                .and_then(|n| n.as_str())
-                .is_some_and(|n| n.starts_with(prefix))
-                && o.contains_key("kind")
-            {
-                out.push(v.clone());
-            } else {
-                o.values().for_each(|x| collect(x, prefix, out));
-            }
-        }
-        _ => {}
-    }
 }
 
 fn provider(dir: &Path) -> GcpProvider {
@@ -234,7 +146,7 @@ async fn a_stockout_is_capacity_and_the_next_zone_works() {
     fake.call(
         "POST",
         "/_gangway/capacity",
-        Some(&serde_json::json!({"zone": "us-central1-b", "machineType": "a2-highgpu-2g", "available": 0})),
+        &serde_json::json!({"zone": "us-central1-b", "machineType": "a2-highgpu-2g", "available": 0}).to_string(),
     );
     let r = req("stock", "us-central1-b", "a2-highgpu-2g", 2, false);
     let e = p.launch(&r).await.expect_err("no capacity");
@@ -272,7 +184,7 @@ async fn quota_and_throttling_are_told_apart() {
     fake.call(
         "POST",
         "/_gangway/fault",
-        Some(&serde_json::json!({"method": "instances.bulkInsert", "contains": base, "operation_error": "QUOTA_EXCEEDED"})),
+        &serde_json::json!({"method": "instances.bulkInsert", "contains": base, "operation_error": "QUOTA_EXCEEDED"}).to_string(),
     );
     let r = req("quota", "us-central1-f", "a2-highgpu-1g", 1, false);
     let e = p.launch(&r).await.expect_err("over quota");
@@ -280,11 +192,11 @@ async fn quota_and_throttling_are_told_apart() {
     fake.call(
         "POST",
         "/_gangway/fault",
-        Some(&serde_json::json!({"method": "instances.bulkInsert", "contains": base, "http_status": 429, "times": 5})),
+        &serde_json::json!({"method": "instances.bulkInsert", "contains": base, "http_status": 429, "times": 5}).to_string(),
     );
     let e = p.launch(&r).await.expect_err("throttled");
     assert_eq!(e.kind, ErrorKind::Transient, "{e}");
-    fake.call("DELETE", "/_gangway/faults", None);
+    fake.call("DELETE", "/_gangway/faults", "");
     // The same placement again is a new request, not a replay of the
     // failed one: it creates the VM.
     let nodes = p.launch(&r).await.expect("launch once the quota is there");
@@ -305,7 +217,7 @@ async fn a_preempted_spot_vm_is_reported_as_preempted() {
     fake.call(
         "POST",
         "/_gangway/preempt",
-        Some(&serde_json::json!({"instance": victim})),
+        &serde_json::json!({"instance": victim}).to_string(),
     );
     let seen = p.describe(&r.cluster).await.unwrap();
     let v = seen
