@@ -80,6 +80,7 @@ struct Options {
     use_internal_ips: bool,
     placement: Option<bool>,
     boot_timeout_s: Option<u64>,
+    preemption_notice_s: Option<u64>,
 }
 
 const OPTION_KEYS: &[&str] = &[
@@ -90,6 +91,7 @@ const OPTION_KEYS: &[&str] = &[
     "use_internal_ips",
     "placement_policy",
     "boot_timeout_s",
+    "preemption_notice_s",
 ];
 
 fn options(v: Option<&serde_json::Value>, loc: &str) -> Result<Options> {
@@ -128,6 +130,9 @@ fn options(v: Option<&serde_json::Value>, loc: &str) -> Result<Options> {
             }
             "boot_timeout_s" => {
                 o.boot_timeout_s = Some(v.as_u64().ok_or_else(|| bad(k, "must be seconds"))?)
+            }
+            "preemption_notice_s" => {
+                o.preemption_notice_s = Some(v.as_u64().ok_or_else(|| bad(k, "must be seconds"))?)
             }
             other => {
                 return Err(bad(
@@ -1103,6 +1108,12 @@ impl GcpProvider {
                     Some("DELETE") => scheduling::InstanceTerminationAction::Delete,
                     _ => scheduling::InstanceTerminationAction::Stop,
                 });
+            // More warning than GCE's default (none before the soft off):
+            // the metadata server says `preempted` this long before.
+            if let Some(s) = opts.preemption_notice_s {
+                sched = sched
+                    .set_preemption_notice_duration(model::Duration::new().set_seconds(s as i64));
+            }
         }
         if gpu.is_some() || req.use_spot {
             sched = sched.set_on_host_maintenance(scheduling::OnHostMaintenance::Terminate);

@@ -74,7 +74,8 @@ async fn a_spot_gang_is_created_compact_relaunched_without_doubles_and_removed()
     let Some(fake) = fake() else { return };
     let dir = tempfile::tempdir().unwrap();
     let p = provider(dir.path());
-    let r = req("gang", "us-central1-a", "a2-highgpu-1g", 2, true);
+    let mut r = req("gang", "us-central1-a", "a2-highgpu-1g", 2, true);
+    r.provider_config = Some(serde_json::json!({"preemption_notice_s": 60}));
     let nodes = p.launch(&r).await.expect("launch");
     assert_eq!(nodes.len(), 2);
     for n in &nodes {
@@ -93,6 +94,10 @@ async fn a_spot_gang_is_created_compact_relaunched_without_doubles_and_removed()
         assert_eq!(vm["labels"]["gangway-owner"], "tester", "{vm}");
         assert_eq!(vm["scheduling"]["provisioningModel"], "SPOT", "{vm}");
         assert_eq!(vm["scheduling"]["onHostMaintenance"], "TERMINATE", "{vm}");
+        assert_eq!(
+            vm["scheduling"]["preemptionNoticeDuration"]["seconds"], "60",
+            "{vm}"
+        );
         assert!(
             vm["resourcePolicies"]
                 .to_string()
