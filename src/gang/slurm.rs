@@ -13,10 +13,12 @@ use std::path::Path;
 use std::process::Stdio;
 use std::sync::Mutex;
 
-use gangway_slurm::{keys, sh_quote, Login};
+use gangway_slurm::{keys, remote_command, sh_quote, Login};
 
 use super::ssh::{signal_token, TOKEN_VAR};
-use super::transport::{shell, NodeCommand, NodeProcess, Transport, TransportError, KEPT_ENV};
+use super::transport::{
+    extra, shell, NodeCommand, NodeProcess, Transport, TransportError, KEPT_ENV,
+};
 use crate::state::NodeRow;
 
 /// The Slurm transport.
@@ -86,26 +88,18 @@ impl SlurmTransport {
             all.push(("SLURM_CONF".into(), conf.clone()));
         }
         all.extend(env.iter().cloned());
-        let words: Vec<String> = std::iter::once(prog.to_string())
-            .chain(args.iter().cloned())
-            .map(|w| sh_quote(&w))
-            .collect();
-        let mut remote = String::new();
-        let mut stdin = None;
-        if env_on_stdin {
-            let mut exports = String::new();
-            for (k, v) in &all {
-                exports.push_str(&format!("export {k}={}\n", sh_quote(v)));
-            }
-            remote.push_str(". /dev/stdin; exec ");
-            stdin = Some(exports.into_bytes());
+        let (remote, stdin) = if env_on_stdin {
+            let exports: String = all
+                .iter()
+                .map(|(k, v)| format!("export {k}={}\n", sh_quote(v)))
+                .collect();
+            (
+                format!(". /dev/stdin; {}", remote_command(prog, args, &[])),
+                Some(exports.into_bytes()),
+            )
         } else {
-            remote.push_str("exec env ");
-            for (k, v) in &all {
-                remote.push_str(&format!("{k}={} ", sh_quote(v)));
-            }
-        }
-        remote.push_str(&words.join(" "));
+            (remote_command(prog, args, &all), None)
+        };
         let mut c = login.ssh(&self.ssh_dir);
         c.arg(remote);
         (c, stdin)
@@ -118,14 +112,6 @@ fn name(node: &NodeRow) -> String {
         node.rank,
         node.extra.get(keys::NODE).map_or("?", String::as_str)
     )
-}
-
-fn extra<'a>(node: &'a NodeRow, key: &str) -> &'a str {
-    node.extra.get(key).map(String::as_str).unwrap_or("")
-}
-
-fn sq(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
 }
 
 fn fail(node: &NodeRow, what: impl Into<String>, source: std::io::Error) -> TransportError {
@@ -193,7 +179,7 @@ impl Transport for SlurmTransport {
             let mut c = tokio::process::Command::from(self.slurm_command(
                 n,
                 "srun",
-                &srun_args(n, &format!("mkdir -p {}", sq(extra(n, "home")))),
+                &srun_args(n, &format!("mkdir -p {}", sh_quote(extra(n, "home")))),
             ));
             c.stdin(Stdio::null())
                 .stdout(Stdio::null())
@@ -231,8 +217,8 @@ impl Transport for SlurmTransport {
         let cwd = self.node_path(node, &cmd.cwd);
         let script = format!(
             "cd {} 2>/dev/null || cd {}\n{}",
-            sq(&cwd),
-            sq(extra(node, "home")),
+            sh_quote(&cwd),
+            sh_quote(extra(node, "home")),
             cmd.script
         );
         let mut env: Vec<(String, String)> = node
@@ -330,15 +316,15 @@ impl Transport for SlurmTransport {
             ));
         }
         let script = if local.is_dir() {
-            format!("mkdir -p {d} && tar -C {d} -xf -", d = sq(&dest))
+            format!("mkdir -p {d} && tar -C {d} -xf -", d = sh_quote(&dest))
         } else {
             // A file lands at dest itself.
             let parent = dest.rsplit_once('/').map_or(".", |(p, _)| p);
             format!(
                 "mkdir -p {p} && t=$(mktemp -d {p}/.gw.XXXXXX) && tar -C \"$t\" -xf - && mv -f \"$t\"/{f} {d}; rm -rf \"$t\"",
-                p = sq(if parent.is_empty() { "/" } else { parent }),
-                f = sq(&name),
-                d = sq(&dest)
+                p = sh_quote(if parent.is_empty() { "/" } else { parent }),
+                f = sh_quote(&name),
+                d = sh_quote(&dest)
             )
         };
         run(self, node, &script, Some(&tar.stdout)).map(|_| ())
@@ -358,14 +344,17 @@ impl Transport for SlurmTransport {
     }
 
     fn make_dir(&self, node: &NodeRow, path: &str) -> Result<(), TransportError> {
-        run(self, node, &format!("mkdir -p {}", sq(path)), None).map(|_| ())
+        run(self, node, &format!("mkdir -p {}", sh_quote(path)), None).map(|_| ())
     }
 
     fn download(&self, node: &NodeRow, path: &str, dest: &Path) -> Result<(), TransportError> {
         let packed = run(
             self,
             node,
-            &format!("if [ -d {p} ]; then tar -C {p} -cf - .; fi", p = sq(path)),
+            &format!(
+                "if [ -d {p} ]; then tar -C {p} -cf - .; fi",
+                p = sh_quote(path)
+            ),
             None,
         )?;
         if packed.is_empty() {
@@ -406,7 +395,7 @@ impl Transport for SlurmTransport {
         run(
             self,
             node,
-            &format!("cat > {p}.tmp && mv -f {p}.tmp {p}", p = sq(path)),
+            &format!("cat > {p}.tmp && mv -f {p}.tmp {p}", p = sh_quote(path)),
             Some(data),
         )
         .map(|_| ())

@@ -187,7 +187,7 @@ fn node_name(node: &NodeRow) -> String {
     format!("rank {} ({})", node.rank, node.private_ip)
 }
 
-fn extra<'a>(node: &'a NodeRow, key: &str) -> &'a str {
+pub(crate) fn extra<'a>(node: &'a NodeRow, key: &str) -> &'a str {
     node.extra.get(key).map(String::as_str).unwrap_or("")
 }
 

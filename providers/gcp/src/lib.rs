@@ -452,13 +452,11 @@ impl GcpProvider {
                 .set_instance(&name)
                 .poller();
             waits.push(async move {
-                match self
-                    .wait_op(poller, &zone, "instances.delete", Duration::from_secs(300))
-                    .await
-                {
-                    Err(e) if e.message.contains("404") || e.message.contains("notFound") => Ok(()),
-                    other => other.map(|_| ()),
-                }
+                done_unless(
+                    self.wait_op(poller, &zone, "instances.delete", Duration::from_secs(300))
+                        .await,
+                    is_not_found,
+                )
             });
         }
         for w in waits {
@@ -554,20 +552,16 @@ impl GcpProvider {
                 .set_body(rule)
                 .with_idempotency(true)
                 .poller();
-            match self
-                .wait_op(
+            done_unless(
+                self.wait_op(
                     poller,
                     "global",
                     "firewalls.insert",
                     Duration::from_secs(120),
                 )
-                .await
-            {
-                Err(e) if e.message.contains("alreadyExists") || e.message.contains("409") => {}
-                other => {
-                    other?;
-                }
-            }
+                .await,
+                is_already_there,
+            )?;
         }
         Ok(())
     }
@@ -600,20 +594,16 @@ impl GcpProvider {
             .set_body(policy)
             .with_idempotency(true)
             .poller();
-        match self
-            .wait_op(
+        done_unless(
+            self.wait_op(
                 poller,
                 region,
                 "resourcePolicies.insert",
                 Duration::from_secs(120),
             )
-            .await
-        {
-            Err(e) if e.message.contains("alreadyExists") || e.message.contains("409") => {}
-            other => {
-                other?;
-            }
-        }
+            .await,
+            is_already_there,
+        )?;
         Ok(name)
     }
 
@@ -627,20 +617,16 @@ impl GcpProvider {
                 .set_region(region)
                 .set_resource_policy(names.policy())
                 .poller();
-            match self
-                .wait_op(
+            done_unless(
+                self.wait_op(
                     poller,
                     region,
                     "resourcePolicies.delete",
                     Duration::from_secs(120),
                 )
-                .await
-            {
-                Err(e) if is_not_found(&e) => {}
-                other => {
-                    other?;
-                }
-            }
+                .await,
+                is_not_found,
+            )?;
         }
         for fw in [
             names.firewall_ssh(),
@@ -653,20 +639,16 @@ impl GcpProvider {
                 .set_project(&c.project)
                 .set_firewall(&fw)
                 .poller();
-            match self
-                .wait_op(
+            done_unless(
+                self.wait_op(
                     poller,
                     "global",
                     "firewalls.delete",
                     Duration::from_secs(120),
                 )
-                .await
-            {
-                Err(e) if is_not_found(&e) => {}
-                other => {
-                    other?;
-                }
-            }
+                .await,
+                is_not_found,
+            )?;
         }
         Ok(())
     }
@@ -732,6 +714,19 @@ fn is_not_found(e: &ProviderError) -> bool {
     e.message.contains("404")
         || e.message.contains("notFound")
         || e.message.contains("was not found")
+}
+
+fn is_already_there(e: &ProviderError) -> bool {
+    e.message.contains("alreadyExists") || e.message.contains("409")
+}
+
+/// An operation's end where `fine` errors (the thing already exists, is
+/// already gone) count as done.
+fn done_unless(r: Result<model::Operation>, fine: fn(&ProviderError) -> bool) -> Result<()> {
+    match r {
+        Err(e) if fine(&e) => Ok(()),
+        other => other.map(|_| ()),
+    }
 }
 
 /// A client call's error, named and classified.

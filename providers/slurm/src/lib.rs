@@ -164,6 +164,21 @@ pub fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
+/// `prog args...` as one command for a remote POSIX shell, with `env` set
+/// for it (`exec env K=V ... prog args`).
+pub fn remote_command(prog: &str, args: &[String], env: &[(String, String)]) -> String {
+    let mut s = String::from("exec env ");
+    for (k, v) in env {
+        s.push_str(&format!("{k}={} ", sh_quote(v)));
+    }
+    let words: Vec<String> = std::iter::once(prog)
+        .chain(args.iter().map(String::as_str))
+        .map(sh_quote)
+        .collect();
+    s.push_str(&words.join(" "));
+    s
+}
+
 /// One Slurm cluster from `$GANGWAY_HOME/slurm.yaml`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Cluster {
@@ -295,18 +310,12 @@ impl SlurmProvider {
                 cmd
             }
             Some(login) => {
-                let mut remote = String::new();
-                if let Some(conf) = &c.conf {
-                    remote.push_str(&format!(
-                        "SLURM_CONF={} ",
-                        sh_quote(&conf.to_string_lossy())
-                    ));
-                }
-                remote.push_str(prog);
-                for a in args {
-                    remote.push(' ');
-                    remote.push_str(&sh_quote(a));
-                }
+                let env: Vec<(String, String)> = c
+                    .conf
+                    .iter()
+                    .map(|conf| ("SLURM_CONF".into(), conf.display().to_string()))
+                    .collect();
+                let remote = remote_command(prog, args, &env);
                 let mut ssh = login.ssh(&self.ssh_dir);
                 ssh.arg(remote);
                 tokio::process::Command::from(ssh)
@@ -924,6 +933,14 @@ mod tests {
         assert_eq!(sh_quote("--jobid=12"), "--jobid=12");
         assert_eq!(sh_quote("it's $HOME"), r"'it'\''s $HOME'");
         assert_eq!(sh_quote(""), "''");
+        assert_eq!(
+            remote_command(
+                "srun",
+                &["--jobid=3".into(), "echo $HOME".into()],
+                &[("SLURM_CONF".into(), "/etc/my slurm.conf".into())]
+            ),
+            "exec env SLURM_CONF='/etc/my slurm.conf' srun --jobid=3 'echo $HOME'"
+        );
     }
 
     #[test]
