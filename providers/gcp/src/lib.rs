@@ -19,6 +19,7 @@
 
 mod errors;
 mod names;
+mod record;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -28,7 +29,7 @@ use gangway_provider::{
     CheckReport, ClusterName, ErrorKind, InstanceId, LaunchRequest, Node, NodeState, Placement,
     PriceQuote, Provider, ProviderError, Result,
 };
-use google_cloud_compute_v1::client::{Firewalls, Instances, ResourcePolicies};
+use google_cloud_compute_v1::client::{Firewalls, Instances, ResourcePolicies, ZoneOperations};
 use google_cloud_compute_v1::model::{
     self, access_config, attached_disk, firewall, instance, resource_policy_group_placement_policy,
     scheduling,
@@ -36,6 +37,7 @@ use google_cloud_compute_v1::model::{
 use google_cloud_gax::options::RequestOptionsBuilder;
 use google_cloud_gax::paginator::ItemPaginator;
 use google_cloud_lro::Poller;
+use record::{KeptVm, Record};
 
 pub use errors::{classify_codes, classify_http};
 pub use names::{gpu_type, request_id, Names};
@@ -47,6 +49,9 @@ pub const LABEL_OWNER: &str = "gangway-owner";
 
 /// Metadata item holding the cluster's exact name.
 const META_CLUSTER: &str = "gangway-cluster";
+
+/// The operation GCE records when it takes a Spot VM back.
+const PREEMPTED_OP: &str = "compute.instances.preempted";
 
 /// The user gangway puts its key in for (`ssh-keys` metadata).
 const DEFAULT_SSH_USER: &str = "gangway";
@@ -60,6 +65,7 @@ struct Clients {
     instances: Instances,
     policies: ResourcePolicies,
     firewalls: Firewalls,
+    operations: ZoneOperations,
 }
 
 /// The GCP provider.
@@ -283,6 +289,7 @@ impl GcpProvider {
                     instances: build!(Instances),
                     policies: build!(ResourcePolicies),
                     firewalls: build!(Firewalls),
+                    operations: build!(ZoneOperations),
                 })
             })
             .await;
@@ -317,27 +324,94 @@ impl GcpProvider {
         Ok(out)
     }
 
-    fn record_regions(&self, names: &Names) -> Vec<String> {
-        std::fs::read_to_string(self.records.join(&names.base))
-            .map(|t| t.lines().map(str::to_string).collect())
-            .unwrap_or_default()
+    fn record(&self, names: &Names) -> Record {
+        Record::read(&self.records.join(&names.base))
+    }
+
+    fn keep_record(&self, names: &Names, r: &Record, loc: &str) -> Result<()> {
+        r.write(&self.records.join(&names.base)).map_err(|e| {
+            err(
+                ErrorKind::Fatal,
+                loc,
+                format!("cannot record the cluster locally: {e}"),
+            )
+        })
     }
 
     fn remember_region(&self, names: &Names, region: &str) -> Result<()> {
-        let mut regions = self.record_regions(names);
-        if regions.iter().any(|r| r == region) {
-            return Ok(());
+        let mut r = self.record(names);
+        if r.add_region(region) {
+            self.keep_record(names, &r, region)?;
         }
-        regions.push(region.to_string());
-        std::fs::create_dir_all(&self.records)
-            .and_then(|()| std::fs::write(self.records.join(&names.base), regions.join("\n")))
-            .map_err(|e| {
-                err(
-                    ErrorKind::Fatal,
-                    region,
-                    format!("cannot record the cluster's region locally: {e}"),
-                )
-            })
+        Ok(())
+    }
+
+    /// The recorded VMs that are gone and were preempted: GCE deletes a
+    /// Spot VM whose termination action is DELETE, and only its zone's
+    /// `compute.instances.preempted` operation (matched by the VM's id, so
+    /// an earlier VM of the same name does not count) says why.
+    async fn deleted_by_preemption(
+        &self,
+        names: &Names,
+        present: &[model::Instance],
+    ) -> Result<Vec<Node>> {
+        let missing: Vec<KeptVm> = self
+            .record(names)
+            .vms
+            .into_iter()
+            .filter(|k| !present.iter().any(|i| i.id == k.id.parse::<u64>().ok()))
+            .collect();
+        if missing.is_empty() {
+            return Ok(Vec::new());
+        }
+        let c = self.clients().await?;
+        let mut zones: Vec<&str> = missing.iter().map(|k| k.zone.as_str()).collect();
+        zones.sort();
+        zones.dedup();
+        let mut out = Vec::new();
+        for zone in zones {
+            let mut ops = c
+                .operations
+                .list()
+                .set_project(&c.project)
+                .set_zone(zone)
+                .set_filter(format!("operationType = \"{PREEMPTED_OP}\""))
+                .by_item();
+            while let Some(op) = ops.next().await {
+                let op = op.map_err(|e| call_err(&e, zone, "zoneOperations.list"))?;
+                let Some(k) = missing
+                    .iter()
+                    .find(|k| op.target_id.map(|t| t.to_string()).as_deref() == Some(&k.id))
+                else {
+                    continue;
+                };
+                if out.iter().any(|n: &Node| n.id.0 == k.name) {
+                    continue;
+                }
+                out.push(Node {
+                    id: InstanceId(k.name.clone()),
+                    state: NodeState::Preempted {
+                        reason: format!(
+                            "GCE preempted the Spot VM{} and deleted it",
+                            op.insert_time
+                                .as_deref()
+                                .map(|t| format!(" at {t}"))
+                                .unwrap_or_default()
+                        ),
+                    },
+                    private_ip: String::new(),
+                    public_ip: None,
+                    placement: Placement {
+                        cloud: "gcp".into(),
+                        region: region_of(zone).to_string(),
+                        zone: zone.to_string(),
+                    },
+                    topology: Vec::new(),
+                    extra: BTreeMap::new(),
+                });
+            }
+        }
+        Ok(out)
     }
 
     fn node(&self, i: &model::Instance, opts_user: &str, internal: bool) -> Node {
@@ -930,6 +1004,17 @@ impl Provider for GcpProvider {
                         && (opts.use_internal_ips || n.public_ip.is_some())
                 });
             if ready {
+                let mut r = self.record(&names);
+                r.add_region(&region);
+                r.vms = vms
+                    .iter()
+                    .map(|i| KeptVm {
+                        name: i.name.clone().unwrap_or_default(),
+                        id: i.id.map(|id| id.to_string()).unwrap_or_default(),
+                        zone: zone_of(i),
+                    })
+                    .collect();
+                self.keep_record(&names, &r, &loc)?;
                 return Ok(nodes);
             }
             if started.elapsed() > limit {
@@ -954,9 +1039,8 @@ impl Provider for GcpProvider {
 
     async fn describe(&self, cluster: &ClusterName) -> Result<Vec<Node>> {
         let names = self.names(cluster);
-        Ok(self
-            .vms(&names)
-            .await?
+        let vms = self.vms(&names).await?;
+        let mut nodes: Vec<Node> = vms
             .iter()
             .map(|i| {
                 let user = i
@@ -972,7 +1056,9 @@ impl Provider for GcpProvider {
                     .unwrap_or_else(|| DEFAULT_SSH_USER.into());
                 self.node(i, &user, false)
             })
-            .collect())
+            .collect();
+        nodes.extend(self.deleted_by_preemption(&names, &vms).await?);
+        Ok(nodes)
     }
 
     async fn stop(&self, cluster: &ClusterName) -> Result<()> {
@@ -1010,7 +1096,7 @@ impl Provider for GcpProvider {
     async fn terminate(&self, cluster: &ClusterName) -> Result<()> {
         let names = self.names(cluster);
         let vms = self.vms(&names).await?;
-        let mut regions = self.record_regions(&names);
+        let mut regions = self.record(&names).regions;
         for i in &vms {
             let r = region_of(&zone_of(i)).to_string();
             if !regions.contains(&r) {

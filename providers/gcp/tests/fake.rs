@@ -247,3 +247,73 @@ async fn a_preempted_spot_vm_is_reported_as_preempted() {
     p.terminate(&r.cluster).await.unwrap();
     assert!(fake.named("instances", &prefix("pre")).is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spot_vm_deleted_on_preemption_is_found_by_its_zone_operation() {
+    let Some(fake) = fake() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let p = provider(dir.path());
+    let mut r = req("predel", "europe-west4-b", "a2-highgpu-1g", 2, true);
+    r.provider_config = Some(serde_json::json!({"termination_action": "DELETE"}));
+    let nodes = p.launch(&r).await.expect("launch");
+    let victim = nodes[0].id.0.clone();
+    let vm = fake.named("instances", &victim);
+    assert_eq!(
+        vm[0]["scheduling"]["instanceTerminationAction"], "DELETE",
+        "{vm:?}"
+    );
+    // Nothing missing, nothing preempted: describe lists the two VMs.
+    assert!(p
+        .describe(&r.cluster)
+        .await
+        .unwrap()
+        .iter()
+        .all(|n| n.state == NodeState::Running));
+    fake.call(
+        "POST",
+        "/_gangway/preempt",
+        &serde_json::json!({"instance": victim}).to_string(),
+    );
+    assert!(
+        fake.named("instances", &victim).is_empty(),
+        "GCE deleted it"
+    );
+    let seen = p.describe(&r.cluster).await.unwrap();
+    let v = seen
+        .iter()
+        .find(|n| n.id.0 == victim)
+        .unwrap_or_else(|| panic!("the deleted VM is reported: {seen:?}"));
+    match &v.state {
+        NodeState::Preempted { reason } => assert!(reason.contains("deleted"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(v.placement.zone, "europe-west4-b");
+    // The relaunch creates a new VM (perhaps under the same name): the old
+    // operation names the old VM's id, so nothing is preempted now.
+    let again = p.launch(&r).await.expect("relaunch");
+    assert_eq!(again.len(), 2);
+    let seen = p.describe(&r.cluster).await.unwrap();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(
+        seen.iter().all(|n| n.state == NodeState::Running),
+        "{seen:?}"
+    );
+    // A VM deleted by someone else (no preemption) is simply gone.
+    let other = again[1].id.0.clone();
+    fake.call(
+        "DELETE",
+        &format!("/compute/v1/projects/gangway-test/zones/europe-west4-b/instances/{other}"),
+        "",
+    );
+    // (The delete is an operation; wait until the VM is gone.)
+    for _ in 0..100 {
+        if fake.named("instances", &other).is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let seen = p.describe(&r.cluster).await.unwrap();
+    assert!(seen.iter().all(|n| n.id.0 != other), "{seen:?}");
+    p.terminate(&r.cluster).await.unwrap();
+    assert!(fake.named("instances", &prefix("predel")).is_empty());
+}
