@@ -100,3 +100,41 @@ fn gcp_check_names_the_project_or_what_is_missing() {
         "{out}\n{err}"
     );
 }
+
+#[test]
+fn gcp_check_names_the_credentials_it_would_use_and_never_their_secret() {
+    // No fake needed: the endpoint is not loopback, so credentials are
+    // used, and nothing here can reach it.
+    let home = TestHome::new();
+    let check = |creds: &str| {
+        let mut c = crate::common::command_in(home.path());
+        c.args(["check", "gcp"])
+            .env("GANGWAY_GCP_ENDPOINT", "http://gce.invalid")
+            .env("GOOGLE_CLOUD_PROJECT", "gangway-test")
+            .env("GOOGLE_APPLICATION_CREDENTIALS", creds)
+            .env("CLOUDSDK_CONFIG", home.path().join("no-gcloud"));
+        let (code, out, err) = parts(&crate::common::Running::start(c).wait());
+        (code, format!("{out}{err}"))
+    };
+    let missing = home.path().join("nowhere.json");
+    let (code, all) = check(&missing.display().to_string());
+    assert_ne!(code, 0, "{all}");
+    assert!(
+        all.contains("nowhere.json") && all.contains("cannot be read"),
+        "{all}"
+    );
+    let key = home.file(
+        "sa.json",
+        r#"{"type": "service_account", "client_email": "ci@gangway-test.iam.gserviceaccount.com",
+            "private_key_id": "k1", "private_key": "-----BEGIN PRIVATE KEY-----\nTOPSECRETKEYMATERIAL\n-----END PRIVATE KEY-----\n"}"#,
+    );
+    let (code, all) = check(&key);
+    // The endpoint cannot be reached (or the key is no key): not ok, but
+    // it says whose credentials it tried.
+    assert_ne!(code, 0, "{all}");
+    assert!(
+        all.contains("service account ci@gangway-test.iam.gserviceaccount.com"),
+        "{all}"
+    );
+    assert!(!all.contains("TOPSECRET"), "{all}");
+}

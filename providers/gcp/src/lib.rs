@@ -151,6 +151,37 @@ fn options(v: Option<&serde_json::Value>, loc: &str) -> Result<Options> {
     Ok(o)
 }
 
+/// The gcloud CLI's configuration directory.
+fn gcloud_dir() -> Option<PathBuf> {
+    std::env::var_os("CLOUDSDK_CONFIG")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config/gcloud")))
+}
+
+/// `[section] key` of the active gcloud configuration.
+fn gcloud_setting(section: &str, key: &str) -> Option<String> {
+    let dir = gcloud_dir()?;
+    let active = std::fs::read_to_string(dir.join("active_config"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "default".into());
+    let text = std::fs::read_to_string(dir.join("configurations").join(format!("config_{active}")))
+        .ok()?;
+    let header = format!("[{section}]");
+    let mut inside = false;
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('[') {
+            inside = line == header;
+        } else if inside {
+            if let Some((k, v)) = line.split_once('=') {
+                if k.trim() == key && !v.trim().is_empty() {
+                    return Some(v.trim().to_string());
+                }
+            }
+        }
+    }
+    None
+}
+
 /// The project: `GOOGLE_CLOUD_PROJECT`, `CLOUDSDK_CORE_PROJECT`, then the
 /// active gcloud configuration's `core/project`.
 pub fn project() -> Option<String> {
@@ -161,27 +192,118 @@ pub fn project() -> Option<String> {
             }
         }
     }
-    let dir = std::env::var_os("CLOUDSDK_CONFIG")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config/gcloud")))?;
-    let active = std::fs::read_to_string(dir.join("active_config"))
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "default".into());
-    let text = std::fs::read_to_string(dir.join("configurations").join(format!("config_{active}")))
-        .ok()?;
-    let mut in_core = false;
-    for line in text.lines().map(str::trim) {
-        if line.starts_with('[') {
-            in_core = line == "[core]";
-        } else if in_core {
-            if let Some((k, v)) = line.split_once('=') {
-                if k.trim() == "project" && !v.trim().is_empty() {
-                    return Some(v.trim().to_string());
-                }
-            }
+    gcloud_setting("core", "project")
+}
+
+/// The credentials file ADC reads, and whether the environment named it.
+fn adc_file() -> Option<(PathBuf, bool)> {
+    match std::env::var_os("GOOGLE_APPLICATION_CREDENTIALS") {
+        Some(p) if !p.is_empty() => Some((PathBuf::from(p), true)),
+        _ => gcloud_dir()
+            .map(|d| d.join("application_default_credentials.json"))
+            .filter(|p| p.exists())
+            .map(|p| (p, false)),
+    }
+}
+
+/// `text` with every secret of the credentials file cut out (the auth
+/// library's parse errors may quote what they could not read).
+fn redacted(mut text: String) -> String {
+    let Some((path, _)) = adc_file() else {
+        return text;
+    };
+    let Ok(doc) = std::fs::read_to_string(path)
+        .map_err(|_| ())
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).map_err(|_| ()))
+    else {
+        return text;
+    };
+    for k in [
+        "private_key",
+        "private_key_id",
+        "refresh_token",
+        "client_secret",
+    ] {
+        if let Some(v) = doc.get(k).and_then(|v| v.as_str()).filter(|v| v.len() >= 4) {
+            text = text.replace(v, "[redacted]");
+            // serde quotes with escapes: `\n` for a newline.
+            text = text.replace(&v.escape_debug().to_string(), "[redacted]");
         }
     }
-    None
+    text
+}
+
+/// Who Application Default Credentials will speak for, in the order the
+/// auth library looks (`GOOGLE_APPLICATION_CREDENTIALS`, gcloud's
+/// application-default file, the metadata server), told from the file's
+/// public fields only (a key or token is never read out). `Err` says what
+/// is wrong with a file that is named or found.
+pub fn identity() -> std::result::Result<String, String> {
+    let Some((path, named)) = adc_file() else {
+        return Ok(
+            "the metadata server's service account (no credentials file; that works only on GCE, GKE or Cloud Run)"
+                .into(),
+        );
+    };
+    let whence = if named {
+        format!("GOOGLE_APPLICATION_CREDENTIALS={}", path.display())
+    } else {
+        path.display().to_string()
+    };
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| format!("{whence} cannot be read: {e}"))?;
+    let doc: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| format!("{whence} is not a credentials JSON file: {e}"))?;
+    Ok(describe_credentials(
+        &doc,
+        gcloud_setting("core", "account"),
+        &whence,
+    )?)
+}
+
+/// Says what a credentials file is, from its `type` and public fields.
+fn describe_credentials(
+    doc: &serde_json::Value,
+    gcloud_account: Option<String>,
+    whence: &str,
+) -> std::result::Result<String, String> {
+    let field = |k: &str| doc.get(k).and_then(|v| v.as_str()).unwrap_or_default();
+    // `.../serviceAccounts/EMAIL:generateAccessToken`
+    let impersonated = || {
+        let url = field("service_account_impersonation_url");
+        url.rsplit_once("serviceAccounts/")
+            .map(|(_, rest)| rest.split(':').next().unwrap_or(rest).to_string())
+            .filter(|e| !e.is_empty())
+    };
+    match field("type") {
+        "service_account" if !field("client_email").is_empty() => Ok(format!(
+            "service account {} ({whence})",
+            field("client_email")
+        )),
+        "authorized_user" => Ok(format!(
+            "user credentials{} ({whence})",
+            gcloud_account
+                .map(|a| format!(" of {a}"))
+                .unwrap_or_default()
+        )),
+        "impersonated_service_account" => Ok(format!(
+            "service account {} by impersonation ({whence})",
+            impersonated().unwrap_or_else(|| "(unnamed)".into())
+        )),
+        "external_account" | "external_account_authorized_user" => Ok(format!(
+            "workload identity federation{} ({whence})",
+            impersonated()
+                .map(|e| format!(" as {e}"))
+                .unwrap_or_default()
+        )),
+        "" => Err(format!("{whence} has no \"type\": not a credentials file")),
+        "service_account" => Err(format!(
+            "{whence}: a service-account key without client_email"
+        )),
+        other => Err(format!(
+            "{whence}: credentials of type {other:?} are not known"
+        )),
+    }
 }
 
 /// The API endpoint override, and whether it is a loopback plain-http one
@@ -278,7 +400,8 @@ impl GcpProvider {
                                 ErrorKind::Auth,
                                 "",
                                 format!(
-                                    "cannot build the Compute Engine client: {e} (run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file)"
+                                    "cannot build the Compute Engine client: {} (run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file)",
+                                    redacted(chain(&e))
                                 ),
                             )
                         })?
@@ -772,6 +895,22 @@ impl GcpProvider {
 }
 
 /// Unique per launch attempt (see the request ids in `launch`).
+/// An error and its causes, `: `-joined (the client's top line alone is
+/// often just "could not create default credentials").
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(s) = next {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        next = s.source();
+    }
+    out
+}
+
 fn nonce() -> String {
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let t = std::time::SystemTime::now()
@@ -843,18 +982,40 @@ impl Provider for GcpProvider {
     }
 
     async fn check(&self) -> Result<CheckReport> {
+        let (ep, anonymous) = endpoint();
+        let id = identity();
         let c = match self.clients().await {
             Ok(c) => c,
             Err(e) => {
+                // A named but broken credentials file says more than the
+                // client's "could not create default credentials".
+                let (identity, hint) = match (&id, anonymous) {
+                    (Err(why), false) => (None, why.clone()),
+                    (Ok(i), false) => (Some(i.clone()), e.message),
+                    (_, true) => (None, e.message),
+                };
                 return Ok(CheckReport {
                     ok: false,
-                    identity: None,
+                    identity,
                     regions: Vec::new(),
-                    hint: Some(e.message),
-                })
+                    hint: Some(hint),
+                });
             }
         };
-        let (ep, anonymous) = endpoint();
+        let at = ep.as_ref().map(|e| format!(" at {e}")).unwrap_or_default();
+        let who = match (anonymous, &id) {
+            (true, _) => format!("project {}{at} (no credentials)", c.project),
+            (false, Ok(i)) => format!("project {} as {i}{at}", c.project),
+            (false, Err(_)) => format!("project {}{at}", c.project),
+        };
+        if let (false, Err(why)) = (anonymous, &id) {
+            return Ok(CheckReport {
+                ok: false,
+                identity: Some(who),
+                regions: Vec::new(),
+                hint: Some(why.clone()),
+            });
+        }
         let probe = c
             .instances
             .list()
@@ -863,15 +1024,6 @@ impl Provider for GcpProvider {
             .set_max_results(1u32)
             .send()
             .await;
-        let who = format!(
-            "project {}{}",
-            c.project,
-            match (&ep, anonymous) {
-                (Some(e), true) => format!(" at {e} (no credentials)"),
-                (Some(e), false) => format!(" at {e}"),
-                _ => String::new(),
-            }
-        );
         Ok(match probe {
             Ok(_) => CheckReport {
                 ok: true,
@@ -879,12 +1031,23 @@ impl Provider for GcpProvider {
                 regions: Vec::new(),
                 hint: None,
             },
-            Err(e) => CheckReport {
-                ok: false,
-                identity: Some(who),
-                regions: Vec::new(),
-                hint: Some(call_err(&e, "us-central1-a", "instances.list").message),
-            },
+            Err(e) => {
+                let mut hint = call_err(&e, "us-central1-a", "instances.list").message;
+                if id
+                    .as_deref()
+                    .is_ok_and(|i| i.starts_with("the metadata server"))
+                {
+                    hint.push_str(
+                        "; off Google Cloud, run `gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file",
+                    );
+                }
+                CheckReport {
+                    ok: false,
+                    identity: Some(who),
+                    regions: Vec::new(),
+                    hint: Some(hint),
+                }
+            }
         })
     }
 
@@ -1276,6 +1439,47 @@ mod tests {
             .contains("ssh_usr"));
         let bad = serde_json::json!({"termination_action": "PAUSE"});
         assert!(options(Some(&bad), "x").is_err());
+    }
+
+    #[test]
+    fn credentials_files_are_told_by_their_public_fields() {
+        use serde_json::json;
+        let d = |v: serde_json::Value, acct: Option<&str>| {
+            describe_credentials(&v, acct.map(str::to_string), "F")
+        };
+        let sa = d(
+            json!({"type": "service_account", "client_email": "ci@p.iam.gserviceaccount.com",
+                   "private_key": "-----BEGIN PRIVATE KEY-----SECRET"}),
+            None,
+        )
+        .unwrap();
+        assert_eq!(sa, "service account ci@p.iam.gserviceaccount.com (F)");
+        assert!(!sa.contains("SECRET"));
+        assert_eq!(
+            d(
+                json!({"type": "authorized_user", "refresh_token": "SECRET"}),
+                Some("me@x.org")
+            )
+            .unwrap(),
+            "user credentials of me@x.org (F)"
+        );
+        assert_eq!(
+            d(json!({"type": "impersonated_service_account",
+                     "service_account_impersonation_url": "https://iamcredentials.googleapis.com/v1/projects/-/serviceAccounts/run@p.iam.gserviceaccount.com:generateAccessToken"}), None).unwrap(),
+            "service account run@p.iam.gserviceaccount.com by impersonation (F)"
+        );
+        assert!(d(json!({"type": "external_account"}), None)
+            .unwrap()
+            .starts_with("workload identity federation ("));
+        assert!(d(json!({"client_email": "x"}), None)
+            .unwrap_err()
+            .contains("no \"type\""));
+        assert!(d(json!({"type": "service_account"}), None)
+            .unwrap_err()
+            .contains("client_email"));
+        assert!(d(json!({"type": "gdch"}), None)
+            .unwrap_err()
+            .contains("not known"));
     }
 
     #[test]
