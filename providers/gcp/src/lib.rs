@@ -254,11 +254,7 @@ pub fn identity() -> std::result::Result<String, String> {
         std::fs::read_to_string(&path).map_err(|e| format!("{whence} cannot be read: {e}"))?;
     let doc: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| format!("{whence} is not a credentials JSON file: {e}"))?;
-    Ok(describe_credentials(
-        &doc,
-        gcloud_setting("core", "account"),
-        &whence,
-    )?)
+    describe_credentials(&doc, gcloud_setting("core", "account"), &whence)
 }
 
 /// Says what a credentials file is, from its `type` and public fields.
