@@ -345,38 +345,14 @@ impl Catalog {
             .map_or(&[], Vec::as_slice)
     }
 
-    /// Replaces prices of `cloud`'s offerings with live quotes (the refresh
-    /// hook each provider fills in) and marks the source as taken `today`.
-    /// A quote without a zone applies to every zone of its region. Returns
-    /// how many offerings changed.
-    pub fn apply_quotes(&mut self, cloud: &str, quotes: &[PriceQuote], today: Date) -> usize {
-        let mut changed = 0;
-        for o in self.offerings.iter_mut().filter(|o| o.cloud == cloud) {
-            let quote = quotes.iter().find(|q| {
-                q.instance_type == o.instance_type
-                    && q.region == o.region
-                    && q.zone.as_deref().is_none_or(|z| z == o.zone)
-            });
-            if let Some(q) = quote {
-                o.price = q.price.or(o.price);
-                o.spot_price = q.spot_price.or(o.spot_price);
-                changed += 1;
-            }
-        }
-        if changed > 0 {
-            for s in self.sources.iter_mut().filter(|s| s.cloud == cloud) {
-                s.taken = Some(today);
-            }
-        }
-        changed
-    }
-
     /// `cloud`'s offerings after a live refresh of `regions`: where the
-    /// provider quoted a type in a region, the type is offered exactly in
-    /// the quoted zones (rows for other zones go, new zones are added from
-    /// a sibling row) and takes the quoted prices; a type not quoted in a
-    /// refreshed region is no longer sold there. Other regions stay as they
-    /// were.
+    /// provider quoted a (type, accelerator) in a region, it is offered
+    /// exactly in the quoted zones (rows for other zones go, new zones are
+    /// added from a sibling row) and takes the quoted prices (a price not
+    /// quoted stays as it was); one not quoted in a refreshed region is no
+    /// longer sold there. Rows of one type that differ by accelerator
+    /// (GCP's N1 hosts with T4 or V100 attached) are kept apart. Other
+    /// regions stay as they were.
     pub fn refreshed(
         &self,
         cloud: &str,
@@ -384,23 +360,39 @@ impl Catalog {
         quotes: &[PriceQuote],
     ) -> Vec<Offering> {
         let mut out: Vec<Offering> = Vec::new();
-        let mut seen: std::collections::HashSet<(&str, &str)> = Default::default();
+        let mut seen: std::collections::HashSet<(&str, Option<&str>, u32, &str)> =
+            Default::default();
         for o in self.offerings.iter().filter(|o| o.cloud == cloud) {
             if !regions.contains(&o.region) {
                 out.push(o.clone());
                 continue;
             }
-            if !seen.insert((&o.instance_type, &o.region)) {
+            let accel = o.accelerator.as_deref();
+            let count = o.accelerator_count;
+            if !seen.insert((&o.instance_type, accel, count.to_bits(), &o.region)) {
                 continue;
             }
             let template = o;
+            let mut zones_done: Vec<String> = Vec::new();
             for q in quotes.iter().filter(|q| {
-                q.instance_type == template.instance_type && q.region == template.region
+                q.is_for(
+                    &template.instance_type,
+                    accel,
+                    f64::from(count),
+                    &template.region,
+                )
             }) {
                 let zone = q.zone.clone().unwrap_or_else(|| template.zone.clone());
+                // One row per zone: the first quote for it wins.
+                if zones_done.contains(&zone) {
+                    continue;
+                }
+                zones_done.push(zone.clone());
                 let old = self.offerings.iter().find(|x| {
                     x.cloud == cloud
                         && x.instance_type == template.instance_type
+                        && x.accelerator.as_deref() == accel
+                        && x.accelerator_count == count
                         && x.region == template.region
                         && x.zone == zone
                 });
@@ -594,6 +586,8 @@ mod tests {
             zone: Some(zone.into()),
             price: None,
             spot_price: spot,
+            accelerator: None,
+            accelerator_count: None,
         };
         // 1a is offered with a new spot price, 1b no longer, 1c is new.
         let quotes = [quote("us-east-1a", Some(9.5)), quote("us-east-1c", None)];
@@ -620,6 +614,70 @@ mod tests {
         // A type with no quotes in a refreshed region is gone from it.
         let gone = c.refreshed("aws", &["us-east-1".to_string()], &[]);
         assert!(gone.iter().all(|o| o.region == "us-west-2"));
+    }
+
+    #[test]
+    fn a_refresh_keeps_rows_of_one_type_apart_by_accelerator() {
+        // GCP's N1 hosts take T4 or V100: one type, two offerings per zone.
+        let row = |accel: &str, zone: &str, price: f64| Offering {
+            cloud: "gcp".into(),
+            instance_type: "n1-standard-8".into(),
+            accelerator: Some(accel.into()),
+            accelerator_count: 1.0,
+            accelerator_memory_gib: None,
+            vcpus: 8.0,
+            memory_gib: 30.0,
+            region: "us-central1".into(),
+            zone: zone.into(),
+            price: Some(price),
+            spot_price: None,
+            placement: true,
+            efa: false,
+        };
+        let mut four = row("T4", "us-central1-a", 2.0);
+        four.accelerator_count = 4.0;
+        // (No quote for four T4s: that row goes, whatever one T4 does.)
+        let c = Catalog::from_offerings(vec![
+            row("T4", "us-central1-a", 0.73),
+            four,
+            row("V100", "us-central1-a", 2.86),
+            row("V100", "us-central1-b", 2.86),
+        ]);
+        let quote = |accel: Option<&str>, zone: &str, price: f64| PriceQuote {
+            instance_type: "n1-standard-8".into(),
+            region: "us-central1".into(),
+            zone: Some(zone.into()),
+            price: Some(price),
+            spot_price: Some(price / 3.0),
+            accelerator: accel.map(str::to_string),
+            accelerator_count: accel.map(|_| 1.0),
+        };
+        // T4 is now also in -b; V100 only in -b; a quote for another
+        // accelerator touches neither.
+        let quotes = [
+            quote(Some("T4"), "us-central1-a", 0.70),
+            quote(Some("t4"), "us-central1-b", 0.71),
+            quote(Some("V100"), "us-central1-b", 2.80),
+            quote(Some("P100"), "us-central1-c", 1.9),
+        ];
+        let got = c.refreshed("gcp", &["us-central1".to_string()], &quotes);
+        let rows: Vec<(&str, &str, Option<f64>)> = got
+            .iter()
+            .map(|o| (o.accelerator.as_deref().unwrap(), o.zone.as_str(), o.price))
+            .collect();
+        assert_eq!(
+            rows,
+            vec![
+                ("T4", "us-central1-a", Some(0.70)),
+                ("T4", "us-central1-b", Some(0.71)),
+                ("V100", "us-central1-b", Some(2.80)),
+            ]
+        );
+        // A type-wide quote (no accelerator) applies to both.
+        let wide = [quote(None, "us-central1-c", 1.0)];
+        let got = c.refreshed("gcp", &["us-central1".to_string()], &wide);
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert!(got.iter().all(|o| o.zone == "us-central1-c"));
     }
 
     #[test]
@@ -689,60 +747,6 @@ mod tests {
         let stale = c.stale_sources(Date::parse("2026-04-02").unwrap());
         assert_eq!(stale.len(), 1);
         assert_eq!(stale[0].1, 91);
-    }
-
-    #[test]
-    fn quotes_replace_prices_and_refresh_the_date() {
-        let mut c = Catalog::embedded();
-        let before: Vec<Offering> = c
-            .offerings()
-            .iter()
-            .filter(|o| o.instance_type == "p5.48xlarge" && o.region == "us-east-1")
-            .cloned()
-            .collect();
-        assert!(before.len() >= 2);
-        let zone = before[0].zone.clone();
-        let today = Date::parse("2027-01-01").unwrap();
-        let quotes = [
-            PriceQuote {
-                instance_type: "p5.48xlarge".into(),
-                region: "us-east-1".into(),
-                zone: None,
-                price: Some(50.0),
-                spot_price: None,
-            },
-            PriceQuote {
-                instance_type: "p5.48xlarge".into(),
-                region: "us-east-1".into(),
-                zone: Some(zone.clone()),
-                price: None,
-                spot_price: Some(12.5),
-            },
-        ];
-        // The first matching quote wins per offering: the region-wide one.
-        let n = c.apply_quotes("aws", &quotes[1..], today);
-        assert_eq!(n, 1);
-        let n = c.apply_quotes("aws", &quotes[..1], today);
-        assert_eq!(n, before.len());
-        for o in c
-            .offerings()
-            .iter()
-            .filter(|o| o.instance_type == "p5.48xlarge" && o.region == "us-east-1")
-        {
-            assert_eq!(o.price, Some(50.0));
-            if o.zone == zone {
-                assert_eq!(o.spot_price, Some(12.5));
-            }
-        }
-        assert_eq!(
-            c.sources.iter().find(|s| s.cloud == "aws").unwrap().taken,
-            Some(today)
-        );
-        assert_eq!(
-            c.apply_quotes("gcp", &quotes, today),
-            0,
-            "quotes are per cloud"
-        );
     }
 
     #[test]

@@ -98,7 +98,8 @@ fn refresh(
         }
         None => LIVE.to_vec(),
     };
-    let base = load_catalog(dir)?;
+    // (No "prices are old, run refresh" warning while refreshing.)
+    let base = super::load_catalog_for(dir, |_| false)?;
     let rt = super::launch::runtime()?;
     let today = Date::today();
     let mut report = Vec::new();
@@ -154,21 +155,32 @@ fn refresh(
         );
         bar.set_prefix(c.to_string());
         let mut quotes = Vec::new();
+        let mut notes: Vec<String> = Vec::new();
         for r in &wanted {
             bar.set_message(r.clone());
             let got = rt
                 .block_on(provider.prices(&types, std::slice::from_ref(r)))
                 .map_err(Error::from)?;
-            quotes.extend(got);
+            quotes.extend(got.quotes);
+            for n in got.notes {
+                if !notes.contains(&n) {
+                    notes.push(n);
+                }
+            }
             bar.inc(1);
         }
         bar.finish_and_clear();
         let rows = base.refreshed(c, &wanted, &quotes);
         let spot = quotes.iter().filter(|q| q.spot_price.is_some()).count();
+        let on_demand = quotes.iter().filter(|q| q.price.is_some()).count();
         let refs: Vec<&crate::catalog::Offering> = rows.iter().collect();
         let note = format!(
-            "{c}: offerings and spot prices of {} from the {c} API on {today}; other prices as before",
-            wanted.join(" ")
+            "{c}: offerings of {} from the {c} API on {today}, with {on_demand} on-demand and {spot} spot price(s) from it; other prices as before{}",
+            wanted.join(" "),
+            notes
+                .iter()
+                .map(|n| format!(" ({})", n.replace('\n', " ")))
+                .collect::<String>()
         );
         let path = home.join("catalog").join(format!("{c}.csv"));
         write_atomic(
@@ -177,15 +189,19 @@ fn refresh(
         )?;
         if out == Output::Table {
             println!(
-                "{c}: {} offering(s) in {} region(s), {spot} spot price(s) from the API; wrote {}",
+                "{c}: {} offering(s) in {} region(s), {on_demand} on-demand and {spot} spot price(s) from the API; wrote {}",
                 rows.len(),
                 wanted.len(),
                 path.display()
             );
+            for n in &notes {
+                println!("{c}: {n}");
+            }
         }
         report.push(json!({
             "cloud": c, "regions": wanted, "offerings": rows.len(),
-            "spot_prices": spot, "path": path.display().to_string(),
+            "on_demand_prices": on_demand, "spot_prices": spot,
+            "notes": notes, "path": path.display().to_string(),
         }));
     }
     if out == Output::Json {

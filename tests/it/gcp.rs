@@ -138,3 +138,179 @@ fn gcp_check_names_the_credentials_it_would_use_and_never_their_secret() {
     );
     assert!(!all.contains("TOPSECRET"), "{all}");
 }
+
+/// The fake's unit price for the SKU with exactly this description in
+/// this region (read from its billing API, the way a user could check).
+fn sku_price(gce: &GceFake, description: &str, region: &str) -> f64 {
+    let mut token = String::new();
+    loop {
+        let page = gce.call(
+            "GET",
+            &format!("/v1/services/6F81-5844-456A/skus?currencyCode=USD&pageToken={token}"),
+            "",
+        );
+        for s in page["skus"].as_array().expect("a SKU page") {
+            if s["description"] == description
+                && s["serviceRegions"]
+                    .as_array()
+                    .is_some_and(|r| r.iter().any(|x| x == region))
+            {
+                let p = &s["pricingInfo"][0]["pricingExpression"]["tieredRates"][0]["unitPrice"];
+                let units: f64 = p["units"].as_str().unwrap_or("0").parse().unwrap();
+                return units + p["nanos"].as_f64().unwrap_or(0.0) / 1e9;
+            }
+        }
+        match page["nextPageToken"].as_str() {
+            Some(t) if !t.is_empty() => token = t.to_string(),
+            _ => panic!("no SKU {description:?} in {region}"),
+        }
+    }
+}
+
+/// `(zone, price, spot)` of the overlay's rows for this type, GPU and count.
+fn rows(csv: &str, ty: &str, gpu: &str, count: &str) -> Vec<(String, Option<f64>, Option<f64>)> {
+    csv.lines()
+        .map(|l| l.split(',').collect::<Vec<_>>())
+        .filter(|f| f.len() == 12 && f[0] == ty && f[1] == gpu && f[2] == count)
+        .map(|f| (f[7].to_string(), f[8].parse().ok(), f[9].parse().ok()))
+        .collect()
+}
+
+#[test]
+fn gcp_catalog_refresh_offers_what_each_zone_has_at_billing_prices() {
+    let Some(gce) = GceFake::start() else { return };
+    let refresh = |home: &TestHome| {
+        let mut c = crate::common::command_in(home.path());
+        c.args([
+            "catalog",
+            "refresh",
+            "--cloud",
+            "gcp",
+            "--regions",
+            "us-central1,europe-west4",
+        ])
+        .env("GANGWAY_GCP_ENDPOINT", &gce.url)
+        .env("GANGWAY_GCP_BILLING_ENDPOINT", &gce.url)
+        .env("GOOGLE_CLOUD_PROJECT", "gangway-test");
+        let (code, out, err) = parts(&crate::common::Running::start(c).wait());
+        assert_eq!(code, 0, "{out}\n{err}");
+        let csv = std::fs::read_to_string(home.path().join("catalog/gcp.csv")).expect("overlay");
+        (format!("{out}{err}"), csv)
+    };
+    let (said, csv) = refresh(&TestHome::new());
+    // N1 + T4 is offered where the zone has both (the fake: every
+    // us-central1 zone), priced as 4 vCPUs + 15 GiB + one T4.
+    let n1 = rows(&csv, "n1-standard-4", "T4", "1");
+    let central: Vec<&str> = n1
+        .iter()
+        .filter(|r| r.0.starts_with("us-central1-"))
+        .map(|r| r.0.as_str())
+        .collect();
+    assert_eq!(
+        central,
+        [
+            "us-central1-a",
+            "us-central1-b",
+            "us-central1-c",
+            "us-central1-f"
+        ],
+        "{csv}"
+    );
+    let want =
+        4.0 * sku_price(
+            &gce,
+            "N1 Predefined Instance Core running in Americas",
+            "us-central1",
+        ) + 15.0
+            * sku_price(
+                &gce,
+                "N1 Predefined Instance Ram running in Americas",
+                "us-central1",
+            )
+            + sku_price(
+                &gce,
+                "Nvidia Tesla T4 GPU running in Americas",
+                "us-central1",
+            );
+    let spot =
+        4.0 * sku_price(
+            &gce,
+            "Spot Preemptible N1 Predefined Instance Core running in Americas",
+            "us-central1",
+        ) + 15.0
+            * sku_price(
+                &gce,
+                "Spot Preemptible N1 Predefined Instance Ram running in Americas",
+                "us-central1",
+            )
+            + sku_price(
+                &gce,
+                "Nvidia Tesla T4 GPU attached to Spot Preemptible VMs running in Americas",
+                "us-central1",
+            );
+    for r in n1.iter().filter(|r| r.0.starts_with("us-central1-")) {
+        let (p, s) = (r.1.expect("on-demand"), r.2.expect("spot"));
+        assert!((p - want).abs() < 1e-5, "{r:?} vs {want}");
+        assert!((s - spot).abs() < 1e-5, "{r:?} vs {spot}");
+        assert_ne!(p, 0.54, "not the shipped price");
+    }
+    // Hosts with GPUs only where the zone has those GPUs: every row's zone
+    // lists the GPU in the fake's world.
+    let accels = gce.call(
+        "GET",
+        "/compute/v1/projects/gangway-test/aggregated/acceleratorTypes",
+        "",
+    );
+    let has = |zone: &str, gce_name: &str| {
+        accels["items"][format!("zones/{zone}")]["acceleratorTypes"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|t| t["name"] == gce_name))
+    };
+    for (ty, gpu, n) in [
+        ("n1-standard-8", "V100", "1"),
+        ("n1-standard-16", "T4", "4"),
+        ("a2-ultragpu-1g", "A100-80GB", "1"),
+    ] {
+        let gce_name = match gpu {
+            "V100" => "nvidia-tesla-v100",
+            "T4" => "nvidia-tesla-t4",
+            _ => "nvidia-a100-80gb",
+        };
+        let got = rows(&csv, ty, gpu, n);
+        assert!(!got.is_empty(), "{ty}: {csv}");
+        for (zone, price, _) in got
+            .iter()
+            .filter(|r| r.0.starts_with("us-central1") || r.0.starts_with("europe-west4"))
+        {
+            assert!(
+                has(zone, gce_name),
+                "{ty} {gpu} offered in {zone} without it"
+            );
+            assert!(price.is_some(), "{ty} in {zone} has no price");
+        }
+    }
+    // A type the fake's zones do not have (H200's a3-ultragpu) is no longer
+    // sold in the refreshed regions; other regions keep their rows.
+    assert!(rows(&csv, "a3-ultragpu-8g", "H200", "8")
+        .iter()
+        .all(|r| !r.0.starts_with("us-central1")));
+    assert!(rows(&csv, "n1-standard-4", "T4", "1")
+        .iter()
+        .any(|r| r.0.starts_with("us-east4")));
+    assert!(said.contains("on-demand"), "{said}");
+
+    // Billing refused: the zones still come from the API, the prices stay
+    // as they were (here, in a fresh home: as shipped), and it says so.
+    gce.call("POST", "/_gangway/billing", r#"{"fail": 403}"#);
+    let (said, csv) = refresh(&TestHome::new());
+    assert!(
+        said.contains("Cloud Billing API refused (403") && said.contains("stay as they were"),
+        "{said}"
+    );
+    let n1 = rows(&csv, "n1-standard-4", "T4", "1");
+    let a = n1
+        .iter()
+        .find(|r| r.0 == "us-central1-a")
+        .expect("still offered");
+    assert_eq!(a.1, Some(0.54), "the shipped price: {csv}");
+}

@@ -224,6 +224,50 @@ pub struct PriceQuote {
     pub price: Option<f64>,
     /// Spot USD/hour, if quoted.
     pub spot_price: Option<f64>,
+    /// The accelerator (catalog name, e.g. `T4`) this quote is for, where a
+    /// type takes several (GCP's N1 hosts with attached GPUs): it then
+    /// applies only to the catalog rows with that accelerator; `Some("")`
+    /// only to rows without one. `None`: the type with whatever it carries.
+    #[serde(default)]
+    pub accelerator: Option<String>,
+    /// With `accelerator`: how many of it (rows of one type and accelerator
+    /// may differ by count). `None`: any count.
+    #[serde(default)]
+    pub accelerator_count: Option<f64>,
+}
+
+impl PriceQuote {
+    /// Whether this quote is about a catalog row of this type, accelerator
+    /// (name, count) and region (any zone).
+    pub fn is_for(
+        &self,
+        instance_type: &str,
+        accelerator: Option<&str>,
+        count: f64,
+        region: &str,
+    ) -> bool {
+        self.instance_type == instance_type
+            && self.region == region
+            && self
+                .accelerator
+                .as_deref()
+                .is_none_or(|a| match accelerator {
+                    Some(b) => a.eq_ignore_ascii_case(b),
+                    None => a.is_empty(),
+                })
+            && self.accelerator_count.is_none_or(|n| n == count)
+    }
+}
+
+/// What a provider's price API said: the quotes, and plain words about
+/// what it could not say (prices it has no API for, credentials that do
+/// not reach the billing API), for the user to read.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Prices {
+    /// One per (type, accelerator, zone) the provider offers.
+    pub quotes: Vec<PriceQuote>,
+    /// What was not quoted, and why.
+    pub notes: Vec<String>,
 }
 
 /// A place gangway can run nodes. Every method is idempotent.
@@ -261,11 +305,7 @@ pub trait Provider: Send + Sync {
 
     /// Live prices for these instance types in these regions: the catalog
     /// refresh hook. Providers without a price API keep the default.
-    async fn prices(
-        &self,
-        instance_types: &[String],
-        regions: &[String],
-    ) -> Result<Vec<PriceQuote>> {
+    async fn prices(&self, instance_types: &[String], regions: &[String]) -> Result<Prices> {
         let _ = (instance_types, regions);
         Err(ProviderError::new(
             ErrorKind::InvalidRequest,

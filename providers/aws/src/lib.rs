@@ -36,7 +36,7 @@ use aws_sdk_ec2::types::{
 use aws_sdk_ec2::Client;
 use gangway_provider::{
     CheckReport, ClusterName, ErrorKind, InstanceId, LaunchRequest, Node, NodeState, Placement,
-    PriceQuote, Provider, ProviderError, Result,
+    PriceQuote, Prices, Provider, ProviderError, Result,
 };
 
 pub use config::AwsOptions;
@@ -1202,11 +1202,7 @@ impl Provider for AwsProvider {
     /// with the latest Linux spot price where `DescribeSpotPriceHistory`
     /// has one. On-demand prices are not in the EC2 API (they live in the
     /// Pricing API), so `price` stays `None` and the catalog keeps its own.
-    async fn prices(
-        &self,
-        instance_types: &[String],
-        regions: &[String],
-    ) -> Result<Vec<PriceQuote>> {
+    async fn prices(&self, instance_types: &[String], regions: &[String]) -> Result<Prices> {
         let mut out = Vec::new();
         for region in regions {
             let ec2 = self.ec2(region).await;
@@ -1278,9 +1274,16 @@ impl Provider for AwsProvider {
                 zone: Some(z),
                 price: None,
                 spot_price: p.map(|(_, p)| p),
+                accelerator: None,
+                accelerator_count: None,
             }));
         }
-        Ok(out)
+        Ok(Prices {
+            quotes: out,
+            notes: vec![
+                "on-demand prices are not in the EC2 API (they are in the AWS Pricing API, not read): kept from the catalog".into(),
+            ],
+        })
     }
 
     async fn topology(&self, nodes: &[Node]) -> Result<Vec<Vec<String>>> {

@@ -441,13 +441,19 @@ async fn prices_come_from_offerings_and_spot_history() {
     let Some(f) = fixture("prices").await else {
         return;
     };
-    let quotes =
+    let prices =
         f.p.prices(
             &["p4d.24xlarge".to_string(), "no-such.type".to_string()],
             &[REGION.to_string()],
         )
         .await
         .expect("prices");
+    assert!(
+        prices.notes.iter().any(|n| n.contains("on-demand")),
+        "{:?}",
+        prices.notes
+    );
+    let quotes = prices.quotes;
     assert!(!quotes.is_empty());
     assert!(quotes
         .iter()

@@ -19,6 +19,7 @@
 
 mod errors;
 mod names;
+mod pricing;
 mod record;
 
 use std::collections::{BTreeMap, HashMap};
@@ -27,9 +28,11 @@ use std::time::{Duration, Instant};
 
 use gangway_provider::{
     CheckReport, ClusterName, ErrorKind, InstanceId, LaunchRequest, Node, NodeState, Placement,
-    PriceQuote, Provider, ProviderError, Result,
+    PriceQuote, Prices, Provider, ProviderError, Result,
 };
-use google_cloud_compute_v1::client::{Firewalls, Instances, ResourcePolicies, ZoneOperations};
+use google_cloud_compute_v1::client::{
+    AcceleratorTypes, Firewalls, Instances, MachineTypes, ResourcePolicies, ZoneOperations,
+};
 use google_cloud_compute_v1::model::{
     self, access_config, attached_disk, firewall, instance, resource_policy_group_placement_policy,
     scheduling,
@@ -66,6 +69,8 @@ struct Clients {
     policies: ResourcePolicies,
     firewalls: Firewalls,
     operations: ZoneOperations,
+    machine_types: MachineTypes,
+    accelerator_types: AcceleratorTypes,
 }
 
 /// The GCP provider.
@@ -74,6 +79,10 @@ pub struct GcpProvider {
     public_key: PathBuf,
     records: PathBuf,
     clients: tokio::sync::OnceCell<std::result::Result<Clients, ProviderError>>,
+    /// A catalog refresh asks per region; the zones' offers and the SKUs
+    /// are read once.
+    offers: tokio::sync::OnceCell<BTreeMap<String, pricing::ZoneOffer>>,
+    unit_prices: tokio::sync::OnceCell<(pricing::UnitPrices, Vec<String>)>,
 }
 
 /// The task's `config.gcp` settings.
@@ -307,13 +316,30 @@ fn describe_credentials(
 fn endpoint() -> (Option<String>, bool) {
     match std::env::var("GANGWAY_GCP_ENDPOINT") {
         Ok(e) if !e.is_empty() => {
-            let local = e.starts_with("http://127.")
-                || e.starts_with("http://localhost")
-                || e.starts_with("http://[::1]");
+            let local = is_loopback_http(&e);
             (Some(e.trim_end_matches('/').to_string()), local)
         }
         _ => (None, false),
     }
+}
+
+/// The Cloud Billing API's base URL (`GANGWAY_GCP_BILLING_ENDPOINT` for
+/// tests and private endpoints), and whether it is a loopback plain-http
+/// one (used without credentials).
+fn billing_endpoint() -> (String, bool) {
+    match std::env::var("GANGWAY_GCP_BILLING_ENDPOINT") {
+        Ok(e) if !e.is_empty() => {
+            let local = is_loopback_http(&e);
+            (e.trim_end_matches('/').to_string(), local)
+        }
+        _ => ("https://cloudbilling.googleapis.com".into(), false),
+    }
+}
+
+fn is_loopback_http(url: &str) -> bool {
+    url.starts_with("http://127.")
+        || url.starts_with("http://localhost")
+        || url.starts_with("http://[::1]")
 }
 
 /// The bare zone of a VM.
@@ -347,6 +373,8 @@ impl GcpProvider {
             public_key,
             records: root.join("clusters"),
             clients: tokio::sync::OnceCell::new(),
+            offers: tokio::sync::OnceCell::new(),
+            unit_prices: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -409,10 +437,173 @@ impl GcpProvider {
                     policies: build!(ResourcePolicies),
                     firewalls: build!(Firewalls),
                     operations: build!(ZoneOperations),
+                    machine_types: build!(MachineTypes),
+                    accelerator_types: build!(AcceleratorTypes),
                 })
             })
             .await;
         r.as_ref().map_err(Clone::clone)
+    }
+
+    /// Every zone's machine types (of these names) and accelerators, from
+    /// two aggregated lists.
+    async fn zone_offers(
+        &self,
+        instance_types: &[String],
+    ) -> Result<BTreeMap<String, pricing::ZoneOffer>> {
+        let c = self.clients().await?;
+        let mut out: BTreeMap<String, pricing::ZoneOffer> = BTreeMap::new();
+        let scope_zone = |scope: &str| scope.trim_start_matches("zones/").to_string();
+        // GCE names are [a-z0-9-]: nothing to escape in the RE2 alternation.
+        let mut items = c
+            .machine_types
+            .aggregated_list()
+            .set_project(&c.project)
+            .set_filter(format!("name eq \"({})\"", instance_types.join("|")))
+            .by_item();
+        while let Some(item) = items.next().await {
+            let (scope, list) =
+                item.map_err(|e| call_err(&e, "", "machineTypes.aggregatedList"))?;
+            let zone = scope_zone(&scope);
+            for m in list.machine_types {
+                let Some(name) = m.name.clone() else { continue };
+                let gpus = m.accelerators.first().and_then(|a| {
+                    Some((
+                        pricing::catalog_gpu(a.guest_accelerator_type.as_deref()?),
+                        f64::from(a.guest_accelerator_count?),
+                    ))
+                });
+                out.entry(zone.clone()).or_default().machines.insert(
+                    name,
+                    pricing::Shape {
+                        vcpus: f64::from(m.guest_cpus.unwrap_or(0)),
+                        memory_gib: f64::from(m.memory_mb.unwrap_or(0)) / 1024.0,
+                        gpus,
+                    },
+                );
+            }
+        }
+        let mut items = c
+            .accelerator_types
+            .aggregated_list()
+            .set_project(&c.project)
+            .by_item();
+        while let Some(item) = items.next().await {
+            let (scope, list) =
+                item.map_err(|e| call_err(&e, "", "acceleratorTypes.aggregatedList"))?;
+            let zone = scope_zone(&scope);
+            for a in list.accelerator_types {
+                let Some(name) = a.name.as_deref() else {
+                    continue;
+                };
+                out.entry(zone.clone()).or_default().accelerators.insert(
+                    pricing::catalog_gpu(name),
+                    a.maximum_cards_per_instance.unwrap_or(0).max(0) as u32,
+                );
+            }
+        }
+        Ok(out)
+    }
+
+    /// Unit prices from the Cloud Billing catalog's Compute Engine SKUs,
+    /// and what went wrong if they could not be read (never fatal: the
+    /// catalog keeps its prices).
+    async fn read_skus(&self) -> (pricing::UnitPrices, Vec<String>) {
+        let mut units = pricing::UnitPrices::default();
+        match self.sku_pages(&mut units).await {
+            Ok(()) if units.is_empty() => (
+                units,
+                vec!["the Cloud Billing catalog listed no Compute Engine VM prices: prices stay as they were".into()],
+            ),
+            Ok(()) => (units, Vec::new()),
+            Err(why) => (
+                pricing::UnitPrices::default(),
+                vec![format!("prices not refreshed, they stay as they were: {why}")],
+            ),
+        }
+    }
+
+    async fn sku_pages(&self, units: &mut pricing::UnitPrices) -> std::result::Result<(), String> {
+        let (base, anonymous) = billing_endpoint();
+        let key = std::env::var("GANGWAY_GCP_BILLING_API_KEY")
+            .ok()
+            .filter(|k| !k.is_empty());
+        let mut headers = http::HeaderMap::new();
+        if !anonymous && key.is_none() {
+            let creds = google_cloud_auth::credentials::Builder::default()
+                .build()
+                .map_err(|e| {
+                    format!(
+                        "no credentials for the Cloud Billing API ({}); set GANGWAY_GCP_BILLING_API_KEY or run `gcloud auth application-default login`",
+                        redacted(chain(&e))
+                    )
+                })?;
+            match creds.headers(http::Extensions::new()).await {
+                Ok(google_cloud_auth::credentials::CacheableResource::New { data, .. }) => {
+                    headers = data
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    return Err(format!(
+                        "the Cloud Billing API needs credentials: {}",
+                        redacted(chain(&e))
+                    ))
+                }
+            }
+        }
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|e| format!("cannot make an HTTP client: {}", e.without_url()))?;
+        let url = format!("{base}/v1/services/{}/skus", pricing::COMPUTE_SERVICE);
+        let mut token = String::new();
+        for _ in 0..200 {
+            let mut q: Vec<(&str, &str)> = vec![("currencyCode", "USD"), ("pageSize", "5000")];
+            if !token.is_empty() {
+                q.push(("pageToken", &token));
+            }
+            if let Some(k) = &key {
+                q.push(("key", k));
+            }
+            // Errors never carry the URL: it may hold the API key.
+            let resp = http
+                .get(&url)
+                .headers(headers.clone())
+                .query(&q)
+                .send()
+                .await
+                .map_err(|e| format!("the Cloud Billing API at {base}: {}", e.without_url()))?;
+            let status = resp.status();
+            let body = resp
+                .text()
+                .await
+                .map_err(|e| format!("the Cloud Billing API at {base}: {}", e.without_url()))?;
+            let doc: serde_json::Value = serde_json::from_str(&body).map_err(|_| {
+                format!("the Cloud Billing API at {base} answered {status} with no JSON")
+            })?;
+            if !status.is_success() {
+                let msg = doc
+                    .pointer("/error/message")
+                    .and_then(|m| m.as_str())
+                    .unwrap_or("no message");
+                let code = doc
+                    .pointer("/error/status")
+                    .and_then(|m| m.as_str())
+                    .unwrap_or("");
+                return Err(format!(
+                    "the Cloud Billing API refused ({} {code}): {msg}",
+                    status.as_u16()
+                ));
+            }
+            if let Some(skus) = doc.get("skus").and_then(|s| s.as_array()) {
+                units.add_page(skus);
+            }
+            match doc.get("nextPageToken").and_then(|t| t.as_str()) {
+                Some(t) if !t.is_empty() => token = t.to_string(),
+                _ => return Ok(()),
+            }
+        }
+        Err("the Cloud Billing API kept paging past 200 pages".into())
     }
 
     fn names(&self, cluster: &ClusterName) -> Names {
@@ -1272,16 +1463,81 @@ impl Provider for GcpProvider {
         Ok(nodes.iter().map(|n| n.topology.clone()).collect())
     }
 
-    async fn prices(
-        &self,
-        _instance_types: &[String],
-        _regions: &[String],
-    ) -> Result<Vec<PriceQuote>> {
-        Err(err(
-            ErrorKind::InvalidRequest,
-            "global",
-            "catalog refresh for gcp is not built yet (machine types per zone and Cloud Billing prices); the shipped GCP catalog stays in use",
-        ))
+    /// One quote per (type, GPUs, zone) the zones of `regions` offer:
+    /// machine types from the Compute API, N1 hosts once per GPU model and
+    /// count the zone can attach (a type-wide quote there would keep a T4
+    /// row alive in a zone without T4s), priced from the Cloud Billing
+    /// catalog where it answers; where it does not, prices stay as shipped
+    /// and the notes say why.
+    async fn prices(&self, instance_types: &[String], regions: &[String]) -> Result<Prices> {
+        let offers = self
+            .offers
+            .get_or_try_init(|| self.zone_offers(instance_types))
+            .await?;
+        let (units, notes) = self.unit_prices.get_or_init(|| self.read_skus()).await;
+        let mut quotes = Vec::new();
+        for (zone, offer) in offers {
+            let region = region_of(zone);
+            if !regions.iter().any(|r| r == region) {
+                continue;
+            }
+            for (ty, shape) in &offer.machines {
+                if !instance_types.contains(ty) {
+                    continue;
+                }
+                // A type with bundled GPUs is one shape: its quote is for
+                // the type whatever the catalog calls its GPU (ours says
+                // H100 for a3-megagpu, GCE says nvidia-h100-mega-80gb).
+                // A type without: only for rows without a GPU.
+                let mut variants: Vec<(Option<String>, Option<f64>, Option<(String, f64)>)> =
+                    match &shape.gpus {
+                        Some(_) => vec![(None, None, None)],
+                        None => vec![(Some(String::new()), Some(0.0), None)],
+                    };
+                if shape.gpus.is_none() && ty.starts_with("n1-") {
+                    variants.extend(
+                        pricing::attachable(offer)
+                            .into_iter()
+                            .map(|(g, n)| (Some(g.clone()), Some(n), Some((g, n)))),
+                    );
+                }
+                for (gpu, count, extra) in variants {
+                    let extra = extra.as_ref().map(|(g, n)| (g.as_str(), *n));
+                    quotes.push(PriceQuote {
+                        instance_type: ty.clone(),
+                        region: region.to_string(),
+                        zone: Some(zone.clone()),
+                        price: units.price(ty, shape, extra, false, region),
+                        spot_price: units.price(ty, shape, extra, true, region),
+                        accelerator: gpu,
+                        accelerator_count: count,
+                    });
+                }
+            }
+        }
+        let mut notes = notes.clone();
+        for r in regions {
+            if !offers.keys().any(|z| region_of(z) == r) {
+                notes.push(format!(
+                    "the Compute API lists no zones in {r} (none with these types): its offerings are gone from the refreshed catalog"
+                ));
+            }
+        }
+        if !units.is_empty() {
+            let unpriced: std::collections::BTreeSet<&str> = quotes
+                .iter()
+                .filter(|q| q.price.is_none())
+                .map(|q| q.instance_type.as_str())
+                .collect();
+            if !unpriced.is_empty() {
+                notes.push(format!(
+                    "no Cloud Billing SKUs matched {} in {}: their prices stay as they were",
+                    unpriced.into_iter().collect::<Vec<_>>().join(", "),
+                    regions.join(", ")
+                ));
+            }
+        }
+        Ok(Prices { quotes, notes })
     }
 
     async fn clusters(&self, owner: &str) -> Result<Vec<ClusterName>> {

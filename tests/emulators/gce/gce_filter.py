@@ -10,7 +10,9 @@ Two syntaxes, as the API documents them (not to be mixed in one filter):
   wildcard for `=`, `!=` and `:`.
 * regular expressions: `field eq REGEX` / `field ne REGEX`, alone or as
   parenthesized terms; the regex must match the whole value (RE2 syntax,
-  run here with Python's `re`, which is close enough for tests).
+  run here with Python's `re`, which is close enough for tests). Quoted
+  (`name eq "(a2-highgpu-1g|n1-standard-8)"`, backslashes kept) or bare,
+  where groups may nest two deep (`name eq (a2-.*|n1-standard-8)`).
 
 Fields are dotted paths into the resource's JSON (`labels.env`, `status`,
 `scheduling.provisioningModel`); an array on the way matches if any element
@@ -35,14 +37,19 @@ TOKEN_RE = re.compile(
         (?P<neg>-(?=[A-Za-z(]))|
         (?P<field>[A-Za-z_][\w.\-]*)\s*
         (?P<op>!=|>=|<=|=|>|<|:|\beq\b|\bne\b)\s*
-        (?P<value>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|[^\s()]+)
+        (?P<value>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|
+                  (?:[^\s()]|\((?:[^\s()]|\([^\s()]*\))*\))+)
     )""",
     re.VERBOSE,
 )
 
 
-def _unquote(value):
+def _unquote(value, regex=False):
+    """A value without its quotes. In a regex only an escaped quote loses its
+    backslash: `"n1-standard-\\d+"` keeps its `\\d`."""
     if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+        if regex:
+            return value[1:-1].replace("\\" + value[0], value[0])
         return re.sub(r"\\(.)", r"\1", value[1:-1])
     return value
 
@@ -65,8 +72,9 @@ def tokenize(text):
         elif match.group("neg"):
             tokens.append(("NOT", None))
         else:
-            tokens.append(("cmp", (match.group("field"), match.group("op"),
-                                   _unquote(match.group("value")))))
+            op = match.group("op")
+            tokens.append(("cmp", (match.group("field"), op,
+                                   _unquote(match.group("value"), regex=op in ("eq", "ne")))))
     return tokens
 
 

@@ -5,8 +5,10 @@
 
 Starts the server on a free port, checks routing, schema rejections, the
 instance lifecycle (bulkInsert, insert, stop, start, delete), operations,
-requestId idempotency, fault injection, capacity, list filters, preemption
-and the metadata server, resource policies and firewalls, and stops it.
+requestId idempotency, fault injection, capacity, list filters, the
+catalog's aggregated lists, preemption and the metadata server, resource
+policies and firewalls, the Cloud Billing SKU list (against
+cloudbilling.v1.json's Sku schema when the venv has it), and stops it.
 Every JSON answer of the API is also checked here against the discovery
 document's response schema. Prints one line per check, then
 `N passed, N failed`, and exits 1 if anything failed.
@@ -35,6 +37,7 @@ REGION = "us-central1"
 
 results = []
 schema = None
+billing_schema = None
 responses_checked = [0]
 
 
@@ -153,6 +156,11 @@ def main():
     if path is None:
         raise SystemExit("compute.v1.json not found: run tests/emulators/gce/setup.sh first")
     schema = gce_schema.Discovery(path)
+    # The Cloud Billing document ships next to Compute's; only the SKUs the
+    # fake serves are checked against it, here rather than on every request.
+    global billing_schema
+    billing_path = os.path.join(os.path.dirname(path), "cloudbilling.v1.json")
+    billing_schema = gce_schema.Discovery(billing_path) if os.path.isfile(billing_path) else None
 
     proc, endpoint, ready_s = start_server()
     print(f"server: {endpoint}, READY after {ready_s:.2f} s (discovery revision {schema.revision})")
@@ -219,8 +227,8 @@ def selftest(endpoint):
           status == 404 and error_of(err)["errors"][0]["reason"] == "notFound", (status, err))
     status, accs = api.get(f"zones/{ZONE}/acceleratorTypes")
     check("acceleratorTypes.list", status == 200 and {a["name"] for a in accs["items"]} == {
-        "nvidia-tesla-a100", "nvidia-a100-80gb", "nvidia-h100-80gb", "nvidia-l4", "nvidia-tesla-t4",
-        "nvidia-tesla-v100"}, accs)
+        "nvidia-tesla-a100", "nvidia-a100-80gb", "nvidia-h100-80gb", "nvidia-h100-mega-80gb", "nvidia-l4",
+        "nvidia-tesla-t4", "nvidia-tesla-v100"}, accs)
     status, acc = api.get(f"zones/{ZONE}/acceleratorTypes/nvidia-tesla-t4")
     check("acceleratorTypes.get", status == 200 and acc["maximumCardsPerInstance"] == 4, acc)
     status, err = api.get("zones/mars-north1-a/instances")
@@ -233,6 +241,9 @@ def selftest(endpoint):
     status, listed, _ = http(endpoint, "GET", f"/projects/{PROJECT}/zones/{ZONE}/instances")
     check("paths without /compute/v1 work too", status == 200 and listed["kind"] == "compute#instanceList",
           listed)
+
+    # --- the catalog's aggregated lists ----------------------------------------------
+    catalog_selftest(api)
 
     # --- schema rejections ---------------------------------------------------------
     bulk_path = f"zones/{ZONE}/instances/bulkInsert"
@@ -654,6 +665,9 @@ def selftest(endpoint):
     check("60 clients connecting at once are all answered", answers == [200] * 60,
           [a for a in answers if a != 200][:5])
 
+    # --- the Cloud Billing Catalog ---------------------------------------------------------
+    billing_selftest(endpoint, billing_schema)
+
     # --- state, reset -----------------------------------------------------------------------
     status, state = control(endpoint, "GET", "state")
     check("/_gangway/state lists instances", status == 200 and len(state["instances"]) > 5, status)
@@ -663,6 +677,316 @@ def selftest(endpoint):
     status_f, faults = control(endpoint, "GET", "faults")
     check("reset clears instances, operations and faults",
           listed.get("items", []) == [] and ops.get("items", []) == [] and faults["rules"] == [], (listed, ops, faults))
+    control(endpoint, "POST", "billing", {"fail": 403})
+    control(endpoint, "POST", "reset")
+    status, billing = control(endpoint, "GET", "billing")
+    check("reset clears the billing failure and count",
+          billing.get("fail") is None and billing.get("calls") == 0
+          and http(endpoint, "GET", SKUS_PATH)[0] == 200, billing)
+
+
+ZONES = ["asia-northeast1-a", "europe-west4-a", "europe-west4-b", "us-central1-a", "us-central1-b",
+         "us-central1-c", "us-central1-f", "us-east1-b", "us-east1-c", "us-east1-d"]
+
+
+def scoped(agg, key):
+    """{zone: [names]} of an aggregated list page (empty scopes left out),
+    and whether every empty scope carries the NO_RESULTS_ON_PAGE warning."""
+    names, warned = {}, True
+    for scope, entry in agg.get("items", {}).items():
+        if entry.get(key):
+            names[scope.split("/", 1)[1]] = [r["name"] for r in entry[key]]
+        else:
+            warned = warned and entry.get("warning", {}).get("code") == "NO_RESULTS_ON_PAGE"
+    return names, warned
+
+
+def all_pages(api, path, key, **query):
+    """Every page of an aggregated list: ([(zone, name)] in order, page sizes, answers)."""
+    flat, sizes, pages, token = [], [], [], None
+    for _ in range(50):
+        status, agg = api.get(path, pageToken=token, **query)
+        if status != 200:
+            return None, None, [agg]
+        pages.append(agg)
+        page = [(scope.split("/", 1)[1], r["name"]) for scope, entry in sorted(agg["items"].items())
+                for r in entry.get(key, [])]
+        flat += page
+        sizes.append(len(page))
+        token = agg.get("nextPageToken")
+        if not token:
+            break
+    return flat, sizes, pages
+
+
+def catalog_selftest(api):
+    status, mts = api.get(f"zones/{ZONE}/machineTypes")
+    by_name = {m["name"]: m for m in mts.get("items", [])}
+    wanted = {"n1-standard-4": (4, 15360), "n1-standard-32": (32, 122880), "n1-standard-64": (64, 245760),
+              "a2-ultragpu-1g": (12, 174080), "a3-megagpu-8g": (208, 1916928), "c3-standard-8": (8, 32768),
+              "n2-standard-8": (8, 32768)}
+    check("the new machine types with their vCPUs and memory",
+          all(n in by_name and (by_name[n]["guestCpus"], by_name[n]["memoryMb"]) == spec
+              for n, spec in wanted.items())
+          and by_name["a3-megagpu-8g"]["accelerators"] == [
+              {"guestAcceleratorType": "nvidia-h100-mega-80gb", "guestAcceleratorCount": 8}]
+          and by_name["a2-ultragpu-1g"]["accelerators"] == [
+              {"guestAcceleratorType": "nvidia-a100-80gb", "guestAcceleratorCount": 1}]
+          and "accelerators" not in by_name["c3-standard-8"],
+          {n: (m["guestCpus"], m["memoryMb"]) for n, m in by_name.items()})
+    status, err = api.get("zones/us-central1-b/machineTypes/a3-megagpu-8g")
+    check("a3-megagpu-8g is not in us-central1-b: 404", status == 404, (status, err))
+
+    path = "aggregated/machineTypes"
+    status, agg = api.get(path)
+    names, warned = scoped(agg, "machineTypes")
+    check("machineTypes.aggregatedList: kind, id and all ten zones",
+          status == 200 and agg["kind"] == "compute#machineTypeAggregatedList"
+          and agg["id"] == f"projects/{PROJECT}/aggregated/machineTypes"
+          and sorted(agg["items"]) == [f"zones/{z}" for z in ZONES] and "nextPageToken" not in agg,
+          (status, sorted(agg.get("items", {}))))
+    check("machineTypes.aggregatedList: n1 types in every zone, a2-highgpu-1g where the A100 is",
+          all({"n1-standard-4", "n1-standard-8", "n1-standard-64", "c3-standard-8"} <= set(names.get(z, []))
+              for z in ZONES)
+          and sorted(z for z in ZONES if "a2-highgpu-1g" in names.get(z, [])) == [
+              "asia-northeast1-a", "europe-west4-a", "europe-west4-b", "us-central1-a", "us-central1-b",
+              "us-central1-c", "us-central1-f", "us-east1-c"], names)
+    mt = agg["items"]["zones/us-central1-a"]["machineTypes"][0]
+    check("aggregated machine types are rendered like machineTypes.get",
+          mt == api.get(f"zones/us-central1-a/machineTypes/{mt['name']}")[1], mt)
+
+    regex = '(a2-highgpu-1g|n1-standard-8)'
+    status, agg = api.get(path, filter=f'name eq "{regex}"')
+    names, warned = scoped(agg, "machineTypes")
+    check('filter name eq "(a2-highgpu-1g|n1-standard-8)": exactly those two names',
+          status == 200 and len(names) == 10 and {n for ns in names.values() for n in ns}
+          == {"a2-highgpu-1g", "n1-standard-8"}
+          and names["us-east1-b"] == ["n1-standard-8"] and names[ZONE] == ["a2-highgpu-1g", "n1-standard-8"],
+          (status, names))
+    status, bare = api.get(path, filter=f"name eq {regex}")
+    check("the same regex without quotes", status == 200 and scoped(bare, "machineTypes")[0] == names,
+          (status, bare))
+    status, agg = api.get(path, filter='name eq "n1-standard-\\d+"')
+    check('filter name eq "n1-standard-\\d+" keeps its backslash',
+          status == 200 and set(scoped(agg, "machineTypes")[0]["us-east1-b"])
+          == {"n1-standard-4", "n1-standard-8", "n1-standard-16", "n1-standard-32", "n1-standard-64"},
+          (status, agg))
+    status, agg = api.get(path, filter="name = a3-megagpu-8g")
+    names, warned = scoped(agg, "machineTypes")
+    check("a3-megagpu-8g only in us-central1-a and europe-west4-a, NO_RESULTS_ON_PAGE elsewhere",
+          sorted(names) == ["europe-west4-a", "us-central1-a"] and warned, agg)
+    status, agg = api.get(path, filter="guestCpus > 100")
+    names, _ = scoped(agg, "machineTypes")
+    check("filter guestCpus > 100 (a number field)",
+          names.get(ZONE) == ["a3-highgpu-8g", "a3-megagpu-8g"], names)
+    full, _, _ = all_pages(api, path, "machineTypes", filter=f'name eq "{regex}"')
+    flat, sizes, pages = all_pages(api, path, "machineTypes", filter=f'name eq "{regex}"', maxResults="7")
+    check("aggregatedList paging: maxResults 7 over 18 matches is pages of 7, 7, 4 in zone order",
+          sizes == [7, 7, 4] and flat == full and len(full) == 18 and "nextPageToken" not in pages[-1]
+          and all(sorted(p["items"]) == [f"zones/{z}" for z in ZONES] for p in pages),
+          (sizes, flat, full))
+    status, err = api.get(path, pageToken="bm90LWEtbnVtYmVy")
+    check("aggregatedList with a bad pageToken: 400", status == 400, (status, err))
+    status, err = api.get(path, filter="nosuchfield = 1")
+    check("aggregatedList filter on an unknown field: 400", status == 400, (status, err))
+    status, err = api.get(path, maxResults="501")
+    check("aggregatedList maxResults over 500: 400", status == 400, (status, err))
+
+    path = "aggregated/acceleratorTypes"
+    status, agg = api.get(path)
+    names, _ = scoped(agg, "acceleratorTypes")
+    check("acceleratorTypes.aggregatedList: kind and the zones' accelerators",
+          status == 200 and agg["kind"] == "compute#acceleratorTypeAggregatedList"
+          and sorted(agg["items"]) == [f"zones/{z}" for z in ZONES]
+          and sorted(z for z in ZONES if "nvidia-tesla-t4" in names.get(z, [])) == [
+              "asia-northeast1-a", "europe-west4-a", "europe-west4-b", "us-central1-a", "us-central1-b",
+              "us-central1-c", "us-central1-f", "us-east1-b", "us-east1-c", "us-east1-d"]
+          and not {"us-east1-b", "us-east1-d", "asia-northeast1-a"} & {
+              z for z in ZONES if "nvidia-tesla-v100" in names.get(z, [])}, names)
+    status, agg = api.get(path, filter='name eq "nvidia-h100-mega-80gb"')
+    names, warned = scoped(agg, "acceleratorTypes")
+    mega = agg["items"]["zones/us-central1-a"]["acceleratorTypes"][0] if names else {}
+    check("nvidia-h100-mega-80gb: us-central1-a and europe-west4-a, NVIDIA H100 80GB MEGA, 8 cards",
+          sorted(names) == ["europe-west4-a", "us-central1-a"] and warned
+          and mega.get("description") == "NVIDIA H100 80GB MEGA" and mega.get("maximumCardsPerInstance") == 8,
+          agg)
+    full, _, _ = all_pages(api, path, "acceleratorTypes")
+    flat, sizes, _ = all_pages(api, path, "acceleratorTypes", maxResults="5")
+    check("acceleratorTypes.aggregatedList paging: maxResults 5 gets them all, once each",
+          flat == full and len(full) == 44   # the sizes of ZONE_ACCELERATORS' sets
+          and all(s == 5 for s in sizes[:-1]) and 0 < sizes[-1] <= 5, (sizes, len(full)))
+
+
+SKUS_PATH = "/v1/services/6F81-5844-456A/skus"
+WHERE = {"us-central1": "Americas", "us-east1": "Americas", "europe-west4": "EMEA", "asia-northeast1": "Japan"}
+FAMILIES = ["N1 Predefined", "A2", "A3Mega", "A3", "G2", "C3", "N2", "E2"]
+GPUS = ["Nvidia Tesla T4", "Nvidia Tesla V100", "Nvidia Tesla A100", "Nvidia A100 80GB", "Nvidia L4",
+        "Nvidia H100 80GB", "Nvidia H100 80GB Mega"]
+
+
+def expected_skus(where):
+    """(description, usageType, usageUnit) of a region's SKUs, as README.md lists them."""
+    out = []
+    for family in FAMILIES:
+        out += [(f"{family} Instance Core running in {where}", "OnDemand", "h"),
+                (f"{family} Instance Ram running in {where}", "OnDemand", "GiBy.h"),
+                (f"Spot Preemptible {family} Instance Core running in {where}", "Preemptible", "h"),
+                (f"Spot Preemptible {family} Instance Ram running in {where}", "Preemptible", "GiBy.h")]
+    for gpu in GPUS:
+        out += [(f"{gpu} GPU running in {where}", "OnDemand", "h"),
+                (f"{gpu} GPU attached to Spot Preemptible VMs running in {where}", "Preemptible", "h")]
+    out += [(f"Commitment v1: N1 Predefined Instance Core in {where} for 1 Year", "Commit1Yr", "h"),
+            (f"N1 Custom Instance Core running in {where}", "OnDemand", "h"),
+            (f"N1 Sole Tenancy Instance Core running in {where}", "OnDemand", "h"),
+            ("Licensing Fee for Windows Server 2022 Datacenter Edition (CPU cost)", "OnDemand", "h"),
+            (f"Network Internet Egress from {where} to {where}", "OnDemand", "GiBy"),
+            ("Storage PD Capacity", "OnDemand", "GiBy.mo")]
+    return sorted(out)
+
+
+def usd(sku):
+    """The first tier's price of a SKU, in USD."""
+    price = sku["pricingInfo"][0]["pricingExpression"]["tieredRates"][0]["unitPrice"]
+    return int(price["units"]) + price["nanos"] / 1e9
+
+
+def price_of(skus, region, description):
+    found = [s for s in skus if s["serviceRegions"] == [region] and s["description"] == description]
+    return usd(found[0]) if len(found) == 1 else None
+
+
+def billing_selftest(endpoint, billing_schema):
+    calls = [0]
+
+    def skus(**query):
+        calls[0] += 1
+        query = {k: v for k, v in query.items() if v is not None}
+        return http(endpoint, "GET", SKUS_PATH + ("?" + urllib.parse.urlencode(query) if query else ""))[:2]
+
+    status, services, _ = http(endpoint, "GET", "/v1/services")
+    check("billing services.list: Compute Engine is 6F81-5844-456A",
+          status == 200 and services["services"][0]["serviceId"] == "6F81-5844-456A"
+          and services["services"][0]["displayName"] == "Compute Engine", services)
+    status, page = skus(currencyCode="USD")
+    all_skus = page.get("skus", []) if isinstance(page, dict) else []
+    check("SKU list: one page of 208 (52 per region), nextPageToken empty",
+          status == 200 and len(all_skus) == 208 and page.get("nextPageToken", "") == "", (status, len(all_skus)))
+    if billing_schema is not None:
+        problems = billing_schema.check("ListSkusResponse", page, mode="response")
+        problems += [p for sku in all_skus for p in billing_schema.check("Sku", sku, mode="response")]
+        check("every SKU matches cloudbilling.v1.json's Sku schema", not problems, problems[:5])
+    else:
+        print("skip cloudbilling.v1.json not found next to compute.v1.json: SKUs not checked against Sku")
+    first = all_skus[0] if all_skus else {}
+    check("a SKU's shape: name, skuId, category, one serviceRegion, REGIONAL geoTaxonomy, Google",
+          first.get("name") == "services/6F81-5844-456A/skus/" + first.get("skuId", "")
+          and len(first["skuId"]) == 14 and first["skuId"].count("-") == 2
+          and first["category"]["serviceDisplayName"] == "Compute Engine"
+          and len(first["serviceRegions"]) == 1 and first["geoTaxonomy"] == {
+              "type": "REGIONAL", "regions": first["serviceRegions"]}
+          and first["serviceProviderName"] == "Google"
+          and first["pricingInfo"][0]["pricingExpression"]["displayQuantity"] == 1
+          and first["pricingInfo"][0]["currencyConversionRate"] == 1, first)
+    got = {region: sorted((s["description"], s["category"]["usageType"],
+                           s["pricingInfo"][0]["pricingExpression"]["usageUnit"])
+                          for s in all_skus if s["serviceRegions"] == [region]) for region in WHERE}
+    check("each region has exactly the documented descriptions, usage types and units",
+          all(got[region] == expected_skus(where) for region, where in WHERE.items()),
+          {r: sorted(set(got[r]) ^ set(expected_skus(w))) for r, w in WHERE.items()})
+    money = [s["pricingInfo"][0]["pricingExpression"]["tieredRates"][0]["unitPrice"] for s in all_skus]
+    check("prices are Money: USD, units an int64 string, nanos an int below 1e9",
+          all(m["currencyCode"] == "USD" and isinstance(m["units"], str) and m["units"].isdigit()
+              and isinstance(m["nanos"], int) and 0 <= m["nanos"] < 10**9 for m in money), money[:3])
+    families = {s["description"]: s["category"] for s in all_skus if s["serviceRegions"] == ["us-central1"]}
+    check("categories: N1Standard / CPU / RAM / GPU groups, License, Network, Storage families",
+          families["N1 Predefined Instance Core running in Americas"]["resourceGroup"] == "N1Standard"
+          and families["A2 Instance Ram running in Americas"]["resourceGroup"] == "RAM"
+          and families["C3 Instance Core running in Americas"]["resourceGroup"] == "CPU"
+          and families["Nvidia L4 GPU running in Americas"]["resourceGroup"] == "GPU"
+          and families["Licensing Fee for Windows Server 2022 Datacenter Edition (CPU cost)"][
+              "resourceFamily"] == "License"
+          and families["Network Internet Egress from Americas to Americas"]["resourceFamily"] == "Network"
+          and families["Storage PD Capacity"]["resourceFamily"] == "Storage", families)
+    n1 = "N1 Predefined Instance Core running in {}"
+    check("prices: N1 core 0.031611 in us-*, 10% more in europe-west4, 25% more in asia-northeast1",
+          price_of(all_skus, "us-central1", n1.format("Americas")) == 0.031611
+          and price_of(all_skus, "us-east1", n1.format("Americas")) == 0.031611
+          and price_of(all_skus, "europe-west4", n1.format("EMEA")) == 0.0347721
+          and price_of(all_skus, "asia-northeast1", n1.format("Japan")) == 0.03951375,
+          [price_of(all_skus, r, n1.format(w)) for r, w in WHERE.items()])
+    check("prices: whole dollars in units (V100 2.48 -> units 2; H100 Mega in Japan 13.125)",
+          price_of(all_skus, "us-central1", "Nvidia Tesla V100 GPU running in Americas") == 2.48
+          and price_of(all_skus, "asia-northeast1", "Nvidia H100 80GB Mega GPU running in Japan") == 13.125,
+          [price_of(all_skus, "us-central1", "Nvidia Tesla V100 GPU running in Americas")])
+    spot_ok = all(
+        price_of(all_skus, "us-central1", f"Spot Preemptible {f} Instance Core running in Americas")
+        < 0.5 * price_of(all_skus, "us-central1", f"{f} Instance Core running in Americas") for f in FAMILIES) and all(
+        price_of(all_skus, "us-central1", f"{g} GPU attached to Spot Preemptible VMs running in Americas")
+        < 0.41 * price_of(all_skus, "us-central1", f"{g} GPU running in Americas") for g in GPUS)
+    check("Spot prices are well below on-demand", spot_ok)
+
+    pages, token, sizes = [], None, []
+    for _ in range(10):
+        status, page = skus(pageSize="50", pageToken=token)
+        if status != 200:
+            break
+        pages.append(page)
+        sizes.append(len(page["skus"]))
+        token = page.get("nextPageToken")
+        if not token:
+            break
+    ids = [s["skuId"] for p in pages for s in p["skus"]]
+    check("pageSize 50: pages of 50, 50, 50, 50, 8; the last nextPageToken is empty; same SKUs",
+          sizes == [50, 50, 50, 50, 8] and pages[-1]["nextPageToken"] == ""
+          and ids == [s["skuId"] for s in all_skus], sizes)
+    status, page = skus(pageSize="100000")
+    check("pageSize over 5000 is taken as 5000", status == 200 and len(page["skus"]) == 208, status)
+    status, err = skus(currencyCode="EUR")
+    check("currencyCode EUR: 400 INVALID_ARGUMENT",
+          status == 400 and error_of(err).get("status") == "INVALID_ARGUMENT" and "EUR" in error_of(err)["message"],
+          (status, err))
+    for name, query in [("pageSize -1", {"pageSize": "-1"}), ("pageSize x", {"pageSize": "x"}),
+                        ("a bad pageToken", {"pageToken": "garbage!"}), ("an unknown parameter", {"filter": "x"}),
+                        ("a bad startTime", {"startTime": "yesterday"})]:
+        status, err = skus(**query)
+        check(f"SKU list with {name}: 400", status == 400 and error_of(err).get("code") == 400, (status, err))
+    status, page = skus(startTime="2026-11-01T00:00:00Z", endTime="2026-11-02T00:00:00Z", **{"$alt": "json"})
+    check("startTime, endTime and $alt=json are taken", status == 200 and len(page["skus"]) == 208, status)
+    status, page = skus(pageSize="1", **{"$alt": "json;enum-encoding=int"})
+    check("$alt=json;enum-encoding=int: geoTaxonomy.type is the number 2",
+          status == 200 and page["skus"][0]["geoTaxonomy"]["type"] == 2, page)
+    calls[0] += 1
+    status, err, _ = http(endpoint, "GET", "/v1/services/0000-0000-0000/skus")
+    check("another service: 404 NOT_FOUND", status == 404 and error_of(err).get("status") == "NOT_FOUND", err)
+
+    status, state = control(endpoint, "POST", "billing", {"fail": 403})
+    status, err = skus()
+    e = error_of(err)
+    check("billing fail 403: Google's SERVICE_DISABLED error",
+          status == 403 and e.get("code") == 403 and e.get("status") == "PERMISSION_DENIED"
+          and e.get("message", "").startswith("Cloud Billing API has not been used in project gangway-test")
+          and any(d.get("reason") == "SERVICE_DISABLED" for d in e.get("details", [])), (status, err))
+    check("billing fail 403 stays until cleared", skus()[0] == 403)
+    control(endpoint, "POST", "billing", {"fail": None})
+    check('{"fail": null} clears it', skus()[0] == 200)
+    control(endpoint, "POST", "billing", {"fail": 503, "times": 1})
+    check('{"fail": 503, "times": 1}: one 503, then 200', [skus()[0], skus()[0]] == [503, 200])
+    status, err = control(endpoint, "POST", "billing", {"fail": "yes"})
+    check("billing control with a bad fail: 400", status == 400, err)
+
+    control(endpoint, "POST", "billing", {"region_factor": {"europe-west4": 2}})
+    status, page = skus()
+    doubled = price_of(page["skus"], "europe-west4", n1.format("EMEA"))
+    control(endpoint, "POST", "billing", {"region_factor": None})
+    status, page = skus()
+    check("region_factor changes a region's prices; null restores them",
+          doubled == 0.063222 and price_of(page["skus"], "europe-west4", n1.format("EMEA")) == 0.0347721,
+          doubled)
+    status, billing = control(endpoint, "GET", "billing")
+    status, state = control(endpoint, "GET", "state")
+    check("every SKU list call is counted, refused ones too (/_gangway/state billing_calls)",
+          state.get("billing_calls") == billing.get("calls") == calls[0],
+          (state.get("billing_calls"), billing, calls[0]))
 
 
 if __name__ == "__main__":

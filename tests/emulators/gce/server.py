@@ -11,13 +11,16 @@ API the GCP provider uses, checked against Google's own discovery document
   violations get Google's JSON error (HTTP 400) naming the JSON path;
 * instances (insert, bulkInsert, get, list, aggregatedList, delete, stop,
   start), zone/region/global operations (get, list, wait, delete), machine
-  and accelerator types, zones, regions, projects.get, resource policies and
-  firewalls;
+  and accelerator types (get, list, aggregatedList), zones, regions,
+  projects.get, resource policies and firewalls;
 * operations run PENDING -> RUNNING -> DONE over successive GETs (or after a
   few seconds), and fail the way GCE's do: DONE with `error.errors[]`;
 * control endpoints under /_gangway/ for fault injection, spot preemption,
   capacity limits and settings; a GCE metadata server (instance/preempted
-  with wait_for_change long polls) per instance.
+  with wait_for_change long polls) per instance;
+* Compute Engine's part of the Cloud Billing Catalog (GET /v1/services/
+  6F81-5844-456A/skus): fixed, documented prices per region, for catalog
+  refresh tests, with an injectable failure (/_gangway/billing).
 
 Usage:
 
@@ -47,6 +50,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from datetime import datetime, timezone
+from decimal import ROUND_HALF_EVEN, Decimal
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -82,20 +86,22 @@ ACCELERATOR_TYPES = {
     "nvidia-l4": ("NVIDIA L4", 8),
     "nvidia-tesla-t4": ("NVIDIA T4", 4),
     "nvidia-tesla-v100": ("NVIDIA V100", 8),
+    "nvidia-h100-mega-80gb": ("NVIDIA H100 80GB MEGA", 8),
 }
 A100, A100_80, H100, L4, T4, V100 = ("nvidia-tesla-a100", "nvidia-a100-80gb",
                                      "nvidia-h100-80gb", "nvidia-l4",
                                      "nvidia-tesla-t4", "nvidia-tesla-v100")
+H100_MEGA = "nvidia-h100-mega-80gb"
 # Which accelerators each zone has: roughly like GCE, small on purpose.
 ZONE_ACCELERATORS = {
-    "us-central1-a": {A100, A100_80, H100, L4, T4, V100},
+    "us-central1-a": {A100, A100_80, H100, H100_MEGA, L4, T4, V100},
     "us-central1-b": {A100, H100, L4, T4, V100},
     "us-central1-c": {A100, A100_80, H100, L4, T4, V100},
     "us-central1-f": {A100, T4, V100},
     "us-east1-b": {L4, T4},
     "us-east1-c": {A100, L4, T4, V100},
     "us-east1-d": {H100, L4, T4},
-    "europe-west4-a": {A100, A100_80, H100, L4, T4, V100},
+    "europe-west4-a": {A100, A100_80, H100, H100_MEGA, L4, T4, V100},
     "europe-west4-b": {A100, H100, L4, T4, V100},
     "asia-northeast1-a": {A100, T4},
 }
@@ -106,8 +112,10 @@ MACHINE_TYPES = {
     "a2-highgpu-2g": (24, 174080, A100, 2),
     "a2-highgpu-4g": (48, 348160, A100, 4),
     "a2-highgpu-8g": (96, 696320, A100, 8),
+    "a2-ultragpu-1g": (12, 174080, A100_80, 1),
     "a2-ultragpu-8g": (96, 1392640, A100_80, 8),
     "a3-highgpu-8g": (208, 1916928, H100, 8),
+    "a3-megagpu-8g": (208, 1916928, H100_MEGA, 8),
     "g2-standard-4": (4, 16384, L4, 1),
     "g2-standard-8": (8, 32768, L4, 1),
     "g2-standard-12": (12, 49152, L4, 1),
@@ -116,15 +124,99 @@ MACHINE_TYPES = {
     "g2-standard-32": (32, 131072, L4, 1),
     "g2-standard-48": (48, 196608, L4, 4),
     "g2-standard-96": (96, 393216, L4, 8),
+    "n1-standard-4": (4, 15360, None, 0),
     "n1-standard-8": (8, 30720, None, 0),
     "n1-standard-16": (16, 61440, None, 0),
+    "n1-standard-32": (32, 122880, None, 0),
+    "n1-standard-64": (64, 245760, None, 0),
+    "n2-standard-8": (8, 32768, None, 0),
+    "c3-standard-8": (8, 32768, None, 0),
     "e2-standard-2": (2, 8192, None, 0),
 }
 CPU_PLATFORMS = {"a2": "Intel Cascade Lake", "a3": "Intel Sapphire Rapids",
-                 "g2": "Intel Cascade Lake", "n1": "Intel Broadwell", "e2": "Intel Broadwell"}
-# Quota metric per accelerator (regions.get shows limit and usage).
+                 "g2": "Intel Cascade Lake", "n1": "Intel Broadwell", "e2": "Intel Broadwell",
+                 "n2": "Intel Cascade Lake", "c3": "Intel Sapphire Rapids"}
+# Quota metric per accelerator (regions.get shows limit and usage). The
+# H100s have none: compute.v1.json's Quota.metric enum has no NVIDIA_H100_GPUS
+# (only PREEMPTIBLE_ and COMMITTED_ ones), so regions.get could not show it.
 GPU_QUOTA = {A100: "NVIDIA_A100_GPUS", A100_80: "NVIDIA_A100_80GB_GPUS",
              L4: "NVIDIA_L4_GPUS", T4: "NVIDIA_T4_GPUS", V100: "NVIDIA_V100_GPUS"}
+
+# ----- the Cloud Billing Catalog (prices) ---------------------------------------
+#
+# GET /v1/services/6F81-5844-456A/skus on the same port answers Compute
+# Engine's SKUs for every region above, built from these tables. Prices are
+# USD per hour (per vCPU, per GiB of RAM, per GPU) in us-* regions; a region's
+# price is the us one times its BILLING_REGION_FACTOR, to 9 decimals
+# (Money's nanos). README.md lists the descriptions.
+
+BILLING_SERVICE_ID = "6F81-5844-456A"          # Compute Engine's service id
+BILLING_SERVICE = f"services/{BILLING_SERVICE_ID}"
+# The geography word of "... running in <Where>" per region.
+BILLING_WHERE = {"us-central1": "Americas", "us-east1": "Americas",
+                 "europe-west4": "EMEA", "asia-northeast1": "Japan"}
+# Regions cost differently, so a parser that mixes them up gets caught.
+BILLING_REGION_FACTOR = {"us-central1": 1.0, "us-east1": 1.0,
+                         "europe-west4": 1.1, "asia-northeast1": 1.25}
+# SKU family (the word in "<F> Instance Core running in ...") ->
+# (vCPU, GiB RAM, Spot vCPU, Spot GiB RAM). N1's SKUs say "N1 Predefined".
+# Machine families: n1 N1, a2 A2, a3-highgpu A3, a3-megagpu A3Mega, g2 G2,
+# c3 C3, n2 N2, e2 E2. Spot is about 40% of on-demand.
+INSTANCE_PRICES = {
+    "N1": (0.031611, 0.004237, 0.012644, 0.001695),
+    "A2": (0.031611, 0.004237, 0.012644, 0.001695),
+    "A3Mega": (0.03237, 0.004339, 0.012948, 0.001736),
+    "A3": (0.0295, 0.00395, 0.0118, 0.00158),
+    "G2": (0.024988, 0.002927, 0.009995, 0.001171),
+    "C3": (0.03398, 0.00456, 0.013592, 0.001824),
+    "N2": (0.031611, 0.004237, 0.012644, 0.001695),
+    "E2": (0.021811, 0.002923, 0.008724, 0.001169),
+}
+# Accelerator type -> (SKU stem of "<stem> GPU running in ...", on-demand,
+# Spot) per GPU hour. Spot is 30-40% of on-demand.
+GPU_PRICES = {
+    T4: ("Nvidia Tesla T4", 0.35, 0.14),
+    V100: ("Nvidia Tesla V100", 2.48, 0.992),
+    A100: ("Nvidia Tesla A100", 2.933908, 1.173563),
+    A100_80: ("Nvidia A100 80GB", 3.92808, 1.571232),
+    L4: ("Nvidia L4", 0.560211, 0.224084),
+    H100: ("Nvidia H100 80GB", 9.79655, 2.93897),
+    H100_MEGA: ("Nvidia H100 80GB Mega", 10.5, 3.675),
+}
+# SKUs a price parser must skip, per region: (description with {where},
+# resourceFamily, resourceGroup, usageType, usage unit, USD per unit).
+BILLING_DISTRACTORS = [
+    ("Commitment v1: N1 Predefined Instance Core in {where} for 1 Year",
+     "Compute", "CPU", "Commit1Yr", "h", 0.019915),
+    ("N1 Custom Instance Core running in {where}", "Compute", "CPU", "OnDemand", "h", 0.033174),
+    ("N1 Sole Tenancy Instance Core running in {where}", "Compute", "CPU", "OnDemand", "h", 0.034773),
+    ("Licensing Fee for Windows Server 2022 Datacenter Edition (CPU cost)",
+     "License", "PremiumImage", "OnDemand", "h", 0.046),
+    ("Network Internet Egress from {where} to {where}",     # tiered: from 0, 1 TiB, 10 TiB
+     "Network", "PremiumInternetEgress", "OnDemand", "GiBy", [(0, 0.12), (1024, 0.11), (10240, 0.08)]),
+    ("Storage PD Capacity", "Storage", "PDStandard", "OnDemand", "GiBy.mo", 0.04),
+]
+# usageUnit -> (usageUnitDescription, baseUnit, baseUnitDescription,
+# baseUnitConversionFactor), as the real catalog has them.
+BILLING_UNITS = {
+    "h": ("hour", "s", "second", 3600),
+    "GiBy.h": ("gibibyte hour", "By.s", "byte second", 3865470566400),
+    "GiBy.mo": ("gibibyte month", "By.s", "byte second", 2875910101401600),
+    "GiBy": ("gibibyte", "By", "byte", 1073741824),
+}
+BILLING_EFFECTIVE_TIME = "2026-11-01T07:00:00.000Z"   # fixed: answers stay comparable
+BILLING_PAGE_SIZE = 5000                              # the API's default and maximum
+BILLING_DISABLED_MESSAGE = (
+    "Cloud Billing API has not been used in project gangway-test before or it is disabled. "
+    "Enable it by visiting https://console.developers.google.com/apis/api/"
+    "cloudbilling.googleapis.com/overview then retry.")
+# The Cloud Billing API's query parameters: the method's and the document's
+# global ones (cloudbilling.v1.json), `$` forms included.
+BILLING_QUERY_PARAMETERS = {
+    "currencyCode", "pageSize", "pageToken", "startTime", "endTime",
+    "$.xgafv", "access_token", "alt", "callback", "fields", "key", "oauth_token",
+    "prettyPrint", "quotaUser", "uploadType", "upload_protocol", "$apiVersion",
+}
 
 NAME_RE = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
 NAME_REGEX_TEXT = "(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)"
@@ -256,6 +348,146 @@ def valid_request_id(value):
     except ValueError:
         return False
     return parsed.int != 0
+
+
+# ----- Cloud Billing Catalog SKUs ----------------------------------------------------
+
+class RpcError(ApiError):
+    """An error of the Cloud Billing API. Newer Google APIs answer
+    google.rpc.Status as JSON: `code`, `message`, `status` and typed
+    `details`, without the `errors` list of Compute's older format."""
+
+    def __init__(self, code, message, details=None, status=None):
+        super().__init__(code, message, status=status)
+        self.details = details
+
+    def body(self):
+        error = {"code": self.code, "message": self.message, "status": self.status}
+        if self.details:
+            error["details"] = self.details
+        return {"error": error}
+
+
+def bad_request(field, message):
+    """A 400 naming the offending field the way google.rpc.BadRequest does."""
+    return RpcError(400, message, [{"@type": "type.googleapis.com/google.rpc.BadRequest",
+                                    "fieldViolations": [{"field": field, "description": message}]}])
+
+
+def billing_disabled_error(message=None):
+    """The 403 of a project that has not enabled the Cloud Billing API."""
+    url = "https://console.developers.google.com/apis/api/cloudbilling.googleapis.com/overview"
+    if message:
+        return RpcError(403, message)
+    return RpcError(403, BILLING_DISABLED_MESSAGE, [
+        {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "SERVICE_DISABLED",
+         "domain": "googleapis.com",
+         "metadata": {"service": "cloudbilling.googleapis.com", "serviceTitle": "Cloud Billing API",
+                      "consumer": "projects/gangway-test", "containerInfo": "gangway-test",
+                      "activationUrl": url}},
+        {"@type": "type.googleapis.com/google.rpc.LocalizedMessage", "locale": "en-US",
+         "message": BILLING_DISABLED_MESSAGE},
+        {"@type": "type.googleapis.com/google.rpc.Help",
+         "links": [{"description": "Google developers console API activation", "url": url}]},
+    ])
+
+
+def region_price(usd, factor):
+    """A us price times a region's factor, exactly, to Money's 9 decimals."""
+    return (Decimal(repr(usd)) * Decimal(repr(factor))).quantize(Decimal("1e-9"), ROUND_HALF_EVEN)
+
+
+def money(price):
+    """google.type.Money of a Decimal: whole units as an int64 string, and
+    nanos (so 2.48 is units "2", nanos 480000000)."""
+    total = int(price * 1_000_000_000)
+    return {"currencyCode": "USD", "units": str(total // 1_000_000_000), "nanos": total % 1_000_000_000}
+
+
+def sku_id(region, description):
+    digits = hexhash(12, "sku", region, description).upper()
+    return f"{digits[:4]}-{digits[4:8]}-{digits[8:]}"
+
+
+def render_sku(region, description, family, group, usage_type, unit, tiers):
+    """One SKU as the catalog answers it; `tiers` are (startUsageAmount, price)."""
+    unit_description, base_unit, base_description, conversion = BILLING_UNITS[unit]
+    ident = sku_id(region, description)
+    return {
+        "name": f"{BILLING_SERVICE}/skus/{ident}",
+        "skuId": ident,
+        "description": description,
+        "category": {"serviceDisplayName": "Compute Engine", "resourceFamily": family,
+                     "resourceGroup": group, "usageType": usage_type},
+        "serviceRegions": [region],
+        "pricingInfo": [{
+            "effectiveTime": BILLING_EFFECTIVE_TIME,
+            "summary": "",
+            "pricingExpression": {
+                "usageUnit": unit,
+                "usageUnitDescription": unit_description,
+                "baseUnit": base_unit,
+                "baseUnitDescription": base_description,
+                "baseUnitConversionFactor": conversion,
+                "displayQuantity": 1,
+                "tieredRates": [{"startUsageAmount": start, "unitPrice": money(price)}
+                                for start, price in tiers],
+            },
+            "currencyConversionRate": 1,
+        }],
+        "serviceProviderName": "Google",
+        "geoTaxonomy": {"type": "REGIONAL", "regions": [region]},
+    }
+
+
+def region_skus(region, factor):
+    """A region's SKUs: instance cores and RAM, GPUs, and the distractors."""
+    where = BILLING_WHERE[region]
+    out = []
+
+    def add(description, family, group, usage_type, unit, usd):
+        # A list of (start, usd) is a tiered price (egress); a number, one tier.
+        tiers = usd if isinstance(usd, list) else [(0, usd)]
+        out.append(render_sku(region, description, family, group, usage_type, unit,
+                              [(start, region_price(price, factor)) for start, price in tiers]))
+
+    for family, (core, ram, spot_core, spot_ram) in INSTANCE_PRICES.items():
+        stem = "N1 Predefined" if family == "N1" else family
+        core_group, ram_group = ("N1Standard", "N1Standard") if family == "N1" else ("CPU", "RAM")
+        add(f"{stem} Instance Core running in {where}", "Compute", core_group, "OnDemand", "h", core)
+        add(f"{stem} Instance Ram running in {where}", "Compute", ram_group, "OnDemand", "GiBy.h", ram)
+        add(f"Spot Preemptible {stem} Instance Core running in {where}", "Compute", core_group,
+            "Preemptible", "h", spot_core)
+        add(f"Spot Preemptible {stem} Instance Ram running in {where}", "Compute", ram_group,
+            "Preemptible", "GiBy.h", spot_ram)
+    for stem, on_demand, spot in GPU_PRICES.values():
+        add(f"{stem} GPU running in {where}", "Compute", "GPU", "OnDemand", "h", on_demand)
+        add(f"{stem} GPU attached to Spot Preemptible VMs running in {where}", "Compute", "GPU",
+            "Preemptible", "h", spot)
+    for template, family, group, usage_type, unit, usd in BILLING_DISTRACTORS:
+        add(template.format(where=where), family, group, usage_type, unit, usd)
+    return out
+
+
+def billing_skus(factors):
+    """The whole catalog, ordered by skuId: the real order looks arbitrary
+    too, and this one mixes regions and kinds on every page."""
+    skus = []
+    for region in sorted(REGIONS):
+        skus += region_skus(region, factors[region])
+    return sorted(skus, key=lambda sku: sku["skuId"])
+
+
+def page_token(offset):
+    return base64.urlsafe_b64encode(str(offset).encode()).decode()
+
+
+def page_offset(token):
+    """The offset a page token stands for; ValueError if it is none of ours."""
+    offset = int(base64.urlsafe_b64decode(token.encode()).decode())
+    if offset < 0:
+        raise ValueError(token)
+    return offset
 
 
 # ----- fault rules ----------------------------------------------------------------
@@ -545,6 +777,11 @@ class Emulator:
             self.internal_ips = 0
             self._id = 5000000000000000000
             self.default_metadata_instance = None
+            # The fake Cloud Billing Catalog: an injected failure (HTTP
+            # status, message, calls left: -1 forever), price factors, and
+            # how many SKU lists were asked for (a test can see caching).
+            self.billing = {"fail": None, "message": None, "times": -1,
+                            "region_factor": dict(BILLING_REGION_FACTOR), "calls": 0}
             self.faults.clear()
             self.changed.notify_all()
         for server in list(self.metadata_servers.values()):
@@ -962,8 +1199,10 @@ class Emulator:
             "compute.globalOperations.delete": self.operations_delete,
             "compute.machineTypes.get": self.machine_types_get,
             "compute.machineTypes.list": self.machine_types_list,
+            "compute.machineTypes.aggregatedList": self.machine_types_aggregated_list,
             "compute.acceleratorTypes.get": self.accelerator_types_get,
             "compute.acceleratorTypes.list": self.accelerator_types_list,
+            "compute.acceleratorTypes.aggregatedList": self.accelerator_types_aggregated_list,
             "compute.zones.get": self.zones_get,
             "compute.zones.list": self.zones_list,
             "compute.regions.get": self.regions_get,
@@ -1126,24 +1365,10 @@ class Emulator:
 
     def instances_aggregated_list(self, ctx):
         project = ctx.params["project"]
-        predicate = self.compile_filter(ctx, "Instance")
-        scopes = {}
-        for zone in sorted(ZONE_REGION):
-            items = sorted((i.render() for (proj, z, _), i in self.instances.items()
-                            if proj == project and z == zone), key=lambda r: r["name"])
-            items = [r for r in items if predicate(r)]
-            scope = f"zones/{zone}"
-            if items:
-                scopes[scope] = {"instances": items}
-            else:
-                scopes[scope] = {"warning": {
-                    "code": "NO_RESULTS_ON_PAGE",
-                    "message": f"There are no results for scope '{scope}' on this page.",
-                    "data": [{"key": "scope", "value": scope}]}}
-        return {"kind": "compute#instanceAggregatedList",
-                "id": f"projects/{project}/aggregated/instances",
-                "items": scopes,
-                "selfLink": link("projects", project, "aggregated", "instances")}
+        return self.aggregated_response(
+            ctx, "compute#instanceAggregatedList", "Instance", "instances",
+            lambda zone: [i.render() for (p, z, _), i in self.instances.items() if (p, z) == (project, zone)],
+            "instances")
 
     def instances_delete(self, ctx):
         p = ctx.params
@@ -1286,6 +1511,13 @@ class Emulator:
                                   link("projects", p["project"], "zones", p["zone"], "machineTypes"),
                                   f"projects/{p['project']}/zones/{p['zone']}/machineTypes")
 
+    def machine_types_aggregated_list(self, ctx):
+        project = ctx.params["project"]
+        return self.aggregated_response(
+            ctx, "compute#machineTypeAggregatedList", "MachineType", "machineTypes",
+            lambda zone: [self.render_machine_type(project, zone, n) for n in self.machine_types_in(zone)],
+            "machineTypes")
+
     def render_accelerator_type(self, project, zone, name):
         description, max_cards = ACCELERATOR_TYPES[name]
         return {
@@ -1314,6 +1546,13 @@ class Emulator:
         return self.list_response(ctx, "compute#acceleratorTypeList", "AcceleratorType", items,
                                   link("projects", p["project"], "zones", p["zone"], "acceleratorTypes"),
                                   f"projects/{p['project']}/zones/{p['zone']}/acceleratorTypes")
+
+    def accelerator_types_aggregated_list(self, ctx):
+        project = ctx.params["project"]
+        return self.aggregated_response(
+            ctx, "compute#acceleratorTypeAggregatedList", "AcceleratorType", "acceleratorTypes",
+            lambda zone: [self.render_accelerator_type(project, zone, n) for n in ZONE_ACCELERATORS[zone]],
+            "acceleratorTypes")
 
     def render_zone(self, project, zone):
         region = ZONE_REGION[zone]
@@ -1565,22 +1804,182 @@ class Emulator:
             items.sort(key=lambda r: r.get("creationTimestamp") or "", reverse=True)
         else:
             raise invalid("orderBy", order, "Only `name` and `creationTimestamp desc` are supported.")
+        start, page_size = self.page_window(ctx)
+        page = items[start:start + page_size]
+        response = {"kind": kind, "id": list_id, "selfLink": self_link}
+        if page:   # like GCE (proto3 JSON), no `items` at all when there are none
+            response["items"] = page
+        if start + page_size < len(items):
+            response["nextPageToken"] = page_token(start + page_size)
+        return response
+
+    @staticmethod
+    def page_window(ctx):
+        """(first item, page size) from maxResults (1-500; 0 means 500) and pageToken."""
         page_size = int(ctx.query.get("maxResults") or 500)
         if page_size > 500:
             raise invalid("maxResults", page_size, "Must be less than or equal to 500")
         start = 0
         if ctx.query.get("pageToken"):
             try:
-                start = int(base64.urlsafe_b64decode(ctx.query["pageToken"].encode()).decode())
+                start = page_offset(ctx.query["pageToken"])
             except ValueError:
                 raise invalid("pageToken", ctx.query["pageToken"], "Invalid page token.")
-        page = items[start:start + page_size]
-        response = {"kind": kind, "id": list_id, "selfLink": self_link}
-        if page:   # like GCE (proto3 JSON), no `items` at all when there are none
-            response["items"] = page
-        if start + page_size < len(items):
-            response["nextPageToken"] = base64.urlsafe_b64encode(str(start + page_size).encode()).decode()
+        return start, page_size
+
+    def aggregated_response(self, ctx, kind, item_ref, key, zone_items, collection):
+        """An aggregatedList page: `items` maps every zone's scope (`zones/Z`)
+        to {key: [...]} or, with nothing of it on this page, GCE's
+        NO_RESULTS_ON_PAGE warning. `zone_items(zone)` gives a zone's
+        resources; the filter applies to each, and maxResults/pageToken page
+        over all of them flattened in zone order (then by name), as GCE's
+        own paging does across scopes."""
+        if ctx.query.get("orderBy") not in (None, "", "name"):
+            raise invalid("orderBy", ctx.query["orderBy"], "Only `name` is supported in aggregated lists.")
+        predicate = self.compile_filter(ctx, item_ref)
+        flat = [(zone, item) for zone in sorted(ZONE_REGION)
+                for item in sorted(zone_items(zone), key=lambda r: r.get("name") or "") if predicate(item)]
+        start, page_size = self.page_window(ctx)
+        page = flat[start:start + page_size]
+        scopes = {}
+        for zone in sorted(ZONE_REGION):
+            scope = f"zones/{zone}"
+            found = [item for z, item in page if z == zone]
+            scopes[scope] = {key: found} if found else {"warning": {
+                "code": "NO_RESULTS_ON_PAGE",
+                "message": f"There are no results for scope '{scope}' on this page.",
+                "data": [{"key": "scope", "value": scope}]}}
+        project = ctx.params["project"]
+        response = {"kind": kind, "id": f"projects/{project}/aggregated/{collection}",
+                    "items": scopes, "selfLink": link("projects", project, "aggregated", collection)}
+        if start + page_size < len(flat):
+            response["nextPageToken"] = page_token(start + page_size)
         return response
+
+    # ----- the Cloud Billing Catalog ------------------------------------------------------
+
+    def billing_services(self):
+        """services.list: only Compute Engine."""
+        return {"services": [{"name": BILLING_SERVICE, "serviceId": BILLING_SERVICE_ID,
+                              "displayName": "Compute Engine",
+                              "businessEntityName": "businessEntities/GCP"}],
+                "nextPageToken": ""}
+
+    def billing_list_skus(self, service_id, query_pairs):
+        """services.skus.list: a page of the catalog, after the injected
+        failure (a disabled API answers before looking at the request)."""
+        with self.lock:
+            self.billing["calls"] += 1
+            fail = self.billing["fail"]
+            if fail is not None:
+                if self.billing["times"] > 0:
+                    self.billing["times"] -= 1
+                    if self.billing["times"] == 0:
+                        self.billing.update(fail=None, message=None, times=-1)
+                raise self.billing_failure(fail, self.billing["message"])
+            factors = dict(self.billing["region_factor"])
+        if service_id != BILLING_SERVICE_ID:
+            raise RpcError(404, f"Service 'services/{service_id}' not found (gangway's fake Cloud Billing "
+                                f"Catalog has only Compute Engine, {BILLING_SERVICE}).")
+        query = self.billing_query(query_pairs)
+        currency = query.get("currencyCode") or "USD"
+        if currency != "USD":
+            raise bad_request("currency_code", f"Currency code '{currency}' is not supported: gangway's "
+                                               "fake Cloud Billing Catalog prices in USD only.")
+        try:
+            page_size = int(query.get("pageSize") or 0)
+        except ValueError:
+            raise bad_request("page_size", f"Invalid value at 'page_size' (TYPE_INT32), "
+                                           f"\"{query['pageSize']}\"")
+        if page_size < 0:
+            raise bad_request("page_size", "The page size must not be negative.")
+        # 0 is the default; more than the maximum is taken as the maximum.
+        page_size = min(page_size or BILLING_PAGE_SIZE, BILLING_PAGE_SIZE)
+        start = 0
+        if query.get("pageToken"):
+            try:
+                start = page_offset(query["pageToken"])
+            except ValueError:
+                raise bad_request("page_token", "The page token is invalid.")
+        skus = billing_skus(factors)
+        page = skus[start:start + page_size]
+        # `$alt=json;enum-encoding=int` (what Google's generated REST clients
+        # send) turns enums into their numbers: REGIONAL is 2.
+        alt = query.get("$alt") or query.get("alt") or "json"
+        if "enum-encoding=int" in alt:
+            page = [dict(sku, geoTaxonomy=dict(sku["geoTaxonomy"], type=2)) for sku in page]
+        more = start + page_size < len(skus)
+        return {"skus": page, "nextPageToken": page_token(start + page_size) if more else ""}
+
+    @staticmethod
+    def billing_query(query_pairs):
+        """The SKU list's query parameters, refused like Google's front end
+        refuses them: unknown names, repeats, bad times, non-JSON alt."""
+        query = {}
+        for name, value in query_pairs:
+            if name not in BILLING_QUERY_PARAMETERS and name.lstrip("$") not in BILLING_QUERY_PARAMETERS:
+                raise bad_request(name, f'Invalid JSON payload received. Unknown name "{name}": Cannot '
+                                        f"bind query parameter. Field '{name}' could not be found in "
+                                        "request message.")
+            if name in query:
+                raise bad_request(name, f"parameter '{name}' given more than once")
+            if name in ("startTime", "endTime") and not gce_schema.DATETIME_RE.match(value):
+                raise bad_request(name, f"Invalid value at '{name}' (type.googleapis.com/"
+                                        f"google.protobuf.Timestamp), Field '{name}', Invalid time "
+                                        f"format: {value}")
+            if name in ("alt", "$alt") and not value.startswith("json"):
+                raise bad_request(name, f"gangway's fake Cloud Billing Catalog answers JSON only, not {value}")
+            query[name] = value
+        return query
+
+    @staticmethod
+    def billing_failure(code, message):
+        if code == 403:
+            return billing_disabled_error(message)
+        defaults = {
+            401: "Request had invalid authentication credentials. Expected OAuth 2 access token, login "
+                 "cookie or other valid authentication credential.",
+            429: "Quota exceeded for quota metric 'Read requests' and limit 'Read requests per minute' "
+                 "of service 'cloudbilling.googleapis.com' for consumer 'project_number:100000000000'.",
+            500: "Internal error encountered.",
+            503: "The service is currently unavailable.",
+        }
+        return RpcError(code, message or defaults.get(code, f"Injected error ({code}) from gangway's "
+                                                             "fake Cloud Billing API."))
+
+    def billing_control(self, spec):
+        """POST /_gangway/billing: {"fail": 403 | null, "message"?, "times"?,
+        "region_factor": {region: factor} | null}."""
+        unknown = set(spec) - {"fail", "message", "times", "region_factor"}
+        if unknown:
+            raise ApiError(400, f"unknown billing settings {sorted(unknown)}; known: fail, message, "
+                                "times, region_factor")
+        with self.lock:
+            if "fail" in spec:
+                code, times = spec["fail"], spec.get("times", -1)
+                if code is not None and (not isinstance(code, int) or isinstance(code, bool)
+                                         or not 400 <= code <= 599):
+                    raise ApiError(400, '"fail" is an HTTP error status (400-599), or null')
+                if not isinstance(times, int) or isinstance(times, bool) or times == 0 or times < -1:
+                    raise ApiError(400, '"times" is a positive count, or -1 for until cleared')
+                self.billing.update(fail=code, message=spec.get("message") if code else None,
+                                    times=times if code else -1)
+            if "region_factor" in spec:
+                factors = spec["region_factor"]
+                if factors is None:
+                    self.billing["region_factor"] = dict(BILLING_REGION_FACTOR)
+                else:
+                    if not isinstance(factors, dict) or not all(
+                            r in REGIONS and isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0
+                            for r, f in factors.items()):
+                        raise ApiError(400, '"region_factor" maps known regions to positive numbers '
+                                            f"({sorted(REGIONS)}), or is null for the defaults")
+                    self.billing["region_factor"].update(factors)
+            return self.billing_state()
+
+    def billing_state(self):
+        with self.lock:
+            return dict(self.billing, region_factor=dict(self.billing["region_factor"]))
 
     # ----- control: preemption, metadata ------------------------------------------------
 
@@ -1765,6 +2164,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 return self.metadata(target, url._replace(path="/" + tail))
             if path.startswith("/_gangway/"):
                 return self.control(path[len("/_gangway/"):].strip("/"), url, raw)
+            if path.startswith("/v1/"):
+                return self.billing(path, url)
             if path.startswith("/computeMetadata/"):
                 target = emu.default_metadata_instance
                 if target is None:
@@ -1837,6 +2238,21 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 raise ApiError(500, "gangway GCE emulator bug: its response breaks the "
                                     f"{schema.response_ref(method)} schema: {violations}")
         self.send(200, result)
+
+    # ----- the Cloud Billing Catalog ----------------------------------------------------
+
+    def billing(self, path, url):
+        """cloudbilling.googleapis.com's catalog on the API port:
+        GET /v1/services and GET /v1/services/ID/skus."""
+        emu = self.server.emu
+        match = re.fullmatch(r"/v1/services(?:/([^/]+)/skus)?", path)
+        if self.command != "GET" or not match:
+            raise RpcError(404, f"Method not found: {self.command} {path} (gangway's fake Cloud Billing "
+                                "Catalog has GET /v1/services and GET /v1/services/ID/skus).")
+        if match.group(1) is None:
+            return self.send(200, emu.billing_services())
+        query_pairs = urllib.parse.parse_qsl(url.query, keep_blank_values=True)
+        self.send(200, emu.billing_list_skus(urllib.parse.unquote(match.group(1)), query_pairs))
 
     # ----- the metadata server ----------------------------------------------------------
 
@@ -1949,6 +2365,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 emu.nat_ips.add(spec["natIP"])
                 emu.changed.notify_all()
                 return self.send(200, inst.render())
+        if what == "billing":
+            if method == "POST":
+                return self.send(200, emu.billing_control(spec))
+            if method == "GET":
+                return self.send(200, emu.billing_state())
         if what == "state" and method == "GET":
             with emu.lock:
                 emu.tick()
@@ -1958,6 +2379,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     "firewalls": list(emu.firewalls.values()),
                     "resourcePolicies": list(emu.policies.values()),
                     "settings": dict(emu.settings),
+                    "billing_calls": emu.billing["calls"],
                 })
         raise ApiError(404, f"no control endpoint {method} /_gangway/{what}")
 
