@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 
-use crate::common::{gangway, parts, root, write};
+use crate::common::{gangway, parts, root, write, TestHome};
 
 const FIXTURE: &str = "tests/fixtures/catalog";
 
@@ -223,12 +223,17 @@ fn check_and_catalog_refresh_refuse_what_they_cannot_do() {
         err.contains("no live price API") && err.contains("aws"),
         "{err}"
     );
-    let (code, _, err) = parts(&gangway(["catalog", "refresh", "--cloud", "gcp"]));
-    assert_eq!(code, 2, "{err}");
-    assert!(
-        err.contains("catalog refresh for gcp is not built yet"),
-        "{err}"
-    );
+    // GCP without a project: says how to name one, writes nothing.
+    let home = TestHome::new();
+    let mut c = crate::common::command_in(home.path());
+    c.args(["catalog", "refresh", "--cloud", "gcp"])
+        .env_remove("GOOGLE_CLOUD_PROJECT")
+        .env_remove("CLOUDSDK_CORE_PROJECT")
+        .env("CLOUDSDK_CONFIG", home.path().join("no-gcloud"));
+    let (code, _, err) = parts(&crate::common::Running::start(c).wait());
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("GOOGLE_CLOUD_PROJECT"), "{err}");
+    assert!(!home.path().join("catalog/gcp.csv").exists());
     let (code, _, err) = parts(&gangway([
         "catalog",
         "refresh",
