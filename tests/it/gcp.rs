@@ -314,3 +314,82 @@ fn gcp_catalog_refresh_offers_what_each_zone_has_at_billing_prices() {
         .expect("still offered");
     assert_eq!(a.1, Some(0.54), "the shipped price: {csv}");
 }
+
+/// A fake whose VMs get the addresses of a real sshd on port 22 (as a GCE
+/// VM's would), and a home whose gangway key is the one that sshd takes
+/// (a VM takes it from its `ssh-keys` metadata).
+fn vms_with_sshd(n: usize) -> Option<(GceFake, crate::sshd::Sshd, TestHome)> {
+    use std::os::unix::fs::PermissionsExt;
+    let gce = GceFake::start()?;
+    let sshd = crate::sshd::Sshd::start_on_port(n, 22)?;
+    let home = TestHome::new();
+    let dir = home.path().join("ssh");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::copy(&sshd.client_key, dir.join("id_ed25519")).unwrap();
+    std::fs::set_permissions(
+        dir.join("id_ed25519"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    std::fs::copy(
+        sshd.client_key.with_extension("pub"),
+        dir.join("id_ed25519.pub"),
+    )
+    .unwrap();
+    let block = sshd.addrs[0].rsplit_once('.').unwrap().0.to_string();
+    let set = gce.call(
+        "POST",
+        "/_gangway/settings",
+        &serde_json::json!({"nat_ip_prefix": format!("{block}.")}).to_string(),
+    );
+    assert_eq!(set["nat_ip_prefix"], format!("{block}."), "{set}");
+    Some((gce, sshd, home))
+}
+
+#[test]
+fn a_gcp_gang_runs_over_ssh_with_its_ranks_and_down_leaves_nothing() {
+    let Some((gce, sshd, home)) = vms_with_sshd(2) else {
+        return;
+    };
+    let task = home.file(
+        "gcp-e2e.yaml",
+        "num_nodes: 2\nresources:\n  infra: gcp/us-central1\n  instance_type: n2-standard-8\n\
+         config:\n  gcp:\n    ssh_user: root\n\
+         setup: echo setup-done > setup.txt\n\
+         run: |\n  echo \"rank=$SKYPILOT_NODE_RANK of=$SKYPILOT_NUM_NODES master=$MASTER_ADDR setup=$(cat setup.txt)\"\n",
+    );
+    let (code, out, err) = parts(&run(&gce, &home, &["launch", &task, "-c", "e2e", "-y"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    let vms = gce.named("instances", "gw-e2e-");
+    assert_eq!(vms.len(), 2, "{vms:#?}");
+    let ips: Vec<String> = vms
+        .iter()
+        .map(|v| {
+            v["networkInterfaces"][0]["accessConfigs"][0]["natIP"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert!(
+        ips.iter().all(|ip| sshd.addrs.contains(ip)),
+        "{ips:?} vs {:?}",
+        sshd.addrs
+    );
+    let all = format!("{out}{err}");
+    for rank in 0..2 {
+        assert!(
+            all.contains(&format!("rank={rank} of=2 master=10."))
+                && all.contains("setup=setup-done"),
+            "rank {rank} did not run over SSH:\n{all}"
+        );
+    }
+    // The cluster's nodes are the VMs, reached at their public address.
+    let (_, st, _) = parts(&run(&gce, &home, &["status", "e2e", "-o", "json"]));
+    let c = json_doc(&st)["clusters"][0].clone();
+    assert_eq!(c["cloud"], "gcp", "{c}");
+    let (code, out, err) = parts(&run(&gce, &home, &["down", "-y", "e2e"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(leftovers(&gce), Vec::<String>::new());
+}

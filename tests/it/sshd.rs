@@ -92,6 +92,26 @@ impl Sshd {
     /// When `n` is not in 1..=254, or the server cannot be started although
     /// sshd is installed and we are root (with the reason and sshd's log).
     pub fn start(n: usize) -> Option<Sshd> {
+        Sshd::start_on(n, None)
+    }
+
+    /// Like [`Sshd::start`], on this port (e.g. 22, where a cloud VM's
+    /// sshd listens) in the first free block; None (after `SKIPPED: ...`)
+    /// when no block has it free (another sshd on `0.0.0.0:22`).
+    pub fn start_on_port(n: usize, port: u16) -> Option<Sshd> {
+        let free = (0..20).any(|i| {
+            let block = 30 + (NEXT_BLOCK.load(Ordering::Relaxed) + i) % 225;
+            let addrs: Vec<String> = (1..=n).map(|k| format!("127.0.{block}.{k}")).collect();
+            fixed_port_free(&addrs, port)
+        });
+        if !free {
+            eprintln!("SKIPPED: port {port} is taken on the loopback addresses (an sshd on 0.0.0.0:{port}?)");
+            return None;
+        }
+        Sshd::start_on(n, Some(port))
+    }
+
+    fn start_on(n: usize, fixed: Option<u16>) -> Option<Sshd> {
         assert!(
             (1..=254).contains(&n),
             "Sshd::start({n}): 1..=254 addresses"
@@ -127,8 +147,13 @@ impl Sshd {
         for _ in 0..20 {
             let block = 30 + NEXT_BLOCK.fetch_add(1, Ordering::Relaxed) % 225;
             let addrs: Vec<String> = (1..=n).map(|i| format!("127.0.{block}.{i}")).collect();
-            let Some(port) = free_port(&addrs) else {
-                continue;
+            let port = match fixed {
+                Some(p) if fixed_port_free(&addrs, p) => p,
+                Some(_) => continue,
+                None => match free_port(&addrs) {
+                    Some(p) => p,
+                    None => continue,
+                },
             };
             let config = path.join("sshd_config");
             std::fs::write(&config, config_text(&path, &home, &addrs, port))
@@ -320,6 +345,15 @@ fn free_port(addrs: &[String]) -> Option<u16> {
         .map(|a| TcpListener::bind((a.as_str(), port)).ok())
         .collect();
     rest.map(|_| port)
+}
+
+/// Whether `port` can be bound on every address in `addrs` right now.
+fn fixed_port_free(addrs: &[String], port: u16) -> bool {
+    let held: Option<Vec<TcpListener>> = addrs
+        .iter()
+        .map(|a| TcpListener::bind((a.as_str(), port)).ok())
+        .collect();
+    held.is_some()
 }
 
 /// The server's `(major, minor)` OpenSSH version, if it says.
