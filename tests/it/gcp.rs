@@ -1,6 +1,8 @@
 //! `infra: gcp` through the binary, against the schema-checked Compute
 //! Engine fake (tests/emulators/gce), one fake per test.
 
+use std::time::Duration;
+
 use crate::common::{json_doc, parts, TestHome};
 
 #[path = "../support/gce_fake.rs"]
@@ -392,4 +394,103 @@ fn a_gcp_gang_runs_over_ssh_with_its_ranks_and_down_leaves_nothing() {
     let (code, out, err) = parts(&run(&gce, &home, &["down", "-y", "e2e"]));
     assert_eq!(code, 0, "{out}\n{err}");
     assert_eq!(leftovers(&gce), Vec::<String>::new());
+}
+
+#[test]
+fn a_managed_job_on_gcp_spot_survives_a_preemption_from_its_kept_checkpoint() {
+    let Some((gce, sshd, home)) = vms_with_sshd(2) else {
+        return;
+    };
+    // The VMs after the preemption come up on another sshd: another home,
+    // so the checkpoint there can only be the one gangway kept.
+    let Some(after) = crate::sshd::Sshd::start_on_port(2, 22) else {
+        return;
+    };
+    after.authorize(&sshd.client_key.with_extension("pub"));
+    // Run 0 checkpoints step 7, waits until gangway kept it, says so and
+    // waits to be preempted; run 1 must find step 7 restored.
+    let ready = home.path().join("ready");
+    let task = home.file(
+        "gcp-spot.yaml",
+        &format!(
+            "num_nodes: 2\nresources:\n  infra: gcp/us-central1\n  instance_type: n2-standard-8\n  use_spot: true\n\
+             config:\n  gcp:\n    ssh_user: root\n\
+             checkpoint:\n  sync_interval: 1\nenvs:\n  GW_TEST_MARKER: {marker}\n\
+             run: |\n  ck=\"$GANGWAY_CHECKPOINT_DIR/step\"\n  \
+             if [ \"$GANGWAY_RESTART_COUNT\" = 0 ]; then\n    t=$(date +%s%3N)\n    \
+             [ \"$NODE_RANK\" = 0 ] && echo 7 > \"$ck\"\n    \
+             while [ \"$(cat \"$GANGWAY_CHECKPOINT_DIR/.gangway-synced\" 2>/dev/null || echo 0)\" -lt \"$t\" ]; do sleep 0.05; done\n    \
+             [ \"$NODE_RANK\" = 0 ] && touch {ready}\n    \
+             exec sleep 300\n  fi\n  \
+             echo \"rank $NODE_RANK resumed at step $(cat \"$ck\") in run $GANGWAY_RESTART_COUNT on $HOME\"\n",
+            marker = home.marker,
+            ready = ready.display()
+        ),
+    );
+    let mut c = crate::common::command_in(home.path());
+    c.args(["jobs", "launch", &task, "-y", "--wait"])
+        .env("GANGWAY_GCP_ENDPOINT", &gce.url)
+        .env("GOOGLE_CLOUD_PROJECT", "gangway-test")
+        .env("GANGWAY_GCP_SSH_CIDR", "192.0.2.0/24");
+    let job = crate::common::Running::start(c);
+    crate::common::wait_for(
+        "run 0 to keep its checkpoint",
+        Duration::from_secs(120),
+        || {
+            if ready.exists() {
+                Ok(())
+            } else {
+                Err("no ready file".into())
+            }
+        },
+    );
+    let vms = gce.named("instances", "gw-");
+    assert_eq!(vms.len(), 2, "{vms:#?}");
+    let victim = vms[0]["name"].as_str().unwrap().to_string();
+    let pre = gce.call(
+        "POST",
+        "/_gangway/preempt",
+        &serde_json::json!({"instance": victim}).to_string(),
+    );
+    assert_eq!(pre["action"], "STOP", "{pre}");
+    let block = after.addrs[0].rsplit_once('.').unwrap().0;
+    gce.call(
+        "POST",
+        "/_gangway/settings",
+        &serde_json::json!({"nat_ip_prefix": format!("{block}.")}).to_string(),
+    );
+    let (code, out, err) = parts(&job.wait());
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    for r in 0..2 {
+        assert!(
+            out.contains(&format!(
+                "rank {r} resumed at step 7 in run 1 on {}",
+                after.home.display()
+            )),
+            "{out}\n{err}"
+        );
+    }
+    let (_, q, _) = parts(&run(&gce, &home, &["jobs", "queue", "-o", "json"]));
+    let j = json_doc(&q)["jobs"][0].clone();
+    assert_eq!(j["state"], "SUCCEEDED", "{j}");
+    assert_eq!(j["preemptions"], 1, "{j}");
+    let (_, ev, _) = parts(&run(&gce, &home, &["jobs", "events", "1"]));
+    assert!(
+        ev.contains(&victim),
+        "the event names the preempted VM:\n{ev}"
+    );
+    // Nothing left: the preempted cluster and the one it resumed on.
+    crate::common::wait_for(
+        "the job's clusters to be gone",
+        Duration::from_secs(60),
+        || {
+            let left = leftovers(&gce);
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            }
+        },
+    );
+    crate::common::assert_no_marker_procs(&home.marker, "the managed job ended");
 }

@@ -194,6 +194,17 @@ impl Sshd {
         panic!("could not start sshd: {last_failure}");
     }
 
+    /// Lets the holder of `public_key` (an OpenSSH `.pub` file) in too.
+    pub fn authorize(&self, public_key: &Path) {
+        use std::io::Write;
+        let key = std::fs::read_to_string(public_key).expect("public key");
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.dir.path().join("authorized_keys"))
+            .and_then(|mut f| f.write_all(key.as_bytes()))
+            .expect("append to authorized_keys");
+    }
+
     /// ssh options a client needs (`-p`, `-i`, `-o UserKnownHostsFile=...`,
     /// `-o StrictHostKeyChecking=...`, `-o IdentitiesOnly=yes`, batch mode)
     /// as an argument list.
