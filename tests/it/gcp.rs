@@ -200,6 +200,8 @@ fn gcp_catalog_refresh_offers_what_each_zone_has_at_billing_prices() {
         (format!("{out}{err}"), csv)
     };
     let (said, csv) = refresh(&TestHome::new());
+    // Two regions, one read of the SKUs (they are global).
+    assert_eq!(gce.state()["billing_calls"], 1, "{said}");
     // N1 + T4 is offered where the zone has both (the fake: every
     // us-central1 zone), priced as 4 vCPUs + 15 GiB + one T4.
     let n1 = rows(&csv, "n1-standard-4", "T4", "1");

@@ -178,6 +178,23 @@ pub struct ProviderError {
     pub message: String,
 }
 
+/// An error and its causes on one line, `: `-joined, each cause once (a
+/// client's top line alone is often just "dispatch failure" or "could not
+/// create default credentials").
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        let t = s.to_string();
+        if !out.contains(&t) {
+            out.push_str(": ");
+            out.push_str(&t);
+        }
+        cur = s.source();
+    }
+    out
+}
+
 impl ProviderError {
     /// Builds an error.
     pub fn new(
@@ -376,6 +393,33 @@ mod tests {
         ];
         let over: Vec<_> = all.into_iter().filter(|k| k.fails_over()).collect();
         assert_eq!(over, vec![ErrorKind::Capacity, ErrorKind::Quota]);
+    }
+
+    #[test]
+    fn an_error_chain_names_each_cause_once() {
+        #[derive(Debug)]
+        struct E(&'static str, Option<Box<E>>);
+        impl std::fmt::Display for E {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.0)
+            }
+        }
+        impl std::error::Error for E {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                self.1.as_deref().map(|e| e as _)
+            }
+        }
+        let e = E(
+            "dispatch failure: io error",
+            Some(Box::new(E(
+                "io error",
+                Some(Box::new(E("connection refused", None))),
+            ))),
+        );
+        assert_eq!(
+            error_chain(&e),
+            "dispatch failure: io error: connection refused"
+        );
     }
 
     #[test]

@@ -92,7 +92,7 @@ where
         }
         SdkError::TimeoutError(_) => (ErrorKind::Transient, format!("{call}: timed out")),
         SdkError::DispatchFailure(d) => {
-            let chain = source_chain(&err);
+            let chain = gangway_provider::error_chain(&err);
             if chain.contains("loading credentials") || chain.contains("no credentials") {
                 // Every source in the chain failed: no retry will help.
                 (
@@ -111,7 +111,7 @@ where
             }
         }
         SdkError::ConstructionFailure(_) => {
-            let chain = source_chain(&err);
+            let chain = gangway_provider::error_chain(&err);
             // The SDK refuses to build a request without credentials: that is
             // the most common first-run failure.
             let kind = if chain.contains("credential") {
@@ -125,24 +125,12 @@ where
             }
             (kind, message)
         }
-        _ => (ErrorKind::Fatal, format!("{call}: {}", source_chain(&err))),
+        _ => (
+            ErrorKind::Fatal,
+            format!("{call}: {}", gangway_provider::error_chain(&err)),
+        ),
     };
     ProviderError::new(kind, "aws", location, message)
-}
-
-/// The error and its causes on one line.
-fn source_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        let t = s.to_string();
-        if !out.contains(&t) {
-            out.push_str(": ");
-            out.push_str(&t);
-        }
-        cur = s.source();
-    }
-    out
 }
 
 /// The EC2 error code of an SDK error, if the service answered with one.

@@ -425,7 +425,7 @@ impl GcpProvider {
                                 "",
                                 format!(
                                     "cannot build the Compute Engine client: {} (run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file)",
-                                    redacted(chain(&e))
+                                    redacted(gangway_provider::error_chain(&e))
                                 ),
                             )
                         })?
@@ -535,7 +535,7 @@ impl GcpProvider {
                 .map_err(|e| {
                     format!(
                         "no credentials for the Cloud Billing API ({}); set GANGWAY_GCP_BILLING_API_KEY or run `gcloud auth application-default login`",
-                        redacted(chain(&e))
+                        redacted(gangway_provider::error_chain(&e))
                     )
                 })?;
             match creds.headers(http::Extensions::new()).await {
@@ -546,7 +546,7 @@ impl GcpProvider {
                 Err(e) => {
                     return Err(format!(
                         "the Cloud Billing API needs credentials: {}",
-                        redacted(chain(&e))
+                        redacted(gangway_provider::error_chain(&e))
                     ))
                 }
             }
@@ -1082,22 +1082,6 @@ impl GcpProvider {
 }
 
 /// Unique per launch attempt (see the request ids in `launch`).
-/// An error and its causes, `: `-joined (the client's top line alone is
-/// often just "could not create default credentials").
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut next = e.source();
-    while let Some(s) = next {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        next = s.source();
-    }
-    out
-}
-
 fn nonce() -> String {
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let t = std::time::SystemTime::now()
