@@ -53,6 +53,19 @@ pub const LABEL_OWNER: &str = "gangway-owner";
 /// Metadata item holding the cluster's exact name.
 const META_CLUSTER: &str = "gangway-cluster";
 
+/// Metadata item saying whether gangway reaches the VM at its internal IP.
+const META_INTERNAL: &str = "gangway-internal-ips";
+
+/// A VM's metadata value for `key`.
+fn meta<'a>(i: &'a model::Instance, key: &str) -> Option<&'a str> {
+    i.metadata
+        .as_ref()?
+        .items
+        .iter()
+        .find(|it| it.key.as_deref() == Some(key))
+        .and_then(|it| it.value.as_deref())
+}
+
 /// The operation GCE records when it takes a Spot VM back.
 const PREEMPTED_OP: &str = "compute.instances.preempted";
 
@@ -1377,18 +1390,10 @@ impl Provider for GcpProvider {
         let mut nodes: Vec<Node> = vms
             .iter()
             .map(|i| {
-                let user = i
-                    .metadata
-                    .as_ref()
-                    .and_then(|m| {
-                        m.items
-                            .iter()
-                            .find(|it| it.key.as_deref() == Some("ssh-keys"))
-                            .and_then(|it| it.value.as_deref())
-                            .and_then(|v| v.split_once(':').map(|(u, _)| u.to_string()))
-                    })
-                    .unwrap_or_else(|| DEFAULT_SSH_USER.into());
-                self.node(i, &user, false)
+                let user = meta(i, "ssh-keys")
+                    .and_then(|v| v.split_once(':').map(|(u, _)| u))
+                    .unwrap_or(DEFAULT_SSH_USER);
+                self.node(i, user, meta(i, META_INTERNAL) == Some("true"))
             })
             .collect();
         nodes.extend(self.deleted_by_preemption(&names, &vms).await?);
@@ -1537,13 +1542,7 @@ impl Provider for GcpProvider {
         while let Some(item) = items.next().await {
             let (_, scoped) = item.map_err(|e| call_err(&e, "", "instances.aggregatedList"))?;
             for i in scoped.instances {
-                let name = i.metadata.as_ref().and_then(|m| {
-                    m.items
-                        .iter()
-                        .find(|it| it.key.as_deref() == Some(META_CLUSTER))
-                        .and_then(|it| it.value.clone())
-                });
-                if let Some(n) = name {
+                if let Some(n) = meta(&i, META_CLUSTER).map(str::to_string) {
                     if !out.iter().any(|c| c.0 == n) {
                         out.push(ClusterName(n));
                     }
@@ -1636,6 +1635,11 @@ impl GcpProvider {
                     model::metadata::Items::new()
                         .set_key(META_CLUSTER)
                         .set_value(&req.cluster.0),
+                    // How gangway reaches it, for nodes described later
+                    // (`gangway start` after a stop).
+                    model::metadata::Items::new()
+                        .set_key(META_INTERNAL)
+                        .set_value(opts.use_internal_ips.to_string()),
                 ]),
             )
             .set_tags(model::Tags::new().set_items([names.tag.clone()]))

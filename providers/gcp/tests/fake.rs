@@ -317,3 +317,26 @@ async fn a_spot_vm_deleted_on_preemption_is_found_by_its_zone_operation() {
     p.terminate(&r.cluster).await.unwrap();
     assert!(fake.named("instances", &prefix("predel")).is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn internal_ip_vms_are_reached_inside_after_a_stop_and_start_too() {
+    let Some(fake) = fake() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let p = provider(dir.path());
+    let mut r = req("inner", "europe-west4-a", "a2-highgpu-1g", 1, false);
+    r.provider_config = Some(serde_json::json!({"use_internal_ips": true}));
+    let host = |n: &gangway_provider::Node| n.extra.get("ssh.host").cloned();
+    let nodes = p.launch(&r).await.expect("launch");
+    assert_eq!(nodes[0].public_ip, None, "no external address asked for");
+    assert_eq!(host(&nodes[0]).as_ref(), Some(&nodes[0].private_ip));
+    p.stop(&r.cluster).await.expect("stop");
+    let started = p.start(&r.cluster, None).await.expect("start");
+    assert_eq!(started.len(), 1);
+    assert_eq!(
+        host(&started[0]).as_ref(),
+        Some(&started[0].private_ip),
+        "described nodes keep the launch's choice: {started:?}"
+    );
+    p.terminate(&r.cluster).await.unwrap();
+    assert!(fake.named("instances", &prefix("inner")).is_empty());
+}
