@@ -66,6 +66,19 @@ fn meta<'a>(i: &'a model::Instance, key: &str) -> Option<&'a str> {
         .and_then(|it| it.value.as_deref())
 }
 
+/// The description of a cluster's firewall rules and policy: resources
+/// without labels say whose they are here.
+fn describe_owner(cluster: &str, owner_label: &str) -> String {
+    format!("gangway cluster {cluster}; owner {owner_label}")
+}
+
+/// The cluster a description by [`describe_owner`] names, if `owner_label`'s.
+fn owned_cluster(description: &str, owner_label: &str) -> Option<String> {
+    let rest = description.strip_prefix("gangway cluster ")?;
+    let (cluster, owner) = rest.rsplit_once("; owner ")?;
+    (owner == owner_label && !cluster.is_empty()).then(|| cluster.to_string())
+}
+
 /// The operation GCE records when it takes a Spot VM back.
 const PREEMPTED_OP: &str = "compute.instances.preempted";
 
@@ -899,8 +912,10 @@ impl GcpProvider {
                 format!("{a}-{b}")
             });
         }
+        // Firewall rules have no labels: the description names cluster and
+        // owner, for the owner sweep (`down --orphans`).
         let labels = |mut f: model::Firewall| {
-            f.description = Some(format!("gangway cluster {}", req.cluster.0));
+            f.description = Some(describe_owner(&req.cluster.0, &names.owner_label));
             f
         };
         let rules = [
@@ -974,7 +989,7 @@ impl GcpProvider {
         let name = names.policy();
         let policy = model::ResourcePolicy::new()
             .set_name(&name)
-            .set_description("gangway: compact placement for one cluster")
+            .set_description(describe_owner(&names.base, &names.owner_label))
             .set_group_placement_policy(
                 model::ResourcePolicyGroupPlacementPolicy::new()
                     .set_collocation(
@@ -1435,13 +1450,14 @@ impl Provider for GcpProvider {
     async fn terminate(&self, cluster: &ClusterName) -> Result<()> {
         let names = self.names(cluster);
         let vms = self.vms(&names).await?;
+        // Regions with the placement policy: recorded at launch, where the
+        // VMs are, and wherever GCE has one of this name (a record lost
+        // with another machine's state).
         let mut regions = self.record(&names).regions;
-        for i in &vms {
-            let r = region_of(&zone_of(i)).to_string();
-            if !regions.contains(&r) {
-                regions.push(r);
-            }
-        }
+        regions.extend(vms.iter().map(|i| region_of(&zone_of(i)).to_string()));
+        regions.extend(self.policy_regions(&names).await?);
+        regions.sort();
+        regions.dedup();
         self.delete_vms(&vms).await?;
         self.delete_network_things(&names, &regions).await?;
         let _ = std::fs::remove_file(self.records.join(&names.base));
@@ -1539,14 +1555,35 @@ impl Provider for GcpProvider {
             .set_filter(format!("labels.{LABEL_OWNER} = {owner_label}"))
             .by_item();
         let mut out: Vec<ClusterName> = Vec::new();
+        let mut add = |n: String| {
+            if !out.iter().any(|c| c.0 == n) {
+                out.push(ClusterName(n));
+            }
+        };
         while let Some(item) = items.next().await {
             let (_, scoped) = item.map_err(|e| call_err(&e, "", "instances.aggregatedList"))?;
             for i in scoped.instances {
-                if let Some(n) = meta(&i, META_CLUSTER).map(str::to_string) {
-                    if !out.iter().any(|c| c.0 == n) {
-                        out.push(ClusterName(n));
-                    }
+                if let Some(n) = meta(&i, META_CLUSTER) {
+                    add(n.to_string());
                 }
+            }
+        }
+        // Clusters whose VMs are gone but whose firewall rules (and so,
+        // perhaps, placement policy) are not.
+        let mut rules = c
+            .firewalls
+            .list()
+            .set_project(&c.project)
+            .set_filter("name eq \"gw-.*\"")
+            .by_item();
+        while let Some(rule) = rules.next().await {
+            let rule = rule.map_err(|e| call_err(&e, "global", "firewalls.list"))?;
+            if let Some(n) = rule
+                .description
+                .as_deref()
+                .and_then(|d| owned_cluster(d, &owner_label))
+            {
+                add(n);
             }
         }
         Ok(out)
@@ -1554,6 +1591,26 @@ impl Provider for GcpProvider {
 }
 
 impl GcpProvider {
+    /// Regions holding a placement policy of this cluster's name.
+    async fn policy_regions(&self, names: &Names) -> Result<Vec<String>> {
+        let c = self.clients().await?;
+        let mut items = c
+            .policies
+            .aggregated_list()
+            .set_project(&c.project)
+            .set_filter(format!("name = {}", names.policy()))
+            .by_item();
+        let mut out = Vec::new();
+        while let Some(item) = items.next().await {
+            let (scope, list) =
+                item.map_err(|e| call_err(&e, "", "resourcePolicies.aggregatedList"))?;
+            if !list.resource_policies.is_empty() {
+                out.push(scope.trim_start_matches("regions/").to_string());
+            }
+        }
+        Ok(out)
+    }
+
     fn bulk_body(
         &self,
         req: &LaunchRequest,
@@ -1720,6 +1777,22 @@ mod tests {
         assert!(d(json!({"type": "gdch"}), None)
             .unwrap_err()
             .contains("not known"));
+    }
+
+    #[test]
+    fn descriptions_say_whose_a_rule_is() {
+        let d = describe_owner("my cluster; owner x", "alice");
+        assert_eq!(
+            owned_cluster(&d, "alice").as_deref(),
+            Some("my cluster; owner x")
+        );
+        assert_eq!(owned_cluster(&d, "bob"), None);
+        assert_eq!(
+            owned_cluster("gangway cluster c", "alice"),
+            None,
+            "the older form"
+        );
+        assert_eq!(owned_cluster("someone else's rule", "alice"), None);
     }
 
     #[test]

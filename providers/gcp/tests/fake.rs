@@ -340,3 +340,48 @@ async fn internal_ip_vms_are_reached_inside_after_a_stop_and_start_too() {
     p.terminate(&r.cluster).await.unwrap();
     assert!(fake.named("instances", &prefix("inner")).is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owner_sweep_finds_rules_and_a_policy_left_without_vms() {
+    let Some(fake) = fake() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let p = provider(dir.path());
+    let r = req("husk", "us-central1-b", "a2-highgpu-1g", 2, true);
+    p.launch(&r).await.expect("launch");
+    let base = prefix("husk");
+    assert_eq!(fake.named("resourcePolicies", &base).len(), 1);
+    // The VMs go (a teardown killed half-way), and so does this machine's
+    // record of the cluster (another machine, or a lost state directory).
+    for vm in fake.named("instances", &base) {
+        let name = vm["name"].as_str().unwrap();
+        fake.call(
+            "DELETE",
+            &format!("/compute/v1/projects/gangway-test/zones/us-central1-b/instances/{name}"),
+            "",
+        );
+    }
+    for _ in 0..100 {
+        if fake.named("instances", &base).is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(fake.named("instances", &base).is_empty());
+    let elsewhere = tempfile::tempdir().unwrap();
+    let q = provider(elsewhere.path());
+    let found = q.clusters("tester").await.expect("sweep");
+    assert!(found.contains(&r.cluster), "{found:?}");
+    assert!(!q
+        .clusters("someone-else")
+        .await
+        .unwrap()
+        .contains(&r.cluster));
+    q.terminate(&r.cluster).await.expect("terminate");
+    assert!(fake.named("firewalls", &base).is_empty());
+    assert!(
+        fake.named("resourcePolicies", &base).is_empty(),
+        "found in its region without a record: {:#}",
+        fake.state()["resourcePolicies"]
+    );
+    assert!(!q.clusters("tester").await.unwrap().contains(&r.cluster));
+}

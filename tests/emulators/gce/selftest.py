@@ -601,6 +601,13 @@ def selftest(endpoint):
           and got["status"] == "READY", got)
     status, listed = api.get(policy_path)
     check("resourcePolicies.list", [p["name"] for p in listed["items"]] == ["gw-compact"], listed)
+    status, agg = api.get("aggregated/resourcePolicies", filter="name = gw-compact")
+    check("resourcePolicies.aggregatedList: by region scope, the policy only in its region",
+          status == 200 and agg["kind"] == "compute#resourcePolicyAggregatedList"
+          and [s for s, v in agg["items"].items() if "resourcePolicies" in v] == [f"regions/{REGION}"]
+          and agg["items"][f"regions/{REGION}"]["resourcePolicies"][0]["name"] == "gw-compact"
+          and all("warning" in v for s, v in agg["items"].items() if s != f"regions/{REGION}"),
+          (status, agg))
     status, err = api.post(policy_path, {"name": "gw-compact", "groupPlacementPolicy": {"collocation": "COLLOCATE"}})
     check("resource policy with a bad collocation enum: 400", status == 400, err)
     compact = {"count": "4", "namePattern": "gw-pg-#", "instanceProperties": instance_properties(

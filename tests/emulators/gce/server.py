@@ -1211,6 +1211,7 @@ class Emulator:
             "compute.resourcePolicies.insert": self.policies_insert,
             "compute.resourcePolicies.get": self.policies_get,
             "compute.resourcePolicies.list": self.policies_list,
+            "compute.resourcePolicies.aggregatedList": self.policies_aggregated_list,
             "compute.resourcePolicies.delete": self.policies_delete,
             "compute.firewalls.insert": self.firewalls_insert,
             "compute.firewalls.get": self.firewalls_get,
@@ -1695,6 +1696,14 @@ class Emulator:
                                   link("projects", project, "regions", region, "resourcePolicies"),
                                   f"projects/{project}/regions/{region}/resourcePolicies")
 
+    def policies_aggregated_list(self, ctx):
+        project = ctx.params["project"]
+        return self.aggregated_response(
+            ctx, "compute#resourcePolicyAggregatedList", "ResourcePolicy", "resourcePolicies",
+            lambda region: [copy.deepcopy(v) for (p, r, _), v in self.policies.items()
+                            if (p, r) == (project, region)],
+            "resourcePolicies", scope="regions")
+
     def policies_delete(self, ctx):
         policy = self.get_policy(ctx.params)
         project, region, name = ctx.params["project"], ctx.params["region"], ctx.params["resourcePolicy"]
@@ -1827,28 +1836,30 @@ class Emulator:
                 raise invalid("pageToken", ctx.query["pageToken"], "Invalid page token.")
         return start, page_size
 
-    def aggregated_response(self, ctx, kind, item_ref, key, zone_items, collection):
-        """An aggregatedList page: `items` maps every zone's scope (`zones/Z`)
-        to {key: [...]} or, with nothing of it on this page, GCE's
-        NO_RESULTS_ON_PAGE warning. `zone_items(zone)` gives a zone's
+    def aggregated_response(self, ctx, kind, item_ref, key, zone_items, collection, scope="zones"):
+        """An aggregatedList page: `items` maps every zone's scope (`zones/Z`;
+        `regions/R` for regional resources, `scope="regions"`) to
+        {key: [...]} or, with nothing of it on this page, GCE's
+        NO_RESULTS_ON_PAGE warning. `zone_items(place)` gives a place's
         resources; the filter applies to each, and maxResults/pageToken page
-        over all of them flattened in zone order (then by name), as GCE's
+        over all of them flattened in place order (then by name), as GCE's
         own paging does across scopes."""
+        places = sorted(REGIONS) if scope == "regions" else sorted(ZONE_REGION)
         if ctx.query.get("orderBy") not in (None, "", "name"):
             raise invalid("orderBy", ctx.query["orderBy"], "Only `name` is supported in aggregated lists.")
         predicate = self.compile_filter(ctx, item_ref)
-        flat = [(zone, item) for zone in sorted(ZONE_REGION)
+        flat = [(zone, item) for zone in places
                 for item in sorted(zone_items(zone), key=lambda r: r.get("name") or "") if predicate(item)]
         start, page_size = self.page_window(ctx)
         page = flat[start:start + page_size]
         scopes = {}
-        for zone in sorted(ZONE_REGION):
-            scope = f"zones/{zone}"
+        for zone in places:
+            name = f"{scope}/{zone}"
             found = [item for z, item in page if z == zone]
-            scopes[scope] = {key: found} if found else {"warning": {
+            scopes[name] = {key: found} if found else {"warning": {
                 "code": "NO_RESULTS_ON_PAGE",
-                "message": f"There are no results for scope '{scope}' on this page.",
-                "data": [{"key": "scope", "value": scope}]}}
+                "message": f"There are no results for scope '{name}' on this page.",
+                "data": [{"key": "scope", "value": name}]}}
         project = ctx.params["project"]
         response = {"kind": kind, "id": f"projects/{project}/aggregated/{collection}",
                     "items": scopes, "selfLink": link("projects", project, "aggregated", collection)}
