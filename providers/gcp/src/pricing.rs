@@ -193,7 +193,11 @@ impl UnitPrices {
             }
             return;
         }
-        let what = what.strip_prefix("Spot Preemptible ").unwrap_or(what);
+        // "Spot Preemptible" since Spot VMs; "Preemptible" before.
+        let what = what
+            .strip_prefix("Spot Preemptible ")
+            .or_else(|| what.strip_prefix("Preemptible "))
+            .unwrap_or(what);
         let (family, part) = if let Some(f) = what.strip_suffix(" Instance Core") {
             (f, Part::Core)
         } else if let Some(f) = what.strip_suffix(" Instance Ram") {
@@ -326,7 +330,8 @@ mod tests {
             sku("N1 Predefined Instance Core running in Americas", "OnDemand", "h", "us-central1", "0", 31_611_000),
             sku("N1 Predefined Instance Ram running in Americas", "OnDemand", "GiBy.h", "us-central1", "0", 4_237_000),
             sku("Spot Preemptible N1 Predefined Instance Core running in Americas", "Preemptible", "h", "us-central1", "0", 10_000_000),
-            sku("Spot Preemptible N1 Predefined Instance Ram running in Americas", "Preemptible", "GiBy.h", "us-central1", "0", 1_000_000),
+            // The older wording, before Spot VMs.
+            sku("Preemptible N1 Predefined Instance Ram running in Americas", "Preemptible", "GiBy.h", "us-central1", "0", 1_000_000),
             sku("Nvidia Tesla T4 GPU running in Americas", "OnDemand", "h", "us-central1", "0", 350_000_000),
             sku("Nvidia Tesla T4 GPU attached to Spot Preemptible VMs running in Americas", "Preemptible", "h", "us-central1", "0", 140_000_000),
             sku("A2 Instance Core running in Americas", "OnDemand", "h", "us-central1", "0", 31_611_000),
