@@ -687,13 +687,22 @@ impl Transport for SshTransport {
         // It goes straight to the master over its control socket (the
         // multiplexing protocol, with our pipes passed along): no local
         // ssh process per command.
-        let out2 = output
+        //
+        // The master gets a pipe of ours, not the caller's: the mux client
+        // returns at the exit message and hangs up, and the master then
+        // drops whatever output of that session it had not yet written
+        // (a command that exits right after printing could lose all of
+        // it). So the pump below copies to the caller until the master
+        // closes the pipe (the channel drained and closed), and only then
+        // is the exit status read.
+        let (pump_r, pump_w) = std::io::pipe().map_err(|e| err("cannot make a pipe", e))?;
+        let pump_w2 = pump_w
             .try_clone()
             .map_err(|e| err("cannot duplicate the output pipe", e))?;
         let mut c = Arc::clone(&session).arc_raw_command(wrapper);
         c.stdin(openssh::Stdio::from(std::os::fd::OwnedFd::from(env_r)))
-            .stdout(openssh::Stdio::from(std::os::fd::OwnedFd::from(out2)))
-            .stderr(openssh::Stdio::from(std::os::fd::OwnedFd::from(output)));
+            .stdout(openssh::Stdio::from(std::os::fd::OwnedFd::from(pump_w2)))
+            .stderr(openssh::Stdio::from(std::os::fd::OwnedFd::from(pump_w)));
         let id = NEXT_PROCESS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Ok(mut m) = self.remote.lock() {
             m.insert(id, (t.clone(), token));
@@ -709,13 +718,22 @@ impl Transport for SshTransport {
         let started = rt.spawn(async move {
             use std::os::unix::process::ExitStatusExt;
             let code = |c: i32| std::process::ExitStatus::from_raw(c << 8);
-            let child = match c.spawn().await {
+            let spawned = c.spawn().await;
+            // Our copies of the pipe's write end go with the command: from
+            // here only the master holds it.
+            drop(c);
+            let child = match spawned {
                 Ok(child) => child,
                 Err(e) => {
                     tracing::debug!("{who}: cannot start the command: {e}");
                     return Ok(code(255));
                 }
             };
+            let pumped = tokio::task::spawn_blocking(move || {
+                let (mut from, mut to) = (pump_r, output);
+                let _ = std::io::copy(&mut from, &mut to);
+            });
+            let _ = pumped.await;
             match child.wait().await {
                 Ok(status) => Ok(status),
                 // The crate reads exit code 127 as "not found": give it back.
