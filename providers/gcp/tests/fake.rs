@@ -65,6 +65,25 @@ fn req(cluster: &str, zone: &str, ty: &str, count: u32, spot: bool) -> LaunchReq
     }
 }
 
+/// Deletes these VMs through the API as someone else would, and waits
+/// until they are gone (a delete is an operation).
+async fn delete_behind_our_back(fake: &GceFake, zone: &str, vms: &[String]) {
+    for name in vms {
+        fake.call(
+            "DELETE",
+            &format!("/compute/v1/projects/gangway-test/zones/{zone}/instances/{name}"),
+            "",
+        );
+    }
+    for _ in 0..100 {
+        if vms.iter().all(|n| fake.named("instances", n).is_empty()) {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("{vms:?} still there after 5 s");
+}
+
 fn prefix(cluster: &str) -> String {
     gangway_gcp::Names::new(cluster, "tester").base
 }
@@ -300,18 +319,7 @@ async fn a_spot_vm_deleted_on_preemption_is_found_by_its_zone_operation() {
     );
     // A VM deleted by someone else (no preemption) is simply gone.
     let other = again[1].id.0.clone();
-    fake.call(
-        "DELETE",
-        &format!("/compute/v1/projects/gangway-test/zones/europe-west4-b/instances/{other}"),
-        "",
-    );
-    // (The delete is an operation; wait until the VM is gone.)
-    for _ in 0..100 {
-        if fake.named("instances", &other).is_empty() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    delete_behind_our_back(fake, "europe-west4-b", std::slice::from_ref(&other)).await;
     let seen = p.describe(&r.cluster).await.unwrap();
     assert!(seen.iter().all(|n| n.id.0 != other), "{seen:?}");
     p.terminate(&r.cluster).await.unwrap();
@@ -352,21 +360,12 @@ async fn the_owner_sweep_finds_rules_and_a_policy_left_without_vms() {
     assert_eq!(fake.named("resourcePolicies", &base).len(), 1);
     // The VMs go (a teardown killed half-way), and so does this machine's
     // record of the cluster (another machine, or a lost state directory).
-    for vm in fake.named("instances", &base) {
-        let name = vm["name"].as_str().unwrap();
-        fake.call(
-            "DELETE",
-            &format!("/compute/v1/projects/gangway-test/zones/us-central1-b/instances/{name}"),
-            "",
-        );
-    }
-    for _ in 0..100 {
-        if fake.named("instances", &base).is_empty() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    assert!(fake.named("instances", &base).is_empty());
+    let vms: Vec<String> = fake
+        .named("instances", &base)
+        .iter()
+        .map(|vm| vm["name"].as_str().unwrap().to_string())
+        .collect();
+    delete_behind_our_back(fake, "us-central1-b", &vms).await;
     let elsewhere = tempfile::tempdir().unwrap();
     let q = provider(elsewhere.path());
     let found = q.clusters("tester").await.expect("sweep");
