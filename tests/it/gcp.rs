@@ -82,11 +82,22 @@ fn a_gcp_stockout_fails_over_to_the_next_zone_and_down_leaves_nothing() {
 fn gcp_check_names_the_project_or_what_is_missing() {
     let Some(gce) = GceFake::start() else { return };
     let home = TestHome::new();
-    let (code, out, err) = parts(&run(&gce, &home, &["check", "gcp"]));
+    let (code, out, err) = parts(&run(&gce, &home, &["check", "gcp", "-o", "json"]));
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(
         format!("{out}{err}").contains("gangway-test"),
         "{out}\n{err}"
+    );
+    // The regions where the project sees GPUs: the fake's four.
+    let doc = json_doc(&out);
+    let gcp = doc["clouds"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["cloud"] == "gcp"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert_eq!(
+        gcp["regions"],
+        serde_json::json!(["asia-northeast1", "europe-west4", "us-central1", "us-east1"]),
+        "{out}"
     );
     // Without a project it says how to set one.
     let mut c = crate::common::command_in(home.path());

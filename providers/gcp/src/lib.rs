@@ -1227,7 +1227,9 @@ impl Provider for GcpProvider {
             Ok(_) => CheckReport {
                 ok: true,
                 identity: Some(who),
-                regions: Vec::new(),
+                // Where this project sees GPUs (one aggregated list; a
+                // refusal here leaves the list empty, not the check red).
+                regions: self.gpu_regions().await.unwrap_or_default(),
                 hint: None,
             },
             Err(e) => {
@@ -1591,6 +1593,27 @@ impl Provider for GcpProvider {
 }
 
 impl GcpProvider {
+    /// Regions with at least one zone offering GPUs to this project.
+    async fn gpu_regions(&self) -> Result<Vec<String>> {
+        let c = self.clients().await?;
+        let mut items = c
+            .accelerator_types
+            .aggregated_list()
+            .set_project(&c.project)
+            .by_item();
+        let mut out: Vec<String> = Vec::new();
+        while let Some(item) = items.next().await {
+            let (scope, list) =
+                item.map_err(|e| call_err(&e, "", "acceleratorTypes.aggregatedList"))?;
+            if !list.accelerator_types.is_empty() {
+                out.push(region_of(scope.trim_start_matches("zones/")).to_string());
+            }
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+
     /// Regions holding a placement policy of this cluster's name.
     async fn policy_regions(&self, names: &Names) -> Result<Vec<String>> {
         let c = self.clients().await?;
