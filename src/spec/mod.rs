@@ -14,6 +14,7 @@ pub use model::*;
 
 /// Largest task file we read. Real ones are a few KiB.
 pub const MAX_FILE_BYTES: u64 = 1 << 20;
+const SIZE_HINT: &str = "task files describe a job; put data in file_mounts or workdir instead";
 
 /// Why a task file was refused.
 #[derive(Debug, Clone, PartialEq)]
@@ -83,7 +84,6 @@ pub fn load(path: &Path) -> Result<Task, SpecError> {
             hint,
         )
     };
-    let size_hint = Some("task files describe a job; put data in file_mounts or workdir instead");
     let meta = std::fs::metadata(path).map_err(cannot_read)?;
     if meta.is_dir() {
         return Err(whole_file(
@@ -100,7 +100,7 @@ pub fn load(path: &Path) -> Result<Task, SpecError> {
                 meta.len(),
                 MAX_FILE_BYTES
             ),
-            size_hint,
+            Some(SIZE_HINT),
         ));
     }
     // Read at most the limit even if the file grows under us.
@@ -112,22 +112,29 @@ pub fn load(path: &Path) -> Result<Task, SpecError> {
             .read_to_end(&mut bytes)
             .map_err(cannot_read)?;
     }
+    parse_bytes(&bytes, &file)
+}
+
+/// Parses a task file's raw bytes, as read from disk: refuses more than
+/// [`MAX_FILE_BYTES`] and text that is not UTF-8 (located), then
+/// [`parse_str`]. `file` names it in errors.
+pub fn parse_bytes(bytes: &[u8], file: &str) -> Result<Task, SpecError> {
     if bytes.len() as u64 > MAX_FILE_BYTES {
         return Err(whole_file(
-            &file,
+            file,
             format!("task file is larger than {MAX_FILE_BYTES} bytes"),
-            size_hint,
+            Some(SIZE_HINT),
         ));
     }
-    let text = match String::from_utf8(bytes) {
+    let text = match std::str::from_utf8(bytes) {
         Ok(t) => t,
         Err(e) => {
-            let good = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+            let good = &bytes[..e.valid_up_to()];
             let line = good.iter().filter(|b| **b == b'\n').count() + 1;
             let line_start = good.iter().rposition(|b| *b == b'\n').map_or(0, |p| p + 1);
             let col = String::from_utf8_lossy(&good[line_start..]).chars().count() + 1;
             return Err(SpecError {
-                file,
+                file: file.to_string(),
                 line,
                 col,
                 field: String::new(),
@@ -137,7 +144,7 @@ pub fn load(path: &Path) -> Result<Task, SpecError> {
             });
         }
     };
-    parse_str(&text, &file)
+    parse_str(text, file)
 }
 
 fn io_reason(e: &std::io::Error) -> String {

@@ -312,3 +312,18 @@ fn deadline_takes_a_duration_or_within_work_and_policy() {
     assert_eq!(t.deadline_work_s, Some(48 * 3600));
     assert_eq!(t.deadline_policy.as_deref(), Some("greedy"));
 }
+
+/// `gangway launch FILE` parses the file's bytes: text that is not UTF-8 is
+/// refused at the first bad byte's line and column, a file over the limit
+/// as a whole (the `task` fuzz target starts at `parse_bytes` too).
+#[test]
+fn bytes_that_are_not_utf8_or_too_many_are_refused() {
+    let e = gangway::spec::parse_bytes(b"name: a\nrun: echo \xc3\xa9\xff\n", "t.yaml").unwrap_err();
+    assert_eq!((e.line, e.col), (2, 12), "{e}");
+    assert!(e.to_string().contains("not valid UTF-8"), "{e}");
+    let big = vec![b'#'; gangway::spec::MAX_FILE_BYTES as usize + 1];
+    let e = gangway::spec::parse_bytes(&big, "t.yaml").unwrap_err();
+    assert!(e.to_string().contains("larger than"), "{e}");
+    let t = gangway::spec::parse_bytes(b"run: echo \xc3\xa9\n", "t.yaml").unwrap();
+    assert_eq!(t.run.as_deref(), Some("echo é"));
+}
