@@ -54,6 +54,10 @@ pub fn instance_type(partition: &str, gpus: u32) -> String {
     }
 }
 
+/// Most GPUs a partition's node may have (as many as a task may ask for
+/// per node).
+pub const MAX_GPUS_PER_NODE: u32 = 64;
+
 const CLUSTER_KEYS: &[&str] = &[
     "conf",
     "login",
@@ -228,6 +232,16 @@ fn partition(
                         Some("write e.g. gpus: A100:8"),
                     ));
                 };
+                // The catalog offers every count up to this one: without a
+                // bound, A100:100000000 made a launch run out of memory.
+                if n > MAX_GPUS_PER_NODE {
+                    return Err(cx.err(
+                        fv,
+                        &field,
+                        format!("{n} GPUs per node; at most {MAX_GPUS_PER_NODE} are supported"),
+                        Some("write the GPUs of one node, e.g. gpus: A100:8"),
+                    ));
+                }
                 p.gpu = Some((g.trim().to_string(), n));
             }
             "gres" => p.gres_type = Some(text),
@@ -361,5 +375,26 @@ mod tests {
         assert_eq!(l.jump.as_deref(), Some("bastion"));
         let e = parse("clusters:\n  hpc:\n    account: x\n", "s.yaml").unwrap_err();
         assert!(e.message.contains("partitions"), "{e:?}");
+    }
+
+    /// Found by the `slurm_clusters` fuzz target: the catalog offers every
+    /// GPU count up to a node's, so this file made `catalog()` allocate
+    /// 8.5 million offerings (2.5 GB) on every launch.
+    #[test]
+    fn a_node_with_millions_of_gpus_is_refused() {
+        let e = parse(
+            "clusters:\n  hpc:\n    partitions:\n      gpu:\n        gpus: A:8529360\n",
+            "slurm.yaml",
+        )
+        .unwrap_err();
+        assert_eq!((e.line, e.col), (5, 15), "{e}");
+        assert_eq!(e.field, "clusters.hpc.partitions.gpu.gpus");
+        assert!(e.message.contains("at most 64"), "{e}");
+        let s = parse(
+            "clusters:\n  hpc:\n    partitions: {gpu: {gpus: A:64}}\n",
+            "slurm.yaml",
+        )
+        .unwrap();
+        assert_eq!(s.catalog().offerings().len(), 64);
     }
 }
