@@ -397,4 +397,18 @@ mod tests {
         .unwrap();
         assert_eq!(s.catalog().offerings().len(), 64);
     }
+
+    /// Found by the `slurm_clusters` fuzz target: minutes overflowed a u64
+    /// of seconds, a panic ("attempt to multiply with overflow").
+    #[test]
+    fn a_queue_wait_beyond_u64_seconds_is_refused() {
+        let e = parse(
+            "clusters:\n  hp:\n    account: proj\n    max_queue_wait: 1844674407370955161   m",
+            "slurm.yaml",
+        )
+        .unwrap_err();
+        assert_eq!((e.line, e.col), (4, 21), "{e}");
+        assert_eq!(e.field, "clusters.hp.max_queue_wait");
+        assert!(e.message.contains("is not a duration"), "{e}");
+    }
 }

@@ -583,12 +583,14 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
         None => (t, "s"),
     };
     let n: u64 = num.parse().ok()?;
+    // Checked: 1844674407370955161m overflowed (a panic in debug builds, a
+    // wrong wait in release ones).
     let secs = match unit.trim() {
-        "s" => n,
-        "m" | "min" => n * 60,
-        "h" => n * 3600,
-        _ => return None,
-    };
+        "s" => Some(n),
+        "m" | "min" => n.checked_mul(60),
+        "h" => n.checked_mul(3600),
+        _ => None,
+    }?;
     Some(Duration::from_secs(secs))
 }
 
@@ -962,6 +964,8 @@ mod tests {
         assert_eq!(parse_duration("10m"), Some(Duration::from_secs(600)));
         assert_eq!(parse_duration("2h"), Some(Duration::from_secs(7200)));
         assert_eq!(parse_duration("ten"), None);
+        assert_eq!(parse_duration("1844674407370955161m"), None);
+        assert_eq!(parse_duration("5124095576030432h"), None);
     }
 
     fn job(state: &str, restarts: u32) -> Job {
