@@ -23,6 +23,9 @@ pub enum ExitCode {
     Credentials = 4,
     /// Interrupted or cancelled.
     Interrupted = 5,
+    /// A teardown did not finish: instances may still be running, and the
+    /// cluster is kept (`TERMINATING`) until `gangway down` removes them.
+    Leftover = 6,
     /// A bug or an unimplemented command.
     Internal = 10,
 }
@@ -71,6 +74,16 @@ pub enum Error {
     /// A provider refused outside provisioning.
     #[error(transparent)]
     Provider(#[from] ProviderError),
+    /// A teardown did not finish: something may still be running.
+    #[error("cluster '{cluster}' may still be running ({running}): {reason}")]
+    Leftover {
+        /// The cluster, kept as `TERMINATING`.
+        cluster: String,
+        /// What may still be running, and where.
+        running: String,
+        /// Why the teardown failed.
+        reason: String,
+    },
     /// Something the user named does not exist.
     #[error("{message}")]
     NotFound {
@@ -105,6 +118,9 @@ impl Error {
             | Error::Provider(e) => provider_exit(e),
             Error::Provision(ProvisionError::State(_)) | Error::Teardown(_) => ExitCode::Internal,
             Error::NotFound { .. } => ExitCode::BadInput,
+            Error::Provision(ProvisionError::Leftover { .. }) | Error::Leftover { .. } => {
+                ExitCode::Leftover
+            }
         }
     }
 
@@ -141,6 +157,9 @@ impl Error {
             {
                 vec![format!("hint: `gangway check` says how to set up {} credentials", e.provider)]
             }
+            Error::Leftover { cluster, .. } => vec![format!(
+                "hint: it is kept as TERMINATING (`gangway status` shows it); `gangway down {cluster}` or `gangway status -r` tries again"
+            )],
             Error::Teardown(_) => vec![
                 "hint: the cluster is kept as TERMINATING; run `gangway down` again once the provider answers".into(),
             ],
@@ -154,6 +173,24 @@ impl Error {
                     .into(),
             ],
             _ => Vec::new(),
+        }
+    }
+
+    /// A teardown of `cluster` that did not finish, with what its row says
+    /// may still be running.
+    pub fn leftover(
+        store: &crate::state::Store,
+        cluster: &str,
+        reason: impl std::fmt::Display,
+    ) -> Error {
+        let row = store.cluster(cluster).ok().flatten();
+        Error::Leftover {
+            cluster: cluster.to_string(),
+            running: row
+                .as_ref()
+                .map(crate::provision::still_running)
+                .unwrap_or_else(|| "unknown".into()),
+            reason: reason.to_string(),
         }
     }
 

@@ -1,6 +1,7 @@
 //! Commands on existing clusters: status, queue, logs, cancel, exec, down,
 //! stop, start, autostop.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -79,9 +80,13 @@ pub struct ExecArgs {
     /// Set an env value: KEY=VALUE (repeatable).
     #[arg(long = "env", value_name = "KEY=VALUE")]
     pub env: Vec<String>,
-    /// Set a secret value: KEY=VALUE (repeatable; never printed or stored).
-    #[arg(long = "secret", value_name = "KEY=VALUE")]
+    /// Set a secret: KEY=VALUE, or KEY alone to take it from gangway's own
+    /// environment (repeatable; never printed).
+    #[arg(long = "secret", value_name = "KEY[=VALUE]")]
     pub secret: Vec<String>,
+    /// Read secrets from a file of KEY=VALUE lines.
+    #[arg(long, value_name = "FILE")]
+    pub secret_file: Option<PathBuf>,
     /// Nodes to run on (default: the task's, or every node for a command).
     #[arg(long)]
     pub num_nodes: Option<u32>,
@@ -169,6 +174,7 @@ fn duration(ms: i64) -> String {
 /// A cluster's shown status: an `INIT` no process works on was interrupted.
 fn shown_status(store: &Store, c: &ClusterRow) -> String {
     match c.status {
+        ClusterStatus::Terminating if c.teardown_failures > 0 => format!("{} (failed)", c.status),
         ClusterStatus::Init | ClusterStatus::Terminating if !store.cluster_locked(&c.name) => {
             format!("{} (interrupted)", c.status)
         }
@@ -187,9 +193,20 @@ pub fn status(a: &StatusArgs, out: Output) -> Result<ExitCode, Error> {
         }
         clusters.retain(|c| a.clusters.contains(&c.name));
     }
+    let mut still_failing = 0;
     if a.refresh {
+        still_failing = finish_teardowns(&store, &clusters, out)?;
+        clusters = store.clusters()?;
+        if !a.clusters.is_empty() {
+            clusters.retain(|c| a.clusters.contains(&c.name));
+        }
         refresh(&store, &clusters)?;
     }
+    let code = if still_failing > 0 {
+        ExitCode::Leftover
+    } else {
+        ExitCode::Ok
+    };
     let active = store.active_jobs()?;
     let live = |name: &str| active.iter().filter(|j| j.cluster == name).count();
     if out == Output::Json {
@@ -206,11 +223,11 @@ pub fn status(a: &StatusArgs, out: Output) -> Result<ExitCode, Error> {
             })
             .collect();
         print_json(&json!({ "clusters": rows }))?;
-        return Ok(ExitCode::Ok);
+        return Ok(code);
     }
     if clusters.is_empty() {
         println!("No clusters. Launch one with `gangway launch TASK.yaml`.");
-        return Ok(ExitCode::Ok);
+        return Ok(code);
     }
     // Nodes not running on an UP cluster (after --refresh): say so.
     let mut node_trouble: std::collections::HashMap<String, String> = Default::default();
@@ -279,7 +296,45 @@ pub fn status(a: &StatusArgs, out: Output) -> Result<ExitCode, Error> {
         ],
         &rows,
     )?;
+    let red = |line: String| {
+        if std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none() {
+            format!("\x1b[31m{line}\x1b[0m")
+        } else {
+            line
+        }
+    };
     for c in &clusters {
+        if c.status == ClusterStatus::Terminating && c.teardown_failures > 0 {
+            println!(
+                "{}",
+                red(format!(
+                    "TERMINATING '{}': may still be running ({}): the teardown failed {} time(s): {}",
+                    c.name,
+                    provision::still_running(c),
+                    c.teardown_failures,
+                    c.last_error.as_deref().unwrap_or("no reason recorded")
+                ))
+            );
+            // Who retries on their own: a managed job's controller, an
+            // autostop watcher. Anyone can now, with down or status -r.
+            let automatic =
+                c.autostop_down || store.managed_all()?.iter().any(|j| j.cluster == c.name);
+            println!(
+                "  retry: `gangway down {0}` or `gangway status -r`{1}",
+                c.name,
+                match (automatic, c.retry_at) {
+                    (true, Some(t)) =>
+                        format!("; next automatic retry {}", crate::cli::clock_time(t)),
+                    _ => String::new(),
+                }
+            );
+            continue;
+        }
+        if c.status == ClusterStatus::Up {
+            if let Some(e) = &c.last_error {
+                println!("{}", red(format!("'{}': {e}", c.name)));
+            }
+        }
         if shown_status(&store, c).ends_with("(interrupted)") {
             println!(
                 "note: '{}' was interrupted while {}; `gangway down {0}` removes whatever was created{}",
@@ -319,7 +374,41 @@ pub fn status(a: &StatusArgs, out: Output) -> Result<ExitCode, Error> {
             )?;
         }
     }
-    Ok(ExitCode::Ok)
+    Ok(code)
+}
+
+/// Retries the teardowns that failed before (and that no process works on
+/// now): the user asked the providers, so no backoff applies. Returns how
+/// many still failed.
+fn finish_teardowns(store: &Store, clusters: &[ClusterRow], out: Output) -> Result<usize, Error> {
+    let due: Vec<&ClusterRow> = clusters
+        .iter()
+        .filter(|c| c.status == ClusterStatus::Terminating && c.teardown_failures > 0)
+        .collect();
+    if due.is_empty() {
+        return Ok(0);
+    }
+    let providers = Providers::new(store.home());
+    let rt = runtime()?;
+    let mut failing = 0;
+    for c in due {
+        let Ok(_lock) = store.lock_cluster(&c.name, "tearing down") else {
+            continue; // someone works on it now
+        };
+        match rt.block_on(provision::teardown(store, &c.name, &providers)) {
+            Ok(()) => {
+                if out == Output::Table {
+                    println!("Finished tearing down '{}' (it had failed before).", c.name);
+                }
+            }
+            Err(TeardownError::State(e)) => return Err(e.into()),
+            Err(e) => {
+                failing += 1;
+                eprintln!("gangway: {}: the teardown failed again: {e}", c.name);
+            }
+        }
+    }
+    Ok(failing)
 }
 
 /// Records what the providers say about each cluster's nodes now.
@@ -327,6 +416,9 @@ fn refresh(store: &Store, clusters: &[ClusterRow]) -> Result<(), Error> {
     let providers = Providers::new(store.home());
     let rt = runtime()?;
     for c in clusters {
+        if c.status == ClusterStatus::Terminating {
+            continue;
+        }
         let Some(p) = c.cloud.as_deref().and_then(|cl| providers.get(cl)) else {
             continue;
         };
@@ -563,6 +655,7 @@ pub fn exec(a: &ExecArgs, out: Output) -> Result<ExitCode, Error> {
             env: a.env.clone(),
             env_file: None,
             secret: a.secret.clone(),
+            secret_file: a.secret_file.clone(),
         };
         let task = args.load()?;
         super::plan::require_values(&task, &args.task)?;
@@ -579,14 +672,11 @@ pub fn exec(a: &ExecArgs, out: Output) -> Result<ExitCode, Error> {
             );
         }
         let mut secrets = Vec::new();
+        if let Some(f) = &a.secret_file {
+            secrets.extend(crate::spec::read_secret_file(f).map_err(|e| Error::usage(e, None))?);
+        }
         for s in &a.secret {
-            let name = s.split('=').next().unwrap_or("");
-            secrets.push(crate::spec::parse_assignment(s).map_err(|_| {
-                Error::usage(
-                    format!("--secret {name}=...: expected KEY=VALUE with a valid name"),
-                    None,
-                )
-            })?);
+            secrets.push(super::plan::secret_arg(s)?);
         }
         let spec = JobSpec {
             run: Some(a.target.join(" ")),
@@ -669,7 +759,10 @@ pub fn down(a: &DownArgs, out: Output) -> Result<ExitCode, Error> {
             .map_err(Error::from)
             .and_then(|_lock| {
                 rt.block_on(provision::teardown(&store, n, &providers))
-                    .map_err(Error::from)
+                    .map_err(|e| match e {
+                        TeardownError::State(e) => Error::State(e),
+                        e => Error::leftover(&store, n, e),
+                    })
             });
         match result {
             Ok(()) => {
@@ -812,7 +905,7 @@ pub fn start(a: &NamesArgs, out: Output) -> Result<ExitCode, Error> {
 /// `gangway autostop`.
 pub fn autostop(a: &AutostopArgs, out: Output) -> Result<ExitCode, Error> {
     let (home, store) = open()?;
-    cluster_row(&store, &a.cluster)?;
+    let row = cluster_row(&store, &a.cluster)?;
     if a.cancel {
         store.set_autostop(&a.cluster, None, false)?;
         if out == Output::Table {
@@ -821,6 +914,24 @@ pub fn autostop(a: &AutostopArgs, out: Output) -> Result<ExitCode, Error> {
         return Ok(ExitCode::Ok);
     }
     let idle = a.idle_minutes.unwrap_or(0);
+    if !a.down {
+        // Refused now rather than failing later, when nobody watches.
+        let providers = Providers::new(&home);
+        let why = row
+            .cloud
+            .as_deref()
+            .and_then(|c| providers.get(c))
+            .and_then(|p| p.cannot_stop(row.use_spot));
+        if let Some(why) = why {
+            return Err(Error::usage(
+                format!("'{}' cannot be autostopped: {why}", a.cluster),
+                Some(&format!(
+                    "`gangway autostop {} -i {idle} --down` tears it down when idle instead",
+                    a.cluster
+                )),
+            ));
+        }
+    }
     store.set_autostop(&a.cluster, Some(idle), a.down)?;
     // One watcher per cluster; a second start finds the lock held and exits.
     let exe = std::env::current_exe()?;
@@ -861,6 +972,19 @@ pub fn autostop_watch(cluster: &str) -> Result<ExitCode, Error> {
         let Some(idle_min) = row.autostop_idle_min else {
             return Ok(ExitCode::Ok);
         };
+        // A teardown this watcher started and that failed is retried
+        // here when due (the row says when), until the cluster is gone.
+        if row.status == ClusterStatus::Terminating && row.autostop_down {
+            let due = row.retry_at.is_none_or(|t| t <= crate::state::now_ms());
+            if due {
+                if let Ok(_l) = store.lock_cluster(cluster, "autostopping") {
+                    let providers = Providers::new(&home);
+                    let _ = runtime()?.block_on(provision::teardown(&store, cluster, &providers));
+                }
+            }
+            std::thread::sleep(Duration::from_secs(1));
+            continue;
+        }
         if row.status != ClusterStatus::Up {
             return Ok(ExitCode::Ok);
         }
@@ -882,16 +1006,40 @@ pub fn autostop_watch(cluster: &str) -> Result<ExitCode, Error> {
             };
             if row.autostop_down {
                 store.event(cluster, None, "autostop", "idle: tearing down")?;
-                rt.block_on(provision::teardown(&store, cluster, &providers))?;
-            } else {
-                let cloud = row.cloud.clone().unwrap_or_default();
-                if let Some(p) = providers.get(&cloud) {
-                    rt.block_on(p.stop(&ClusterName(cluster.to_string())))?;
+                // A failure is kept on the row (TERMINATING, the reason,
+                // the next retry) and retried above.
+                if rt
+                    .block_on(provision::teardown(&store, cluster, &providers))
+                    .is_ok()
+                {
+                    return Ok(ExitCode::Ok);
+                }
+                continue;
+            }
+            let cloud = row.cloud.clone().unwrap_or_default();
+            let stopped = match providers.get(&cloud) {
+                Some(p) => rt
+                    .block_on(p.stop(&ClusterName(cluster.to_string())))
+                    .map_err(|e| e.to_string()),
+                None => Err(format!("the {cloud} provider is not in this build")),
+            };
+            match stopped {
+                Ok(()) => {
                     store.set_status(cluster, ClusterStatus::Stopped, None)?;
                     store.event(cluster, None, "autostop", "idle: stopped")?;
+                    return Ok(ExitCode::Ok);
+                }
+                Err(e) => {
+                    // Shown by `status` until a stop succeeds; tried again
+                    // after a minute (the nodes keep running meanwhile).
+                    let why = format!("autostop could not stop it (retrying each minute): {e}");
+                    store.set_last_error(cluster, Some(&why))?;
+                    store.event(cluster, None, "autostop", &why)?;
+                    drop(_l);
+                    std::thread::sleep(Duration::from_secs(60));
+                    continue;
                 }
             }
-            return Ok(ExitCode::Ok);
         }
         let pause = if idle_min == 0 { 500 } else { 5_000 };
         std::thread::sleep(Duration::from_millis(pause));

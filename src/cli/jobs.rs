@@ -156,6 +156,11 @@ fn launch(a: &JobsLaunchArgs, out: Output) -> Result<ExitCode, Error> {
     super::plan::require_values(&task, &a.task.task)?;
     let spec = job_spec(&task, &a.task.task, true, false)?;
     let secrets = secrets_of(&task);
+    // The copy recoveries plan from, with literal secret values taken out
+    // (they are in secrets.json below, owner-only, until the job ends).
+    let text = std::fs::read_to_string(&a.task.task)?;
+    let redacted = crate::spec::redact_secrets(&text, &a.task.task.display().to_string())
+        .map_err(|e| Error::usage(e, None))?;
     let (home, store) = open()?;
     let name = a.name.clone().or_else(|| task.name.clone());
     let placeholder = "{}";
@@ -163,7 +168,7 @@ fn launch(a: &JobsLaunchArgs, out: Output) -> Result<ExitCode, Error> {
     let dir = store.managed_dir(job.id);
     std::fs::create_dir_all(&dir)?;
     let task_file = dir.join("task.yaml");
-    std::fs::copy(&a.task.task, &task_file)?;
+    std::fs::write(&task_file, redacted)?;
     if !secrets.is_empty() {
         // Kept only so a recovery can hand them to the new nodes; owner-only,
         // removed when the job ends.

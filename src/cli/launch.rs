@@ -189,12 +189,35 @@ pub fn launch(a: &LaunchArgs, catalog_dir: Option<&Path>, out: Output) -> Result
     let lock = store.lock_cluster(&name, "launching")?;
     let config = task.config.as_ref().map(|c| c.to_string());
     let token = format!("{name}-{}", generated_name().trim_start_matches("gangway-"));
-    let reserved = store.reserve_cluster(&NewCluster {
-        name: &name,
-        num_nodes: task.num_nodes,
-        client_token: &token,
-        provider_config: config,
-    })?;
+    let providers = Providers::new(&home);
+    let rt = runtime()?;
+    let mut replaced = false;
+    let reserved = loop {
+        let reserved = store.reserve_cluster(&NewCluster {
+            name: &name,
+            num_nodes: task.num_nodes,
+            client_token: &token,
+            provider_config: config.clone(),
+        })?;
+        // An UP record is only what was true last time: ask the provider
+        // before reusing it, and replace a cluster that lost nodes.
+        if let (Reserved::Existing(row), false) = (&reserved, replaced) {
+            if row.status == ClusterStatus::Up {
+                if let Some(why) = rt.block_on(lost_nodes(&store, &providers, row))? {
+                    progress.line(&format!(
+                        "Cluster '{name}' {why}: replacing it with a new one"
+                    ));
+                    store.event(&name, None, "replace", &why)?;
+                    if let Err(e) = rt.block_on(provision::teardown(&store, &name, &providers)) {
+                        return Err(Error::leftover(&store, &name, e));
+                    }
+                    replaced = true;
+                    continue;
+                }
+            }
+        }
+        break reserved;
+    };
     let row = match reserved {
         Reserved::Existing(row) => {
             match row.status {
@@ -256,8 +279,6 @@ pub fn launch(a: &LaunchArgs, catalog_dir: Option<&Path>, out: Output) -> Result
                 store.remove_cluster(&name)?;
                 return Ok(ExitCode::Interrupted);
             }
-            let providers = Providers::new(&home);
-            let rt = runtime()?;
             // Ctrl-C while provisioning: stop, and remove what was created.
             interrupts::install();
             let before = interrupts::count();
@@ -283,16 +304,21 @@ pub fn launch(a: &LaunchArgs, catalog_dir: Option<&Path>, out: Output) -> Result
                     } => None,
                 }
             });
-            let Some(result) = result else {
-                progress.line("Interrupted: terminating whatever was created");
-                rt.block_on(provision::teardown(&store, &name, &providers))?;
-                return Ok(ExitCode::Interrupted);
+            let interrupted = match &result {
+                None => Some("Interrupted: terminating whatever was created"),
+                Some(_) if interrupts::count() != before => {
+                    Some("Interrupted: terminating the new cluster")
+                }
+                Some(_) => None,
             };
-            if interrupts::count() != before {
-                progress.line("Interrupted: terminating the new cluster");
-                rt.block_on(provision::teardown(&store, &name, &providers))?;
+            if let Some(what) = interrupted {
+                progress.line(what);
+                if let Err(e) = rt.block_on(provision::teardown(&store, &name, &providers)) {
+                    return Err(Error::leftover(&store, &name, e));
+                }
                 return Ok(ExitCode::Interrupted);
             }
+            let result = result.expect("not interrupted");
             match result {
                 Ok(p) => {
                     store.set_nodes(&name, ClusterStatus::Up, &p.nodes)?;
@@ -304,17 +330,18 @@ pub fn launch(a: &LaunchArgs, catalog_dir: Option<&Path>, out: Output) -> Result
                     store.cluster(&name)?.expect("cluster row exists")
                 }
                 Err(e) => {
-                    let cleaned = match &e {
-                        provision::ProvisionError::Exhausted { attempts, .. } => attempts
-                            .iter()
-                            .all(|a| !a.outcome.contains("cleanup failed")),
-                        provision::ProvisionError::Provider(_) => true,
-                        provision::ProvisionError::State(_) => false,
-                    };
-                    if cleaned {
-                        store.remove_cluster(&name)?;
-                    } else {
-                        store.set_status(&name, ClusterStatus::Init, Some(&e.to_string()))?;
+                    match &e {
+                        // The row stays TERMINATING with the reason:
+                        // something may still run there.
+                        provision::ProvisionError::Leftover { .. } => {
+                            return Err(Error::leftover(&store, &name, &e))
+                        }
+                        provision::ProvisionError::State(_) => {
+                            store.set_status(&name, ClusterStatus::Init, Some(&e.to_string()))?
+                        }
+                        // Every attempt's nodes were confirmed gone.
+                        provision::ProvisionError::Exhausted { .. }
+                        | provision::ProvisionError::Provider(_) => store.remove_cluster(&name)?,
                     }
                     return Err(e.into());
                 }
@@ -334,9 +361,63 @@ pub fn launch(a: &LaunchArgs, catalog_dir: Option<&Path>, out: Output) -> Result
     }
     let mut spec = spec;
     spec.gpus_per_node = row.accelerator_count.ceil() as u32;
-    submit(
+    let code = submit(
         &store, &home, &name, spec, &secrets, a.detach, out, &progress,
-    )
+    )?;
+    // `--down`: the driver tore the cluster down after the run. If the
+    // row is still there, that failed or was skipped: say so, non-zero.
+    if a.down && !a.detach {
+        if let Some(row) = store.cluster(&name)? {
+            let why = row
+                .last_error
+                .clone()
+                .unwrap_or_else(|| "the teardown after the run did not happen".into());
+            return Err(Error::leftover(&store, &name, why));
+        }
+    }
+    Ok(code)
+}
+
+/// Why an `UP` cluster cannot be reused as it is: a node the provider no
+/// longer reports running (preempted, stopped, gone). `None` when all are.
+async fn lost_nodes(
+    store: &Store,
+    providers: &Providers,
+    row: &crate::state::ClusterRow,
+) -> Result<Option<String>, Error> {
+    let Some(p) = row.cloud.as_deref().and_then(|c| providers.get(c)) else {
+        return Ok(None);
+    };
+    let seen = p
+        .describe(&gangway_provider::ClusterName(row.name.clone()))
+        .await?;
+    for n in store.nodes(&row.name)? {
+        let state = seen
+            .iter()
+            .find(|s| s.id.0 == n.instance_id)
+            .map(|s| &s.state);
+        let why = match state {
+            Some(gangway_provider::NodeState::Running) => continue,
+            Some(gangway_provider::NodeState::Preempted { reason }) => {
+                format!(
+                    "lost node {} (rank {}): preempted: {reason}",
+                    n.instance_id, n.rank
+                )
+            }
+            Some(s) => format!(
+                "lost node {} (rank {}): it is {}",
+                n.instance_id,
+                n.rank,
+                provision::state_name(s)
+            ),
+            None => format!(
+                "lost node {} (rank {}): the provider no longer has it",
+                n.instance_id, n.rank
+            ),
+        };
+        return Ok(Some(why));
+    }
+    Ok(None)
 }
 
 /// Stores the job, starts its driver, and follows it unless `detach`.

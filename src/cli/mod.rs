@@ -251,6 +251,25 @@ pub fn load_catalog_for(
 }
 
 /// Writes a JSON document to stdout.
+/// A moment as `HH:MM:SS UTC`, with how far away it is.
+pub fn clock_time(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let day = secs.rem_euclid(86_400);
+    let delta = (ms - crate::state::now_ms()) / 1000;
+    let rel = match delta {
+        d if d <= 0 => "now".to_string(),
+        d if d < 60 => format!("in {d}s"),
+        d if d < 3600 => format!("in {}m{:02}s", d / 60, d % 60),
+        d => format!("in {}h{:02}m", d / 3600, (d % 3600) / 60),
+    };
+    format!(
+        "{:02}:{:02}:{:02} UTC ({rel})",
+        day / 3600,
+        (day % 3600) / 60,
+        day % 60
+    )
+}
+
 pub(crate) fn print_json(v: &serde_json::Value) -> Result<(), Error> {
     // Buffered: stdout is line-buffered, and a pretty document has many lines.
     let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());

@@ -43,9 +43,15 @@ pub struct TaskArgs {
     /// Read env values from a dotenv file.
     #[arg(long, value_name = "FILE")]
     pub env_file: Option<PathBuf>,
-    /// Set a secret value: KEY=VALUE (repeatable; never printed or stored).
-    #[arg(long = "secret", value_name = "KEY=VALUE")]
+    /// Set a secret: KEY=VALUE, or KEY alone to take the value of KEY from
+    /// gangway's own environment, off the command line (repeatable; never
+    /// printed).
+    #[arg(long = "secret", value_name = "KEY[=VALUE]")]
     pub secret: Vec<String>,
+    /// Read secrets from a file of KEY=VALUE lines (`#` comments, optional
+    /// `export `); --secret values win.
+    #[arg(long, value_name = "FILE")]
+    pub secret_file: Option<PathBuf>,
 }
 
 fn apply_to_all(task: &mut Task, f: impl Fn(&mut ResourceSpec)) {
@@ -87,15 +93,11 @@ impl TaskArgs {
         }
         task.set_envs(&envs);
         let mut secrets = Vec::new();
+        if let Some(f) = &self.secret_file {
+            secrets.extend(spec::read_secret_file(f).map_err(|e| Error::usage(e, None))?);
+        }
         for s in &self.secret {
-            // Never echo the value back, even in an error.
-            let name = s.split('=').next().unwrap_or("");
-            secrets.push(spec::parse_assignment(s).map_err(|_| {
-                Error::usage(
-                    format!("--secret {name}=...: expected KEY=VALUE with a valid name"),
-                    Some("write --secret KEY=VALUE"),
-                )
-            })?);
+            secrets.push(secret_arg(s)?);
         }
         task.set_secrets(&secrets);
         if let Some(n) = self.num_nodes {
@@ -124,6 +126,36 @@ impl TaskArgs {
         }
         Ok(task)
     }
+}
+
+/// One `--secret`: `KEY=VALUE`, or `KEY` to read it from gangway's own
+/// environment. Errors never echo a value.
+pub(crate) fn secret_arg(s: &str) -> Result<(String, String), Error> {
+    let name = s.split('=').next().unwrap_or("");
+    if !s.contains('=') {
+        let valid = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            return Err(Error::usage(
+                format!("--secret {name}: not a valid environment variable name"),
+                Some("write --secret KEY (taken from your environment) or --secret KEY=VALUE"),
+            ));
+        }
+        return match std::env::var(name) {
+            Ok(v) => Ok((name.to_string(), v)),
+            Err(_) => Err(Error::usage(
+                format!("--secret {name}: {name} is not set in gangway's environment"),
+                Some(&format!(
+                    "export {name} first, or use --secret-file FILE (keeps it off the command line)"
+                )),
+            )),
+        };
+    }
+    spec::parse_assignment(s).map_err(|_| {
+        Error::usage(
+            format!("--secret {name}=...: expected KEY=VALUE with a valid name"),
+            Some("write --secret KEY=VALUE, or --secret KEY to take it from your environment"),
+        )
+    })
 }
 
 /// The clouds a task is pinned to, if every alternative pins one.

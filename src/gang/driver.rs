@@ -230,7 +230,12 @@ pub async fn drive(
                     job.cluster
                 )),
             },
-            Err(e) => logs.say(&format!("teardown skipped: {e}")),
+            Err(e) => {
+                // The launcher reads this to exit non-zero: the cluster runs on.
+                let why = format!("--down skipped the teardown: {e}");
+                let _ = store.set_last_error(&job.cluster, Some(&why));
+                logs.say(&format!("{why}; run `gangway down {}`", job.cluster));
+            }
         }
     }
     Ok(status)

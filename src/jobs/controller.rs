@@ -32,6 +32,8 @@ const DESCRIBE_EVERY: Duration = Duration::from_secs(1);
 const NO_CAPACITY_BACKOFF_MS: i64 = 5_000;
 /// Backoff after an unexpected error in a step.
 const ERROR_BACKOFF_MS: i64 = 2_000;
+/// How often ended jobs' leftover clusters are looked for.
+const LEFTOVER_SWEEP: Duration = Duration::from_secs(2);
 
 /// A zone the job lost a node in.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -150,20 +152,29 @@ impl Controller {
     /// Reconciles every live job, round after round, until `until`.
     pub async fn run(&mut self, until: Until) -> Result<(), crate::Error> {
         self.say(&format!("controller {} started", std::process::id()));
-        if let Err(e) = self.clean_up_ended().await {
+        if let Err(e) = self.clean_up_ended(true).await {
             self.say(&format!("cleanup: {e}"));
         }
         let mut quiet_since: Option<std::time::Instant> = None;
+        let mut swept = std::time::Instant::now();
         loop {
             let jobs = self.store.managed_active()?;
+            // Ended jobs whose teardown failed keep the controller alive
+            // (and are retried when due) until their clusters are gone.
+            if swept.elapsed() >= LEFTOVER_SWEEP {
+                swept = std::time::Instant::now();
+                if let Err(e) = self.clean_up_ended(false).await {
+                    self.say(&format!("cleanup: {e}"));
+                }
+            }
             match until {
                 Until::Job(id) => {
-                    if !jobs.iter().any(|j| j.id == id) {
+                    if !jobs.iter().any(|j| j.id == id) && !self.leftovers()?.contains(&id) {
                         break;
                     }
                 }
                 Until::Idle => {
-                    if jobs.is_empty() {
+                    if jobs.is_empty() && self.leftovers()?.is_empty() {
                         let t = *quiet_since.get_or_insert_with(std::time::Instant::now);
                         if t.elapsed() > Duration::from_secs(3) {
                             break;
@@ -203,11 +214,54 @@ impl Controller {
         })
     }
 
-    fn secrets_of(&self, job: &ManagedJob) -> Vec<(String, String)> {
-        std::fs::read_to_string(self.store.managed_dir(job.id).join("secrets.json"))
-            .ok()
-            .and_then(|s| serde_json::from_str(&s).ok())
-            .unwrap_or_default()
+    /// The job's secret values. A task that has secrets and no readable
+    /// file of them is an error: a run without its secrets is not the run
+    /// the user launched.
+    fn secrets_of(
+        &self,
+        job: &ManagedJob,
+        mt: &ManagedTask,
+    ) -> Result<Vec<(String, String)>, String> {
+        let path = self.store.managed_dir(job.id).join("secrets.json");
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound && mt.spec.secret_names.is_empty() =>
+            {
+                return Ok(Vec::new())
+            }
+            Err(e) => {
+                return Err(format!(
+                    "cannot read the job's secrets ({}): {e}; the run needs {}",
+                    path.display(),
+                    mt.spec.secret_names.join(", ")
+                ))
+            }
+        };
+        let secrets: Vec<(String, String)> = serde_json::from_str(&text).map_err(|e| {
+            format!(
+                "the job's secrets file {} is damaged (line {}, column {}); the run needs {}",
+                path.display(),
+                e.line(),
+                e.column(),
+                mt.spec.secret_names.join(", ")
+            )
+        })?;
+        let missing: Vec<&str> = mt
+            .spec
+            .secret_names
+            .iter()
+            .filter(|n| !secrets.iter().any(|(k, _)| k == *n))
+            .map(String::as_str)
+            .collect();
+        if !missing.is_empty() {
+            return Err(format!(
+                "the job's secrets file {} lacks {}",
+                path.display(),
+                missing.join(", ")
+            ));
+        }
+        Ok(secrets)
     }
 
     /// One step for one job.
@@ -262,6 +316,7 @@ impl Controller {
             env: Vec::new(),
             env_file: None,
             secret: Vec::new(),
+            secret_file: None,
         };
         let mut task = args.load().map_err(|e| e.to_string())?;
         if let Some(spot) = spot {
@@ -399,6 +454,11 @@ impl Controller {
                             .join("; ");
                         return self.no_capacity(job, &why).await;
                     }
+                    // The cluster stays TERMINATING (something may still
+                    // run there); the next round tears it down first.
+                    Err(e @ provision::ProvisionError::Leftover { .. }) => {
+                        return Err(crate::Error::leftover(&self.store, &job.cluster, e));
+                    }
                     Err(e) => {
                         self.store.remove_cluster(&job.cluster)?;
                         drop(lock);
@@ -439,7 +499,10 @@ impl Controller {
                 spec.restart_count = job.restart_count;
                 spec.gpus_per_node = row.accelerator_count.ceil() as u32;
                 spec.restore_from = mt.storage.is_dir().then(|| mt.storage.clone());
-                let secrets = self.secrets_of(job);
+                let secrets = match self.secrets_of(job, mt) {
+                    Ok(s) => s,
+                    Err(why) => return self.finish(job, ManagedState::Failed, &why).await,
+                };
                 let id = gang::submit(&self.store, &self.home, &job.cluster, &spec, &secrets)?;
                 if let Ok(mut f) = std::fs::File::options()
                     .create(true)
@@ -1022,22 +1085,59 @@ impl Controller {
         }
         job.state = state;
         job.detail = Some(why.to_string());
-        let _ = std::fs::remove_file(self.store.managed_dir(job.id).join("secrets.json"));
+        remove_secrets(&self.store.managed_dir(job.id));
         self.store.save_managed(job, was, why)?;
         self.teardown_cluster(job).await
     }
 
+    /// Ended jobs that still have a cluster.
+    fn leftovers(&self) -> Result<Vec<i64>, crate::Error> {
+        let names: std::collections::HashSet<String> =
+            self.store.clusters()?.into_iter().map(|c| c.name).collect();
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(self
+            .store
+            .managed_all()?
+            .into_iter()
+            .filter(|j| j.state.is_terminal() && names.contains(&j.cluster))
+            .map(|j| j.id)
+            .collect())
+    }
+
     /// Removes clusters that ended jobs still hold (a controller died
-    /// between recording the ending and the teardown).
-    async fn clean_up_ended(&mut self) -> Result<(), crate::Error> {
+    /// between recording the ending and the teardown, or the teardown
+    /// failed and is due again), and the secrets of every ended job.
+    async fn clean_up_ended(&mut self, startup: bool) -> Result<(), crate::Error> {
+        let now = now_ms();
+        let mut first_err = None;
         for job in self.store.managed_all()? {
-            if job.state.is_terminal() && self.store.cluster(&job.cluster)?.is_some() {
-                self.say(&format!("job {}: removing its leftover cluster", job.id));
-                self.teardown_cluster(&job).await?;
+            if !job.state.is_terminal() {
+                continue;
+            }
+            if startup {
+                remove_secrets(&self.store.managed_dir(job.id));
+            }
+            let Some(row) = self.store.cluster(&job.cluster)? else {
+                continue;
+            };
+            if row.retry_at.is_some_and(|t| t > now) {
+                continue;
+            }
+            self.say(&format!("job {}: removing its leftover cluster", job.id));
+            if let Err(e) = self.teardown_cluster(&job).await {
+                self.say(&format!("job {}: teardown failed: {e}", job.id));
+                first_err.get_or_insert(e);
             }
         }
-        Ok(())
+        first_err.map_or(Ok(()), Err)
     }
+}
+
+/// Removes an ended job's secrets (nothing to do when there are none).
+fn remove_secrets(dir: &Path) {
+    let _ = std::fs::remove_file(dir.join("secrets.json"));
 }
 
 /// Whether the run is being stopped for a market move, not a preemption.

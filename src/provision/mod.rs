@@ -159,6 +159,48 @@ pub enum ProvisionError {
     /// The state database failed.
     #[error(transparent)]
     State(#[from] StateError),
+    /// An attempt failed and removing what it created failed too. The
+    /// cluster's row keeps that placement, as `TERMINATING` with the
+    /// reason, until a teardown succeeds: nothing is forgotten.
+    #[error("{failure}; removing what it created failed: {cleanup}")]
+    Leftover {
+        /// Why the attempt (or the launch) failed.
+        failure: String,
+        /// Why the cleanup failed.
+        cleanup: ProviderError,
+    },
+}
+
+/// Terminates what an attempt created, retrying transient errors the way
+/// launches are retried. Only an `Ok` says the provider confirmed it gone.
+async fn remove_attempt(
+    provider: &dyn Provider,
+    name: &ClusterName,
+    retry: RetryPolicy,
+) -> Result<(), ProviderError> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match provider.terminate(name).await {
+            Err(e) if e.kind == ErrorKind::Transient && tries < retry.attempts => {
+                tokio::time::sleep(retry.delay(tries, noise())).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Ends a walk whose cleanup failed: the row stays `TERMINATING` at the
+/// placement it records, with the reason and the time of the next retry.
+fn leftover(store: &Store, name: &str, failure: String, cleanup: ProviderError) -> ProvisionError {
+    let why = format!("{failure}; removing what it created failed: {cleanup}");
+    let recorded = store
+        .set_teardown_failed(name, &why)
+        .and_then(|_| store.event(name, None, "leftover", &why));
+    match recorded {
+        Ok(()) => ProvisionError::Leftover { failure, cleanup },
+        Err(e) => ProvisionError::State(e),
+    }
 }
 
 /// Retries of transient errors.
@@ -292,8 +334,31 @@ pub async fn provision(
         if let Some(pos) = order.iter().position(same) {
             let c = order.remove(pos);
             order.insert(0, c);
-        } else if let Some(p) = providers.get(cloud) {
-            p.terminate(&name).await?;
+        } else {
+            // Whatever the earlier launch created elsewhere goes first: the
+            // row can name only one placement.
+            let Some(p) = providers.get(cloud) else {
+                let e = ProviderError::new(
+                    ErrorKind::Fatal,
+                    cloud.clone(),
+                    cluster.region.as_deref().unwrap_or("-"),
+                    format!("the {cloud} provider is not in this build"),
+                );
+                return Err(leftover(
+                    store,
+                    &cluster.name,
+                    "an interrupted launch left nodes to remove".into(),
+                    e,
+                ));
+            };
+            if let Err(e) = remove_attempt(p.as_ref(), &name, retry).await {
+                return Err(leftover(
+                    store,
+                    &cluster.name,
+                    "an interrupted launch left nodes to remove".into(),
+                    e,
+                ));
+            }
         }
     }
     let mut blocks: Vec<Block> = Vec::new();
@@ -415,8 +480,11 @@ pub async fn provision(
                         Contact::Later => Ok(()),
                     };
                     if let Err(e) = reached {
-                        let _ = provider.terminate(&name).await;
                         let why = format!("cannot reach the nodes: {e}");
+                        if let Err(cleanup) = remove_attempt(provider.as_ref(), &name, retry).await
+                        {
+                            return Err(leftover(store, &cluster.name, why, cleanup));
+                        }
                         reporter.event(ProvisionEvent::Failed(c, &why));
                         blocks.push(Block {
                             cloud: c.cloud.clone(),
@@ -468,17 +536,20 @@ pub async fn provision(
             }
             Err(e) => {
                 // Stop: but never leave a half-created gang behind.
-                let _ = provider.terminate(&name).await;
                 store.event(&cluster.name, None, "provision", &e.to_string())?;
+                if let Err(cleanup) = remove_attempt(provider.as_ref(), &name, retry).await {
+                    return Err(leftover(store, &cluster.name, e.to_string(), cleanup));
+                }
                 return Err(e.into());
             }
         };
-        // All or nothing: remove whatever this attempt created.
-        let cleanup = provider.terminate(&name).await;
-        let outcome = match cleanup {
-            Ok(()) => failure,
-            Err(e) => format!("{failure}; cleanup failed: {e}"),
-        };
+        // All or nothing: remove whatever this attempt created before the
+        // next one; if that fails the walk stops here, with the row kept at
+        // this placement, rather than move on and forget these nodes.
+        if let Err(cleanup) = remove_attempt(provider.as_ref(), &name, retry).await {
+            return Err(leftover(store, &cluster.name, failure, cleanup));
+        }
+        let outcome = failure;
         reporter.event(ProvisionEvent::Failed(c, &outcome));
         store.event(
             &cluster.name,
@@ -547,16 +618,41 @@ pub async fn teardown(
                 }
             }
         }
-        let p = providers
-            .get(cloud)
-            .ok_or_else(|| TeardownError::NoProvider(cloud.clone()))?;
-        if let Err(e) = p.terminate(&ClusterName(name.to_string())).await {
-            store.set_status(name, ClusterStatus::Terminating, Some(&e.to_string()))?;
+        let Some(p) = providers.get(cloud) else {
+            let e = TeardownError::NoProvider(cloud.clone());
+            store.set_teardown_failed(name, &e.to_string())?;
+            return Err(e);
+        };
+        if let Err(e) = remove_attempt(
+            p.as_ref(),
+            &ClusterName(name.to_string()),
+            RetryPolicy::default(),
+        )
+        .await
+        {
+            store.set_teardown_failed(name, &e.to_string())?;
+            store.event(name, None, "leftover", &format!("teardown failed: {e}"))?;
             return Err(e.into());
         }
     }
     store.remove_cluster(name)?;
     Ok(())
+}
+
+/// What a cluster row says is still running, for messages about a
+/// teardown that did not finish.
+pub fn still_running(row: &ClusterRow) -> String {
+    match (&row.cloud, &row.region, &row.instance_type) {
+        (Some(cloud), Some(region), Some(t)) => format!(
+            "up to {} x {t}{} on {cloud}/{region}{}",
+            row.num_nodes,
+            if row.use_spot { " (spot)" } else { "" },
+            row.price_per_hour
+                .map(|p| format!(" (${p:.2}/h)"))
+                .unwrap_or_default()
+        ),
+        _ => "nothing was placed yet".into(),
+    }
 }
 
 /// Asks the drivers of a cluster's live jobs to stop (they record how the

@@ -248,6 +248,109 @@ pub fn read_env_file(path: &Path) -> Result<Vec<(String, String)>, String> {
     Ok(out)
 }
 
+/// Reads a secrets file: `KEY=VALUE` lines like an env file, but no error
+/// quotes a line (it would print the value).
+pub fn read_secret_file(path: &Path) -> Result<Vec<(String, String)>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        format!(
+            "{}: cannot read secret file: {}",
+            path.display(),
+            io_reason(&e)
+        )
+    })?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let line = line.strip_prefix("export ").unwrap_or(line);
+        let (k, v) = parse_assignment(line).map_err(|_| {
+            format!(
+                "{}:{}: expected KEY=VALUE with a valid name (the line is not shown: it may hold a secret)",
+                path.display(),
+                i + 1
+            )
+        })?;
+        let v = v
+            .strip_prefix('"')
+            .and_then(|v| v.strip_suffix('"'))
+            .or_else(|| v.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')))
+            .unwrap_or(&v)
+            .to_string();
+        out.push((k, v));
+    }
+    Ok(out)
+}
+
+/// The task file's text with every literal `secrets:` value replaced by
+/// `null`, for the copy a managed job keeps for its recoveries (their
+/// values travel apart, in an owner-only file removed when the job ends).
+/// The result is checked by parsing it again: the same task, secrets
+/// without values, and none of the values anywhere in the text.
+pub fn redact_secrets(text: &str, file: &str) -> Result<String, String> {
+    let task = parse_str(text, file).map_err(|e| e.to_string())?;
+    let literal: Vec<&str> = task
+        .secrets
+        .iter()
+        .filter_map(|(_, v)| v.as_ref().map(|v| v.expose()))
+        .filter(|v| !v.is_empty())
+        .collect();
+    if literal.is_empty() {
+        return Ok(text.to_string());
+    }
+    let refuse = |why: &str| {
+        format!("{file}: cannot remove the literal secrets: values from the copy kept for recoveries ({why}); give them with --secret or --secret-file instead")
+    };
+    // Top-level keys of a block mapping start in column 1; the `secrets`
+    // entry runs from its key to the next one.
+    let docs = yaml::parse(text).map_err(|e| refuse(&e.message))?;
+    let root = docs.docs.first().ok_or_else(|| refuse("no document"))?;
+    let yaml::Kind::Map(entries) = &root.kind else {
+        return Err(refuse("the document is not a mapping"));
+    };
+    let Some(i) = entries
+        .iter()
+        .position(|(k, _)| matches!(&k.kind, yaml::Kind::Scalar { text, .. } if text == "secrets"))
+    else {
+        return Err(refuse("no top-level secrets: key"));
+    };
+    let start = entries[i].0.pos;
+    if start.col != 1 {
+        return Err(refuse("the top-level mapping is not in block style"));
+    }
+    let end_line = entries.get(i + 1).map(|(k, _)| k.pos.line);
+    if entries.get(i + 1).is_some_and(|(k, _)| k.pos.col != 1) {
+        return Err(refuse("the top-level mapping is not in block style"));
+    }
+    let mut out = String::with_capacity(text.len());
+    for (n, line) in text.split_inclusive('\n').enumerate() {
+        let n = n + 1;
+        if n < start.line || end_line.is_some_and(|e| n >= e) {
+            out.push_str(line);
+        } else if n == start.line {
+            out.push_str("secrets:\n");
+            for (k, _) in &task.secrets {
+                out.push_str(&format!("  {k}: null\n"));
+            }
+        }
+    }
+    // The copy must be the same task with the values gone.
+    let again = parse_str(&out, file).map_err(|e| refuse(&e.to_string()))?;
+    let unvalued = |t: &Task| {
+        let mut t = t.clone();
+        t.secrets.iter_mut().for_each(|(_, v)| *v = None);
+        format!("{t:?}")
+    };
+    if unvalued(&again) != unvalued(&task)
+        || again.secrets.iter().any(|(_, v)| v.is_some())
+        || literal.iter().any(|v| out.contains(v))
+    {
+        return Err(refuse("the redacted copy would not be the same task"));
+    }
+    Ok(out)
+}
+
 impl Task {
     /// Applies `--env` values; later values win.
     pub fn set_envs(&mut self, given: &[(String, String)]) {

@@ -119,6 +119,9 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE managed_jobs ADD COLUMN work_done_ms INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE managed_jobs ADD COLUMN work_since INTEGER;
     ALTER TABLE managed_jobs ADD COLUMN market TEXT;",
+    // 4: failed teardowns are retried: when next, and how many failed.
+    "ALTER TABLE clusters ADD COLUMN retry_at INTEGER;
+    ALTER TABLE clusters ADD COLUMN teardown_failures INTEGER NOT NULL DEFAULT 0;",
 ];
 
 /// A state database failure, naming the file.
@@ -307,6 +310,10 @@ pub struct ClusterRow {
     pub updated_at: i64,
     /// Why the last step failed, if it did.
     pub last_error: Option<String>,
+    /// A failed teardown is retried from then on (unix ms).
+    pub retry_at: Option<i64>,
+    /// Teardowns that failed in a row.
+    pub teardown_failures: u32,
 }
 
 /// One node row (rank order).
@@ -420,6 +427,12 @@ pub struct Store {
     conn: Connection,
     path: PathBuf,
     home: PathBuf,
+}
+
+/// How long after its `n`-th failure (1-based) a teardown is retried.
+pub fn teardown_backoff(n: u32) -> Duration {
+    let s = 5u64.saturating_mul(1u64 << n.saturating_sub(1).min(10));
+    Duration::from_secs(s.min(15 * 60))
 }
 
 /// Unix milliseconds now.
@@ -706,6 +719,45 @@ impl Store {
         Ok(())
     }
 
+    /// Records a teardown that did not finish: the cluster stays, as
+    /// `TERMINATING` with the reason, and is retried from the returned time
+    /// on (5 s after the first failure, doubling up to 15 minutes).
+    pub fn set_teardown_failed(&self, name: &str, reason: &str) -> Result<i64, StateError> {
+        let failures: u32 = self
+            .conn
+            .query_row(
+                "SELECT teardown_failures FROM clusters WHERE name = ?1",
+                [name],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| self.db(e))?
+            .unwrap_or(0);
+        let now = now_ms();
+        let retry_at = now + teardown_backoff(failures + 1).as_millis() as i64;
+        self.conn
+            .execute(
+                "UPDATE clusters SET status = 'TERMINATING', last_error = ?2, retry_at = ?3,
+                    teardown_failures = teardown_failures + 1, updated_at = ?4
+                 WHERE name = ?1",
+                params![name, reason, retry_at, now],
+            )
+            .map_err(|e| self.db(e))?;
+        Ok(retry_at)
+    }
+
+    /// Records a failure of an automatic step (autostop) without changing
+    /// the cluster's status: `status` shows it until the next success.
+    pub fn set_last_error(&self, name: &str, error: Option<&str>) -> Result<(), StateError> {
+        self.conn
+            .execute(
+                "UPDATE clusters SET last_error = ?2, updated_at = ?3 WHERE name = ?1",
+                params![name, error, now_ms()],
+            )
+            .map_err(|e| self.db(e))?;
+        Ok(())
+    }
+
     /// Sets autostop.
     pub fn set_autostop(
         &self,
@@ -953,7 +1005,8 @@ fn is_busy(e: &rusqlite::Error) -> bool {
 
 const CLUSTER_COLS: &str = "name, status, cloud, region, zone, instance_type, use_spot,
     accelerator, accelerator_count, num_nodes, price_per_hour, client_token, provider_config,
-    autostop_idle_min, autostop_down, launched_at, updated_at, last_error";
+    autostop_idle_min, autostop_down, launched_at, updated_at, last_error, retry_at,
+    teardown_failures";
 
 fn cluster_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClusterRow> {
     let status: String = r.get(1)?;
@@ -976,6 +1029,8 @@ fn cluster_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClusterRow> {
         launched_at: r.get(15)?,
         updated_at: r.get(16)?,
         last_error: r.get(17)?,
+        retry_at: r.get(18)?,
+        teardown_failures: r.get(19)?,
     })
 }
 

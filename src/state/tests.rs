@@ -191,3 +191,21 @@ fn many_openers_of_a_new_database_all_succeed() {
         }
     }
 }
+
+#[test]
+fn a_failed_teardown_keeps_the_row_with_its_reason_and_backs_off() {
+    let (_d, mut s) = store();
+    s.reserve_cluster(&new("a")).unwrap();
+    let t0 = now_ms();
+    let first = s.set_teardown_failed("a", "credentials expired").unwrap();
+    let row = s.cluster("a").unwrap().expect("the row stays");
+    assert_eq!(row.status, ClusterStatus::Terminating);
+    assert_eq!(row.last_error.as_deref(), Some("credentials expired"));
+    assert_eq!(row.teardown_failures, 1);
+    assert_eq!(row.retry_at, Some(first));
+    assert!(first >= t0 + 5_000 && first <= now_ms() + 5_000, "{first}");
+    let second = s.set_teardown_failed("a", "throttled").unwrap();
+    assert!(second - now_ms() > 9_000, "the wait doubles");
+    assert_eq!(s.cluster("a").unwrap().unwrap().teardown_failures, 2);
+    assert_eq!(teardown_backoff(30), Duration::from_secs(15 * 60));
+}

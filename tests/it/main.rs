@@ -11,6 +11,7 @@ mod imds;
 mod jobs;
 mod launch;
 mod netns;
+mod reliability;
 mod sim;
 mod slurm;
 mod spec;

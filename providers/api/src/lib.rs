@@ -307,6 +307,14 @@ pub trait Provider: Send + Sync {
     /// Stop (keep disks). Safe on half-created clusters.
     async fn stop(&self, cluster: &ClusterName) -> Result<()>;
 
+    /// Why `stop` could not work for a cluster on this market (`None`: it
+    /// can), so `autostop` and `stop` refuse up front instead of failing
+    /// later where nobody watches.
+    fn cannot_stop(&self, use_spot: bool) -> Option<&'static str> {
+        let _ = use_spot;
+        None
+    }
+
     /// Start stopped nodes. `provider_config` is the task's
     /// `config.<provider>` section the cluster was launched with (capacity
     /// and similar limits apply to a restart as to a launch).

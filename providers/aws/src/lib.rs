@@ -1078,6 +1078,13 @@ impl Provider for AwsProvider {
         Ok(out)
     }
 
+    fn cannot_stop(&self, use_spot: bool) -> Option<&'static str> {
+        // gangway asks EC2 for one-time spot requests, which cannot stop.
+        use_spot.then_some(
+            "AWS spot instances (one-time requests) cannot be stopped, only terminated; use --down",
+        )
+    }
+
     async fn stop(&self, cluster: &ClusterName) -> Result<()> {
         let rec = self.record(cluster)?;
         for region in &rec.regions {

@@ -590,6 +590,7 @@ impl Provider for LocalProvider {
     }
 
     async fn launch(&self, req: &LaunchRequest) -> Result<Vec<Node>> {
+        self.fault("launch")?;
         let nodes = self.launch_now(req)?;
         // A cloud takes a while to boot nodes; `boot_s` simulates that
         // (outside the lock), so interrupted launches can be exercised.
@@ -602,10 +603,12 @@ impl Provider for LocalProvider {
     }
 
     async fn describe(&self, cluster: &ClusterName) -> Result<Vec<Node>> {
+        self.fault("describe")?;
         self.describe_now(cluster)
     }
 
     async fn stop(&self, cluster: &ClusterName) -> Result<()> {
+        self.fault("stop")?;
         self.stop_now(cluster)
     }
 
@@ -614,7 +617,65 @@ impl Provider for LocalProvider {
     }
 
     async fn terminate(&self, cluster: &ClusterName) -> Result<()> {
+        self.fault("terminate")?;
         self.terminate_now(cluster)
+    }
+}
+
+impl LocalProvider {
+    /// The local cloud's API failing on purpose, as the emulators of the
+    /// real clouds can: `root/faults.json` maps an operation (`launch`,
+    /// `describe`, `stop`, `terminate`) to `{"times": N, "kind": K,
+    /// "message": M}`; the next N calls (all of them when N is -1) fail
+    /// with that error kind (`transient`, `auth`, `fatal`, ...) and change
+    /// nothing. Tests write the file; it does not exist otherwise.
+    fn fault(&self, op: &str) -> Result<()> {
+        let path = self.layout.root.join("faults.json");
+        if !path.exists() {
+            return Ok(());
+        }
+        let _lock = self
+            .layout
+            .lock()
+            .map_err(|e| fatal(REGION, "taking the lock", e))?;
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return Ok(());
+        };
+        let mut all: serde_json::Map<String, Value> = serde_json::from_str(&text).map_err(|e| {
+            error(
+                ErrorKind::Fatal,
+                REGION,
+                format!("{}: not a faults file: {e}", path.display()),
+            )
+        })?;
+        let Some(f) = all.get_mut(op).and_then(Value::as_object_mut) else {
+            return Ok(());
+        };
+        let times = f.get("times").and_then(Value::as_i64).unwrap_or(1);
+        if times == 0 {
+            return Ok(());
+        }
+        let kind = match f.get("kind").and_then(Value::as_str).unwrap_or("transient") {
+            "capacity" => ErrorKind::Capacity,
+            "quota" => ErrorKind::Quota,
+            "auth" => ErrorKind::Auth,
+            "invalid" => ErrorKind::InvalidRequest,
+            "fatal" => ErrorKind::Fatal,
+            _ => ErrorKind::Transient,
+        };
+        let message = f
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or("the local cloud's API failed (injected)")
+            .to_string();
+        if times > 0 {
+            f.insert("times".into(), Value::from(times - 1));
+            let tmp = path.with_extension("json.tmp");
+            std::fs::write(&tmp, Value::Object(all).to_string())
+                .and_then(|()| std::fs::rename(&tmp, &path))
+                .map_err(|e| fatal(REGION, "updating faults.json", e))?;
+        }
+        Err(error(kind, REGION, format!("{op}: {message}")))
     }
 }
 

@@ -829,6 +829,10 @@ impl Provider for SlurmProvider {
         Ok(out)
     }
 
+    fn cannot_stop(&self, _use_spot: bool) -> Option<&'static str> {
+        Some("a Slurm allocation cannot be stopped and started again; use --down to release it")
+    }
+
     async fn stop(&self, cluster: &ClusterName) -> Result<()> {
         Err(err(
             ErrorKind::InvalidRequest,

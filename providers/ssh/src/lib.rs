@@ -569,6 +569,10 @@ impl Provider for SshPools {
         Err(error(ErrorKind::InvalidRequest, "", NOT_STOPPED.into()))
     }
 
+    fn cannot_stop(&self, _use_spot: bool) -> Option<&'static str> {
+        Some("machines in an SSH pool cannot be stopped by gangway; use --down to release them")
+    }
+
     async fn start(
         &self,
         _cluster: &ClusterName,
