@@ -336,7 +336,7 @@ fn gcp_catalog_refresh_offers_what_each_zone_has_at_billing_prices() {
 fn vms_with_sshd(n: usize) -> Option<(GceFake, crate::sshd::Sshd, TestHome)> {
     use std::os::unix::fs::PermissionsExt;
     let gce = GceFake::start()?;
-    let sshd = crate::sshd::Sshd::start_on_port(n, 22)?;
+    let sshd = crate::sshd::Sshd::start_on_port("gcp", n, 22)?;
     let home = TestHome::new();
     let dir = home.path().join("ssh");
     std::fs::create_dir_all(&dir).unwrap();
@@ -416,7 +416,7 @@ fn a_managed_job_on_gcp_spot_survives_a_preemption_from_its_kept_checkpoint() {
     };
     // The VMs after the preemption come up on another sshd: another home,
     // so the checkpoint there can only be the one gangway kept.
-    let Some(after) = crate::sshd::Sshd::start_on_port(2, 22) else {
+    let Some(after) = crate::sshd::Sshd::start_on_port("gcp", 2, 22) else {
         return;
     };
     after.authorize(&sshd.client_key.with_extension("pub"));

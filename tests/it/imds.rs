@@ -107,17 +107,21 @@ fn have(prog: &str) -> bool {
         .is_ok()
 }
 
-/// None (after printing why) when python3 or curl is missing.
+/// `ran imds`, or None (after `SKIPPED imds: why`) when python3 or curl
+/// is missing.
 fn tools() -> Option<()> {
     for prog in ["python3", "curl"] {
         if !have(prog) {
-            eprintln!(
-                "SKIPPED: the spot watcher was NOT tested because {prog} is not installed \
-                 (the fake metadata service needs python3, the watcher curl)"
+            return crate::skip::skip(
+                "imds",
+                format_args!(
+                    "the spot watcher was NOT tested because {prog} is not installed \
+                     (the fake metadata service needs python3, the watcher curl)"
+                ),
             );
-            return None;
         }
     }
+    crate::skip::ran("imds");
     Some(())
 }
 

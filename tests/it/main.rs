@@ -13,6 +13,8 @@ mod launch;
 mod netns;
 mod reliability;
 mod sim;
+#[path = "../support/skip.rs"]
+mod skip;
 mod slurm;
 mod spec;
 mod ssh;

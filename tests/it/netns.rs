@@ -4,8 +4,9 @@
 //! jump host). `cut()` drops a node's link without a word, as a dead node
 //! or a broken switch does.
 //!
-//! Needs root, `ip`, `unshare` and sshd; [`NetnsKeys::new`] prints
-//! `SKIPPED: why` and returns `None` otherwise.
+//! Needs root, `ip`, `unshare` and sshd; [`NetnsKeys::new`] says
+//! `SKIPPED netns: why` (tests/support/skip.rs) and returns `None`
+//! otherwise.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -34,8 +35,8 @@ pub struct NetnsKeys {
 }
 
 impl NetnsKeys {
-    /// Keys for a test, or `None` (SKIPPED printed) where namespaces
-    /// cannot be made here.
+    /// Keys for a test (recorded as `ran netns`), or `None` (after
+    /// `SKIPPED netns: why`) where namespaces cannot be made here.
     pub fn new() -> Option<NetnsKeys> {
         let root = unsafe { libc::geteuid() } == 0;
         let have = |p: &str| Path::new(p).exists();
@@ -44,14 +45,19 @@ impl NetnsKeys {
             || !(have("/usr/sbin/ip") || have("/sbin/ip") || have("/bin/ip"))
             || !(have("/usr/bin/unshare") || have("/bin/unshare"))
         {
-            eprintln!("SKIPPED: the network-namespace tests need root, sshd, ip and unshare");
-            return None;
+            return crate::skip::skip(
+                "netns",
+                "the network-namespace tests need root, sshd (openssh-server), ip (iproute2) and unshare (util-linux)",
+            );
         }
         let probe = format!("gwprobe{}", std::process::id());
         if !sh(&format!("ip netns add {probe} && ip netns del {probe}")) {
-            eprintln!("SKIPPED: cannot create a network namespace here");
-            return None;
+            return crate::skip::skip(
+                "netns",
+                "cannot create a network namespace here (ip netns add failed)",
+            );
         }
+        crate::skip::ran("netns");
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         for k in ["host", "client"] {

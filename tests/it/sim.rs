@@ -330,14 +330,18 @@ fn bad_input_exits_2_naming_the_culprit() {
 #[test]
 fn real_trace_meets_deadlines_and_saves() {
     let Some(shared) = shared() else {
-        println!("SKIPPED: ../shared is not beside this checkout (no real spot traces)");
+        crate::skip::skipped(
+            "traces",
+            "../shared is not beside this checkout (no real spot traces)",
+        );
         return;
     };
     let file = shared.join("traces/availability/1-node/aws-02-15-2023/us-east-2a_v100_1.json");
     if !file.is_file() {
-        println!("SKIPPED: {} is absent", file.display());
+        crate::skip::skipped("traces", format_args!("{} is absent", file.display()));
         return;
     }
+    crate::skip::ran("traces");
     let file = file.display().to_string();
     for deadline in ["52", "70"] {
         let v = sim_json(&[&file, "--job-hours", "48", "--deadline-hours", deadline]);

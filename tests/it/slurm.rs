@@ -4,8 +4,8 @@
 //! against it through `$GANGWAY_HOME/slurm.yaml`.
 //!
 //! Needs root and Slurm's packages (`.ci/run` installs them with
-//! tests/emulators/slurm/install.sh); each test prints `SKIPPED: why` and
-//! passes where they are missing.
+//! tests/emulators/slurm/install.sh); each test says `SKIPPED slurm: why`
+//! (tests/support/skip.rs) and passes where they are missing.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,14 +19,15 @@ struct Slurm {
 }
 
 impl Slurm {
-    /// Starts `nodes` nodes, or prints `SKIPPED` and returns `None`.
+    /// Starts `nodes` nodes (recorded as `ran slurm`), or says
+    /// `SKIPPED slurm: why` and returns `None`.
     fn start(nodes: u32) -> Option<Slurm> {
         let have = |p: &str| Path::new(p).exists();
         if !have("/usr/sbin/slurmctld") || !have("/usr/sbin/slurmd") || !have("/usr/sbin/munged") {
-            eprintln!(
-                "SKIPPED: Slurm is not installed (tests/emulators/slurm/install.sh installs it, as root)"
+            return crate::skip::skip(
+                "slurm",
+                "Slurm is not installed (tests/emulators/slurm/install.sh installs it, as root)",
             );
-            return None;
         }
         // Socket paths under DIR must stay short: a directory in /tmp.
         let dir = PathBuf::from(format!(
@@ -41,11 +42,17 @@ impl Slurm {
             .output()
             .expect("start.sh runs");
         match out.status.code() {
-            Some(0) => Some(Slurm { dir }),
+            Some(0) => {
+                crate::skip::ran("slurm");
+                Some(Slurm { dir })
+            }
             Some(3) => {
-                eprintln!("{}", String::from_utf8_lossy(&out.stdout).trim());
+                // start.sh's own `SKIPPED: why` line.
+                let said = String::from_utf8_lossy(&out.stdout);
+                let why = said.trim();
+                let why = why.strip_prefix("SKIPPED:").unwrap_or(why).trim();
                 let _ = std::fs::remove_dir_all(&dir);
-                None
+                crate::skip::skip("slurm", format_args!("start.sh: {why}"))
             }
             _ => panic!(
                 "start.sh {} failed:\n{}\n{}",

@@ -3,7 +3,7 @@
 //! addresses that stand in for the nodes of a cluster.
 //!
 //! ```no_run
-//! let Some(sshd) = Sshd::start(2) else { return }; // prints SKIPPED: why
+//! let Some(sshd) = Sshd::start(2) else { return }; // SKIPPED ssh: why
 //! let out = Command::new("ssh")
 //!     .args(sshd.ssh_args())
 //!     .arg(&sshd.addrs[1])
@@ -77,8 +77,8 @@ pub struct Sshd {
 impl Sshd {
     /// Starts one sshd listening on `n` loopback addresses 127.0.30.1..=n
     /// (or another free 127.0.X.* block if taken) on one free port; None
-    /// (after printing `SKIPPED: <reason>` to stderr) when sshd is missing
-    /// or we are not root.
+    /// (after `SKIPPED ssh: <reason>`, see tests/support/skip.rs) when sshd
+    /// is missing or we are not root. Records `ran ssh` when it can start.
     ///
     /// Each server started by a test process takes the next block
     /// (127.0.30.*, 127.0.31.*, ...), skipping a block where the chosen
@@ -92,34 +92,41 @@ impl Sshd {
     /// When `n` is not in 1..=254, or the server cannot be started although
     /// sshd is installed and we are root (with the reason and sshd's log).
     pub fn start(n: usize) -> Option<Sshd> {
-        Sshd::start_on(n, None)
+        Sshd::start_on("ssh", n, None)
     }
 
     /// Like [`Sshd::start`], on this port (e.g. 22, where a cloud VM's
-    /// sshd listens) in the first free block; None (after `SKIPPED: ...`)
-    /// when no block has it free (another sshd on `0.0.0.0:22`).
-    pub fn start_on_port(n: usize, port: u16) -> Option<Sshd> {
+    /// sshd listens) in the first free block, for a test of `suite` (whose
+    /// run or skip it records); None (after `SKIPPED <suite>: ...`) when
+    /// no block has it free (another sshd on `0.0.0.0:22`).
+    pub fn start_on_port(suite: &str, n: usize, port: u16) -> Option<Sshd> {
+        // First what start_on checks: binding a low port fails for a user
+        // as "taken" would.
+        if let Err(why) = can_run() {
+            return crate::skip::skip(suite, why);
+        }
         let free = (0..20).any(|i| {
             let block = 30 + (NEXT_BLOCK.load(Ordering::Relaxed) + i) % 225;
             let addrs: Vec<String> = (1..=n).map(|k| format!("127.0.{block}.{k}")).collect();
             fixed_port_free(&addrs, port)
         });
         if !free {
-            eprintln!("SKIPPED: port {port} is taken on the loopback addresses (an sshd on 0.0.0.0:{port}?)");
-            return None;
+            return crate::skip::skip(
+                suite,
+                format_args!(
+                    "port {port} is taken on the loopback addresses (an sshd on 0.0.0.0:{port}?)"
+                ),
+            );
         }
-        Sshd::start_on(n, Some(port))
+        Sshd::start_on(suite, n, Some(port))
     }
 
-    fn start_on(n: usize, fixed: Option<u16>) -> Option<Sshd> {
+    fn start_on(suite: &str, n: usize, fixed: Option<u16>) -> Option<Sshd> {
         assert!(
             (1..=254).contains(&n),
             "Sshd::start({n}): 1..=254 addresses"
         );
-        if let Err(why) = can_run() {
-            eprintln!("SKIPPED: {why}");
-            return None;
-        }
+        crate::skip::gate(suite, can_run())?;
         let dir = tempfile::Builder::new()
             .prefix("gw-sshd-")
             .tempdir()

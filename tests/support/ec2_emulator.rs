@@ -4,10 +4,12 @@
 //! `serde_json` only, so any test crate can include it:
 //!
 //! ```ignore
+//! #[path = "../../tests/support/skip.rs"] // at the crate's root: `crate::skip`
+//! mod skip;
 //! #[path = "../../tests/support/ec2_emulator.rs"]
 //! mod ec2_emulator;
 //!
-//! let Some(emu) = ec2_emulator::Ec2Emulator::shared() else { return }; // printed SKIPPED: why
+//! let Some(emu) = ec2_emulator::Ec2Emulator::shared() else { return }; // SKIPPED aws: why
 //! emu.inject("RunInstances", &["my-cluster", "us-east-1a"], "InsufficientInstanceCapacity", "", 1);
 //! let out = Command::new(gangway).envs(emu.env()).arg("launch")...;
 //! ```
@@ -58,16 +60,17 @@ pub struct Ec2Emulator {
 
 impl Ec2Emulator {
     /// The shared emulator for this test process: `GANGWAY_TEST_EC2_ENDPOINT`
-    /// if set, else one started from the venv's python; `None`, after one
-    /// `SKIPPED: ...` line on stderr saying what is missing and how to get
-    /// it, when there is neither. Panics when `GANGWAY_TEST_EC2_ENDPOINT` or
+    /// if set, else one started from the venv's python; `None`, after
+    /// `skip::skipped("aws", ..)` says what is missing and how to get it,
+    /// when there is neither (each calling test records its own `ran aws`
+    /// or skip). Panics when `GANGWAY_TEST_EC2_ENDPOINT` or
     /// `GANGWAY_TEST_PYTHON` is set but does not work.
     pub fn shared() -> Option<&'static Ec2Emulator> {
-        static SHARED: OnceLock<Option<Ec2Emulator>> = OnceLock::new();
-        SHARED.get_or_init(Self::find).as_ref()
+        static SHARED: OnceLock<Result<Ec2Emulator, String>> = OnceLock::new();
+        crate::skip::gate("aws", SHARED.get_or_init(Self::find).as_ref())
     }
 
-    fn find() -> Option<Ec2Emulator> {
+    fn find() -> Result<Ec2Emulator, String> {
         if let Some(endpoint) = std::env::var(ENDPOINT_VAR).ok().filter(|e| !e.is_empty()) {
             let emu = Ec2Emulator {
                 endpoint: endpoint.trim_end_matches('/').to_string(),
@@ -75,15 +78,17 @@ impl Ec2Emulator {
                 stdin: None,
             };
             match emu.http("GET", "/_gangway/health", &[], b"") {
-                Ok((200, _)) => return Some(emu),
+                Ok((200, _)) => return Ok(emu),
                 other => panic!(
                     "{ENDPOINT_VAR}={endpoint} is set, but /_gangway/health answers {other:?}"
                 ),
             }
         }
         let Some(root) = workspace_root() else {
-            eprintln!("SKIPPED: EC2 emulator tests, because tests/emulators/ec2/server.py is not above {}", env!("CARGO_MANIFEST_DIR"));
-            return None;
+            return Err(format!(
+                "tests/emulators/ec2/server.py is not above {}",
+                env!("CARGO_MANIFEST_DIR")
+            ));
         };
         let server = root.join("tests/emulators/ec2/server.py");
         let python = match std::env::var(PYTHON_VAR).ok().filter(|p| !p.is_empty()) {
@@ -95,17 +100,16 @@ impl Ec2Emulator {
                 } else if python3_has_moto() {
                     PathBuf::from("python3")
                 } else {
-                    eprintln!(
-                        "SKIPPED: EC2 emulator tests, because there is no {} and python3 cannot import moto \
+                    return Err(format!(
+                        "there is no {} and python3 cannot import moto \
                          (run tests/emulators/ec2/setup.sh, or .ci/run, or set {ENDPOINT_VAR})",
                         venv.display()
-                    );
-                    return None;
+                    ));
                 }
             }
         };
         match Self::start(&python, &server) {
-            Ok(emu) => Some(emu),
+            Ok(emu) => Ok(emu),
             Err(why) => panic!(
                 "cannot start the EC2 emulator with {}: {why}",
                 python.display()

@@ -2,6 +2,8 @@
 //! on a free loopback port and talks to its control API. Included with
 //!
 //! ```ignore
+//! #[path = "../../tests/support/skip.rs"] // at the crate's root: `crate::skip`
+//! mod skip;
 //! #[path = "../../tests/support/gce_fake.rs"]
 //! mod gce_fake;
 //! ```
@@ -9,8 +11,8 @@
 //! It needs the fake's venv (the discovery document comes from the pinned
 //! google-api-python-client in it): `GANGWAY_TEST_GCE_PYTHON` (what
 //! `.ci/run` sets), else `target/gce-venv/bin/python` made by
-//! `tests/emulators/gce/setup.sh`; without either, `start` prints
-//! `SKIPPED: ...` and returns `None`.
+//! `tests/emulators/gce/setup.sh`; without either, `start` says
+//! `SKIPPED gcp: ...` (through `skip`) and returns `None`.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -35,11 +37,17 @@ fn workspace_root() -> Option<PathBuf> {
 }
 
 impl GceFake {
-    /// Starts one, or says why not.
+    /// Starts one for this test (recorded as `ran gcp`), or says why not
+    /// (`skip::skipped("gcp", ..)`) and returns `None`.
     pub fn start() -> Option<GceFake> {
+        crate::skip::gate("gcp", GceFake::try_start())
+    }
+
+    /// Starts one, or returns why it cannot here; records nothing (for a
+    /// fake shared by many tests, each of which records its own).
+    pub fn try_start() -> Result<GceFake, String> {
         let Some(root) = workspace_root() else {
-            eprintln!("SKIPPED: tests/emulators/gce/server.py is not above this crate");
-            return None;
+            return Err("tests/emulators/gce/server.py is not above this crate".into());
         };
         let python = std::env::var_os("GANGWAY_TEST_GCE_PYTHON")
             .map(PathBuf::from)
@@ -48,10 +56,10 @@ impl GceFake {
                 p.exists().then_some(p)
             });
         let Some(python) = python else {
-            eprintln!(
-                "SKIPPED: no venv for the GCE fake (run tests/emulators/gce/setup.sh, or set GANGWAY_TEST_GCE_PYTHON)"
+            return Err(
+                "no venv for the GCE fake (run tests/emulators/gce/setup.sh, or set GANGWAY_TEST_GCE_PYTHON)"
+                    .into(),
             );
-            return None;
         };
         let mut child = Command::new(python)
             .arg(root.join("tests/emulators/gce/server.py"))
@@ -70,7 +78,7 @@ impl GceFake {
             .strip_prefix("READY ")
             .unwrap_or_else(|| panic!("the GCE fake said {line:?}"))
             .to_string();
-        Some(GceFake { url, child })
+        Ok(GceFake { url, child })
     }
 
     /// One request to the fake (its control API under `/_gangway/`, or

@@ -4,6 +4,8 @@
 
 #[path = "../../../tests/support/ec2_emulator.rs"]
 mod ec2_emulator;
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

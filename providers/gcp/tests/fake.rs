@@ -4,7 +4,7 @@
 //!
 //! Needs the fake's venv (`tests/emulators/gce/setup.sh`; `.ci/run` makes
 //! one and passes its python in `GANGWAY_TEST_GCE_PYTHON`); without it each
-//! test prints `SKIPPED` and passes.
+//! test says `SKIPPED gcp: why` (tests/support/skip.rs) and passes.
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -14,21 +14,24 @@ use gangway_provider::{ClusterName, ErrorKind, LaunchRequest, NodeState, Placeme
 
 #[path = "../../../tests/support/gce_fake.rs"]
 mod gce_fake;
+#[path = "../../../tests/support/skip.rs"]
+mod skip;
 use gce_fake::GceFake;
 
 /// One fake for the whole test binary (the endpoint is process-wide
 /// environment); tests keep apart by cluster name, zone and machine type.
+/// Each calling test records `ran gcp` or its skip.
 fn fake() -> Option<&'static GceFake> {
-    static FAKE: OnceLock<Option<GceFake>> = OnceLock::new();
-    FAKE.get_or_init(|| {
-        let fake = GceFake::start()?;
+    static FAKE: OnceLock<Result<GceFake, String>> = OnceLock::new();
+    let fake = FAKE.get_or_init(|| {
+        let fake = GceFake::try_start()?;
         // Edition 2021: safe. Set once, before any client is built.
         std::env::set_var("GANGWAY_GCP_ENDPOINT", &fake.url);
         std::env::set_var("GOOGLE_CLOUD_PROJECT", "gangway-test");
         std::env::set_var("GANGWAY_GCP_SSH_CIDR", "192.0.2.0/24");
-        Some(fake)
-    })
-    .as_ref()
+        Ok(fake)
+    });
+    skip::gate("gcp", fake.as_ref())
 }
 
 fn provider(dir: &Path) -> GcpProvider {

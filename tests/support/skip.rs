@@ -1,0 +1,197 @@
+//! The one way a test says whether it could run here. Every test whose
+//! prerequisites may be missing (an sshd, root, an emulator's venv, Slurm,
+//! the `../shared` data) goes through it, so that a skip is never silent:
+//!
+//! ```ignore
+//! #[path = "../support/skip.rs"] // in the test crate's root file
+//! mod skip;
+//!
+//! if !have_slurm() {
+//!     crate::skip::skipped("slurm", "Slurm is not installed");
+//!     return;
+//! }
+//! crate::skip::ran("slurm");
+//! // or, for a prerequisite that is a Result<T, why>:
+//! let Some(fake) = crate::skip::gate("gcp", GceFake::try_start()) else { return };
+//! ```
+//!
+//! * [`skipped`] prints exactly one line, `SKIPPED <suite>: <why>`, and the
+//!   test returns and passes, unless `GANGWAY_REQUIRE_SUITES` (comma
+//!   separated) names the suite: then it panics with that line and
+//!   `but CI requires this suite here`, so the test fails.
+//! * [`ran`] says the suite's prerequisites were there, so that the summary
+//!   can count the tests that really ran.
+//! * cargo test shows a passing test's output to nobody, so both also append
+//!   a line to the file named by `GANGWAY_SUITE_LOG` when it is set:
+//!   `ran <suite> <test>` or `skipped <suite> <test> <why>`, `<test>` being
+//!   the test's name as libtest gives it (its thread's name; no spaces).
+//!   Each line is one `write(2)` to a file opened with `O_APPEND`, so lines
+//!   of tests running in parallel (and of several test binaries) never
+//!   interleave. `.ci/run` turns the file into its table of suites.
+//!
+//! A test may record several suites (a Slurm cluster behind an SSH login
+//! node records `slurm` and `ssh`) and the same suite more than once; the
+//! summary counts each test once per suite, and a test that recorded any
+//! skip as skipped.
+#![allow(dead_code)]
+
+use std::fmt::Display;
+use std::io::Write;
+
+/// Names the suites that must not skip here (comma separated).
+pub const REQUIRE_VAR: &str = "GANGWAY_REQUIRE_SUITES";
+/// Names the file the `ran` / `skipped` lines are appended to.
+pub const LOG_VAR: &str = "GANGWAY_SUITE_LOG";
+
+/// Every suite, and what it needs.
+pub const SUITES: &[(&str, &str)] = &[
+    (
+        "local",
+        "the embedded local cloud: bash and python3; never skips",
+    ),
+    (
+        "ssh",
+        "a test sshd of our own: root, openssh-server, rsync, pdsh",
+    ),
+    (
+        "netns",
+        "nodes in network namespaces: root, sshd, iproute2, util-linux",
+    ),
+    (
+        "imds",
+        "the spot watcher against a fake metadata service: python3, curl",
+    ),
+    (
+        "aws",
+        "the EC2 emulator: its venv, or GANGWAY_TEST_EC2_ENDPOINT",
+    ),
+    (
+        "gcp",
+        "the Compute Engine fake's venv; port 22 on loopback addresses",
+    ),
+    ("slurm", "a throwaway Slurm cluster: root, slurm-wlm, munge"),
+    (
+        "compat",
+        "../shared/compat and ../shared/catalogs beside the checkout",
+    ),
+    ("traces", "../shared/traces beside the checkout"),
+];
+
+/// Records that `suite`'s prerequisites are there and this test runs it.
+pub fn ran(suite: &str) {
+    known(suite);
+    log(&format!("ran {suite} {}", test_name()));
+}
+
+/// Says that this test skips `suite` because of `why`: one line
+/// `SKIPPED <suite>: <why>` on stderr; a panic instead when
+/// `GANGWAY_REQUIRE_SUITES` names the suite.
+pub fn skipped(suite: &str, why: impl Display) {
+    known(suite);
+    // One line, whatever `why` holds.
+    let why = why
+        .to_string()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let line = format!("SKIPPED {suite}: {why}");
+    log(&format!("skipped {suite} {} {why}", test_name()));
+    if required(suite) {
+        panic!("{line}, but CI requires this suite here ({REQUIRE_VAR} names it)");
+    }
+    eprintln!("{line}");
+}
+
+/// [`skipped`], as a `None` to return.
+pub fn skip<T>(suite: &str, why: impl Display) -> Option<T> {
+    skipped(suite, why);
+    None
+}
+
+/// A prerequisite that is there (`Ok`, recorded as [`ran`]) or not (`Err`
+/// with the reason, recorded as [`skipped`]).
+pub fn gate<T, E: Display>(suite: &str, prerequisite: Result<T, E>) -> Option<T> {
+    match prerequisite {
+        Ok(t) => {
+            ran(suite);
+            Some(t)
+        }
+        Err(why) => skip(suite, why),
+    }
+}
+
+/// Whether `GANGWAY_REQUIRE_SUITES` names `suite`.
+pub fn required(suite: &str) -> bool {
+    required_suites().iter().any(|s| s == suite)
+}
+
+/// The suites `GANGWAY_REQUIRE_SUITES` names (a test fails on a name that
+/// is not a suite, so that a typo there cannot excuse a suite).
+pub fn required_suites() -> Vec<String> {
+    let value = std::env::var(REQUIRE_VAR).unwrap_or_default();
+    let names: Vec<String> = value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect();
+    for name in &names {
+        assert!(
+            is_suite(name),
+            "{REQUIRE_VAR}={value:?} names {name:?}, which is not a suite (the suites: {})",
+            suite_names()
+        );
+    }
+    names
+}
+
+fn is_suite(name: &str) -> bool {
+    SUITES.iter().any(|(s, _)| *s == name)
+}
+
+fn suite_names() -> String {
+    SUITES
+        .iter()
+        .map(|(s, _)| *s)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn known(suite: &str) {
+    assert!(
+        is_suite(suite),
+        "skip: {suite:?} is not a suite (the suites: {}); add it to tests/support/skip.rs",
+        suite_names()
+    );
+}
+
+/// The running test's name: libtest names each test's thread after it.
+fn test_name() -> String {
+    let name = std::thread::current()
+        .name()
+        .unwrap_or("unnamed-thread")
+        .to_string();
+    // One field in the log line.
+    name.split_whitespace().collect::<Vec<_>>().join("_")
+}
+
+/// Appends `line` to `$GANGWAY_SUITE_LOG`, when set, in one write.
+fn log(line: &str) {
+    let Some(path) = std::env::var_os(LOG_VAR).filter(|p| !p.is_empty()) else {
+        return;
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("{LOG_VAR}={}: cannot open: {e}", path.to_string_lossy()));
+    let buf = format!("{line}\n");
+    // One write(2): with O_APPEND the kernel puts it at the end whole.
+    match file.write(buf.as_bytes()) {
+        Ok(n) if n == buf.len() => {}
+        other => panic!(
+            "{LOG_VAR}={}: cannot append {line:?}: {other:?}",
+            path.to_string_lossy()
+        ),
+    }
+}
