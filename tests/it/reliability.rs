@@ -243,3 +243,75 @@ fn relaunching_onto_a_cluster_that_lost_a_node_replaces_it() {
         "{before:?} {after:?}"
     );
 }
+
+#[test]
+fn secrets_come_off_the_command_line_and_a_damaged_secrets_file_fails_the_recovery() {
+    let home = TestHome::new();
+    // --secret KEY takes the value from gangway's own environment.
+    let t = home.file(
+        "s.yaml",
+        &format!(
+            "resources:\n  infra: local\nenvs:\n  GW_TEST_MARKER: {}\nsecrets:\n  TOKEN: null\nrun: echo token-length-${{#TOKEN}}\n",
+            home.marker
+        ),
+    );
+    let o = crate::common::command_in(home.path())
+        .args(["launch", &t, "-c", "env-secret", "-y", "--secret", "TOKEN"])
+        .env("TOKEN", "from-the-env")
+        .output()
+        .unwrap();
+    let (code, out, err) = parts(&o);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("token-length-12"), "{out}");
+    let o = crate::common::command_in(home.path())
+        .args(["launch", &t, "-c", "env-secret", "-y", "--secret", "TOKEN"])
+        .env_remove("TOKEN")
+        .output()
+        .unwrap();
+    let (code, _, err) = parts(&o);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("TOKEN is not set in gangway's environment"),
+        "{err}"
+    );
+    // --secret-file.
+    let f = home.file("secrets.env", "TOKEN=from-a-file-0\n");
+    let (code, out, err) =
+        parts(&home.run(["launch", &t, "-c", "env-secret", "-y", "--secret-file", &f]));
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("token-length-13"), "{out}");
+
+    // A managed job whose task file holds the value literally: the copy
+    // kept for recoveries does not, and when the secrets file is damaged
+    // the recovery fails saying so instead of running without them.
+    let t = home.file(
+        "m.yaml",
+        &format!(
+            "resources:\n  infra: local\n  use_spot: true\nenvs:\n  GW_TEST_MARKER: {}\nsecrets:\n  TOKEN: literal-s3cret\nconfig:\n  local:\n    preemptions:\n      - {{after_s: 2}}\nrun: |\n  echo token-length-${{#TOKEN}}\n  sleep 60\n",
+            home.marker
+        ),
+    );
+    let (code, _, err) = parts(&home.run(["jobs", "launch", &t, "-d"]));
+    assert_eq!(code, 0, "{err}");
+    let dir = home.path().join("jobs/managed-1");
+    let copy = std::fs::read_to_string(dir.join("task.yaml")).unwrap();
+    assert!(!copy.contains("literal-s3cret"), "{copy}");
+    assert!(copy.contains("TOKEN: null"), "{copy}");
+    std::fs::write(dir.join("secrets.json"), "{damaged").unwrap();
+    let j = wait_for("the recovery to fail", DEADLINE, || {
+        let (_, out, _) = parts(&home.run(["jobs", "queue", "-o", "json"]));
+        let v: Value = serde_json::from_str(&out).map_err(|e| e.to_string())?;
+        let j = v["jobs"][0].clone();
+        if j["state"] == "FAILED" {
+            Ok(j)
+        } else {
+            Err(j.to_string())
+        }
+    });
+    let detail = j["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("secrets file") && detail.contains("damaged"),
+        "{j}"
+    );
+    assert!(!dir.join("secrets.json").exists(), "removed at the end");
+}
