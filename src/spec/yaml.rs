@@ -199,24 +199,30 @@ enum Frame {
     },
 }
 
-fn count_nodes(n: &Node) -> usize {
+/// The number of nodes in `n`, and how many levels of mappings and
+/// sequences it nests (0 for a scalar).
+fn measure(n: &Node) -> (usize, usize) {
     // Iterative to stay safe on deep trees.
-    let mut stack = vec![n];
-    let mut count = 0;
-    while let Some(n) = stack.pop() {
+    let mut stack = vec![(n, 0)];
+    let (mut count, mut height) = (0, 0);
+    while let Some((n, above)) = stack.pop() {
         count += 1;
         match &n.kind {
-            Kind::Seq(items) => stack.extend(items.iter()),
+            Kind::Seq(items) => {
+                height = height.max(above + 1);
+                stack.extend(items.iter().map(|i| (i, above + 1)));
+            }
             Kind::Map(items) => {
+                height = height.max(above + 1);
                 for (k, v) in items {
-                    stack.push(k);
-                    stack.push(v);
+                    stack.push((k, above + 1));
+                    stack.push((v, above + 1));
                 }
             }
             _ => {}
         }
     }
-    count
+    (count, height)
 }
 
 /// Parses all documents in `text`.
@@ -224,8 +230,8 @@ pub fn parse(text: &str) -> Result<Documents, YamlError> {
     let mut parser = Parser::new_from_str(text);
     let mut docs = Vec::new();
     let mut stack: Vec<Frame> = Vec::new();
-    // anchor id -> (node, its size)
-    let mut anchors: HashMap<usize, (Node, usize)> = HashMap::new();
+    // anchor id -> (node, its size, its nesting levels)
+    let mut anchors: HashMap<usize, (Node, usize, usize)> = HashMap::new();
     let mut total = 0usize;
 
     // Adds a finished node to its parent, or finishes a document. A key
@@ -288,7 +294,7 @@ pub fn parse(text: &str) -> Result<Documents, YamlError> {
             Event::StreamStart | Event::StreamEnd | Event::DocumentStart(_) | Event::Nothing => {}
             Event::DocumentEnd => anchors.clear(),
             Event::Alias(id) => {
-                let Some((node, size)) = anchors.get(&id) else {
+                let Some((node, size, height)) = anchors.get(&id) else {
                     return Err(YamlError {
                         pos,
                         field: path_of(&stack),
@@ -301,6 +307,12 @@ pub fn parse(text: &str) -> Result<Documents, YamlError> {
                 total = total.saturating_add(*size);
                 if total > MAX_NODES {
                     return Err(too_big(pos));
+                }
+                // An alias nests its anchor's levels where it stands:
+                // chained anchors, each within the limit, built trees
+                // thousands of levels deep (and overflowed the stack).
+                if stack.len() + height > MAX_DEPTH {
+                    return Err(nesting_error(pos));
                 }
                 let mut node = node.clone();
                 node.pos = pos;
@@ -323,7 +335,7 @@ pub fn parse(text: &str) -> Result<Documents, YamlError> {
                     };
                 let node = Node { kind, pos };
                 if anchor > 0 {
-                    anchors.insert(anchor, (node.clone(), 1));
+                    anchors.insert(anchor, (node.clone(), 1, 0));
                 }
                 push(&mut stack, &mut docs, node)?;
             }
@@ -369,8 +381,8 @@ pub fn parse(text: &str) -> Result<Documents, YamlError> {
                     None => continue,
                 };
                 if anchor > 0 {
-                    let size = count_nodes(&node);
-                    anchors.insert(anchor, (node.clone(), size));
+                    let (size, height) = measure(&node);
+                    anchors.insert(anchor, (node.clone(), size, height));
                 }
                 push(&mut stack, &mut docs, node)?;
             }
@@ -431,6 +443,37 @@ mod tests {
             .collect::<String>();
         let e = parse(&s).err().expect("deep block must fail");
         assert!(e.message.contains("nesting"), "{}", e.message);
+    }
+
+    /// Found with a hand-made input while fuzzing the task parser: each
+    /// anchor nests within the limit, but an alias of one inside the next
+    /// adds their levels up. 80 of them (10 KiB) made a 4,800-level tree
+    /// whose clone overflowed a test thread's stack in a debug build.
+    #[test]
+    fn deep_nesting_through_aliases_is_refused() {
+        let deep = |anchors: usize, levels: usize| {
+            let mut s = format!("x0: &x0 {}{}\n", "[".repeat(levels), "]".repeat(levels));
+            for i in 1..anchors {
+                let (open, close) = ("[".repeat(levels - 1), "]".repeat(levels - 1));
+                s.push_str(&format!("x{i}: &x{i} {open}*x{}{close}\n", i - 1));
+            }
+            s
+        };
+        let e = parse(&deep(2, 40)).err().expect("80 levels must fail");
+        assert!(
+            e.message.contains("nesting deeper than 64"),
+            "{}",
+            e.message
+        );
+        assert_eq!(e.pos, Pos { line: 2, col: 48 });
+        let e = parse(&deep(80, 60)).err().expect("4,800 levels must fail");
+        assert!(
+            e.message.contains("nesting deeper than 64"),
+            "{}",
+            e.message
+        );
+        // Within the limit, aliases still nest.
+        assert!(parse(&deep(2, 30)).is_ok());
     }
 
     #[test]
