@@ -375,7 +375,16 @@ fn json_of(j: &ManagedJob) -> serde_json::Value {
 
 fn queue(out: Output) -> Result<ExitCode, Error> {
     let (home, store) = open()?;
-    if !store.managed_active()?.is_empty() {
+    // A controller is needed for live jobs, and for ended ones whose
+    // cluster is still there (it was killed before the teardown, or the
+    // teardown failed and is retried).
+    let clusters: std::collections::HashSet<String> =
+        store.clusters()?.into_iter().map(|c| c.name).collect();
+    let needed = store
+        .managed_all()?
+        .iter()
+        .any(|j| !j.state.is_terminal() || clusters.contains(&j.cluster));
+    if needed {
         ensure_controller(&home)?;
     }
     let jobs = store.managed_all()?;

@@ -315,3 +315,154 @@ fn secrets_come_off_the_command_line_and_a_damaged_secrets_file_fails_the_recove
     );
     assert!(!dir.join("secrets.json").exists(), "removed at the end");
 }
+
+/// The local cloud's kill-point counter after a run.
+fn calls(home: &TestHome) -> u64 {
+    std::fs::read_to_string(home.path().join("local/calls"))
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Kill points to sweep out of `total`: all of them with
+/// `GANGWAY_FAULT_SWEEP=full` (bench/fault_sweep.sh), else the first
+/// `first` and then every `stride`-th, to keep the suite quick.
+fn kill_points(total: u64, first: u64, stride: u64) -> Vec<u64> {
+    let full = std::env::var("GANGWAY_FAULT_SWEEP").is_ok_and(|v| v == "full");
+    (1..=total)
+        .filter(|n| full || *n <= first || n % stride == 0)
+        .collect()
+}
+
+/// After a kill: nothing of the cloud's left once the user ran `down
+/// --all`, no process of the test's left, no row left.
+fn assert_nothing_left(home: &TestHome, after: &str) {
+    let (code, out, err) = parts(&home.run(["down", "--all", "-y"]));
+    assert_eq!(code, 0, "{after}: down --all:\n{out}\n{err}");
+    assert!(
+        home.instance_records().is_empty(),
+        "{after}: instances left: {:?}",
+        home.instance_records()
+    );
+    assert!(home.clusters().is_empty(), "{after}: rows left");
+    wait_for(after, DEADLINE, || {
+        let left = crate::common::procs_with_marker(&home.marker);
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(crate::common::describe_procs(&left))
+        }
+    });
+}
+
+#[test]
+fn the_fault_sweep_kills_launch_at_every_provider_call_and_nothing_leaks() {
+    let body = "run: echo swept-$NODE_RANK\n";
+    // The baseline counts the kill points of one whole `launch --down`.
+    let base = TestHome::new();
+    let t = task(&base, body);
+    std::fs::create_dir_all(base.path().join("local")).unwrap();
+    std::fs::write(base.path().join("local/faults.json"), r#"{"kill_at": 0}"#).unwrap();
+    let (code, out, err) = parts(&base.run(["launch", &t, "-c", "sweep", "--down", "-y"]));
+    assert_eq!(code, 0, "baseline:\n{out}\n{err}");
+    let total = calls(&base);
+    assert!(total >= 4, "a launch and a teardown at least: {total}");
+    let mut swept = 0;
+    for n in kill_points(total, total, 1) {
+        let home = TestHome::new();
+        let t = task(&home, body);
+        std::fs::create_dir_all(home.path().join("local")).unwrap();
+        std::fs::write(
+            home.path().join("local/faults.json"),
+            format!(r#"{{"kill_at": {n}}}"#),
+        )
+        .unwrap();
+        let (code, out, err) = parts(&home.run(["launch", &t, "-c", "sweep", "--down", "-y"]));
+        heal(&home);
+        let what = format!("kill point {n} of {total} (launch exit {code})\n{out}\n{err}");
+        // What a user does next: launch the same name again. It finishes
+        // or replaces what the killed one left; never two clusters.
+        let (code2, out2, err2) = parts(&home.run(["launch", &t, "-c", "sweep", "-y"]));
+        assert!(
+            code2 == 0 || code2 == 2,
+            "{what}\nrelaunch: {code2}\n{out2}\n{err2}"
+        );
+        assert!(
+            home.instance_records().len() <= 2,
+            "{what}: two clusters for one name: {:?}",
+            home.instance_records()
+        );
+        assert_nothing_left(&home, &what);
+        swept += 1;
+    }
+    eprintln!(
+        "fault sweep (launch --down, local): kill points swept: {swept}; resources leaked: 0"
+    );
+}
+
+#[test]
+fn the_fault_sweep_kills_a_managed_jobs_controller_at_every_provider_call() {
+    // Two spot nodes, preempted once without notice 1.5 s in; the run
+    // takes about 3 s, so the sweep meets provisioning, watching, the
+    // preemption, the recovery and the final teardown.
+    let body = |home: &TestHome| {
+        home.file(
+            "job.yaml",
+            &format!(
+                "num_nodes: 2\nresources:\n  infra: local\n  use_spot: true\nenvs:\n  GW_TEST_MARKER: {}\nconfig:\n  local:\n    preemptions:\n      - {{after_s: 1.5}}\nrun: sleep 3; echo done-$NODE_RANK\n",
+                home.marker
+            ),
+        )
+    };
+    let managed_state = |home: &TestHome| -> Value {
+        let (_, out, _) = parts(&home.run(["jobs", "queue", "-o", "json"]));
+        serde_json::from_str::<Value>(&out).unwrap_or_default()["jobs"][0].clone()
+    };
+    let base = TestHome::new();
+    let t = body(&base);
+    std::fs::create_dir_all(base.path().join("local")).unwrap();
+    std::fs::write(base.path().join("local/faults.json"), r#"{"kill_at": 0}"#).unwrap();
+    let (code, out, err) = parts(&base.run(["jobs", "launch", &t, "--wait"]));
+    assert_eq!(code, 0, "baseline:\n{out}\n{err}");
+    assert_eq!(managed_state(&base)["preemptions"], 1);
+    let total = calls(&base);
+    let mut swept = 0;
+    for n in kill_points(total, 6, 4) {
+        let home = TestHome::new();
+        let t = body(&home);
+        std::fs::create_dir_all(home.path().join("local")).unwrap();
+        std::fs::write(
+            home.path().join("local/faults.json"),
+            format!(r#"{{"kill_at": {n}}}"#),
+        )
+        .unwrap();
+        // The controller runs in this process (--wait): the kill takes both.
+        let (code, out, err) = parts(&home.run(["jobs", "launch", &t, "--wait"]));
+        heal(&home);
+        let what = format!("kill point {n} of {total} (exit {code})\n{out}\n{err}");
+        // What a user does next: look at the queue, which starts a
+        // controller again; the job must end (or resume and end).
+        let j = wait_for(&what, DEADLINE, || {
+            let j = managed_state(&home);
+            match j["state"].as_str() {
+                Some("SUCCEEDED" | "FAILED" | "CANCELLED" | "FAILED_NO_RESOURCE")
+                    if home.clusters().is_empty() =>
+                {
+                    Ok(j)
+                }
+                _ => Err(j.to_string()),
+            }
+        });
+        assert_eq!(j["state"], "SUCCEEDED", "{what}\n{j}");
+        assert!(
+            home.instance_records().is_empty(),
+            "{what}: instances left: {:?}",
+            home.instance_records()
+        );
+        assert_nothing_left(&home, &what);
+        swept += 1;
+    }
+    eprintln!(
+        "fault sweep (jobs launch, one preemption, local): kill points swept: {swept} of {total}; resources leaked: 0"
+    );
+}

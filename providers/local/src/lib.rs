@@ -591,7 +591,7 @@ impl Provider for LocalProvider {
 
     async fn launch(&self, req: &LaunchRequest) -> Result<Vec<Node>> {
         self.fault("launch")?;
-        let nodes = self.launch_now(req)?;
+        let nodes = self.returned(self.launch_now(req))?;
         // A cloud takes a while to boot nodes; `boot_s` simulates that
         // (outside the lock), so interrupted launches can be exercised.
         if let Ok(cfg) = LocalConfig::parse(req.provider_config.as_ref()) {
@@ -604,31 +604,76 @@ impl Provider for LocalProvider {
 
     async fn describe(&self, cluster: &ClusterName) -> Result<Vec<Node>> {
         self.fault("describe")?;
-        self.describe_now(cluster)
+        self.returned(self.describe_now(cluster))
     }
 
     async fn stop(&self, cluster: &ClusterName) -> Result<()> {
         self.fault("stop")?;
-        self.stop_now(cluster)
+        self.returned(self.stop_now(cluster))
     }
 
     async fn start(&self, cluster: &ClusterName, config: Option<&Value>) -> Result<Vec<Node>> {
-        self.start_now(cluster, config)
+        self.fault("start")?;
+        self.returned(self.start_now(cluster, config))
     }
 
     async fn terminate(&self, cluster: &ClusterName) -> Result<()> {
         self.fault("terminate")?;
-        self.terminate_now(cluster)
+        self.returned(self.terminate_now(cluster))
     }
 }
 
 impl LocalProvider {
+    /// Counts a kill point and dies at the one `faults` names.
+    fn kill_point(&self, faults: &serde_json::Map<String, Value>) -> Result<()> {
+        let Some(at) = faults.get("kill_at").and_then(Value::as_u64) else {
+            return Ok(());
+        };
+        let counter = self.layout.root.join("calls");
+        let n = std::fs::read_to_string(&counter)
+            .ok()
+            .and_then(|t| t.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+            + 1;
+        std::fs::write(&counter, n.to_string()).map_err(|e| fatal(REGION, "counting calls", e))?;
+        if n == at {
+            // SAFETY: kill(2) of this very process, on the test's request.
+            unsafe {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+        }
+        Ok(())
+    }
+
+    /// The kill point as a call returns.
+    fn returned<T>(&self, r: Result<T>) -> Result<T> {
+        let path = self.layout.root.join("faults.json");
+        if path.exists() {
+            if let Ok(_lock) = self.layout.lock() {
+                let faults: Option<serde_json::Map<String, Value>> = std::fs::read_to_string(&path)
+                    .ok()
+                    .and_then(|t| serde_json::from_str(&t).ok());
+                if let Some(f) = faults {
+                    self.kill_point(&f)?;
+                }
+            }
+        }
+        r
+    }
+
     /// The local cloud's API failing on purpose, as the emulators of the
     /// real clouds can: `root/faults.json` maps an operation (`launch`,
     /// `describe`, `stop`, `terminate`) to `{"times": N, "kind": K,
     /// "message": M}`; the next N calls (all of them when N is -1) fail
     /// with that error kind (`transient`, `auth`, `fatal`, ...) and change
     /// nothing. Tests write the file; it does not exist otherwise.
+    ///
+    /// `{"kill_at": N}` in the same file is the fault sweep's kill point:
+    /// every call's arrival and its return are counted across processes
+    /// (`root/calls`), and the process at the N-th of them is killed with
+    /// SIGKILL there (odd N: before a call changes anything; even N: after
+    /// it did, before the caller hears), as a test harness kills a client
+    /// when an emulator logs its N-th request.
     fn fault(&self, op: &str) -> Result<()> {
         let path = self.layout.root.join("faults.json");
         if !path.exists() {
@@ -648,6 +693,7 @@ impl LocalProvider {
                 format!("{}: not a faults file: {e}", path.display()),
             )
         })?;
+        self.kill_point(&all)?;
         let Some(f) = all.get_mut(op).and_then(Value::as_object_mut) else {
             return Ok(());
         };
