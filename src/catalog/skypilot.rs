@@ -5,7 +5,7 @@
 //! of their own (empty `InstanceType`) priced apart from the host; those are
 //! joined to the host types they attach to, and the offering costs both.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::{CatalogError, Offering};
 
@@ -225,7 +225,9 @@ fn hosts_for(gpu: &str, count: f32, host: &Offering) -> bool {
                 ("K80", 2) => 16,
                 ("K80", 4) => 32,
                 ("K80", 8) => 64,
-                _ => 0,
+                // No such host: with 0 here, hosts that gave no vCPUs took
+                // any count.
+                _ => return false,
             };
             host.vcpus as u32 <= max_vcpus
         }
@@ -239,10 +241,17 @@ fn attach_gpus(
     shown: &str,
     warnings: &mut Vec<String>,
 ) -> Vec<Offering> {
+    // Each host type once per zone, and each GPU row once per (GPU, count,
+    // zone): the join pairs them, so repeated rows multiplied each other
+    // (1 MB of repeated T4 and N1 rows made 300 million offerings).
     let mut by_zone: HashMap<&str, Vec<&Offering>> = HashMap::new();
+    let mut host_seen: HashSet<(&str, &str)> = HashSet::new();
     for h in hosts.iter().filter(|h| h.accelerator.is_none()) {
-        by_zone.entry(h.zone.as_str()).or_default().push(h);
+        if host_seen.insert((h.zone.as_str(), h.instance_type.as_str())) {
+            by_zone.entry(h.zone.as_str()).or_default().push(h);
+        }
     }
+    let mut gpu_seen: HashSet<(String, u32, String)> = HashSet::new();
     let mut out = Vec::new();
     for (g, line) in gpus {
         let Some(name) = g.accelerator.as_deref() else {
@@ -251,6 +260,18 @@ fn attach_gpus(
             ));
             continue;
         };
+        let key = (
+            name.to_string(),
+            g.accelerator_count.to_bits(),
+            g.zone.clone(),
+        );
+        if !gpu_seen.insert(key) {
+            warnings.push(format!(
+                "{shown}:{line}: {name}:{} in {} is listed again; the first row is used",
+                g.accelerator_count, g.zone
+            ));
+            continue;
+        }
         let mut matched = false;
         for h in by_zone.get(g.zone.as_str()).into_iter().flatten() {
             if !hosts_for(name, g.accelerator_count, h) {
@@ -339,6 +360,41 @@ n1-standard-96,96.0,360.0,,,,us-central1,us-central1-a,4.5,1.0
         // T4 in a zone without hosts, and TPUs, produce nothing.
         assert!(rows.iter().all(|o| o.accelerator.as_deref() != Some("T4")));
         assert!(rows.iter().all(|o| !o.instance_type.is_empty()));
+    }
+
+    /// Found with a hand-made input while fuzzing the catalog loader: GPU
+    /// rows are joined to every host they fit in their zone, so repeated
+    /// rows multiplied (1 MB of them ran out of memory).
+    #[test]
+    fn repeated_rows_do_not_multiply_in_the_join() {
+        let n = 1000;
+        let mut csv = String::from(
+            "InstanceType,vCPUs,MemoryGiB,AcceleratorName,AcceleratorCount,GpuInfo,Region,AvailabilityZone,Price,SpotPrice\n",
+        );
+        for i in 0..n {
+            csv.push_str(&format!("n1-standard-{i},4,15,,,,r,z,0.1,0.1\n"));
+            csv.push_str(",,,T4,1,,r,z,0.3,0.1\n");
+        }
+        // Twice the same host type, and a count no N1 host takes with a
+        // host that gave no vCPUs.
+        csv.push_str("n1-standard-0,4,15,,,,r,z,0.2,0.2\n,,,T4,3,,r,z,0.9,0.3\nn1-standard-x,,,,,,r,z,0.1,\n");
+        let (rows, warnings) = load_skypilot_csv("gcp", &csv, "gcp/vms.csv").unwrap();
+        let t4: Vec<_> = rows
+            .iter()
+            .filter(|o| o.accelerator.as_deref() == Some("T4"))
+            .collect();
+        assert_eq!(t4.len(), n + 1, "one T4:1 offering per N1 host type");
+        assert!(t4.iter().all(|o| o.accelerator_count == 1.0));
+        assert_eq!(
+            t4[0].price,
+            Some(0.4),
+            "the first n1-standard-0 row is used"
+        );
+        assert_eq!(warnings.len(), n - 1, "{:?}", warnings.first());
+        assert_eq!(
+            warnings[0],
+            "gcp/vms.csv:5: T4:1 in z is listed again; the first row is used"
+        );
     }
 
     #[test]
