@@ -436,7 +436,31 @@ fn a_deadline_moves_a_job_that_spot_keeps_losing_onto_on_demand() {
     let j = managed(&home, 1);
     assert_eq!(j["state"], "SUCCEEDED", "{j}");
     assert_eq!(j["market"], "on-demand", "{j}");
-    let took = j["ended_at"].as_i64().unwrap() - j["submitted_at"].as_i64().unwrap();
-    eprintln!("deadline job took {took} ms for a 30,000 ms deadline; starts: {starts:?}");
+    // The point of the policy: the job finished within its deadline
+    // (`within: 30s` from submission), by the queue's times and by the
+    // events' (both Unix ms).
+    let within_ms = 30_000;
+    let submitted = j["submitted_at"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no submitted_at: {j}"));
+    let ended = j["ended_at"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no ended_at: {j}"));
+    let took = ended - submitted;
+    eprintln!("deadline job took {took} ms for a {within_ms} ms deadline; starts: {starts:?}");
+    assert!(
+        (0..=within_ms).contains(&took),
+        "the job ended {took} ms after it was submitted, past its {within_ms} ms deadline: {j}\n{list:?}"
+    );
+    let succeeded = list
+        .iter()
+        .find(|e| e["state"] == "SUCCEEDED")
+        .and_then(|e| e["at"].as_i64())
+        .unwrap_or_else(|| panic!("no SUCCEEDED event with a time: {list:?}"));
+    assert!(
+        succeeded <= submitted + within_ms,
+        "SUCCEEDED at {succeeded}, {} ms after submission, past the {within_ms} ms deadline: {list:?}",
+        succeeded - submitted
+    );
     assert_no_marker_procs(&home.marker, "the managed job ended");
 }
