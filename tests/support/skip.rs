@@ -24,7 +24,8 @@
 //! * cargo test shows a passing test's output to nobody, so both also append
 //!   a line to the file named by `GANGWAY_SUITE_LOG` when it is set:
 //!   `ran <suite> <test>` or `skipped <suite> <test> <why>`, `<test>` being
-//!   the test's name as libtest gives it (its thread's name; no spaces).
+//!   the test binary's name and the test's as libtest gives it (its
+//!   thread's name), e.g. `it::ssh::a_gang_runs`, with no spaces.
 //!   Each line is one `write(2)` to a file opened with `O_APPEND`, so lines
 //!   of tests running in parallel (and of several test binaries) never
 //!   interleave. `.ci/run` turns the file into its table of suites.
@@ -165,14 +166,32 @@ fn known(suite: &str) {
     );
 }
 
-/// The running test's name: libtest names each test's thread after it.
+/// The running test's name, after its test binary's (`it::ssh::...`,
+/// `fake::...`): libtest names each test's thread after the test, and
+/// cargo names the binary `<target>-<hash>`.
 fn test_name() -> String {
-    let name = std::thread::current()
+    // The path it was started by: current_exe() reads /proc/self/exe,
+    // which says `(deleted)` once a rebuild replaced the file.
+    let binary = std::env::args_os()
+        .next()
+        .map(std::path::PathBuf::from)
+        .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
+        .map(|stem| match stem.rsplit_once('-') {
+            Some((target, hash)) if hash.chars().all(|c| c.is_ascii_hexdigit()) => {
+                target.to_string()
+            }
+            _ => stem,
+        })
+        .unwrap_or_else(|| "unknown-binary".into());
+    let test = std::thread::current()
         .name()
         .unwrap_or("unnamed-thread")
         .to_string();
     // One field in the log line.
-    name.split_whitespace().collect::<Vec<_>>().join("_")
+    format!("{binary}::{test}")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join("_")
 }
 
 /// Appends `line` to `$GANGWAY_SUITE_LOG`, when set, in one write.
