@@ -221,43 +221,18 @@ pub fn parse_assignment(s: &str) -> Result<(String, String), String> {
 
 /// Reads a dotenv-style file: `KEY=VALUE` lines, `#` comments, optional `export `.
 pub fn read_env_file(path: &Path) -> Result<Vec<(String, String)>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        format!(
-            "{}: cannot read env file: {}",
-            path.display(),
-            io_reason(&e)
-        )
-    })?;
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let line = line.strip_prefix("export ").unwrap_or(line);
-        let (k, v) =
-            parse_assignment(line).map_err(|e| format!("{}:{}: {e}", path.display(), i + 1))?;
-        let v = v
-            .strip_prefix('"')
-            .and_then(|v| v.strip_suffix('"'))
-            .or_else(|| v.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')))
-            .unwrap_or(&v)
-            .to_string();
-        out.push((k, v));
-    }
-    Ok(out)
+    read_assignments(path, "env file", true)
 }
 
 /// Reads a secrets file: `KEY=VALUE` lines like an env file, but no error
 /// quotes a line (it would print the value).
 pub fn read_secret_file(path: &Path) -> Result<Vec<(String, String)>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        format!(
-            "{}: cannot read secret file: {}",
-            path.display(),
-            io_reason(&e)
-        )
-    })?;
+    read_assignments(path, "secret file", false)
+}
+
+fn read_assignments(path: &Path, what: &str, quote: bool) -> Result<Vec<(String, String)>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("{}: cannot read {what}: {}", path.display(), io_reason(&e)))?;
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -265,12 +240,16 @@ pub fn read_secret_file(path: &Path) -> Result<Vec<(String, String)>, String> {
             continue;
         }
         let line = line.strip_prefix("export ").unwrap_or(line);
-        let (k, v) = parse_assignment(line).map_err(|_| {
-            format!(
-                "{}:{}: expected KEY=VALUE with a valid name (the line is not shown: it may hold a secret)",
-                path.display(),
-                i + 1
-            )
+        let (k, v) = parse_assignment(line).map_err(|e| {
+            if quote {
+                format!("{}:{}: {e}", path.display(), i + 1)
+            } else {
+                format!(
+                    "{}:{}: expected KEY=VALUE with a valid name (the line is not shown: it may hold a secret)",
+                    path.display(),
+                    i + 1
+                )
+            }
         })?;
         let v = v
             .strip_prefix('"')
