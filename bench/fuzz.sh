@@ -50,7 +50,11 @@ fi
 # libfuzzer-sys compiles libFuzzer (C++) with the cc crate, which runs $CXX
 # or `c++`; rusqlite's bundled SQLite needs a C compiler (`cc`).
 if [[ -n ${CXX:-} ]]; then
-    command -v "${CXX%% *}" >/dev/null 2>&1 || { echo "fuzz.sh: CXX=$CXX is not found." >&2; missing=1; }
+    if ! command -v "${CXX%% *}" >/dev/null 2>&1; then
+        echo "fuzz.sh: CXX=$CXX is not found." >&2
+        echo "  unset CXX, or install a C++ compiler: sudo apt-get install g++   (Debian/Ubuntu)" >&2
+        missing=1
+    fi
 elif ! command -v c++ >/dev/null 2>&1; then
     for cxx in clang++ g++; do
         if command -v $cxx >/dev/null 2>&1; then
