@@ -149,7 +149,16 @@ impl Error {
                         )
                     })
                     .collect();
-                v.push("hint: allow more zones, regions or GPU types (infra, any_of), try --use-spot, or raise config.local.capacity on the local provider".into());
+                // Nodes that came up but could not be logged in to: more
+                // zones would not help; the SSH error's own hint says what.
+                if attempts
+                    .iter()
+                    .all(|a| a.outcome.starts_with("cannot reach the nodes"))
+                {
+                    v.push("hint: the nodes came up but gangway could not log in to them over SSH; the reason and what to do are on the line(s) above".into());
+                } else {
+                    v.push("hint: allow more zones, regions or GPU types (infra, any_of), try --use-spot, or raise config.local.capacity on the local provider".into());
+                }
                 v
             }
             Error::Provision(ProvisionError::Provider(e)) | Error::Provider(e)

@@ -231,6 +231,20 @@ impl SshTransport {
         tokio::time::Instant::now() + self.connect_timeout
     }
 
+    /// The key offered to `t` and the known_hosts file, for error hints;
+    /// `booting`: a cloud VM, whose key may arrive after its sshd.
+    fn facts(&self, t: &SshTarget, booting: bool) -> ConnectFacts {
+        ConnectFacts {
+            key: t.key.clone().unwrap_or_else(|| self.key.clone()),
+            known_hosts: self.known_hosts.clone(),
+            denied_grace: if booting {
+                DENIED_GRACE
+            } else {
+                Duration::ZERO
+            },
+        }
+    }
+
     /// Whether a node's host key may be new: while provisioning, or for a
     /// node provisioned without contact (`--provision-only`), met here for
     /// the first time.
@@ -441,31 +455,55 @@ fn parse_hop(hop: &str, key: Option<PathBuf>, via: Option<&PathBuf>) -> SshTarge
     }
 }
 
+/// How long a cloud node that refuses gangway's key is asked again: a
+/// fresh VM's guest agent may add the key a little after sshd starts.
+/// Machines that were up before (pool hosts, jump hosts) get none.
+const DENIED_GRACE: Duration = Duration::from_secs(90);
+
 /// Opens a master connection, retrying with backoff (a booting node's
-/// sshd is not up yet) until `deadline`; a changed host key is final.
+/// sshd is not up yet) until `deadline`. A host key that does not match,
+/// a name that does not resolve, and a key refused for longer than the
+/// node's grace ([`DENIED_GRACE`] for cloud VMs) are final. The error says
+/// what ssh said and what to do.
 async fn connect_with_retry(
     b: SessionBuilder,
     t: SshTarget,
     who: String,
     deadline: tokio::time::Instant,
+    facts: ConnectFacts,
 ) -> Result<(SshTarget, Arc<Session>), TransportError> {
     let mut pause = Duration::from_millis(200);
+    let mut denied_since: Option<tokio::time::Instant> = None;
     loop {
         // Native multiplexing: commands are sent to the master over its
         // control socket by this process, with no ssh client per command.
         match b.connect_mux(&t.host).await {
             Ok(s) => return Ok((t, Arc::new(s))),
             Err(e) => {
-                let why = explain_connect(&e);
-                let fatal = why.contains("host key changed");
-                if fatal || tokio::time::Instant::now() + pause > deadline {
+                let (failure, said) = classify_connect(&e);
+                let now = tokio::time::Instant::now();
+                let fatal = match failure {
+                    ConnectFailure::HostKeyChanged
+                    | ConnectFailure::HostKeyUnknown
+                    | ConnectFailure::NoSuchHost => true,
+                    ConnectFailure::Denied => {
+                        now.duration_since(*denied_since.get_or_insert(now)) >= facts.denied_grace
+                    }
+                    _ => false,
+                };
+                if fatal || now + pause > deadline {
+                    let hint = connect_hint(failure, &t, &facts);
+                    let why = match hint {
+                        Some(h) => format!("{said} (hint: {h})"),
+                        None => said,
+                    };
                     return Err(TransportError {
                         node: who,
                         what: format!("cannot connect to {}", t.key_name()),
                         source: std::io::Error::other(why),
                     });
                 }
-                tracing::info!("waiting for sshd on {}: {why}", t.key_name());
+                tracing::info!("waiting for sshd on {}: {said}", t.key_name());
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(5));
             }
@@ -483,16 +521,143 @@ fn rsync_path(t: &SshTarget, p: &str) -> String {
     format!("{}:{}", t.host, p)
 }
 
-fn explain_connect(e: &openssh::Error) -> String {
-    let text = format!("{e:?}");
-    if text.contains("IDENTIFICATION HAS CHANGED") || text.contains("Host key verification failed")
-    {
-        "its host key changed since gangway first connected (or is unknown): refusing to connect; \
-         if the node was really replaced, remove its line from the cluster's known_hosts file"
-            .into()
+/// What the hints of a failed connection name (the key gangway offered,
+/// the cluster's known_hosts file), and how long a refused key is retried.
+#[derive(Clone, Debug)]
+struct ConnectFacts {
+    key: PathBuf,
+    known_hosts: PathBuf,
+    denied_grace: Duration,
+}
+
+/// Why ssh could not connect, from what it said.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ConnectFailure {
+    /// The server refused the key or the user (`Permission denied`).
+    Denied,
+    /// The host key differs from the one recorded.
+    HostKeyChanged,
+    /// No host key recorded, and strict checking asked for.
+    HostKeyUnknown,
+    /// Nothing listens on the port.
+    Refused,
+    /// No answer in time, or no route.
+    Unreachable,
+    /// The host name does not resolve.
+    NoSuchHost,
+    /// Anything else.
+    Other,
+}
+
+/// Classifies a failed connection and says, in ssh's own words (its
+/// stderr, without the banner and the "Permanently added" notices), what
+/// happened.
+fn classify_connect(e: &openssh::Error) -> (ConnectFailure, String) {
+    let full = match e {
+        // ssh's stderr is the io error's message.
+        openssh::Error::Connect(io) | openssh::Error::Master(io) => io.to_string(),
+        other => gangway_provider::error_chain(other),
+    };
+    let lines: Vec<&str> = full
+        .lines()
+        .map(|l| l.trim().trim_start_matches("ssh: "))
+        .filter(|l| {
+            !l.is_empty()
+                && !l.starts_with('@')
+                && !l.starts_with("Warning: Permanently added")
+                && !l.starts_with("Pseudo-terminal")
+        })
+        .collect();
+    let has = |p: &str| full.contains(p);
+    let pick = |p: &str| {
+        lines
+            .iter()
+            .find(|l| l.contains(p))
+            .map(|l| l.to_string())
+            .unwrap_or_else(|| p.to_string())
+    };
+    let (failure, said) = if has("IDENTIFICATION HAS CHANGED") {
+        (
+            ConnectFailure::HostKeyChanged,
+            "REMOTE HOST IDENTIFICATION HAS CHANGED: Host key verification failed".to_string(),
+        )
+    } else if has("Host key verification failed") {
+        let said = lines
+            .iter()
+            .find(|l| l.contains("host key is known"))
+            .map(|l| format!("{l} Host key verification failed."))
+            .unwrap_or_else(|| pick("Host key verification failed"));
+        (ConnectFailure::HostKeyUnknown, said)
+    } else if has("Permission denied") && !has("connect to host") {
+        (ConnectFailure::Denied, pick("Permission denied"))
+    } else if has("Connection refused") {
+        (ConnectFailure::Refused, pick("Connection refused"))
+    } else if has("Could not resolve hostname") || has("Name or service not known") {
+        (
+            ConnectFailure::NoSuchHost,
+            pick("Could not resolve hostname"),
+        )
+    } else if has("timed out") || has("No route to host") || has("Network is unreachable") {
+        let p = ["timed out", "No route to host", "Network is unreachable"]
+            .into_iter()
+            .find(|p| has(p))
+            .unwrap_or("timed out");
+        (ConnectFailure::Unreachable, pick(p))
     } else {
-        e.to_string()
-    }
+        let said = if lines.is_empty() {
+            e.to_string()
+        } else {
+            lines.join("; ")
+        };
+        (ConnectFailure::Other, said)
+    };
+    (failure, said)
+}
+
+/// What to do about a failed connection.
+fn connect_hint(failure: ConnectFailure, t: &SshTarget, facts: &ConnectFacts) -> Option<String> {
+    let key = facts.key.display();
+    let known = facts.known_hosts.display();
+    let user = if t.user.is_empty() {
+        "ssh's default user".to_string()
+    } else {
+        format!("user '{}'", t.user)
+    };
+    Some(match failure {
+        ConnectFailure::Denied => format!(
+            "the node refused gangway's key for {user}: gangway offers {key}; add its public half \
+             ({key}.pub) to that user's ~/.ssh/authorized_keys on the node, or give the key and user \
+             that work there (`key:` and `user:` in ssh_pools.yaml, `ssh_user` in the task's config); \
+             a locked account or a user the image does not have is refused the same way"
+        ),
+        ConnectFailure::HostKeyChanged => format!(
+            "the node's host key is not the one gangway recorded in {known} when it first \
+             connected; if the node was really replaced, remove its entry \
+             (`ssh-keygen -R '[{}]:{}' -f {known}`); otherwise another machine answers at that address",
+            t.host, t.port
+        ),
+        ConnectFailure::HostKeyUnknown => format!(
+            "gangway has no host key of this node in {known} and checks strictly after first \
+             contact; if the file was lost and the node is yours, `ssh-keyscan -p {} {}` adds it \
+             (compare the key with the node's own first)",
+            t.port, t.host
+        ),
+        ConnectFailure::Refused => format!(
+            "nothing accepts connections on {}:{}: the node is not up yet (a fresh VM starts sshd \
+             late), sshd is not running there, or the port is wrong",
+            t.host, t.port
+        ),
+        ConnectFailure::Unreachable => format!(
+            "no answer from {}:{}: the node is not up yet, or a firewall (security group, firewall \
+             rule) drops SSH from this machine's address",
+            t.host, t.port
+        ),
+        ConnectFailure::NoSuchHost => format!(
+            "the name '{}' does not resolve: check the node's address (ssh_pools.yaml) or your DNS",
+            t.host
+        ),
+        ConnectFailure::Other => return None,
+    })
 }
 
 /// The AWS spot interruption watcher (`templates/aws-spot-watch.sh`): run
@@ -570,8 +735,9 @@ impl Transport for SshTransport {
                     None => {
                         let b = self.builder(&hop_target, self.accepts(node), via.as_deref())?;
                         let who = format!("jump host {hop} (for {})", name(node));
+                        let facts = self.facts(&hop_target, false);
                         let (k, s) =
-                            connect_with_retry(b, hop_target, who, self.deadline()).await?;
+                            connect_with_retry(b, hop_target, who, self.deadline(), facts).await?;
                         if let Ok(mut m) = self.sessions.lock() {
                             m.insert(k, Arc::clone(&s));
                         }
@@ -597,9 +763,11 @@ impl Transport for SshTransport {
             let who = name(node);
             let sem = Arc::clone(&sem);
             let deadline = self.deadline();
+            // Pool hosts were up before: a refused key is final at once.
+            let facts = self.facts(&t, !node.extra.contains_key("pool"));
             tasks.spawn(async move {
                 let _permit = sem.acquire_owned().await;
-                connect_with_retry(b, t, who, deadline).await
+                connect_with_retry(b, t, who, deadline, facts).await
             });
         }
         let mut first_err = None;
@@ -1049,5 +1217,99 @@ mod tests {
             ("gpu7", 2222, "ubuntu")
         );
         assert_eq!(t.jump.as_deref(), Some("bastion"));
+    }
+
+    /// A connect error as the openssh crate builds it from ssh's stderr.
+    fn connect_err(stderr: &str) -> openssh::Error {
+        openssh::Error::Connect(std::io::Error::other(stderr.to_string()))
+    }
+
+    #[test]
+    fn what_ssh_said_is_kept_and_classified() {
+        let cases = [
+            (
+                "Warning: Permanently added '[127.0.30.1]:2222' (ED25519) to the list of known hosts.\r\n\
+                 root@127.0.30.1: Permission denied (publickey).",
+                ConnectFailure::Denied,
+                "root@127.0.30.1: Permission denied (publickey).",
+            ),
+            (
+                "@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@\n\
+                 @    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @\n\
+                 @@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@\n\
+                 IT IS POSSIBLE THAT SOMEONE IS DOING SOMETHING NASTY!\n\
+                 Host key verification failed.",
+                ConnectFailure::HostKeyChanged,
+                "REMOTE HOST IDENTIFICATION HAS CHANGED: Host key verification failed",
+            ),
+            (
+                "No ED25519 host key is known for [10.0.0.5]:22 and you have requested strict checking.\n\
+                 Host key verification failed.",
+                ConnectFailure::HostKeyUnknown,
+                "No ED25519 host key is known for [10.0.0.5]:22 and you have requested strict checking. Host key verification failed.",
+            ),
+            (
+                "ssh: connect to host 127.0.30.1 port 2222: Connection refused",
+                ConnectFailure::Refused,
+                "connect to host 127.0.30.1 port 2222: Connection refused",
+            ),
+            (
+                "ssh: connect to host 10.1.2.3 port 22: Connection timed out",
+                ConnectFailure::Unreachable,
+                "connect to host 10.1.2.3 port 22: Connection timed out",
+            ),
+            (
+                "ssh: connect to host 10.1.2.3 port 22: Permission denied",
+                ConnectFailure::Other,
+                "connect to host 10.1.2.3 port 22: Permission denied",
+            ),
+            (
+                "ssh: Could not resolve hostname gpu9: Name or service not known",
+                ConnectFailure::NoSuchHost,
+                "Could not resolve hostname gpu9: Name or service not known",
+            ),
+        ];
+        for (stderr, failure, said) in cases {
+            assert_eq!(
+                classify_connect(&connect_err(stderr)),
+                (failure, said.to_string()),
+                "{stderr}"
+            );
+        }
+    }
+
+    #[test]
+    fn each_failure_gets_the_hint_that_fits() {
+        let t = SshTarget {
+            host: "10.0.0.5".into(),
+            port: 22,
+            user: "ubuntu".into(),
+            key: None,
+            jump: None,
+        };
+        let facts = ConnectFacts {
+            key: "/h/ssh/id_ed25519".into(),
+            known_hosts: "/h/ssh/known_hosts/c1".into(),
+            denied_grace: Duration::ZERO,
+        };
+        let hint = |f| connect_hint(f, &t, &facts).unwrap_or_default();
+        let denied = hint(ConnectFailure::Denied);
+        assert!(
+            denied.contains("/h/ssh/id_ed25519.pub") && denied.contains("user 'ubuntu'"),
+            "{denied}"
+        );
+        assert!(hint(ConnectFailure::HostKeyChanged).contains("/h/ssh/known_hosts/c1"));
+        assert!(hint(ConnectFailure::HostKeyUnknown).contains("/h/ssh/known_hosts/c1"));
+        assert!(hint(ConnectFailure::Refused).contains("not up yet"));
+        assert!(hint(ConnectFailure::Unreachable).contains("firewall"));
+        assert!(hint(ConnectFailure::NoSuchHost).contains("does not resolve"));
+        for f in [
+            ConnectFailure::Denied,
+            ConnectFailure::HostKeyChanged,
+            ConnectFailure::Refused,
+        ] {
+            assert!(!hint(f).contains("zone"), "no capacity talk: {}", hint(f));
+        }
+        assert_eq!(connect_hint(ConnectFailure::Other, &t, &facts), None);
     }
 }

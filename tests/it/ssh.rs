@@ -229,6 +229,85 @@ fn a_changed_host_key_is_refused_naming_the_node() {
     assert!(err.contains("host key"), "{err}");
 }
 
+/// A fresh ed25519 key pair no server knows; returns the private half.
+fn stranger_key(dir: &std::path::Path) -> std::path::PathBuf {
+    let key = dir.join("stranger");
+    let ok = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&key)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    key
+}
+
+#[test]
+fn a_refused_key_says_permission_denied_and_which_key_was_offered() {
+    let Some(sshd) = Sshd::start(1) else { return };
+    let home = tempfile::tempdir().unwrap();
+    let key = stranger_key(home.path());
+    let mut ns = nodes(&sshd, 1);
+    ns[0]
+        .extra
+        .insert("ssh.key".into(), key.display().to_string());
+    let t = SshTransport::new(home.path(), "denied", true)
+        .unwrap()
+        .with_connect_timeout(Duration::from_secs(5));
+    let err = connect(&t, &ns).unwrap_err();
+    assert!(err.contains("Permission denied"), "ssh's words: {err}");
+    assert!(
+        err.contains(&format!("{}.pub", key.display())) && err.contains("authorized_keys"),
+        "the key hint: {err}"
+    );
+    assert!(
+        !err.contains("zone") && !err.contains("failed to connect to the remote host"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_port_nobody_listens_on_says_connection_refused() {
+    let Some(sshd) = Sshd::start(1) else { return };
+    let home = tempfile::tempdir().unwrap();
+    let mut ns = nodes(&sshd, 1);
+    let port = {
+        let l = std::net::TcpListener::bind((sshd.addrs[0].as_str(), 0)).unwrap();
+        l.local_addr().unwrap().port()
+    };
+    ns[0].extra.insert("ssh.port".into(), port.to_string());
+    let t = SshTransport::new(home.path(), "refused", true)
+        .unwrap()
+        .with_connect_timeout(Duration::from_secs(2));
+    let err = connect(&t, &ns).unwrap_err();
+    assert!(err.contains("Connection refused"), "{err}");
+    assert!(err.contains("not up yet"), "{err}");
+}
+
+#[test]
+fn a_pool_launch_with_a_refused_key_gets_the_key_hint_not_the_capacity_one() {
+    let Some(sshd) = Sshd::start(1) else { return };
+    let home = pool_home(&sshd);
+    let key = stranger_key(home.path());
+    let inventory = home.path().join("ssh_pools.yaml");
+    let text = std::fs::read_to_string(&inventory).unwrap().replace(
+        &format!("key: {}", sshd.client_key.display()),
+        &format!("key: {}", key.display()),
+    );
+    std::fs::write(&inventory, text).unwrap();
+    let task = home.file(
+        "one.yaml",
+        "resources:\n  infra: ssh/lab\nrun: echo never\n",
+    );
+    let (code, out, err) = crate::common::parts(&home.run(["launch", &task, "-c", "denied", "-y"]));
+    assert_ne!(code, 0, "{out}\n{err}");
+    assert!(err.contains("Permission denied"), "{err}");
+    assert!(err.contains(&format!("{}.pub", key.display())), "{err}");
+    assert!(
+        !err.contains("allow more zones"),
+        "the capacity hint: {err}"
+    );
+}
+
 fn pool_home(sshd: &Sshd) -> crate::common::TestHome {
     let home = crate::common::TestHome::new();
     let paths = ["s1/l1", "s1/l2", "s1/l1", "s1/l2"];
