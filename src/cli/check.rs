@@ -74,13 +74,20 @@ pub fn check(a: &CheckArgs, out: Output) -> Result<ExitCode, Error> {
             "cloud": name, "ok": ok, "identity": identity, "regions": regions, "hint": hint,
         }));
     }
+    // Whose cloud resources this installation's are: the tag a
+    // `down --orphans` sweep matches.
+    let owner = crate::provision::owner(&home)?;
     if out == Output::Json {
-        print_json(&json!({ "clouds": docs }))?;
+        print_json(&json!({ "clouds": docs, "owner": owner }))?;
     } else {
         table::print(&["CLOUD", "STATUS", "IDENTITY", "REGIONS"], &rows)?;
         for h in &hints {
             println!("\n{h}");
         }
+        println!(
+            "\nowner id: {owner} (in {}; tagged on every cloud resource as gangway-owner; `gangway down --orphans` sweeps only it)",
+            home.join(crate::provision::OWNER_FILE).display()
+        );
     }
     Ok(if all_ok {
         ExitCode::Ok

@@ -103,11 +103,18 @@ pub struct DownArgs {
     /// Every cluster.
     #[arg(long, short = 'a')]
     pub all: bool,
-    /// Also ask the clouds for clusters tagged with your owner tag that
-    /// this machine's state does not know (a lost or other state
-    /// directory), and tear those down too.
+    /// Also ask the clouds for clusters tagged with this installation's
+    /// owner id (`$GANGWAY_HOME/owner`) that its state does not know (a lost
+    /// state database), and tear those down too. Other installations'
+    /// clusters are never touched; those tagged by earlier versions (a user
+    /// name as owner) are listed, not torn down.
     #[arg(long)]
     pub orphans: bool,
+    /// With --orphans: sweep this owner's clusters instead (another
+    /// installation's id, or an earlier version's user name as listed):
+    /// adopts them and tears them down.
+    #[arg(long, requires = "orphans", value_name = "ID")]
+    pub owner: Option<String>,
     /// Do not ask for confirmation.
     #[arg(short = 'y', long)]
     pub yes: bool,
@@ -720,7 +727,7 @@ fn confirm_names(what: &str, names: &[String], yes: bool) -> Result<bool, Error>
 pub fn down(a: &DownArgs, out: Output) -> Result<ExitCode, Error> {
     let (home, store) = open()?;
     if a.orphans {
-        let code = down_orphans(&home, &store, a.yes, out)?;
+        let code = down_orphans(&home, &store, a.yes, out, a.owner.as_deref())?;
         if a.clusters.is_empty() && !a.all {
             return Ok(code);
         }
@@ -786,21 +793,36 @@ pub fn down(a: &DownArgs, out: Output) -> Result<ExitCode, Error> {
     }
 }
 
-/// Tears down what the clouds hold under our owner tag and the state
-/// does not know.
+/// Tears down what the clouds hold under this installation's owner id and
+/// its state does not know, or, with `adopt`, everything under that owner.
+/// Clusters of earlier versions (a user name as owner) are listed with the
+/// command that adopts them; other installations' are only counted.
 fn down_orphans(
     home: &std::path::Path,
     store: &Store,
     yes: bool,
     out: Output,
+    adopt: Option<&str>,
 ) -> Result<ExitCode, Error> {
-    let providers = Providers::new(home);
+    let me = provision::owner(home)?;
+    let target = adopt.unwrap_or(&me).to_string();
+    if target.is_empty() || target.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(Error::usage(
+            format!("--owner '{target}' is not an owner tag"),
+            Some("give an installation's owner id (gw-...) or the user name `gangway down --orphans` listed"),
+        ));
+    }
+    let adopting = target != me;
+    let providers = Providers::with_owner(home, &target);
     let rt = runtime()?;
-    let owner = provision::owner();
     let known: Vec<String> = store.clusters()?.into_iter().map(|c| c.name).collect();
     let mut found: Vec<(String, ClusterName)> = Vec::new();
+    // Earlier versions' clusters by owner tag: (cluster, cloud, user).
+    type Listed = Vec<(String, String, Option<String>)>;
+    let mut legacy: std::collections::BTreeMap<String, Listed> = Default::default();
+    let mut others = 0usize;
     for (cloud, p) in providers.all() {
-        let listed = match rt.block_on(p.clusters(&owner)) {
+        let listed = match rt.block_on(p.clusters()) {
             Ok(l) => l,
             // A cloud you have no credentials for holds nothing of yours
             // that this machine could tear down: say so and go on.
@@ -811,15 +833,45 @@ fn down_orphans(
             Err(e) => return Err(e.into()),
         };
         for c in listed {
-            if !known.contains(&c.0) {
-                found.push((cloud.to_string(), c));
+            if c.owner == target {
+                // Another owner's clusters are not the ones this state knows.
+                if (adopting || !known.contains(&c.name.0))
+                    && !found.iter().any(|(cl, n)| cl == cloud && *n == c.name)
+                {
+                    found.push((cloud.to_string(), c.name));
+                }
+            } else if !gangway_provider::is_owner_id(&c.owner) {
+                if !known.contains(&c.name.0) {
+                    legacy
+                        .entry(c.owner)
+                        .or_default()
+                        .push((c.name.0, cloud.to_string(), c.user));
+                }
+            } else {
+                others += 1;
             }
         }
     }
     let names: Vec<String> = found.iter().map(|(cl, c)| format!("{c} ({cl})")).collect();
+    if out == Output::Table {
+        for (owner, clusters) in &legacy {
+            let list: Vec<String> = clusters
+                .iter()
+                .map(|(c, cloud, _)| format!("{c} ({cloud})"))
+                .collect();
+            println!(
+                "Tagged by an earlier gangway with owner '{owner}' (a user name, not an owner id), left alone: {}",
+                list.join(", ")
+            );
+            println!("  to adopt and tear them down: gangway down --orphans --owner {owner}");
+        }
+        if others > 0 {
+            println!("{others} cluster(s) of other gangway installations seen, not touched.");
+        }
+    }
     if found.is_empty() {
         if out == Output::Table {
-            println!("No orphaned clusters under owner '{owner}'.");
+            println!("No orphaned clusters under owner '{target}'.");
         }
     } else if out == Output::Table && !confirm_names("Tear down orphaned", &names, yes)? {
         return Ok(ExitCode::Interrupted);
@@ -834,7 +886,21 @@ fn down_orphans(
         done.push(json!({"cloud": cloud, "cluster": c.0}));
     }
     if out == Output::Json {
-        print_json(&json!({ "orphans_terminated": done }))?;
+        let legacy: Vec<serde_json::Value> = legacy
+            .iter()
+            .flat_map(|(owner, clusters)| {
+                clusters.iter().map(move |(c, cloud, user)| {
+                    json!({"cloud": cloud, "cluster": c, "owner": owner, "user": user,
+                           "adopt": format!("gangway down --orphans --owner {owner}")})
+                })
+            })
+            .collect();
+        print_json(&json!({
+            "owner": target,
+            "orphans_terminated": done,
+            "earlier_versions": legacy,
+            "other_installations": others,
+        }))?;
     }
     Ok(ExitCode::Ok)
 }

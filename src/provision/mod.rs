@@ -30,8 +30,48 @@ pub struct Providers {
 }
 
 impl Providers {
-    /// Every provider, with state under `home`.
+    /// Every provider, with state under `home`, tagging cloud resources
+    /// with this installation's owner id ([`owner`]). If the id cannot be
+    /// kept, the clouds are left out (with a warning) rather than tagged
+    /// with an id no later sweep would know.
     pub fn new(home: &Path) -> Providers {
+        match owner(home) {
+            Ok(id) => Providers::build(home, home, Some(&id), true),
+            Err(e) => {
+                eprintln!(
+                    "gangway: warning: {e}: without this installation's owner id the cloud providers are off"
+                );
+                Providers::build(home, home, None, false)
+            }
+        }
+    }
+
+    /// Every provider, the clouds acting for the installation whose owner
+    /// id (or, for resources of earlier versions, user name) is `owner`:
+    /// what `down --orphans --owner` adopts with. Another owner's clouds
+    /// keep their records under `home/adopted/<owner>/`, apart from this
+    /// installation's clusters of the same names.
+    pub fn with_owner(home: &Path, owner: &str) -> Providers {
+        if self::owner(home).is_ok_and(|id| id == owner) {
+            return Providers::new(home);
+        }
+        let dir: String = owner
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        Providers::build(home, &home.join("adopted").join(dir), Some(owner), false)
+    }
+
+    /// The providers; AWS and GCP (with an owner only) keep their records
+    /// under `clouds`, and with `legacy` find clusters an earlier version
+    /// recorded there by the user name it tagged them with.
+    fn build(home: &Path, clouds: &Path, owner: Option<&str>, legacy: bool) -> Providers {
         let mut map: BTreeMap<String, Arc<dyn Provider>> = BTreeMap::new();
         map.insert(
             "local".into(),
@@ -58,24 +98,43 @@ impl Providers {
                 )),
             );
         }
-        #[cfg(feature = "gcp")]
-        map.insert(
-            "gcp".into(),
-            Arc::new(gangway_gcp::GcpProvider::new(
-                home.join("gcp"),
-                owner(),
-                home.join("ssh").join("id_ed25519.pub"),
-            )),
-        );
-        #[cfg(feature = "aws")]
-        map.insert(
-            "aws".into(),
-            Arc::new(gangway_aws::AwsProvider::new(
-                home.join("aws"),
-                owner(),
-                home.join("ssh").join("id_ed25519.pub"),
-            )),
-        );
+        #[cfg(not(any(feature = "gcp", feature = "aws")))]
+        let _ = (clouds, owner, legacy);
+        #[cfg(any(feature = "gcp", feature = "aws"))]
+        if let Some(owner) = owner {
+            // The readable name tagged next to the id (`gangway-user`).
+            let user = ["USER", "LOGNAME"]
+                .iter()
+                .find_map(|k| std::env::var(k).ok().filter(|u| !u.is_empty()))
+                .unwrap_or_else(|| "unknown".into());
+            let legacy = if legacy { user.as_str() } else { "" };
+            #[cfg(feature = "gcp")]
+            map.insert(
+                "gcp".into(),
+                Arc::new(
+                    gangway_gcp::GcpProvider::new(
+                        clouds.join("gcp"),
+                        owner,
+                        home.join("ssh").join("id_ed25519.pub"),
+                    )
+                    .with_user(&user)
+                    .with_legacy_owner(legacy),
+                ),
+            );
+            #[cfg(feature = "aws")]
+            map.insert(
+                "aws".into(),
+                Arc::new(
+                    gangway_aws::AwsProvider::new(
+                        clouds.join("aws"),
+                        owner,
+                        home.join("ssh").join("id_ed25519.pub"),
+                    )
+                    .with_user(&user)
+                    .with_legacy_owner(legacy),
+                ),
+            );
+        }
         Providers { map }
     }
 
@@ -405,7 +464,7 @@ pub async fn provision(
         )?;
         let req = LaunchRequest {
             cluster: name.clone(),
-            owner: owner(),
+            owner: owner(store.home())?,
             placement: Placement {
                 cloud: c.cloud.clone(),
                 region: c.region.clone(),
@@ -586,9 +645,74 @@ async fn first_contact(
     t.connect(rows).await.map_err(|e| e.to_string())
 }
 
-/// Who launched: tagged on every resource.
-pub fn owner() -> String {
-    std::env::var("USER").unwrap_or_else(|_| "gangway".into())
+/// The file in `$GANGWAY_HOME` that keeps the installation's owner id.
+pub const OWNER_FILE: &str = "owner";
+
+/// This installation's owner id: `gw-` and 16 hex digits from the system's
+/// random source, tagged on every cloud resource (`gangway-owner`) and the
+/// only owner a plain `down --orphans` sweeps, so installations sharing a
+/// cloud account and a user name never sweep each other's clusters. Made on
+/// first use and kept in `home/owner` (mode 0600). Two processes making it
+/// at once agree on one: each writes its own temporary file, and a hard
+/// link (which fails where the name exists) publishes the first whole.
+pub fn owner(home: &Path) -> Result<String, StateError> {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = home.join(OWNER_FILE);
+    let io = |source: std::io::Error| StateError::Io {
+        path: path.clone(),
+        source,
+    };
+    let read = || -> Result<Option<String>, StateError> {
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                let id = text.trim();
+                if gangway_provider::is_owner_id(id) {
+                    Ok(Some(id.to_string()))
+                } else {
+                    Err(io(std::io::Error::other(format!(
+                        "holds '{}', not an owner id (`gw-` and 16 hex digits)",
+                        id.chars().take(40).collect::<String>()
+                    ))))
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io(e)),
+        }
+    };
+    if let Some(id) = read()? {
+        return Ok(id);
+    }
+    std::fs::create_dir_all(home).map_err(io)?;
+    let mut random = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut random))
+        .map_err(io)?;
+    let id: String = std::iter::once("gw-".to_string())
+        .chain(random.iter().map(|b| format!("{b:02x}")))
+        .collect();
+    let tmp = home.join(format!(
+        ".{OWNER_FILE}.{}.{:016x}",
+        std::process::id(),
+        u64::from_le_bytes(random)
+    ));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| {
+            f.write_all(format!("{id}\n").as_bytes())?;
+            f.sync_all()
+        })
+        .and_then(|()| match std::fs::hard_link(&tmp, &path) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e),
+            _ => Ok(()),
+        });
+    let _ = std::fs::remove_file(&tmp);
+    written.map_err(io)?;
+    // Ours, or the one another process published first.
+    read()?.ok_or_else(|| io(std::io::ErrorKind::NotFound.into()))
 }
 
 /// Tears a cluster down: stops its jobs, terminates every node by tag,

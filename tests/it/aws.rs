@@ -13,11 +13,14 @@ use serde_json::Value;
 
 use crate::common::{command_in, json_doc, parts, Running, TestHome};
 
-/// A home whose gangway talks to the emulator as an owner of its own (so
-/// sweeps never see other tests' clusters).
+/// A home whose gangway talks to the emulator: an installation of its
+/// own (its owner id, so sweeps never take other tests' clusters), with a
+/// user name of its own.
 struct Aws {
     home: TestHome,
     emu: &'static Ec2Emulator,
+    /// `$USER`: the readable `gangway-user` tag (and the owner tag of
+    /// earlier versions).
     owner: String,
 }
 
@@ -59,8 +62,26 @@ impl Aws {
         json_doc(&out)["clusters"][0].clone()
     }
 
+    /// This installation's owner id (made by its first command).
+    fn id(&self) -> String {
+        let path = self.home.path().join("owner");
+        if !path.exists() {
+            let (code, out, err) = parts(&self.run(&["check", "aws", "-o", "json"]));
+            assert_eq!(code, 0, "{out}\n{err}");
+        }
+        std::fs::read_to_string(&path)
+            .expect("the owner id file")
+            .trim()
+            .to_string()
+    }
+
     /// Independent count of what EC2 holds for the cluster, by tag.
     fn left(&self, cluster: &str) -> Vec<String> {
+        self.left_of(cluster, &self.id())
+    }
+
+    /// The same, for resources tagged with this owner.
+    fn left_of(&self, cluster: &str, owner: &str) -> Vec<String> {
         let mut found = Vec::new();
         for region in [
             "us-east-1",
@@ -80,7 +101,7 @@ impl Aws {
                     ("Filter.1.Name", "tag:gangway-cluster"),
                     ("Filter.1.Value.1", cluster),
                     ("Filter.2.Name", "tag:gangway-owner"),
-                    ("Filter.2.Value.1", self.owner.as_str()),
+                    ("Filter.2.Value.1", owner),
                 ];
                 if action == "DescribeInstances" {
                     params.extend([
@@ -312,24 +333,164 @@ fn catalog_refresh_writes_live_spot_prices_into_the_users_overlay() {
     assert_eq!(src["age_days"], 0, "{src}");
 }
 
+/// The value of `key` among the tags of the first resource in an EC2
+/// answer.
+fn tag_in(xml: &str, key: &str) -> Option<String> {
+    let at = xml.find(&format!("<key>{key}</key>"))?;
+    let rest = &xml[at..];
+    let v = rest.split("<value>").nth(1)?.split("</value>").next()?;
+    Some(v.to_string())
+}
+
 #[test]
-fn down_orphans_finds_what_a_lost_state_directory_forgot() {
-    let Some(aws) = Aws::new() else { return };
-    let task = aws.task("orphan", "aws/us-east-1", 1);
-    let (code, out, err) = aws.launch("gw-orphan", &task);
-    assert_eq!(code, 0, "{out}\n{err}");
-    assert!(!aws.left("gw-orphan").is_empty());
-    // Another machine (a fresh home) of the same owner sweeps it up.
-    let other = Aws {
+fn down_orphans_sweeps_only_this_installations_clusters() {
+    let Some(a) = Aws::new() else { return };
+    // Another installation on the same account, logged in as the same user.
+    let b = Aws {
         home: TestHome::new(),
-        emu: aws.emu,
-        owner: aws.owner.clone(),
+        emu: a.emu,
+        owner: a.owner.clone(),
     };
-    let (code, out, err) = parts(&other.run(&["down", "--orphans", "-y"]));
+    let task = a.task("orphan", "aws/us-east-1", 1);
+    let (code, out, err) = a.launch("gw-orph-a", &task);
     assert_eq!(code, 0, "{out}\n{err}");
-    assert!(out.contains("gw-orphan"), "{out}");
-    assert_eq!(aws.left("gw-orphan"), Vec::<String>::new());
-    // The first home still lists it; its down finds nothing left and forgets it.
-    assert_eq!(parts(&aws.run(&["down", "-y", "gw-orphan"])).0, 0);
-    assert!(aws.home.cluster_opt("gw-orphan").is_none());
+    let (code, out, err) = b.launch("gw-orph-b", &task);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let (ida, idb) = (a.id(), b.id());
+    assert!(ida.starts_with("gw-") && ida.len() == 19, "{ida}");
+    assert_ne!(ida, idb, "each installation has an id of its own");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(a.home.path().join("owner"))
+            .unwrap()
+            .permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600);
+    // Both tags on what gangway made: the id, and the readable user.
+    let (_, xml) = a.emu.call(
+        "us-east-1",
+        &[
+            ("Action", "DescribeSecurityGroups"),
+            ("Filter.1.Name", "tag:gangway-cluster"),
+            ("Filter.1.Value.1", "gw-orph-a"),
+        ],
+    );
+    assert_eq!(tag_in(&xml, "gangway-owner"), Some(ida.clone()), "{xml}");
+    assert_eq!(tag_in(&xml, "gangway-user"), Some(a.owner.clone()), "{xml}");
+    // `check` says what the id is.
+    let (_, out, _) = parts(&a.run(&["check", "aws"]));
+    assert!(out.contains(&ida), "{out}");
+
+    // A loses its state and sweeps: only its own cluster goes.
+    for f in ["state.db", "state.db-wal", "state.db-shm"] {
+        let _ = std::fs::remove_file(a.home.path().join(f));
+    }
+    let (code, out, err) = parts(&a.run(&["down", "--orphans", "-y"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("gw-orph-a"), "{out}");
+    assert!(!out.contains("gw-orph-b"), "another installation's: {out}");
+    assert!(
+        out.contains("of other gangway installations seen, not touched"),
+        "{out}"
+    );
+    assert_eq!(a.left("gw-orph-a"), Vec::<String>::new());
+    assert!(!b.left("gw-orph-b").is_empty(), "B's cluster was taken");
+    assert_eq!(b.status("gw-orph-b")["status"], "UP");
+
+    // B adopts what A leaves, by A's id.
+    let (code, out, err) = a.launch("gw-orph-a2", &task);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let (code, out, err) = parts(&b.run(&["down", "--orphans", "--owner", &ida, "-y"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains("Terminated orphaned cluster 'gw-orph-a2'"),
+        "{out}"
+    );
+    assert_eq!(a.left("gw-orph-a2"), Vec::<String>::new());
+    assert!(!b.left("gw-orph-b").is_empty(), "B's own cluster stays");
+    let (code, out, err) = parts(&b.run(&["down", "-y", "gw-orph-b"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(b.left("gw-orph-b"), Vec::<String>::new());
+    // A's record of the first one: its down finds nothing left.
+    let (code, _, err) = parts(&a.run(&["down", "-y", "gw-orph-a2"]));
+    assert_eq!(code, 0, "{err}");
+}
+
+#[test]
+fn a_cluster_tagged_by_an_earlier_version_is_listed_not_deleted() {
+    let Some(aws) = Aws::new() else { return };
+    // What an earlier version made: the user's name as owner tag.
+    let cluster = format!("gw-old-{}", aws.home.marker);
+    let (status, xml) = aws.emu.call(
+        "us-east-1",
+        &[
+            ("Action", "CreateSecurityGroup"),
+            ("GroupName", &format!("gangway-{cluster}-0")),
+            ("GroupDescription", "gangway cluster before owner ids"),
+            ("TagSpecification.1.ResourceType", "security-group"),
+            ("TagSpecification.1.Tag.1.Key", "gangway-cluster"),
+            ("TagSpecification.1.Tag.1.Value", &cluster),
+            ("TagSpecification.1.Tag.2.Key", "gangway-owner"),
+            ("TagSpecification.1.Tag.2.Value", &aws.owner),
+        ],
+    );
+    assert_eq!(status, 200, "{xml}");
+    let (code, out, err) = parts(&aws.run(&["down", "--orphans", "-y"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains(&cluster)
+            && out.contains(&format!("gangway down --orphans --owner {}", aws.owner)),
+        "listed with the command that adopts it: {out}"
+    );
+    assert_eq!(aws.left_of(&cluster, &aws.owner).len(), 1, "deleted: {out}");
+    // JSON says the same.
+    let (code, out, _) = parts(&aws.run(&["down", "--orphans", "-y", "-o", "json"]));
+    assert_eq!(code, 0);
+    let v = json_doc(&out);
+    assert!(
+        v["earlier_versions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["cluster"] == cluster.as_str() && c["owner"] == aws.owner.as_str()),
+        "{v}"
+    );
+    assert_eq!(v["owner"], aws.id().as_str());
+    // Adopted explicitly, it goes.
+    let (code, out, err) = parts(&aws.run(&["down", "--orphans", "--owner", &aws.owner, "-y"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains(&format!("Terminated orphaned cluster '{cluster}'")),
+        "{out}"
+    );
+    assert_eq!(aws.left_of(&cluster, &aws.owner), Vec::<String>::new());
+}
+
+#[test]
+fn commands_racing_on_a_fresh_home_agree_on_one_owner_id() {
+    let Some(aws) = Aws::new() else { return };
+    let runs: Vec<std::thread::JoinHandle<Output>> = (0..8)
+        .map(|_| {
+            let mut c = command_in(aws.home.path());
+            c.envs(aws.emu.env())
+                .env("USER", &aws.owner)
+                .args(["check", "aws", "-o", "json"]);
+            std::thread::spawn(move || Running::start(c).wait())
+        })
+        .collect();
+    let ids: Vec<String> = runs
+        .into_iter()
+        .map(|r| {
+            let (code, out, err) = parts(&r.join().unwrap());
+            assert_eq!(code, 0, "{out}\n{err}");
+            json_doc(&out)["owner"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    let id = aws.id();
+    assert!(ids.iter().all(|i| *i == id), "{ids:?} vs {id}");
+    // Only the id is left in the home: no temporary files.
+    let names = crate::common::dir_names(aws.home.path());
+    assert!(!names.iter().any(|n| n.contains(".owner.")), "{names:?}");
 }

@@ -507,3 +507,134 @@ fn a_managed_job_on_gcp_spot_survives_a_preemption_from_its_kept_checkpoint() {
     );
     crate::common::assert_no_marker_procs(&home.marker, "the managed job ended");
 }
+
+/// gangway in `home` as user `user`, pointed at the fake.
+fn run_as(gce: &GceFake, home: &TestHome, user: &str, args: &[&str]) -> std::process::Output {
+    let mut c = crate::common::command_in(home.path());
+    c.args(args)
+        .env("USER", user)
+        .env("GANGWAY_GCP_ENDPOINT", &gce.url)
+        .env("GOOGLE_CLOUD_PROJECT", "gangway-test")
+        .env("GANGWAY_GCP_SSH_CIDR", "192.0.2.0/24");
+    crate::common::Running::start(c).wait()
+}
+
+/// The owner id a home's gangway made.
+fn owner_id(home: &TestHome) -> String {
+    std::fs::read_to_string(home.path().join("owner"))
+        .expect("the owner id file")
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn down_orphans_on_gcp_sweeps_only_this_installations_clusters() {
+    let Some(gce) = GceFake::start() else { return };
+    let (a, b) = (TestHome::new(), TestHome::new());
+    let user = "Shared.User";
+    let task = a.file(
+        "one.yaml",
+        "resources:\n  infra: gcp/us-central1\n  accelerators: A100:1\n  use_spot: true\nrun: \"true\"\n",
+    );
+    let launch = |home: &TestHome, name: &str| {
+        let (code, out, err) = parts(&run_as(
+            &gce,
+            home,
+            user,
+            &["launch", &task, "--provision-only", "-c", name, "-y"],
+        ));
+        assert_eq!(code, 0, "{out}\n{err}");
+    };
+    launch(&a, "ga");
+    launch(&b, "gb");
+    let (ida, idb) = (owner_id(&a), owner_id(&b));
+    assert_ne!(ida, idb);
+    let va = gce.named("instances", &gangway_gcp::Names::new("ga", &ida).base);
+    assert_eq!(va.len(), 1, "{:#}", gce.state());
+    assert_eq!(va[0]["labels"]["gangway-owner"], ida.as_str(), "{}", va[0]);
+    assert_eq!(va[0]["labels"]["gangway-user"], "shared-user", "{}", va[0]);
+    let rules = gce.named("firewalls", &gangway_gcp::Names::new("ga", &ida).base);
+    assert!(
+        rules.iter().all(|r| r["description"]
+            == format!("gangway cluster ga; owner {ida}; user shared-user").as_str()),
+        "{rules:?}"
+    );
+    // What an earlier version left: a rule whose description names a user
+    // as owner (its VMs are gone).
+    let old = gangway_gcp::Names::new("old-one", "olduser");
+    let made = gce.call(
+        "POST",
+        "/compute/v1/projects/gangway-test/global/firewalls",
+        &serde_json::json!({"name": old.firewall_ssh(), "network": "global/networks/default",
+            "direction": "INGRESS", "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}],
+            "sourceRanges": ["192.0.2.0/24"], "targetTags": [old.tag],
+            "description": "gangway cluster old-one; owner olduser"})
+        .to_string(),
+    );
+    assert!(made.get("error").is_none(), "{made}");
+    // The rule exists once its operation is done (each GET moves it on).
+    let op = format!(
+        "/compute/v1/projects/gangway-test/global/operations/{}",
+        made["name"].as_str().unwrap_or_default()
+    );
+    while gce.call("GET", &op, "")["status"] != "DONE" {}
+    // A loses its state and sweeps.
+    for f in ["state.db", "state.db-wal", "state.db-shm"] {
+        let _ = std::fs::remove_file(a.path().join(f));
+    }
+    let (code, out, err) = parts(&run_as(&gce, &a, user, &["down", "--orphans", "-y"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("Terminated orphaned cluster 'ga'"), "{out}");
+    assert!(!out.contains("'gb'"), "{out}");
+    assert!(
+        out.contains("1 cluster(s) of other gangway installations seen, not touched"),
+        "{out}"
+    );
+    assert!(
+        out.contains("old-one (gcp)") && out.contains("gangway down --orphans --owner olduser"),
+        "{out}"
+    );
+    let left = leftovers(&gce);
+    assert!(
+        !left.iter().any(|l| l.contains("gw-ga-")),
+        "A's cluster: {left:?}"
+    );
+    assert!(
+        left.iter().any(|l| l.starts_with("instances/gw-gb-")),
+        "{left:?}"
+    );
+    assert!(
+        left.contains(&format!("firewalls/{}", old.firewall_ssh())),
+        "the earlier version's rule is not A's to delete: {left:?}"
+    );
+    // Adopted explicitly: the earlier version's, and A's from B.
+    let (code, out, err) = parts(&run_as(
+        &gce,
+        &a,
+        user,
+        &["down", "--orphans", "--owner", "olduser", "-y"],
+    ));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(!leftovers(&gce).contains(&format!("firewalls/{}", old.firewall_ssh())));
+    launch(&a, "ga2");
+    let (code, out, err) = parts(&run_as(
+        &gce,
+        &b,
+        user,
+        &["down", "--orphans", "--owner", &ida, "-y"],
+    ));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("Terminated orphaned cluster 'ga2'"), "{out}");
+    let left = leftovers(&gce);
+    assert!(!left.iter().any(|l| l.contains("gw-ga2-")), "{left:?}");
+    assert!(
+        left.iter().any(|l| l.starts_with("instances/gw-gb-")),
+        "{left:?}"
+    );
+    let (code, out, err) = parts(&run_as(&gce, &b, user, &["down", "-y", "gb"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    let (code, _, err) = parts(&run_as(&gce, &a, user, &["down", "-y", "ga2"]));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(leftovers(&gce), Vec::<String>::new());
+}
+

@@ -54,7 +54,8 @@ impl fmt::Display for InstanceId {
 pub struct LaunchRequest {
     /// The cluster every node is tagged with.
     pub cluster: ClusterName,
-    /// Who launched it (tagged too, for `down --all` sweeps).
+    /// The owner id of the gangway installation launching it (tagged too,
+    /// for `down --orphans` sweeps).
     pub owner: String,
     /// Where.
     pub placement: Placement,
@@ -346,14 +347,39 @@ pub trait Provider: Send + Sync {
         Ok(nodes.iter().map(|n| n.topology.clone()).collect())
     }
 
-    /// Clusters this provider holds resources for under this owner, found
-    /// by tag wherever the provider can look: the sweep that finds what a
-    /// lost state database no longer knows. Providers whose every resource
-    /// is in local records return an empty list.
-    async fn clusters(&self, owner: &str) -> Result<Vec<ClusterName>> {
-        let _ = owner;
+    /// Every cluster this provider holds resources for under gangway's
+    /// tags, whoever's, found wherever the provider can look, each with its
+    /// owner tag (and user tag, where there is one): the sweep that finds
+    /// what a lost state database no longer knows. The caller decides
+    /// which are its own ([`is_owner_id`]). A cluster tagged by several
+    /// owners is listed once per owner. Providers whose every resource is
+    /// in local records return an empty list.
+    async fn clusters(&self) -> Result<Vec<TaggedCluster>> {
         Ok(Vec::new())
     }
+}
+
+/// A cluster found by gangway's tags on a provider's resources.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct TaggedCluster {
+    /// The cluster's exact name.
+    pub name: ClusterName,
+    /// Its `gangway-owner` tag: the owner id of the gangway installation
+    /// that made it, or, on what versions before owner ids made, the
+    /// launching user's name.
+    pub owner: String,
+    /// Its `gangway-user` tag (the launching user, readable), if any.
+    pub user: Option<String>,
+}
+
+/// Whether `tag` is an installation's owner id (`gw-` and 16 lowercase hex
+/// digits), as opposed to the user name earlier versions tagged with.
+pub fn is_owner_id(tag: &str) -> bool {
+    tag.strip_prefix("gw-").is_some_and(|h| {
+        h.len() == 16
+            && h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
 }
 
 /// Asks checkip.amazonaws.com (plain HTTP, 3 s) for this machine's public
@@ -388,6 +414,22 @@ pub fn my_public_ip() -> std::result::Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn owner_ids_are_told_from_user_names() {
+        assert!(is_owner_id("gw-0123456789abcdef"));
+        for not in [
+            "ubuntu",
+            "root",
+            "gw-0123456789ABCDEF",
+            "gw-0123456789abcde",
+            "gw-0123456789abcdef0",
+            "gw-0123456789abcdeg",
+            "",
+        ] {
+            assert!(!is_owner_id(not), "{not}");
+        }
+    }
 
     #[test]
     fn only_capacity_and_quota_fail_over() {

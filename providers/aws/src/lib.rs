@@ -7,7 +7,8 @@
 //! (all or nothing) and a `ClientToken` derived from the request, so a
 //! retried call cannot double the cluster even where the token is not
 //! honoured. Every resource (instances, volumes, security group, key pair,
-//! placement group) carries both tags; teardown finds them the same way.
+//! placement group) carries both tags, and `gangway-user` (who launched it,
+//! for people reading the console); teardown finds them the same way.
 //!
 //! Credentials, region and endpoint come from the SDK's standard chain
 //! (environment, profiles, SSO, IMDS; `AWS_ENDPOINT_URL[_EC2]` for private
@@ -36,7 +37,7 @@ use aws_sdk_ec2::types::{
 use aws_sdk_ec2::Client;
 use gangway_provider::{
     CheckReport, ClusterName, ErrorKind, InstanceId, LaunchRequest, Node, NodeState, Placement,
-    PriceQuote, Prices, Provider, ProviderError, Result,
+    PriceQuote, Prices, Provider, ProviderError, Result, TaggedCluster,
 };
 
 pub use config::AwsOptions;
@@ -46,8 +47,10 @@ use record::{Record, Records};
 
 /// Tag naming the cluster on every resource.
 pub const TAG_CLUSTER: &str = "gangway-cluster";
-/// Tag naming who launched it.
+/// Tag naming the gangway installation that launched it (its owner id).
 pub const TAG_OWNER: &str = "gangway-owner";
+/// Tag naming the user who launched it, for people (sweeps go by the owner).
+pub const TAG_USER: &str = "gangway-user";
 
 /// EC2's reason code for a spot reclaim.
 pub const SPOT_REASON: &str = "Server.SpotInstanceTermination";
@@ -61,6 +64,10 @@ const TOPOLOGY_FAMILIES: &[&str] = &[
 /// The AWS provider.
 pub struct AwsProvider {
     owner: String,
+    user: Option<String>,
+    /// The owner tag versions before owner ids used here (the user's
+    /// name): clusters recorded by them are still found by it.
+    legacy_owner: Option<String>,
     public_key: PathBuf,
     records: Records,
     base: tokio::sync::OnceCell<aws_config::SdkConfig>,
@@ -88,11 +95,29 @@ impl AwsProvider {
     pub fn new(root: PathBuf, owner: impl Into<String>, public_key: PathBuf) -> AwsProvider {
         AwsProvider {
             owner: owner.into(),
+            user: None,
+            legacy_owner: None,
             public_key,
             records: Records::new(root.join("clusters")),
             base: tokio::sync::OnceCell::new(),
             clients: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The same provider tagging its resources with `user` too
+    /// (`gangway-user`, readable; nothing is found by it).
+    pub fn with_user(mut self, user: impl Into<String>) -> AwsProvider {
+        self.user = Some(user.into()).filter(|u: &String| !u.is_empty());
+        self
+    }
+
+    /// The same provider finding clusters that an earlier version recorded
+    /// under this root (records without an owner) by `owner`, the owner tag
+    /// that version gave them (the user's name): so `down` of a cluster
+    /// launched before an upgrade still finds its resources.
+    pub fn with_legacy_owner(mut self, owner: impl Into<String>) -> AwsProvider {
+        self.legacy_owner = Some(owner.into()).filter(|o: &String| !o.is_empty());
+        self
     }
 
     /// The same provider on an explicit SDK configuration instead of the
@@ -128,23 +153,42 @@ impl AwsProvider {
         c
     }
 
-    fn suffix(&self) -> String {
-        format!("{:08x}", fnv(self.owner.as_bytes()) as u32)
+    /// The owner tag of the cluster's resources: the one its record says,
+    /// the earlier version's for a record written before owner ids, else
+    /// this provider's.
+    fn owner_of(&self, cluster: &ClusterName) -> String {
+        let rec = self.records.get(&cluster.0).unwrap_or_default();
+        match (rec.owner, &self.legacy_owner) {
+            (Some(o), _) => o,
+            (None, Some(legacy)) if !rec.regions.is_empty() => legacy.clone(),
+            _ => self.owner.clone(),
+        }
     }
 
     /// Name of the cluster's security group, key pair and placement group.
     fn resource_name(&self, cluster: &ClusterName) -> String {
-        format!("gangway-{}-{}", cluster.0, self.suffix())
+        let owner = self.owner_of(cluster);
+        format!("gangway-{}-{:08x}", cluster.0, fnv(owner.as_bytes()) as u32)
     }
 
     fn tags(&self, cluster: &ClusterName, labels: &BTreeMap<String, String>) -> Vec<Tag> {
         let mut tags: Vec<Tag> = labels
             .iter()
-            .filter(|(k, _)| !k.starts_with("aws:") && *k != TAG_CLUSTER && *k != TAG_OWNER)
+            .filter(|(k, _)| {
+                !k.starts_with("aws:") && ![TAG_CLUSTER, TAG_OWNER, TAG_USER].contains(&k.as_str())
+            })
             .map(|(k, v)| Tag::builder().key(k).value(v).build())
             .collect();
         tags.push(Tag::builder().key(TAG_CLUSTER).value(&cluster.0).build());
-        tags.push(Tag::builder().key(TAG_OWNER).value(&self.owner).build());
+        tags.push(
+            Tag::builder()
+                .key(TAG_OWNER)
+                .value(self.owner_of(cluster))
+                .build(),
+        );
+        if let Some(u) = &self.user {
+            tags.push(Tag::builder().key(TAG_USER).value(u).build());
+        }
         tags
     }
 
@@ -158,7 +202,7 @@ impl AwsProvider {
     fn ours(&self, cluster: &ClusterName) -> Vec<Filter> {
         vec![
             filter(&format!("tag:{TAG_CLUSTER}"), &cluster.0),
-            filter(&format!("tag:{TAG_OWNER}"), &self.owner),
+            filter(&format!("tag:{TAG_OWNER}"), &self.owner_of(cluster)),
         ]
     }
 
@@ -990,8 +1034,11 @@ impl Provider for AwsProvider {
         let loc = format!("{region}/{}", req.placement.zone);
         let opts = AwsOptions::from_value(req.provider_config.as_ref())
             .map_err(|m| ProviderError::new(ErrorKind::InvalidRequest, "aws", &loc, m))?;
-        // Recorded before anything exists there.
+        // Recorded before anything exists there, with the owner tag the
+        // cluster's resources carry (an earlier version's stays theirs).
+        let owner = self.owner_of(&req.cluster);
         let rec = self.remember(&req.cluster, |r| {
+            r.owner.get_or_insert(owner);
             r.regions.insert(region.to_string());
             r.ssh_user = Some(opts.ssh_user.clone());
             r.use_internal_ips = opts.use_internal_ips;
@@ -1041,7 +1088,7 @@ impl Provider for AwsProvider {
         if shortfall > 0 {
             let mut have: Vec<&str> = keep.iter().filter_map(|i| i.instance_id()).collect();
             have.sort();
-            let token = client_token(req, shortfall, &have);
+            let token = client_token(req, &self.owner_of(&req.cluster), shortfall, &have);
             self.run(&ec2, &loc, req, &opts, shortfall, &token).await?;
         }
         self.wait_running(&ec2, &loc, req, &opts, &rec).await
@@ -1344,7 +1391,7 @@ impl Provider for AwsProvider {
             .collect())
     }
 
-    async fn clusters(&self, owner: &str) -> Result<Vec<ClusterName>> {
+    async fn clusters(&self) -> Result<Vec<TaggedCluster>> {
         let base_region = self
             .base()
             .await
@@ -1361,29 +1408,35 @@ impl Provider for AwsProvider {
             .iter()
             .filter_map(|r| r.region_name().map(str::to_string))
             .collect();
-        // Every region at once: a sweep is ~40 regions x 4 calls.
-        let owner_filter = filter(&format!("tag:{TAG_OWNER}"), owner);
+        // Every region at once: a sweep is ~40 regions x 4 calls. Every
+        // resource with an owner tag, whoever's: the caller tells its own
+        // from others' and from earlier versions' (a user name as owner).
         let mut tasks = tokio::task::JoinSet::new();
         for region in regions {
             let ec2 = self.ec2(&region).await;
-            let f = owner_filter.clone();
             tasks.spawn(async move {
-                let names = sweep_region(&ec2, &region, f).await;
-                (region, names)
+                let found = sweep_region(&ec2, &region).await;
+                (region, found)
             });
         }
-        let mut found: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut found: BTreeMap<TaggedCluster, Vec<String>> = BTreeMap::new();
         while let Some(joined) = tasks.join_next().await {
-            let (region, names) = joined.map_err(|e| local_err(&format!("sweep task: {e}")))?;
-            for n in names? {
-                found.entry(n).or_default().push(region.clone());
+            let (region, clusters) = joined.map_err(|e| local_err(&format!("sweep task: {e}")))?;
+            for c in clusters? {
+                found.entry(c).or_default().push(region.clone());
             }
         }
-        // What the sweep found is recorded, so `terminate` knows where to look.
+        // Where this owner's clusters are is recorded, so `terminate`
+        // knows where to look (others' are not this provider's to end).
         let mut out = Vec::new();
-        for (name, regions) in found {
-            let c = ClusterName(name);
-            self.remember(&c, |r| r.regions.extend(regions))?;
+        for (c, regions) in found {
+            if c.owner == self.owner {
+                let owner = c.owner.clone();
+                self.remember(&c.name, |r| {
+                    r.owner.get_or_insert(owner);
+                    r.regions.extend(regions);
+                })?;
+            }
             out.push(c);
         }
         Ok(out)
@@ -1427,10 +1480,12 @@ impl AwsProvider {
     }
 }
 
-/// Names of the clusters holding anything tagged with the owner in one
-/// region: instances, security groups, key pairs, placement groups.
-async fn sweep_region(ec2: &Client, region: &str, owner: Filter) -> Result<Vec<String>> {
-    let mut names: Vec<String> = Vec::new();
+/// The clusters holding anything with an owner tag in one region
+/// (instances, security groups, key pairs, placement groups), with their
+/// owner and user tags.
+async fn sweep_region(ec2: &Client, region: &str) -> Result<Vec<TaggedCluster>> {
+    let owner = filter("tag-key", TAG_OWNER);
+    let mut names: Vec<TaggedCluster> = Vec::new();
     let inst = ec2
         .describe_instances()
         .filters(owner.clone())
@@ -1443,7 +1498,7 @@ async fn sweep_region(ec2: &Client, region: &str, owner: Filter) -> Result<Vec<S
         .map_err(|e| from_sdk(e, region, "DescribeInstances"))?;
     for r in inst.reservations() {
         for i in r.instances() {
-            names.extend(tag_value(i.tags(), TAG_CLUSTER));
+            names.extend(tagged(i.tags()));
         }
     }
     let sgs = ec2
@@ -1453,7 +1508,7 @@ async fn sweep_region(ec2: &Client, region: &str, owner: Filter) -> Result<Vec<S
         .await
         .map_err(|e| from_sdk(e, region, "DescribeSecurityGroups"))?;
     for g in sgs.security_groups() {
-        names.extend(tag_value(g.tags(), TAG_CLUSTER));
+        names.extend(tagged(g.tags()));
     }
     let keys = ec2
         .describe_key_pairs()
@@ -1462,7 +1517,7 @@ async fn sweep_region(ec2: &Client, region: &str, owner: Filter) -> Result<Vec<S
         .await
         .map_err(|e| from_sdk(e, region, "DescribeKeyPairs"))?;
     for k in keys.key_pairs() {
-        names.extend(tag_value(k.tags(), TAG_CLUSTER));
+        names.extend(tagged(k.tags()));
     }
     let pgs = ec2
         .describe_placement_groups()
@@ -1471,7 +1526,7 @@ async fn sweep_region(ec2: &Client, region: &str, owner: Filter) -> Result<Vec<S
         .await
         .map_err(|e| from_sdk(e, region, "DescribePlacementGroups"))?;
     for g in pgs.placement_groups() {
-        names.extend(tag_value(g.tags(), TAG_CLUSTER));
+        names.extend(tagged(g.tags()));
     }
     names.sort();
     names.dedup();
@@ -1541,6 +1596,15 @@ fn filter_many(name: &str, values: &[&str]) -> Filter {
         .build()
 }
 
+/// The cluster a resource's tags name, with their owner and user.
+fn tagged(tags: &[Tag]) -> Option<TaggedCluster> {
+    Some(TaggedCluster {
+        name: ClusterName(tag_value(tags, TAG_CLUSTER)?),
+        owner: tag_value(tags, TAG_OWNER)?,
+        user: tag_value(tags, TAG_USER),
+    })
+}
+
 fn tag_value(tags: &[Tag], key: &str) -> Option<String> {
     tags.iter()
         .find(|t| t.key() == Some(key))
@@ -1575,13 +1639,15 @@ fn fnv(bytes: &[u8]) -> u64 {
     h
 }
 
-/// The `ClientToken` for creating `shortfall` instances on top of `have`:
-/// the same request gives the same token, a different one never does
-/// (EC2 allows 64 ASCII characters).
-pub fn client_token(req: &LaunchRequest, shortfall: u32, have: &[&str]) -> String {
+/// The `ClientToken` for creating `shortfall` instances on top of `have`
+/// for the cluster of this owner: the same request gives the same token, a
+/// different one (another owner's cluster of the same name included) never
+/// does (EC2 allows 64 ASCII characters).
+pub fn client_token(req: &LaunchRequest, owner: &str, shortfall: u32, have: &[&str]) -> String {
     let key = format!(
-        "{}|{}|{}|{}|{}|{}|{}",
+        "{}|{}|{}|{}|{}|{}|{}|{}",
         req.client_token,
+        owner,
         req.placement.region,
         req.placement.zone,
         req.instance_type,
@@ -1656,16 +1722,17 @@ mod tests {
     #[test]
     fn client_tokens_are_stable_and_differ_per_request() {
         let r = req();
-        let a = client_token(&r, 4, &[]);
-        assert_eq!(a, client_token(&r, 4, &[]));
+        let a = client_token(&r, "alice", 4, &[]);
+        assert_eq!(a, client_token(&r, "alice", 4, &[]));
         assert!(a.len() <= 64 && a.starts_with("gw-train-"), "{a}");
-        assert_ne!(a, client_token(&r, 2, &["i-1", "i-2"]));
+        assert_ne!(a, client_token(&r, "alice", 2, &["i-1", "i-2"]));
+        assert_ne!(a, client_token(&r, "bob", 4, &[]));
         let mut other = r.clone();
         other.placement.zone = "us-east-1b".into();
-        assert_ne!(a, client_token(&other, 4, &[]));
+        assert_ne!(a, client_token(&other, "alice", 4, &[]));
         let mut long = r;
         long.cluster = ClusterName("x".repeat(200));
-        assert!(client_token(&long, 1, &[]).len() <= 64);
+        assert!(client_token(&long, "alice", 1, &[]).len() <= 64);
     }
 
     #[test]

@@ -24,6 +24,10 @@ pub struct Record {
     /// Jump host for them.
     #[serde(default)]
     pub ssh_jump: Option<String>,
+    /// The owner tag the cluster's resources carry. Records of versions
+    /// before owner ids have none: theirs carry the user's name.
+    #[serde(default)]
+    pub owner: Option<String>,
 }
 
 /// The records under one directory.

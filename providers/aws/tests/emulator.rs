@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use ec2_emulator::Ec2Emulator;
 use gangway_aws::AwsProvider;
-use gangway_provider::{ClusterName, ErrorKind, LaunchRequest, NodeState, Placement, Provider};
+use gangway_provider::{
+    ClusterName, ErrorKind, LaunchRequest, NodeState, Placement, Provider, TaggedCluster,
+};
 use serde_json::json;
 
 const REGION: &str = "us-east-1";
@@ -22,6 +24,8 @@ const REGION: &str = "us-east-1";
 struct Fixture {
     emu: &'static Ec2Emulator,
     p: AwsProvider,
+    /// The emulator's SDK configuration, for more providers.
+    p_conf: aws_config::SdkConfig,
     owner: String,
     dir: PathBuf,
 }
@@ -35,11 +39,8 @@ impl Drop for Fixture {
 async fn fixture(test: &str) -> Option<Fixture> {
     let emu = Ec2Emulator::shared()?;
     static N: AtomicU32 = AtomicU32::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "gw-aws-{test}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("gw-aws-{test}-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let key = dir.join("id_ed25519");
     let st = std::process::Command::new("ssh-keygen")
@@ -57,10 +58,17 @@ async fn fixture(test: &str) -> Option<Fixture> {
         .retry_config(aws_config::retry::RetryConfig::standard().with_max_attempts(1))
         .load()
         .await;
-    let owner = format!("owner-{test}-{}", std::process::id());
+    let owner = format!("owner-{test}-{}-{n}", std::process::id());
     let p = AwsProvider::new(dir.join("aws"), owner.clone(), key.with_extension("pub"))
-        .with_sdk_config(conf);
-    Some(Fixture { emu, p, owner, dir })
+        .with_sdk_config(conf.clone())
+        .with_user("tester");
+    Some(Fixture {
+        emu,
+        p,
+        p_conf: conf,
+        owner,
+        dir,
+    })
 }
 
 fn request(cluster: &str, zone: &str, count: u32, spot: bool) -> LaunchRequest {
@@ -423,19 +431,82 @@ async fn the_owner_sweep_finds_clusters_whose_records_were_lost() {
     // The local record is gone (a lost state directory).
     std::fs::remove_dir_all(f.dir.join("aws")).unwrap();
     assert!(f.p.describe(&req.cluster).await.unwrap().is_empty());
-    let found = f.p.clusters(&f.owner).await.expect("sweep");
-    assert_eq!(found, vec![ClusterName("orphan".into())]);
-    assert!(f
-        .p
-        .clusters("somebody-else")
-        .await
-        .unwrap()
-        .iter()
-        .all(|c| c.0 != "orphan"));
+    // The sweep lists every owner's clusters with their tags; this
+    // owner's is there once, with the user tag next to the owner.
+    let found = f.p.clusters().await.expect("sweep");
+    let ours: Vec<&TaggedCluster> = found.iter().filter(|c| c.owner == f.owner).collect();
+    assert_eq!(
+        ours,
+        vec![&TaggedCluster {
+            name: ClusterName("orphan".into()),
+            owner: f.owner.clone(),
+            user: Some("tester".into()),
+        }],
+        "{found:?}"
+    );
     f.p.terminate(&req.cluster)
         .await
         .expect("terminate what the sweep found");
     assert_nothing_left(f.emu, "orphan", &f.owner);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_owners_of_one_cluster_name_never_touch_each_others() {
+    let (Some(a), Some(b)) = (fixture("twin").await, fixture("twin").await) else {
+        return;
+    };
+    let req = request("twin", "us-east-1b", 1, true);
+    a.p.launch(&req).await.expect("launch a");
+    b.p.launch(&req).await.expect("launch b");
+    let found = a.p.clusters().await.expect("sweep");
+    for owner in [&a.owner, &b.owner] {
+        assert_eq!(
+            found
+                .iter()
+                .filter(|c| c.name.0 == "twin" && &c.owner == owner)
+                .count(),
+            1,
+            "{found:?}"
+        );
+    }
+    a.p.terminate(&req.cluster).await.expect("terminate a");
+    assert_nothing_left(a.emu, "twin", &a.owner);
+    let left = live_instances(b.emu, "twin", &b.owner);
+    assert_eq!(instance_ids(&left).len(), 1, "b's cluster is gone: {left}");
+    let sg = tagged(b.emu, "DescribeSecurityGroups", "twin", &b.owner);
+    assert_eq!(values(&sg, "groupName").len(), 1, "{sg}");
+    b.p.terminate(&req.cluster).await.expect("terminate b");
+    assert_nothing_left(b.emu, "twin", &b.owner);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_recorded_before_owner_ids_is_still_found_by_its_user_tag() {
+    let Some(f) = fixture("legacy").await else {
+        return;
+    };
+    // What an earlier version made: the user's name as owner, and a
+    // record without an owner.
+    let user = format!("{}-user", f.owner);
+    let key = f.dir.join("id_ed25519.pub");
+    let conf = f.p_conf.clone();
+    let old = AwsProvider::new(f.dir.join("aws"), user.clone(), key.clone()).with_sdk_config(conf);
+    let req = request("before-ids", "us-east-1c", 1, true);
+    old.launch(&req).await.expect("launch");
+    let rec = f.dir.join("aws/clusters/before-ids.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&rec).unwrap()).unwrap();
+    v.as_object_mut().unwrap().remove("owner");
+    std::fs::write(&rec, serde_json::to_vec(&v).unwrap()).unwrap();
+    // This version, same home, its own id: without the earlier owner it
+    // sees nothing of the cluster; with it, the cluster is found and goes.
+    let id_only = AwsProvider::new(f.dir.join("aws"), "gw-00000000000000aa", key.clone())
+        .with_sdk_config(f.p_conf.clone());
+    assert!(id_only.describe(&req.cluster).await.unwrap().is_empty());
+    let upgraded = AwsProvider::new(f.dir.join("aws"), "gw-00000000000000aa", key)
+        .with_sdk_config(f.p_conf.clone())
+        .with_legacy_owner(user.clone());
+    assert_eq!(upgraded.describe(&req.cluster).await.unwrap().len(), 1);
+    upgraded.terminate(&req.cluster).await.expect("terminate");
+    assert_nothing_left(f.emu, "before-ids", &user);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

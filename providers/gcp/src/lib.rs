@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use gangway_provider::{
     CheckReport, ClusterName, ErrorKind, InstanceId, LaunchRequest, Node, NodeState, Placement,
-    PriceQuote, Prices, Provider, ProviderError, Result,
+    PriceQuote, Prices, Provider, ProviderError, Result, TaggedCluster,
 };
 use google_cloud_compute_v1::client::{
     AcceleratorTypes, Firewalls, Instances, MachineTypes, ResourcePolicies, ZoneOperations,
@@ -47,8 +47,11 @@ pub use names::{gpu_type, request_id, Names};
 
 /// Label naming the cluster (a sanitized name plus a hash of the exact one).
 pub const LABEL_CLUSTER: &str = "gangway-cluster";
-/// Label naming who launched it.
+/// Label naming the gangway installation that launched it (its owner id).
 pub const LABEL_OWNER: &str = "gangway-owner";
+/// Label naming the user who launched it (cleaned), for people: sweeps go
+/// by the owner.
+pub const LABEL_USER: &str = "gangway-user";
 
 /// Metadata item holding the cluster's exact name.
 const META_CLUSTER: &str = "gangway-cluster";
@@ -67,16 +70,33 @@ fn meta<'a>(i: &'a model::Instance, key: &str) -> Option<&'a str> {
 }
 
 /// The description of a cluster's firewall rules and policy: resources
-/// without labels say whose they are here.
-fn describe_owner(cluster: &str, owner_label: &str) -> String {
-    format!("gangway cluster {cluster}; owner {owner_label}")
+/// without labels say whose they are here (`; user U` only when known).
+fn describe_owner(cluster: &str, owner_label: &str, user_label: Option<&str>) -> String {
+    match user_label {
+        Some(u) => format!("gangway cluster {cluster}; owner {owner_label}; user {u}"),
+        None => format!("gangway cluster {cluster}; owner {owner_label}"),
+    }
 }
 
-/// The cluster a description by [`describe_owner`] names, if `owner_label`'s.
-fn owned_cluster(description: &str, owner_label: &str) -> Option<String> {
+/// The cluster, owner and user a description by [`describe_owner`] names
+/// (earlier versions wrote no user; the oldest no owner: not found).
+fn described_cluster(description: &str) -> Option<TaggedCluster> {
     let rest = description.strip_prefix("gangway cluster ")?;
+    let label = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+    };
+    let (rest, user) = match rest.rsplit_once("; user ") {
+        Some((r, u)) if label(u) && r.contains("; owner ") => (r, Some(u.to_string())),
+        _ => (rest, None),
+    };
     let (cluster, owner) = rest.rsplit_once("; owner ")?;
-    (owner == owner_label && !cluster.is_empty()).then(|| cluster.to_string())
+    (label(owner) && !cluster.is_empty()).then(|| TaggedCluster {
+        name: ClusterName(cluster.to_string()),
+        owner: owner.to_string(),
+        user,
+    })
 }
 
 /// The operation GCE records when it takes a Spot VM back.
@@ -102,6 +122,11 @@ struct Clients {
 /// The GCP provider.
 pub struct GcpProvider {
     owner: String,
+    /// The `gangway-user` label value, cleaned.
+    user_label: Option<String>,
+    /// The owner versions before owner ids labelled with here (the user's
+    /// name): clusters recorded by them are still found by it.
+    legacy_owner: Option<String>,
     public_key: PathBuf,
     records: PathBuf,
     clients: tokio::sync::OnceCell<std::result::Result<Clients, ProviderError>>,
@@ -396,12 +421,30 @@ impl GcpProvider {
     pub fn new(root: PathBuf, owner: impl Into<String>, public_key: PathBuf) -> GcpProvider {
         GcpProvider {
             owner: owner.into(),
+            user_label: None,
+            legacy_owner: None,
             public_key,
             records: root.join("clusters"),
             clients: tokio::sync::OnceCell::new(),
             offers: tokio::sync::OnceCell::new(),
             unit_prices: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// The same provider labelling its VMs with `user` too
+    /// (`gangway-user`, cleaned to a label value; nothing is found by it).
+    pub fn with_user(mut self, user: &str) -> GcpProvider {
+        self.user_label = Some(names::label_value(user)).filter(|u| !u.is_empty());
+        self
+    }
+
+    /// The same provider finding clusters that an earlier version recorded
+    /// under this root by `owner`, the owner that version labelled them
+    /// with (the user's name): so `down` of a cluster launched before an
+    /// upgrade still finds its VMs, rules and policy.
+    pub fn with_legacy_owner(mut self, owner: &str) -> GcpProvider {
+        self.legacy_owner = Some(owner.to_string()).filter(|o| !o.is_empty());
+        self
     }
 
     async fn clients(&self) -> Result<&Clients> {
@@ -632,8 +675,19 @@ impl GcpProvider {
         Err("the Cloud Billing API kept paging past 200 pages".into())
     }
 
+    /// The cluster's names: this provider's owner's, or the earlier
+    /// version's for a cluster only that version recorded here.
     fn names(&self, cluster: &ClusterName) -> Names {
-        Names::new(&cluster.0, &self.owner)
+        let own = Names::new(&cluster.0, &self.owner);
+        if let Some(legacy) = &self.legacy_owner {
+            if !self.records.join(&own.base).exists() {
+                let old = Names::new(&cluster.0, legacy);
+                if self.records.join(&old.base).exists() {
+                    return old;
+                }
+            }
+        }
+        own
     }
 
     fn label_filter(&self, names: &Names) -> String {
@@ -915,7 +969,11 @@ impl GcpProvider {
         // Firewall rules have no labels: the description names cluster and
         // owner, for the owner sweep (`down --orphans`).
         let labels = |mut f: model::Firewall| {
-            f.description = Some(describe_owner(&req.cluster.0, &names.owner_label));
+            f.description = Some(describe_owner(
+                &req.cluster.0,
+                &names.owner_label,
+                self.user_label.as_deref(),
+            ));
             f
         };
         let rules = [
@@ -989,7 +1047,11 @@ impl GcpProvider {
         let name = names.policy();
         let policy = model::ResourcePolicy::new()
             .set_name(&name)
-            .set_description(describe_owner(&names.base, &names.owner_label))
+            .set_description(describe_owner(
+                &names.base,
+                &names.owner_label,
+                self.user_label.as_deref(),
+            ))
             .set_group_placement_policy(
                 model::ResourcePolicyGroupPlacementPolicy::new()
                     .set_collocation(
@@ -1547,27 +1609,34 @@ impl Provider for GcpProvider {
         Ok(Prices { quotes, notes })
     }
 
-    async fn clusters(&self, owner: &str) -> Result<Vec<ClusterName>> {
+    async fn clusters(&self) -> Result<Vec<TaggedCluster>> {
         let c = self.clients().await?;
-        let owner_label = Names::new("", owner).owner_label;
+        // Every VM with an owner label, whoever's: the caller tells its
+        // own from others' and from earlier versions' (a user as owner).
         let mut items = c
             .instances
             .aggregated_list()
             .set_project(&c.project)
-            .set_filter(format!("labels.{LABEL_OWNER} = {owner_label}"))
+            .set_filter(format!("labels.{LABEL_OWNER}:*"))
             .by_item();
-        let mut out: Vec<ClusterName> = Vec::new();
-        let mut add = |n: String| {
-            if !out.iter().any(|c| c.0 == n) {
-                out.push(ClusterName(n));
+        let mut out: Vec<TaggedCluster> = Vec::new();
+        let mut add = |t: TaggedCluster| {
+            if !out.iter().any(|c| c.name == t.name && c.owner == t.owner) {
+                out.push(t);
             }
         };
         while let Some(item) = items.next().await {
             let (_, scoped) = item.map_err(|e| call_err(&e, "", "instances.aggregatedList"))?;
             for i in scoped.instances {
-                if let Some(n) = meta(&i, META_CLUSTER) {
-                    add(n.to_string());
-                }
+                let (Some(n), Some(owner)) = (meta(&i, META_CLUSTER), i.labels.get(LABEL_OWNER))
+                else {
+                    continue;
+                };
+                add(TaggedCluster {
+                    name: ClusterName(n.to_string()),
+                    owner: owner.clone(),
+                    user: i.labels.get(LABEL_USER).cloned(),
+                });
             }
         }
         // Clusters whose VMs are gone but whose firewall rules (and so,
@@ -1580,12 +1649,8 @@ impl Provider for GcpProvider {
             .by_item();
         while let Some(rule) = rules.next().await {
             let rule = rule.map_err(|e| call_err(&e, "global", "firewalls.list"))?;
-            if let Some(n) = rule
-                .description
-                .as_deref()
-                .and_then(|d| owned_cluster(d, &owner_label))
-            {
-                add(n);
+            if let Some(t) = rule.description.as_deref().and_then(described_cluster) {
+                add(t);
             }
         }
         Ok(out)
@@ -1654,11 +1719,14 @@ impl GcpProvider {
         let mut labels: HashMap<String, String> = req
             .labels
             .iter()
-            .filter(|(k, _)| *k != LABEL_CLUSTER && *k != LABEL_OWNER)
+            .filter(|(k, _)| ![LABEL_CLUSTER, LABEL_OWNER, LABEL_USER].contains(&k.as_str()))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         labels.insert(LABEL_CLUSTER.into(), names.label.clone());
         labels.insert(LABEL_OWNER.into(), names.owner_label.clone());
+        if let Some(u) = &self.user_label {
+            labels.insert(LABEL_USER.into(), u.clone());
+        }
         let mut sched = model::Scheduling::new().set_automatic_restart(!req.use_spot);
         if req.use_spot {
             sched = sched
@@ -1804,18 +1872,29 @@ mod tests {
 
     #[test]
     fn descriptions_say_whose_a_rule_is() {
-        let d = describe_owner("my cluster; owner x", "alice");
+        let t = |name: &str, owner: &str, user: Option<&str>| TaggedCluster {
+            name: ClusterName(name.into()),
+            owner: owner.into(),
+            user: user.map(str::to_string),
+        };
+        let d = describe_owner("my cluster; owner x; user y", "gw-1", Some("alice"));
         assert_eq!(
-            owned_cluster(&d, "alice").as_deref(),
-            Some("my cluster; owner x")
+            described_cluster(&d),
+            Some(t("my cluster; owner x; user y", "gw-1", Some("alice")))
         );
-        assert_eq!(owned_cluster(&d, "bob"), None);
+        let d = describe_owner("c; user z", "gw-1", None);
+        assert_eq!(described_cluster(&d), Some(t("c; user z", "gw-1", None)));
         assert_eq!(
-            owned_cluster("gangway cluster c", "alice"),
+            described_cluster("gangway cluster c; owner alice"),
+            Some(t("c", "alice", None)),
+            "an earlier version's rule: a user as owner"
+        );
+        assert_eq!(
+            described_cluster("gangway cluster c"),
             None,
-            "the older form"
+            "the oldest form"
         );
-        assert_eq!(owned_cluster("someone else's rule", "alice"), None);
+        assert_eq!(described_cluster("someone else's rule"), None);
     }
 
     #[test]

@@ -24,6 +24,11 @@ fn fnv(parts: &[&str]) -> u64 {
     h
 }
 
+/// `s` as a label value: lowercase letters, digits and `-`, at most 63.
+pub fn label_value(s: &str) -> String {
+    clean(s, 63)
+}
+
 /// Lowercase letters, digits and `-` only (GCE names and label values).
 fn clean(s: &str, max: usize) -> String {
     let mut out: String = s

@@ -10,7 +10,9 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use gangway_gcp::GcpProvider;
-use gangway_provider::{ClusterName, ErrorKind, LaunchRequest, NodeState, Placement, Provider};
+use gangway_provider::{
+    ClusterName, ErrorKind, LaunchRequest, NodeState, Placement, Provider, TaggedCluster,
+};
 
 #[path = "../../../tests/support/gce_fake.rs"]
 mod gce_fake;
@@ -41,7 +43,16 @@ fn provider(dir: &Path) -> GcpProvider {
         "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTests gangway\n",
     )
     .unwrap();
-    GcpProvider::new(dir.join("gcp"), "tester", key)
+    GcpProvider::new(dir.join("gcp"), "tester", key).with_user("Test User")
+}
+
+/// The sweep's entry for `cluster` under `owner`, if it found one.
+async fn swept(p: &GcpProvider, cluster: &str, owner: &str) -> Option<TaggedCluster> {
+    p.clusters()
+        .await
+        .expect("sweep")
+        .into_iter()
+        .find(|c| c.name.0 == cluster && c.owner == owner)
 }
 
 fn req(cluster: &str, zone: &str, ty: &str, count: u32, spot: bool) -> LaunchRequest {
@@ -139,14 +150,16 @@ async fn a_spot_gang_is_created_compact_relaunched_without_doubles_and_removed()
     assert!(fw
         .iter()
         .any(|f| f["sourceRanges"].to_string().contains("192.0.2.0/24")));
-    // The owner sweep finds it by its exact name.
-    let found = p.clusters("tester").await.expect("sweep");
-    assert!(found.contains(&r.cluster), "{found:?}");
-    assert!(!p
-        .clusters("someone-else")
-        .await
-        .unwrap()
-        .contains(&r.cluster));
+    // The owner sweep finds it by its exact name, with owner and user.
+    assert_eq!(
+        swept(&p, "gang", "tester").await,
+        Some(TaggedCluster {
+            name: r.cluster.clone(),
+            owner: "tester".into(),
+            user: Some("test-user".into()),
+        })
+    );
+    assert_eq!(vms[0]["labels"]["gangway-user"], "test-user");
     // Relaunch: the same two VMs, nothing new.
     let again = p.launch(&r).await.expect("relaunch");
     let mut a: Vec<_> = nodes.iter().map(|n| n.id.0.clone()).collect();
@@ -371,13 +384,12 @@ async fn the_owner_sweep_finds_rules_and_a_policy_left_without_vms() {
     delete_behind_our_back(fake, "us-central1-b", &vms).await;
     let elsewhere = tempfile::tempdir().unwrap();
     let q = provider(elsewhere.path());
-    let found = q.clusters("tester").await.expect("sweep");
-    assert!(found.contains(&r.cluster), "{found:?}");
-    assert!(!q
-        .clusters("someone-else")
-        .await
-        .unwrap()
-        .contains(&r.cluster));
+    let found = swept(&q, "husk", "tester").await;
+    assert_eq!(
+        found.as_ref().and_then(|t| t.user.as_deref()),
+        Some("test-user"),
+        "from the rules' description: {found:?}"
+    );
     q.terminate(&r.cluster).await.expect("terminate");
     assert!(fake.named("firewalls", &base).is_empty());
     assert!(
@@ -385,5 +397,47 @@ async fn the_owner_sweep_finds_rules_and_a_policy_left_without_vms() {
         "found in its region without a record: {:#}",
         fake.state()["resourcePolicies"]
     );
-    assert!(!q.clusters("tester").await.unwrap().contains(&r.cluster));
+    assert_eq!(swept(&q, "husk", "tester").await, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_owners_of_one_cluster_name_never_touch_each_others() {
+    let Some(fake) = fake() else { return };
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = provider(da.path());
+    let key = db.path().join("id.pub");
+    std::fs::copy(da.path().join("id.pub"), &key).unwrap();
+    let b = GcpProvider::new(db.path().join("gcp"), "gw-00000000000000bb", key);
+    let r = req("twin", "us-central1-c", "a2-highgpu-1g", 1, true);
+    a.launch(&r).await.expect("launch a");
+    b.launch(&r).await.expect("launch b");
+    assert!(swept(&a, "twin", "tester").await.is_some());
+    let theirs = swept(&a, "twin", "gw-00000000000000bb").await;
+    assert_eq!(theirs.map(|t| t.user), Some(None), "no user label given");
+    a.terminate(&r.cluster).await.expect("terminate a");
+    let b_base = gangway_gcp::Names::new("twin", "gw-00000000000000bb").base;
+    assert!(fake.named("instances", &prefix("twin")).is_empty());
+    assert_eq!(fake.named("instances", &b_base).len(), 1);
+    assert_eq!(fake.named("firewalls", &b_base).len(), 2);
+    b.terminate(&r.cluster).await.expect("terminate b");
+    assert!(fake.named("instances", &b_base).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_recorded_before_owner_ids_is_still_found_by_its_user_label() {
+    let Some(fake) = fake() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    // An earlier version labelled with the user's name.
+    let old = provider(dir.path());
+    let r = req("before-ids", "us-east1-c", "a2-highgpu-1g", 1, true);
+    old.launch(&r).await.expect("launch");
+    let key = dir.path().join("id.pub");
+    let id_only = GcpProvider::new(dir.path().join("gcp"), "gw-00000000000000cc", key.clone());
+    assert!(id_only.describe(&r.cluster).await.unwrap().is_empty());
+    let upgraded = GcpProvider::new(dir.path().join("gcp"), "gw-00000000000000cc", key)
+        .with_legacy_owner("tester");
+    assert_eq!(upgraded.describe(&r.cluster).await.unwrap().len(), 1);
+    upgraded.terminate(&r.cluster).await.expect("terminate");
+    assert!(fake.named("instances", &prefix("before-ids")).is_empty());
+    assert!(fake.named("firewalls", &prefix("before-ids")).is_empty());
 }

@@ -248,6 +248,26 @@ def selftest(endpoint):
         {"Name": "placement-group-name", "Values": ["gangway-selftest-pg"]}])["Reservations"]
     check("placement-group-name filter",
           sorted(i["InstanceId"] for r in filtered for i in r["Instances"]) == sorted(cluster), filtered)
+    # The owner sweep's filter: every resource that has a tag, whatever its
+    # value (instances, security groups and key pairs are moto's; placement
+    # groups the layer's own).
+    has_key = [{"Name": "tag-key", "Values": ["gangway-cluster"]}]
+    no_key = [{"Name": "tag-key", "Values": ["gangway-no-such-tag"]}]
+    swept = {
+        "instances": sorted(i["InstanceId"] for r in ec2.describe_instances(Filters=has_key)["Reservations"]
+                            for i in r["Instances"] if i["InstanceId"] in cluster),
+        "security groups": [g["GroupName"] for g in ec2.describe_security_groups(Filters=has_key)["SecurityGroups"]],
+        "key pairs": [k["KeyName"] for k in ec2.describe_key_pairs(Filters=has_key)["KeyPairs"]],
+        "placement groups": [g["GroupName"] for g in ec2.describe_placement_groups(Filters=has_key)["PlacementGroups"]],
+    }
+    none = (ec2.describe_instances(Filters=no_key)["Reservations"],
+            ec2.describe_security_groups(Filters=no_key)["SecurityGroups"],
+            ec2.describe_key_pairs(Filters=no_key)["KeyPairs"],
+            ec2.describe_placement_groups(Filters=no_key)["PlacementGroups"])
+    check("tag-key filter on instances, security groups, key pairs and placement groups",
+          swept == {"instances": sorted(cluster), "security groups": ["gangway-selftest-sg"],
+                    "key pairs": ["gangway-selftest-key"], "placement groups": ["gangway-selftest-pg"]}
+          and none == ([], [], [], []), (swept, none))
     code, http = error_of(ec2.delete_placement_group, GroupName="gangway-selftest-pg")
     check("DeletePlacementGroup in use is refused", (code, http) == ("InvalidPlacementGroup.InUse", 400), (code, http))
     code, _ = error_of(ec2.delete_placement_group, GroupName="no-such-group")
