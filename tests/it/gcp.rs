@@ -638,3 +638,77 @@ fn down_orphans_on_gcp_sweeps_only_this_installations_clusters() {
     assert_eq!(leftovers(&gce), Vec::<String>::new());
 }
 
+#[test]
+fn a_t4_gang_on_n1_hosts_launches_without_compact_placement() {
+    let Some(gce) = GceFake::start() else { return };
+    let home = TestHome::new();
+    let task = home.file(
+        "t4.yaml",
+        "num_nodes: 2\nresources:\n  infra: gcp/us-central1\n  accelerators: T4:1\nrun: \"true\"\n",
+    );
+    let (code, out, err) = parts(&run(
+        &gce,
+        &home,
+        &["launch", &task, "--provision-only", "-c", "t4", "-y"],
+    ));
+    assert_eq!(code, 0, "{out}\n{err}");
+    let c = json_doc(&parts(&run(&gce, &home, &["status", "t4", "-o", "json"])).1)["clusters"][0]
+        .clone();
+    assert!(
+        c["instance_type"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("n1-")),
+        "{c}"
+    );
+    let left = leftovers(&gce);
+    assert_eq!(
+        left.iter().filter(|l| l.starts_with("instances/")).count(),
+        2,
+        "{left:?}"
+    );
+    assert!(
+        !left.iter().any(|l| l.starts_with("resourcePolicies/")),
+        "{left:?}"
+    );
+    let (code, _, err) = parts(&run(&gce, &home, &["down", "-y", "t4"]));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(leftovers(&gce), Vec::<String>::new());
+}
+
+#[test]
+fn a_refused_placement_policy_never_ends_a_gcp_launch() {
+    let Some(gce) = GceFake::start() else { return };
+    let home = TestHome::new();
+    // Every gang asked for with a policy is refused as invalid, whatever
+    // the zone: the launch asks again without one.
+    gce.call(
+        "POST",
+        "/_gangway/fault",
+        &serde_json::json!({"method": "instances.bulkInsert", "contains": "resourcePolicies",
+            "http_status": 400, "times": -1,
+            "message": "Invalid resource usage: 'Placement policy is not applicable.'"})
+        .to_string(),
+    );
+    let task = home.file(
+        "a100.yaml",
+        "num_nodes: 2\nresources:\n  infra: gcp/us-central1\n  accelerators: A100:1\n  use_spot: true\nrun: \"true\"\n",
+    );
+    let (code, out, err) = parts(&run(
+        &gce,
+        &home,
+        &["launch", &task, "--provision-only", "-c", "pol", "-y"],
+    ));
+    assert_eq!(code, 0, "{out}\n{err}");
+    let left = leftovers(&gce);
+    assert_eq!(
+        left.iter().filter(|l| l.starts_with("instances/")).count(),
+        2,
+        "{left:?}"
+    );
+    for vm in gce.named("instances", "gw-pol-") {
+        assert!(vm.get("resourcePolicies").is_none(), "{vm}");
+    }
+    let (code, _, err) = parts(&run(&gce, &home, &["down", "-y", "pol"]));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(leftovers(&gce), Vec::<String>::new());
+}

@@ -1184,6 +1184,13 @@ fn nonce() -> String {
     )
 }
 
+/// Whether GCE refused the request as such (invalid, unsupported: what a
+/// placement policy it will not honour gets), as opposed to capacity,
+/// quota, throttling or credentials.
+fn refused(e: &ProviderError) -> bool {
+    matches!(e.kind, ErrorKind::InvalidRequest | ErrorKind::Fatal)
+}
+
 fn is_not_found(e: &ProviderError) -> bool {
     e.message.contains("404")
         || e.message.contains("notFound")
@@ -1324,7 +1331,6 @@ impl Provider for GcpProvider {
             .clone()
             .unwrap_or_else(|| DEFAULT_SSH_USER.into());
         let names = self.names(&req.cluster);
-        let c = self.clients().await?;
         let nonce = nonce();
         // Reconcile: keep what fits, start stopped on-demand VMs, delete the rest.
         let vms = self.vms(&names).await?;
@@ -1363,40 +1369,45 @@ impl Provider for GcpProvider {
             self.remember_region(&names, &region)?;
             self.ensure_firewall(&names, &opts, req, &nonce).await?;
             let gpu = req.accelerator.as_ref().filter(|(_, n)| *n > 0.0);
-            let compact = opts.placement.unwrap_or(req.count > 1 && gpu.is_some());
-            let policy = if compact {
-                Some(
-                    self.ensure_policy(&names, &region, req.count, &nonce)
-                        .await?,
-                )
-            } else {
-                None
-            };
-            let body = self.bulk_body(req, &names, &opts, &user, shortfall, policy)?;
-            // One id per attempt: the client resends it when it retries
-            // the POST (so a lost answer never doubles the gang), while a
-            // later attempt (another zone, a retry after a failed
-            // operation, a relaunch after down) is a new request: GCE
-            // answers a reused id with the first call's operation, whatever
-            // the new call asks. Doubles across attempts are what the
-            // reconcile by label above prevents.
-            let id = request_id(&[&req.client_token, &zone, &nonce]);
-            let poller = c
-                .instances
-                .bulk_insert()
-                .set_project(&c.project)
-                .set_zone(&zone)
-                .set_request_id(id)
-                .set_body(body)
-                .with_idempotency(true)
-                .poller();
-            self.wait_op(
-                poller,
-                &loc,
-                "instances.bulkInsert",
-                Duration::from_secs(900),
-            )
-            .await?;
+            // Compact placement for multi-node GPU gangs (or as the task
+            // says), but only on the series GCE places so: it refuses the
+            // policy for any other (N1 hosts of T4, V100, P100, P4).
+            let wanted = opts.placement.unwrap_or(req.count > 1 && gpu.is_some());
+            let compact = wanted && names::compact_placement_supported(&req.instance_type);
+            if wanted && !compact {
+                tracing::info!(
+                    "{loc}: no compact placement: GCE gives none to {} ({} series)",
+                    req.instance_type,
+                    names::series(&req.instance_type)
+                );
+            }
+            // A policy GCE refuses is no reason to end the launch: the gang
+            // is asked for without one (a capacity or quota answer still
+            // fails over; throttling and credentials still count).
+            let mut policy = None;
+            if compact {
+                match self.ensure_policy(&names, &region, req.count, &nonce).await {
+                    Ok(p) => policy = Some(p),
+                    Err(e) if refused(&e) => tracing::warn!(
+                        "{loc}: compact placement refused, launching without it: {e}"
+                    ),
+                    Err(e) => return Err(e),
+                }
+            }
+            let with_policy = policy.is_some();
+            let first = self
+                .bulk_insert(req, &names, &opts, &user, shortfall, policy, &nonce)
+                .await;
+            match first {
+                Err(e) if with_policy && refused(&e) => {
+                    tracing::warn!(
+                        "{loc}: the gang was refused with compact placement, asking without it: {e}"
+                    );
+                    self.bulk_insert(req, &names, &opts, &user, shortfall, None, &nonce)
+                        .await?;
+                }
+                other => other?,
+            }
         }
         // Every VM running, with its addresses.
         let limit = Duration::from_secs(opts.boot_timeout_s.unwrap_or(600));
@@ -1697,6 +1708,53 @@ impl GcpProvider {
             }
         }
         Ok(out)
+    }
+
+    /// One `instances.bulkInsert` of `count` VMs, waited for.
+    #[allow(clippy::too_many_arguments)]
+    async fn bulk_insert(
+        &self,
+        req: &LaunchRequest,
+        names: &Names,
+        opts: &Options,
+        user: &str,
+        count: u32,
+        policy: Option<String>,
+        nonce: &str,
+    ) -> Result<()> {
+        let c = self.clients().await?;
+        let zone = &req.placement.zone;
+        let loc = format!("{}/{zone}", region_of(zone));
+        // One id per attempt: the client resends it when it retries the
+        // POST (so a lost answer never doubles the gang), while a later
+        // attempt (another zone, a retry after a failed operation, a
+        // relaunch after down, the same gang without a placement policy)
+        // is a new request: GCE answers a reused id with the first call's
+        // operation, whatever the new call asks. Doubles across attempts
+        // are what the reconcile by label prevents.
+        let id = if policy.is_some() {
+            request_id(&[&req.client_token, zone, nonce])
+        } else {
+            request_id(&[&req.client_token, zone, nonce, "no-policy"])
+        };
+        let body = self.bulk_body(req, names, opts, user, count, policy)?;
+        let poller = c
+            .instances
+            .bulk_insert()
+            .set_project(&c.project)
+            .set_zone(zone)
+            .set_request_id(id)
+            .set_body(body)
+            .with_idempotency(true)
+            .poller();
+        self.wait_op(
+            poller,
+            &loc,
+            "instances.bulkInsert",
+            Duration::from_secs(900),
+        )
+        .await?;
+        Ok(())
     }
 
     fn bulk_body(

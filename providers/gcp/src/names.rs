@@ -117,6 +117,26 @@ pub fn request_id(parts: &[&str]) -> String {
     )
 }
 
+/// The machine series GCE gives compact placement to, one per line (see
+/// the file).
+const COMPACT_SERIES: &str = include_str!("../compact_placement_series.txt");
+
+/// A machine type's series: its name up to the first `-` (`n1-standard-8`:
+/// `n1`).
+pub fn series(machine_type: &str) -> &str {
+    machine_type.split('-').next().unwrap_or_default()
+}
+
+/// Whether GCE accepts a compact placement policy for VMs of this type.
+pub fn compact_placement_supported(machine_type: &str) -> bool {
+    let s = series(machine_type);
+    COMPACT_SERIES
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .any(|l| l.eq_ignore_ascii_case(s))
+}
+
 /// GCE's accelerator type for a catalog GPU name.
 pub fn gpu_type(name: &str) -> String {
     match name.to_ascii_uppercase().as_str() {
@@ -151,6 +171,24 @@ mod tests {
         assert_ne!(Names::new("x", "alice").base, Names::new("x", "bob").base);
         assert_ne!(Names::new("a.b", "o").base, Names::new("a-b", "o").base);
         assert_eq!(n.owner_label, "alice");
+    }
+
+    #[test]
+    fn compact_placement_only_for_the_series_gce_places_so() {
+        for ty in [
+            "a2-highgpu-8g",
+            "a3-megagpu-8g",
+            "a4-highgpu-8g",
+            "g2-standard-24",
+            "c3-standard-8",
+            "n2-standard-8",
+        ] {
+            assert!(compact_placement_supported(ty), "{ty}");
+        }
+        for ty in ["n1-standard-8", "e2-standard-2", "custom-8-32768", ""] {
+            assert!(!compact_placement_supported(ty), "{ty}");
+        }
+        assert_eq!(series("n2d-standard-8"), "n2d");
     }
 
     #[test]

@@ -624,6 +624,13 @@ def selftest(endpoint):
     status, err = api.post(bulk_path, dict(compact, namePattern="gw-nopol-#", instanceProperties=instance_properties(
         resourcePolicies=["no-such-policy"])))
     check("an unknown resource policy: 404", status == 404, err)
+    status, err = api.post(bulk_path, dict(compact, namePattern="gw-n1pol-#", instanceProperties=instance_properties(
+        machineType="n1-standard-8", resourcePolicies=["gw-compact"],
+        guestAccelerators=[{"acceleratorType": "nvidia-tesla-t4", "acceleratorCount": 1}])))
+    check("a COLLOCATED policy on an N1 gang: 400 invalid, naming the machine type, nothing made",
+          status == 400 and error_of(err)["errors"][0]["reason"] == "invalid"
+          and "n1-standard-8" in error_of(err)["message"]
+          and api.get(f"zones/{ZONE}/instances/gw-n1pol-1")[0] == 404, err)
     status, err = api.delete(f"{policy_path}/gw-compact")
     check("deleting a policy in use: 400 resourceInUseByAnotherResource",
           status == 400 and error_of(err)["errors"][0]["reason"] == "resourceInUseByAnotherResource", err)

@@ -59,6 +59,26 @@ sys.dont_write_bytecode = True   # no __pycache__ next to the sources
 import gce_filter  # noqa: E402
 import gce_schema  # noqa: E402
 
+# The machine series GCE places with a compact placement policy, from the
+# file the GCP provider reads too (one series per line, # comments): a
+# COLLOCATED policy on any other series is refused, as GCE refuses it.
+COMPACT_SERIES_FILE = os.path.join(HERE, "..", "..", "..", "providers", "gcp",
+                                   "compact_placement_series.txt")
+
+
+def load_compact_series(path=COMPACT_SERIES_FILE):
+    with open(path, encoding="utf-8") as f:
+        return frozenset(line.strip().lower() for line in f
+                         if line.strip() and not line.lstrip().startswith("#"))
+
+
+COMPACT_SERIES = load_compact_series()
+
+
+def machine_series(machine_type):
+    """A machine type's series: its name up to the first '-'."""
+    return machine_type.split("-", 1)[0]
+
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 DEFAULT_VENV = os.path.join(ROOT, "target", "gce-venv")
 API_PREFIX = "/compute/v1/"
@@ -1032,6 +1052,11 @@ class Emulator:
                 raise not_found(f"projects/{project}/regions/{region}/resourcePolicies/{policy_name}")
             policies.append(link("projects", project, "regions", region, "resourcePolicies", policy_name))
             if (policy.get("groupPlacementPolicy") or {}).get("collocation") == "COLLOCATED":
+                if machine_series(machine_type) not in COMPACT_SERIES:
+                    # GCE's words as reported for an N1 gang (dstack issue
+                    # 2591), in the shape of its invalid-usage errors.
+                    raise ApiError(400, "Invalid resource usage: 'Placement policy is not "
+                                        f"applicable to machine type {machine_type}.'")
                 placement_policy = key
         if policies:
             body["resourcePolicies"] = policies
