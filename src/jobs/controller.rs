@@ -193,7 +193,13 @@ impl Controller {
                     self.say(&format!("job {id}: {e}"));
                     if let Some(mut j) = self.store.managed(id)? {
                         let was = j.state;
-                        j.next_try_at = Some(now_ms() + ERROR_BACKOFF_MS);
+                        // A failed teardown has its own, longer backoff.
+                        let retry = self
+                            .store
+                            .cluster(&j.cluster)?
+                            .and_then(|c| c.retry_at)
+                            .filter(|t| *t > now_ms());
+                        j.next_try_at = Some(retry.unwrap_or(now_ms() + ERROR_BACKOFF_MS));
                         j.detail = Some(e.to_string());
                         self.store.save_managed(&j, was, "")?;
                     }
@@ -393,9 +399,21 @@ impl Controller {
         })?;
         let row = match reserved {
             Reserved::Existing(row) if row.status == ClusterStatus::Up => row,
-            Reserved::Existing(_) => {
+            Reserved::Existing(row) => {
+                // A teardown that failed is tried again when it is due,
+                // not on every round.
+                if let Some(t) = row.retry_at.filter(|t| *t > now_ms()) {
+                    let was = job.state;
+                    job.next_try_at = Some(t);
+                    self.store.save_managed(job, was, "")?;
+                    return Ok(());
+                }
                 // Stopped or half torn down: remove it and start afresh.
-                provision::teardown(&self.store, &job.cluster, &self.providers).await?;
+                if let Err(e) =
+                    provision::teardown(&self.store, &job.cluster, &self.providers).await
+                {
+                    return Err(crate::Error::leftover(&self.store, &job.cluster, e));
+                }
                 return Ok(());
             }
             Reserved::New(row) | Reserved::Resumed(row) => {

@@ -466,3 +466,50 @@ fn the_fault_sweep_kills_a_managed_jobs_controller_at_every_provider_call() {
         "fault sweep (jobs launch, one preemption, local): kill points swept: {swept} of {total}; resources leaked: 0"
     );
 }
+
+#[test]
+fn a_recovery_whose_teardown_fails_waits_for_it_and_never_doubles() {
+    let home = TestHome::new();
+    let t = home.file(
+        "job.yaml",
+        &format!(
+            "num_nodes: 2\nresources:\n  infra: local\n  use_spot: true\nenvs:\n  GW_TEST_MARKER: {}\nconfig:\n  local:\n    preemptions:\n      - {{after_s: 1}}\nrun: sleep 2; echo done-$NODE_RANK\n",
+            home.marker
+        ),
+    );
+    inject(&home, "terminate", -1, "auth", "the token expired");
+    let (code, _, err) = parts(&home.run(["jobs", "launch", &t, "-d"]));
+    assert_eq!(code, 0, "{err}");
+    // Preempted: the controller must remove the lost cluster before it
+    // launches the next one, and cannot.
+    wait_for("the failed teardown to be kept", DEADLINE, || {
+        let kept = home
+            .clusters()
+            .into_iter()
+            .any(|c| c["status"] == "TERMINATING" && c["last_error"].is_string());
+        if kept {
+            Ok(())
+        } else {
+            Err(format!("{:?}", home.clusters()))
+        }
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        home.instance_records().len(),
+        2,
+        "no second cluster while the first is not gone"
+    );
+    heal(&home);
+    let j = wait_for("the job to recover and finish", DEADLINE, || {
+        let (_, out, _) = parts(&home.run(["jobs", "queue", "-o", "json"]));
+        let v: Value = serde_json::from_str(&out).map_err(|e| e.to_string())?;
+        let j = v["jobs"][0].clone();
+        match j["state"].as_str() {
+            Some("SUCCEEDED") if home.clusters().is_empty() => Ok(j),
+            Some("FAILED" | "CANCELLED") => panic!("{j}"),
+            _ => Err(j.to_string()),
+        }
+    });
+    assert_eq!(j["preemptions"], 1, "{j}");
+    assert!(home.instance_records().is_empty());
+}
