@@ -14,7 +14,7 @@ log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 start=$SECONDS
 GANGWAY_FAULT_SWEEP=full cargo test --test it -- reliability::the_fault_sweep \
-  --nocapture --test-threads 1 2>&1 | tee "$log" | grep -E '^(fault sweep|test result|test .*FAILED)' || true
+  --nocapture --test-threads 1 2>&1 | tee "$log" | grep -oE 'fault sweep \(.*|test result.*|test .*FAILED' || true
 if ! grep -q '^test result: ok. 2 passed' "$log"; then
   echo "fault sweep: FAILED (output above; full log kept in ${log}.kept)" >&2
   cp "$log" "${log}.kept"
