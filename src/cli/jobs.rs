@@ -248,8 +248,9 @@ fn launch(a: &JobsLaunchArgs, out: Output) -> Result<ExitCode, Error> {
         if let Ok(Err(e)) = worker.join() {
             eprintln!("gangway: controller: {e}");
         }
-        // Jobs this process's controller leaves behind get a detached one.
-        if !store.managed_active()?.is_empty() {
+        // Jobs this process's controller leaves behind, and clusters whose
+        // teardown failed, get a detached one.
+        if needs_controller(&store)? {
             ensure_controller(&home)?;
         }
         return finish_output(&store, id, state, out);
@@ -289,7 +290,42 @@ fn finish_output(
                 .unwrap_or_default()
         );
     }
+    if state.is_terminal() {
+        cluster_gone(store, &job.cluster)?;
+    }
     Ok(exit_for(state))
+}
+
+/// Whether a controller has work: live jobs, or ended ones whose cluster
+/// is still there (it was killed before the teardown, or the teardown
+/// failed and is retried).
+fn needs_controller(store: &Store) -> Result<bool, Error> {
+    let clusters: std::collections::HashSet<String> =
+        store.clusters()?.into_iter().map(|c| c.name).collect();
+    Ok(store
+        .managed_all()?
+        .iter()
+        .any(|j| !j.state.is_terminal() || clusters.contains(&j.cluster)))
+}
+
+/// After a managed job ended: waits (a minute at most) for its controller
+/// to remove the cluster. A teardown that failed is an error (exit 6): the
+/// cluster may still be running, kept as `TERMINATING` and retried.
+fn cluster_gone(store: &Store, cluster: &str) -> Result<(), Error> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match store.cluster(cluster)? {
+            None => return Ok(()),
+            Some(row) if row.teardown_failures > 0 => {
+                let why = row
+                    .last_error
+                    .unwrap_or_else(|| "the teardown failed".into());
+                return Err(Error::leftover(store, cluster, why));
+            }
+            Some(_) if std::time::Instant::now() > deadline => return Ok(()),
+            Some(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
 }
 
 fn exit_for(s: ManagedState) -> ExitCode {
@@ -375,16 +411,7 @@ fn json_of(j: &ManagedJob) -> serde_json::Value {
 
 fn queue(out: Output) -> Result<ExitCode, Error> {
     let (home, store) = open()?;
-    // A controller is needed for live jobs, and for ended ones whose
-    // cluster is still there (it was killed before the teardown, or the
-    // teardown failed and is retried).
-    let clusters: std::collections::HashSet<String> =
-        store.clusters()?.into_iter().map(|c| c.name).collect();
-    let needed = store
-        .managed_all()?
-        .iter()
-        .any(|j| !j.state.is_terminal() || clusters.contains(&j.cluster));
-    if needed {
+    if needs_controller(&store)? {
         ensure_controller(&home)?;
     }
     let jobs = store.managed_all()?;
@@ -497,6 +524,9 @@ fn cancel(a: &JobsCancelArgs, out: Output) -> Result<ExitCode, Error> {
         for j in &ended {
             println!("Managed job {} {}", j.id, j.state);
         }
+    }
+    for j in ended.iter().filter(|j| j.state.is_terminal()) {
+        cluster_gone(&store, &j.cluster)?;
     }
     Ok(ExitCode::Ok)
 }

@@ -169,7 +169,9 @@ impl Controller {
             }
             match until {
                 Until::Job(id) => {
-                    if !jobs.iter().any(|j| j.id == id) && !self.leftovers()?.contains(&id) {
+                    // The job's own teardown is waited for, but one that
+                    // failed is left to a detached controller's retries.
+                    if !jobs.iter().any(|j| j.id == id) && !self.tearing_down(id)? {
                         break;
                     }
                 }
@@ -1106,6 +1108,18 @@ impl Controller {
         remove_secrets(&self.store.managed_dir(job.id));
         self.store.save_managed(job, was, why)?;
         self.teardown_cluster(job).await
+    }
+
+    /// Whether the ended job `id` still has a cluster whose teardown has
+    /// not failed yet.
+    fn tearing_down(&self, id: i64) -> Result<bool, crate::Error> {
+        let Some(job) = self.store.managed(id)? else {
+            return Ok(false);
+        };
+        Ok(self
+            .store
+            .cluster(&job.cluster)?
+            .is_some_and(|c| c.teardown_failures == 0))
     }
 
     /// Ended jobs that still have a cluster.

@@ -513,3 +513,34 @@ fn a_recovery_whose_teardown_fails_waits_for_it_and_never_doubles() {
     assert_eq!(j["preemptions"], 1, "{j}");
     assert!(home.instance_records().is_empty());
 }
+
+#[test]
+fn jobs_launch_wait_exits_6_when_its_clusters_teardown_fails_and_a_controller_finishes_it() {
+    let home = TestHome::new();
+    let t = home.file(
+        "job.yaml",
+        &format!(
+            "resources:\n  infra: local\nenvs:\n  GW_TEST_MARKER: {}\nrun: echo done\n",
+            home.marker
+        ),
+    );
+    inject(&home, "terminate", -1, "auth", "the token expired");
+    let (code, _, err) = parts(&home.run(["jobs", "launch", &t, "--wait"]));
+    assert_eq!(code, 6, "{err}");
+    assert!(err.contains("may still be running"), "{err}");
+    assert!(err.contains("the token expired"), "{err}");
+    assert_eq!(home.instance_records().len(), 1, "its node still runs");
+    heal(&home);
+    // A detached controller was left to retry; it removes the cluster.
+    wait_for(
+        "a detached controller to finish the teardown",
+        DEADLINE,
+        || {
+            if home.clusters().is_empty() && home.instance_records().is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{:?}", home.clusters()))
+            }
+        },
+    );
+}
