@@ -3,6 +3,7 @@
 mod aws;
 mod bad_specs;
 mod cli;
+mod cloud_sweep;
 mod cluster_cmds;
 mod common;
 mod compat;

@@ -241,6 +241,33 @@ impl Ec2Emulator {
         assert_eq!(status, 200, "EC2 emulator interrupt {spec}: {body}");
     }
 
+    /// Arms the kill points of `scope`, the access key id a client signs
+    /// with (see [`Ec2Emulator::env_as`]): from now on its requests are
+    /// counted, request k's arrival being kill point 2k-1 and its return
+    /// 2k, and at point `at` (0: never, only count) every process whose
+    /// environment has the entry `marker` (`KEY=VALUE`) is SIGKILLed.
+    /// Returns the state, as [`Ec2Emulator::kill_state`].
+    pub fn kill_at(&self, scope: &str, at: u64, marker: &str) -> serde_json::Value {
+        let spec = serde_json::json!({"scope": scope, "at": at, "marker": marker});
+        let (status, body) = self.control("POST", "/_gangway/kill", &spec.to_string());
+        assert_eq!(status, 200, "EC2 emulator kill points {spec}: {body}");
+        serde_json::from_str(&body).expect("kill points JSON")
+    }
+
+    /// The kill points of `scope`: `requests` and `points` counted so far,
+    /// `at`, and `fired` (null, or the point, request, `arrival`/`return`,
+    /// action and the pids `killed`).
+    pub fn kill_state(&self, scope: &str) -> serde_json::Value {
+        let (status, body) = self.control("GET", &format!("/_gangway/kill?scope={scope}"), "");
+        assert_eq!(status, 200, "EC2 emulator kill points of {scope}: {body}");
+        serde_json::from_str(&body).expect("kill points JSON")
+    }
+
+    /// Stops counting (and killing) for `scope`.
+    pub fn kill_off(&self, scope: &str) {
+        self.control("DELETE", &format!("/_gangway/kill?scope={scope}"), "");
+    }
+
     /// One raw EC2 query call (`Action` and its parameters; `Version` is
     /// added) in `region`: the HTTP status and the XML body, for checks that
     /// do not go through gangway.
@@ -282,6 +309,18 @@ impl Ec2Emulator {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
+    }
+
+    /// [`Ec2Emulator::env`] signing with `access_key` instead of `testing`:
+    /// the scope of kill points ([`Ec2Emulator::kill_at`]).
+    pub fn env_as(&self, access_key: &str) -> Vec<(String, String)> {
+        let mut env = self.env();
+        for (k, v) in env.iter_mut() {
+            if k == "AWS_ACCESS_KEY_ID" {
+                *v = access_key.to_string();
+            }
+        }
+        env
     }
 
     /// True when this process started the server (rather than CI).

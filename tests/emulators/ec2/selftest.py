@@ -4,8 +4,8 @@
     python selftest.py        # with the venv's python (boto3 comes with moto)
 
 Starts the server on a free port, checks fault injection, spot interruption,
-placement groups, DescribeInstanceTopology, ClientToken idempotency and the
-leak check, and stops it. Prints one line per check, then `N passed, N failed`,
+placement groups, DescribeInstanceTopology, ClientToken idempotency, the
+leak check and kill points, and stops it. Prints one line per check, then `N passed, N failed`,
 and exits 1 if anything failed.
 """
 
@@ -356,10 +356,82 @@ def selftest(endpoint):
           and out.stdout.strip() == "leak check: nothing left in us-east-1,us-west-2,eu-west-1",
           out.stdout + out.stderr)
 
+    # --- kill points (the fault sweep) ----------------------------------------
+    kill_points_selftest(endpoint, session, config)
+
     # --- known moto limitations (reported, not failures) ---------------------
     prices = ec2.describe_spot_price_history(InstanceTypes=["p4d.24xlarge"],
                                              ProductDescriptions=["Linux/UNIX"])["SpotPriceHistory"]
     print(f"     note: spot price history has {len({p['SpotPrice'] for p in prices})} distinct price(s)")
+
+
+def kill_points_selftest(endpoint, session, config):
+    """/_gangway/kill: requests numbered per access key; the marked
+    processes killed at an arrival (the request never reaches EC2) or a
+    return (the work done)."""
+    scoped = session.client("ec2", region_name="us-east-1", endpoint_url=endpoint, config=config,
+                            aws_access_key_id="AKSELFTESTKILL", aws_secret_access_key="testing")
+    ec2 = session.client("ec2", region_name="us-east-1", endpoint_url=endpoint, config=config)
+
+    def victim():
+        return subprocess.Popen(["sleep", "60"], env={**os.environ, "GANGWAY_SELFTEST_KILL": "victim"})
+
+    def gone(proc):
+        try:
+            return proc.wait(timeout=5) == -9
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            return False
+
+    def key_names():
+        return {k["KeyName"] for k in ec2.describe_key_pairs()["KeyPairs"]}
+
+    public_key = Ed25519PrivateKey.generate().public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+
+    status, state = control(endpoint, "POST", "/_gangway/kill", {"scope": "AKSELFTESTKILL", "at": 0})
+    scoped.describe_regions()
+    ec2.describe_regions()  # another scope: not counted
+    scoped.describe_regions()
+    _, state = control(endpoint, "GET", "/_gangway/kill?scope=AKSELFTESTKILL")
+    check("kill points count a scope's requests (arrival and return each)",
+          status == 200 and (state["requests"], state["points"], state["fired"]) == (2, 4, None), state)
+
+    # Point 3: the arrival of request 2, an ImportKeyPair that never happens.
+    proc = victim()
+    control(endpoint, "POST", "/_gangway/kill",
+            {"scope": "AKSELFTESTKILL", "at": 3, "marker": "GANGWAY_SELFTEST_KILL=victim"})
+    scoped.describe_regions()
+    alive_after_1 = proc.poll() is None
+    code, _ = error_of(scoped.import_key_pair, KeyName="gangway-selftest-killed-early",
+                       PublicKeyMaterial=public_key)
+    _, state = control(endpoint, "GET", "/_gangway/kill?scope=AKSELFTESTKILL")
+    check("killed at the arrival of request 2: the request never reached EC2",
+          alive_after_1 and gone(proc) and code == "ServiceUnavailable"
+          and "gangway-selftest-killed-early" not in key_names()
+          and {k: state["fired"].get(k) for k in ("point", "request", "when", "action")}
+          == {"point": 3, "request": 2, "when": "arrival", "action": "ImportKeyPair"}
+          and state["fired"]["killed"] == [proc.pid], (code, state))
+
+    # Point 2: the return of request 1, done but not answered to the killed.
+    proc = victim()
+    control(endpoint, "POST", "/_gangway/kill",
+            {"scope": "AKSELFTESTKILL", "at": 2, "marker": "GANGWAY_SELFTEST_KILL=victim"})
+    scoped.import_key_pair(KeyName="gangway-selftest-killed-late", PublicKeyMaterial=public_key)
+    _, state = control(endpoint, "GET", "/_gangway/kill?scope=AKSELFTESTKILL")
+    check("killed at the return of request 1: the work was done",
+          gone(proc) and "gangway-selftest-killed-late" in key_names()
+          and (state["fired"]["when"], state["fired"]["killed"]) == ("return", [proc.pid]), state)
+    ec2.delete_key_pair(KeyName="gangway-selftest-killed-late")
+
+    status, _ = control(endpoint, "POST", "/_gangway/kill", {"scope": "AKSELFTESTKILL", "at": 1})
+    status_scope, _ = control(endpoint, "POST", "/_gangway/kill", {"at": 0})
+    check("a kill without a marker, or without a scope, is refused (400)",
+          (status, status_scope) == (400, 400), (status, status_scope))
+    _, removed = control(endpoint, "DELETE", "/_gangway/kill?scope=AKSELFTESTKILL")
+    status, _ = control(endpoint, "GET", "/_gangway/kill?scope=AKSELFTESTKILL")
+    check("DELETE disarms the scope", removed == {"removed": 1} and status == 404, (removed, status))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ WSGI middleware that adds what the tests need and moto lacks:
 * placement groups (Create/Describe/DeletePlacementGroup), which moto does not
   implement, and Placement.GroupName on RunInstances / DescribeInstances;
 * DescribeInstanceTopology, which moto does not implement;
-* ClientToken idempotency for RunInstances, which moto ignores.
+* ClientToken idempotency for RunInstances, which moto ignores;
+* kill points for gangway's fault sweep: SIGKILL the client's processes as
+  its N-th request arrives or returns (/_gangway/kill).
 
 Usage:
 
@@ -37,6 +39,7 @@ import re
 import signal
 import sys
 import threading
+import time
 import urllib.parse
 import urllib.request
 import uuid
@@ -777,6 +780,212 @@ class Emulator:
         return ec2_response("DescribeInstanceTopology", f"<instanceSet>{''.join(items)}</instanceSet>")
 
 
+# ----- kill points (the fault sweep) ----------------------------------------
+
+
+def access_key_from_authorization(header):
+    """The access key id of a SigV4 credential (Credential=AKID/DATE/...)."""
+    match = re.search(r"Credential=([^/,\s]+)/", header or "")
+    return match.group(1) if match else None
+
+
+def pids_with_env(entry):
+    """Live processes whose environment has exactly the entry `entry`
+    (`KEY=VALUE`); this server never counts. Processes that vanish or
+    cannot be read while scanning are left out."""
+    needle = entry.encode()
+    me = os.getpid()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        # A zombie's environ reads empty: only live processes match.
+        if needle in env.split(b"\0"):
+            found.append(int(name))
+    return found
+
+
+def kill_marked(entry, timeout=10.0):
+    """SIGKILLs every process whose environment has `entry`, again for
+    any that appear meanwhile, until none is left alive (or `timeout`);
+    returns the pids killed, in order."""
+    killed = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        live = pids_with_env(entry)
+        if not live:
+            break
+        for pid in live:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                continue
+            if pid not in killed:
+                killed.append(pid)
+        time.sleep(0.02)
+    return killed
+
+
+class KillPoints:
+    """Exact kill points for gangway's fault sweep, per scope (the SigV4
+    access key id: parallel tests each use their own). Once a scope is
+    armed, its requests are numbered 1, 2, ...; request k's arrival is
+    kill point 2k-1 and its return (the work done, the answer not yet
+    sent) kill point 2k. At point `at` (0: never, only count) every
+    process whose environment has the entry `marker` is SIGKILLed, once."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._scopes = {}
+
+    def arm(self, spec):
+        if not isinstance(spec, dict):
+            raise ValueError("a kill spec is a JSON object")
+        unknown = set(spec) - {"scope", "at", "marker"}
+        if unknown:
+            raise ValueError(f"unknown fields {sorted(unknown)}; known: at, marker, scope")
+        scope, at, marker = spec.get("scope"), spec.get("at", 0), spec.get("marker", "")
+        if not isinstance(scope, str) or not scope:
+            raise ValueError('"scope" (the access key id of the requests to count) is required')
+        if not isinstance(at, int) or isinstance(at, bool) or at < 0:
+            raise ValueError('"at" is a kill point (1, 2, ...), or 0 to count only')
+        if not isinstance(marker, str) or (at > 0 and "=" not in marker):
+            raise ValueError('"marker" is an environment entry KEY=VALUE of the processes to kill')
+        with self._lock:
+            self._scopes[scope] = {"scope": scope, "at": at, "marker": marker,
+                                   "requests": 0, "fired": None}
+            return self._view(scope)
+
+    def _view(self, scope):
+        state = dict(self._scopes[scope])
+        state["points"] = 2 * state["requests"]
+        return state
+
+    def view(self, scope):
+        with self._lock:
+            if scope not in self._scopes:
+                raise LookupError(f"scope {scope!r} is not armed")
+            return self._view(scope)
+
+    def disarm(self, scope=None):
+        with self._lock:
+            if scope is None:
+                removed = len(self._scopes)
+                self._scopes.clear()
+                return removed
+            return 1 if self._scopes.pop(scope, None) else 0
+
+    def arrive(self, scope):
+        """Numbers a request of `scope`: (k, whether point 2k-1 fires), or
+        None when the scope is not armed."""
+        with self._lock:
+            state = self._scopes.get(scope)
+            if state is None:
+                return None
+            state["requests"] += 1
+            k = state["requests"]
+            return k, self._take(state, 2 * k - 1)
+
+    def returning(self, scope, k):
+        """Whether request k's return (point 2k) fires."""
+        with self._lock:
+            state = self._scopes.get(scope)
+            return state is not None and self._take(state, 2 * k)
+
+    @staticmethod
+    def _take(state, point):
+        if state["fired"] is None and state["at"] == point:
+            state["fired"] = {"point": point}
+            return True
+        return False
+
+    def kill(self, scope, request, when, what):
+        """Kills the scope's marked processes; records what and whom."""
+        with self._lock:
+            state = self._scopes[scope]
+            state["fired"].update({"request": request, "when": when, "action": what})
+        # `killed` comes last: readers wait for it (the client dies first).
+        killed = kill_marked(state["marker"])
+        log.info("kill point of %s: %s of request %s (%s): killed %s", scope, when, request, what, killed)
+        with self._lock:
+            state["fired"]["killed"] = killed
+
+
+class KillPointLayer:
+    """WSGI layer in front of the emulator: counts each scope's AWS
+    requests and kills at the armed point (see KillPoints); serves
+    /_gangway/kill."""
+
+    def __init__(self, app):
+        self.app = app
+        self.points = KillPoints()
+
+    def __call__(self, environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        if path == "/_gangway/kill":
+            return self.control(environ, start_response)
+        if path.startswith("/_gangway/") or path.startswith("/moto-api/"):
+            return self.app(environ, start_response)
+        scope = access_key_from_authorization(environ.get("HTTP_AUTHORIZATION"))
+        counted = self.points.arrive(scope) if scope else None
+        if counted is None:
+            return self.app(environ, start_response)
+        k, now = counted
+        what = Emulator._params(environ, Emulator._read_body(environ)).get("Action") or path
+        if now:
+            # Killed as the request arrived: it never reaches EC2.
+            self.points.kill(scope, k, "arrival", what)
+            return Emulator._reply(start_response, 503, ec2_error_body(
+                "ServiceUnavailable", f"gangway fault sweep: the client was killed as request {k} arrived"))
+        captured = {}
+        written = []
+
+        def capture(status, headers, exc_info=None):
+            captured["status"], captured["headers"] = status, headers
+            return written.append
+
+        result = self.app(environ, capture)
+        try:
+            body = b"".join(written) + b"".join(result)
+        finally:
+            if hasattr(result, "close"):
+                result.close()
+        if self.points.returning(scope, k):
+            # The work is done; the answer never reaches the client.
+            self.points.kill(scope, k, "return", what)
+        start_response(captured["status"], captured["headers"])
+        return [body]
+
+    def control(self, environ, start_response):
+        method = environ.get("REQUEST_METHOD", "GET")
+        query = dict(urllib.parse.parse_qsl(environ.get("QUERY_STRING", "")))
+
+        def reply(status, obj):
+            body = (json.dumps(obj, indent=1) + "\n").encode("utf-8")
+            return Emulator._reply(start_response, status, body, "application/json")
+
+        try:
+            if method == "POST":
+                spec = json.loads(Emulator._read_body(environ) or b"null")
+                return reply(200, self.points.arm(spec))
+            if method == "GET":
+                if "scope" not in query:
+                    raise ValueError("GET /_gangway/kill?scope=ACCESS_KEY_ID")
+                return reply(200, self.points.view(query["scope"]))
+            if method == "DELETE":
+                return reply(200, {"removed": self.points.disarm(query.get("scope"))})
+            return reply(405, {"error": "use GET, POST or DELETE"})
+        except LookupError as err:
+            return reply(404, {"error": str(err).strip("'\"")})
+        except (ValueError, TypeError) as err:
+            return reply(400, {"error": str(err)})
+
+
 def pinned_moto_version():
     try:
         with open(os.path.join(HERE, "requirements.txt")) as f:
@@ -834,7 +1043,7 @@ def main():
 
     app = Emulator(DomainDispatcherApplication(create_backend_app))
     extra = {"request_handler": MotoRequestHandler} if MotoRequestHandler else {}
-    server = make_server(args.host, args.port, app, threaded=True, **extra)
+    server = make_server(args.host, args.port, KillPointLayer(app), threaded=True, **extra)
     host, port = server.server_address[:2]
     endpoint = f"http://{host}:{port}"
     threading.Thread(target=server.serve_forever, name="serve", daemon=True).start()

@@ -7,7 +7,7 @@ Starts the server on a free port, checks routing, schema rejections, the
 instance lifecycle (bulkInsert, insert, stop, start, delete), operations,
 requestId idempotency, fault injection, capacity, list filters, the
 catalog's aggregated lists, preemption and the metadata server, resource
-policies and firewalls, the Cloud Billing SKU list (against
+policies and firewalls, kill points, the Cloud Billing SKU list (against
 cloudbilling.v1.json's Sku schema when the venv has it), and stops it.
 Every JSON answer of the API is also checked here against the discovery
 document's response schema. Prints one line per check, then
@@ -682,6 +682,9 @@ def selftest(endpoint):
     # --- the Cloud Billing Catalog ---------------------------------------------------------
     billing_selftest(endpoint, billing_schema)
 
+    # --- kill points (the fault sweep) -----------------------------------------------------
+    kill_points_selftest(endpoint, api)
+
     # --- state, reset -----------------------------------------------------------------------
     status, state = control(endpoint, "GET", "state")
     check("/_gangway/state lists instances", status == 200 and len(state["instances"]) > 5, status)
@@ -697,6 +700,70 @@ def selftest(endpoint):
     check("reset clears the billing failure and count",
           billing.get("fail") is None and billing.get("calls") == 0
           and http(endpoint, "GET", SKUS_PATH)[0] == 200, billing)
+
+
+def kill_points_selftest(endpoint, api):
+    """/_gangway/kill: API requests numbered; the marked processes killed
+    at an arrival (the request never reaches the fake) or a return (the
+    work done)."""
+    def victim():
+        return subprocess.Popen(["sleep", "60"], env={**os.environ, "GANGWAY_SELFTEST_KILL": "victim"})
+
+    def gone(proc):
+        try:
+            return proc.wait(timeout=5) == -9
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            return False
+
+    def firewall(name):
+        return {"name": name, "network": "global/networks/default", "direction": "INGRESS",
+                "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}], "sourceRanges": ["192.0.2.0/24"]}
+
+    _, settings = control(endpoint, "GET", "settings")
+    control(endpoint, "POST", "settings", {"op_polls": 0})  # inserts done in their answer
+    status, state = control(endpoint, "POST", "kill", {"at": 0})
+    api.get("zones")
+    control(endpoint, "GET", "state")  # the control API: not counted
+    api.get(f"zones/{ZONE}")
+    _, state = control(endpoint, "GET", "kill")
+    check("kill points count API requests (arrival and return each)",
+          status == 200 and (state["requests"], state["points"], state["fired"]) == (2, 4, None), state)
+
+    # Point 3: the arrival of request 2, a firewalls.insert that never happens.
+    proc = victim()
+    control(endpoint, "POST", "kill", {"at": 3, "marker": "GANGWAY_SELFTEST_KILL=victim"})
+    api.get("zones")
+    alive_after_1 = proc.poll() is None
+    status, _ = api.post("global/firewalls", firewall("gw-kill-early"), requestId=str(uuid.uuid4()))
+    _, state = control(endpoint, "GET", "kill")
+    check("killed at the arrival of request 2: the request never reached the fake",
+          alive_after_1 and gone(proc) and status == 503
+          and api.get("global/firewalls/gw-kill-early")[0] == 404
+          and {k: state["fired"].get(k) for k in ("point", "request", "when")}
+          == {"point": 3, "request": 2, "when": "arrival"}
+          and state["fired"]["call"].startswith("POST /compute/v1/projects/")
+          and state["fired"]["killed"] == [proc.pid], (status, state))
+
+    # Point 2: the return of request 1, done but not answered to the killed.
+    proc = victim()
+    control(endpoint, "POST", "kill", {"at": 2, "marker": "GANGWAY_SELFTEST_KILL=victim"})
+    api.post("global/firewalls", firewall("gw-kill-late"), requestId=str(uuid.uuid4()))
+    _, state = control(endpoint, "GET", "kill")
+    check("killed at the return of request 1: the work was done",
+          gone(proc) and api.get("global/firewalls/gw-kill-late")[0] == 200
+          and (state["fired"]["when"], state["fired"]["killed"]) == ("return", [proc.pid]), state)
+    api.delete("global/firewalls/gw-kill-late")
+
+    status, _ = control(endpoint, "POST", "kill", {"at": 1})
+    check("a kill without a marker is refused (400)", status == 400, status)
+    _, removed = control(endpoint, "DELETE", "kill")
+    api.get("zones")
+    _, state = control(endpoint, "GET", "kill")
+    check("DELETE disarms the kill points",
+          removed == {"removed": 1} and (state["at"], state["requests"]) == (None, 0), (removed, state))
+    control(endpoint, "POST", "settings", {"op_polls": settings["op_polls"]})
 
 
 ZONES = ["asia-northeast1-a", "europe-west4-a", "europe-west4-b", "us-central1-a", "us-central1-b",

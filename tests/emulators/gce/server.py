@@ -18,6 +18,8 @@ API the GCP provider uses, checked against Google's own discovery document
 * control endpoints under /_gangway/ for fault injection, spot preemption,
   capacity limits and settings; a GCE metadata server (instance/preempted
   with wait_for_change long polls) per instance;
+* kill points for gangway's fault sweep: SIGKILL the client's processes as
+  the fake's N-th API request arrives or returns (/_gangway/kill);
 * Compute Engine's part of the Cloud Billing Catalog (GET /v1/services/
   6F81-5844-456A/skus): fixed, documented prices per region, for catalog
   refresh tests, with an injectable failure (/_gangway/billing).
@@ -2420,13 +2422,195 @@ class Handler(http.server.BaseHTTPRequestHandler):
         raise ApiError(404, f"no control endpoint {method} /_gangway/{what}")
 
 
+# ----- kill points (the fault sweep) ---------------------------------------------------
+
+def pids_with_env(entry):
+    """Live processes whose environment has exactly the entry `entry`
+    (`KEY=VALUE`); this server never counts. Processes that vanish or
+    cannot be read while scanning are left out."""
+    needle = entry.encode()
+    me = os.getpid()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        # A zombie's environ reads empty: only live processes match.
+        if needle in env.split(b"\0"):
+            found.append(int(name))
+    return found
+
+
+def kill_marked(entry, timeout=10.0):
+    """SIGKILLs every process whose environment has `entry`, again for any
+    that appear meanwhile, until none is left alive (or `timeout`); returns
+    the pids killed, in order."""
+    killed = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        live = pids_with_env(entry)
+        if not live:
+            break
+        for pid in live:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                continue
+            if pid not in killed:
+                killed.append(pid)
+        time.sleep(0.02)
+    return killed
+
+
+class KillPoints:
+    """Exact kill points for gangway's fault sweep. Once armed, the fake's
+    Compute API requests (not the control API, billing or metadata) are
+    numbered 1, 2, ...: request k's arrival is kill point 2k-1 and its
+    return (the work done, the answer not yet sent) kill point 2k. At point
+    `at` (0: never, only count) every process whose environment has the
+    entry `marker` is SIGKILLed, once."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.state = None
+
+    def arm(self, spec):
+        unknown = set(spec) - {"at", "marker"}
+        if unknown:
+            raise ApiError(400, f"unknown fields {sorted(unknown)}; known: at, marker")
+        at, marker = spec.get("at", 0), spec.get("marker", "")
+        if not isinstance(at, int) or isinstance(at, bool) or at < 0:
+            raise ApiError(400, '"at" is a kill point (1, 2, ...), or 0 to count only')
+        if not isinstance(marker, str) or (at > 0 and "=" not in marker):
+            raise ApiError(400, '"marker" is an environment entry KEY=VALUE of the processes to kill')
+        with self.lock:
+            self.state = {"at": at, "marker": marker, "requests": 0, "fired": None}
+            return self.view_locked()
+
+    def view_locked(self):
+        if self.state is None:
+            return {"at": None, "requests": 0, "points": 0, "fired": None}
+        return {**self.state, "points": 2 * self.state["requests"]}
+
+    def view(self):
+        with self.lock:
+            return self.view_locked()
+
+    def disarm(self):
+        with self.lock:
+            removed, self.state = self.state is not None, None
+            return int(removed)
+
+    def arrive(self):
+        """Numbers a request: (k, whether point 2k-1 fires), or None when
+        not armed."""
+        with self.lock:
+            if self.state is None:
+                return None
+            self.state["requests"] += 1
+            k = self.state["requests"]
+            return k, self._take(2 * k - 1)
+
+    def returning(self, k):
+        """Whether request k's return (point 2k) fires."""
+        with self.lock:
+            return self.state is not None and self._take(2 * k)
+
+    def _take(self, point):
+        if self.state["fired"] is None and self.state["at"] == point:
+            self.state["fired"] = {"point": point}
+            return True
+        return False
+
+    def kill(self, request, when, what):
+        """Kills the marked processes; records what and whom."""
+        with self.lock:
+            state = self.state
+            state["fired"].update({"request": request, "when": when, "call": what})
+        # `killed` comes last: readers wait for it (the client dies first).
+        killed = kill_marked(state["marker"])
+        log.info("kill point: %s of request %s (%s): killed %s", when, request, what, killed)
+        with self.lock:
+            state["fired"]["killed"] = killed
+
+
+_kill_points_lock = threading.Lock()
+
+
+def kill_points_of(emu):
+    """The emulator's kill points, made on first use."""
+    with _kill_points_lock:
+        if getattr(emu, "kill_points", None) is None:
+            emu.kill_points = KillPoints()
+        return emu.kill_points
+
+
+class KillPointHandler(Handler):
+    """The API handler with kill points (KillPoints) and their control
+    endpoint, /_gangway/kill."""
+
+    def dispatch(self):
+        self._kill_return = None
+        try:
+            super().dispatch()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # an error answer to a client killed meanwhile
+        finally:
+            self._kill_return = None
+
+    def api(self, url, raw):
+        points = kill_points_of(self.server.emu)
+        counted = points.arrive()
+        if counted is not None:
+            k, now = counted
+            what = f"{self.command} {url.path}"
+            if now:
+                # Killed as the request arrived: it never reaches the fake.
+                points.kill(k, "arrival", what)
+                raise ApiError(503, f"gangway fault sweep: the client was killed as request {k} arrived")
+            self._kill_return = (k, what)
+        return super().api(url, raw)
+
+    def send(self, status, body, content_type="application/json; charset=UTF-8", headers=None):
+        pending, self._kill_return = getattr(self, "_kill_return", None), None
+        if pending is not None:
+            points = kill_points_of(self.server.emu)
+            if points.returning(pending[0]):
+                # The work is done; the answer never reaches the client.
+                points.kill(pending[0], "return", pending[1])
+        return super().send(status, body, content_type, headers)
+
+    def control(self, what, url, raw):
+        points = kill_points_of(self.server.emu)
+        if what == "kill":
+            if self.command == "POST":
+                try:
+                    spec = json.loads(raw) if raw.strip() else {}
+                except ValueError as err:
+                    raise ApiError(400, f"control body is not JSON: {err}")
+                if not isinstance(spec, dict):
+                    raise ApiError(400, "a kill spec is a JSON object")
+                return self.send(200, points.arm(spec))
+            if self.command == "GET":
+                return self.send(200, points.view())
+            if self.command == "DELETE":
+                return self.send(200, {"removed": points.disarm()})
+        if what == "reset" and self.command == "POST":
+            points.disarm()
+        return super().control(what, url, raw)
+
+
 def serve(args, schema):
     settings = {"op_polls": args.op_polls, "op_auto_done_s": args.op_auto_done_s,
                 "nat_ip_prefix": args.nat_ip_prefix}
     emu = Emulator(schema, settings)
     if args.metadata_instance:
         emu.default_metadata_instance = {"instance": args.metadata_instance, "zone": None, "project": None}
-    server = EmulatorHTTPServer((args.host, args.port), Handler, emu,
+    server = EmulatorHTTPServer((args.host, args.port), KillPointHandler, emu,
                                 check_responses=not args.no_check_responses)
     host, port = server.server_address[:2]
     endpoint = f"http://{host}:{port}"
