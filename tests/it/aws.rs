@@ -3,12 +3,9 @@
 //! machines, so launches stop after provisioning (`--provision-only`); the
 //! SSH steps are covered by the ssh suites.
 
-#[path = "../support/ec2_emulator.rs"]
-mod ec2_emulator;
-
 use std::process::Output;
 
-use ec2_emulator::Ec2Emulator;
+use crate::ec2_emulator::Ec2Emulator;
 use serde_json::Value;
 
 use crate::common::{command_in, json_doc, parts, Running, TestHome};

@@ -16,22 +16,12 @@
 //! (once: retried inside gangway; always: the row stays `TERMINATING`
 //! until a `down` succeeds) is tested here too.
 
-// aws.rs and gcp.rs have their own private copies of these helpers; a
-// second copy here keeps their files as they are (a locally started EC2
-// emulator is then started once more, for these tests; CI's is shared).
-#[allow(clippy::duplicate_mod)]
-#[path = "../support/ec2_emulator.rs"]
-mod ec2_emulator;
-#[allow(clippy::duplicate_mod)]
-#[path = "../support/gce_fake.rs"]
-mod gce_fake;
-
 use std::process::Output;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use ec2_emulator::Ec2Emulator;
-use gce_fake::GceFake;
+use crate::ec2_emulator::Ec2Emulator;
+use crate::gce_fake::GceFake;
 use serde_json::Value;
 
 use crate::common::{command_in, json_doc, parts, Running, TestHome};

@@ -5,9 +5,7 @@ use std::time::Duration;
 
 use crate::common::{json_doc, parts, TestHome};
 
-#[path = "../support/gce_fake.rs"]
-mod gce_fake;
-use gce_fake::GceFake;
+use crate::gce_fake::GceFake;
 
 /// Names of whatever gangway made that the fake still holds.
 fn leftovers(gce: &GceFake) -> Vec<String> {

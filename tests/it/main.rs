@@ -7,6 +7,10 @@ mod cloud_sweep;
 mod cluster_cmds;
 mod common;
 mod compat;
+#[path = "../support/ec2_emulator.rs"]
+mod ec2_emulator;
+#[path = "../support/gce_fake.rs"]
+mod gce_fake;
 mod gcp;
 mod imds;
 mod jobs;
