@@ -30,6 +30,34 @@ fn inject(home: &TestHome, op: &str, times: i64, kind: &str, message: &str) {
     std::fs::write(&path, Value::Object(all).to_string()).unwrap();
 }
 
+/// Arms the local cloud's kill point `n` (0: count the points, kill none).
+fn arm_kill(home: &TestHome, n: u64) {
+    std::fs::create_dir_all(home.path().join("local")).unwrap();
+    std::fs::write(
+        home.path().join("local/faults.json"),
+        format!(r#"{{"kill_at": {n}}}"#),
+    )
+    .unwrap();
+}
+
+/// The first managed job, from `jobs queue -o json`.
+fn first_job(home: &TestHome) -> Result<Value, String> {
+    let (_, out, _) = parts(&home.run(["jobs", "queue", "-o", "json"]));
+    let v: Value = serde_json::from_str(&out).map_err(|e| format!("{e}: {out}"))?;
+    Ok(v["jobs"][0].clone())
+}
+
+/// A one-node managed job on the local cloud that echoes and ends.
+fn echo_job(home: &TestHome) -> String {
+    home.file(
+        "job.yaml",
+        &format!(
+            "resources:\n  infra: local\nenvs:\n  GW_TEST_MARKER: {}\nrun: echo done\n",
+            home.marker
+        ),
+    )
+}
+
 fn heal(home: &TestHome) {
     let _ = std::fs::remove_file(home.path().join("local/faults.json"));
 }
@@ -145,20 +173,12 @@ fn launch_down_whose_teardown_fails_exits_non_zero_and_status_r_finishes_it() {
 #[test]
 fn a_managed_jobs_controller_retries_a_failed_teardown_until_it_is_gone() {
     let home = TestHome::new();
-    let t = home.file(
-        "job.yaml",
-        &format!(
-            "resources:\n  infra: local\nenvs:\n  GW_TEST_MARKER: {}\nrun: echo done\n",
-            home.marker
-        ),
-    );
+    let t = echo_job(&home);
     inject(&home, "terminate", -1, "transient", "the API is down");
     let (code, _, err) = parts(&home.run(["jobs", "launch", &t, "-d"]));
     assert_eq!(code, 0, "{err}");
     let cluster = wait_for("the job to end with its cluster kept", DEADLINE, || {
-        let (_, out, _) = parts(&home.run(["jobs", "queue", "-o", "json"]));
-        let v: Value = serde_json::from_str(&out).map_err(|e| e.to_string())?;
-        let j = v["jobs"][0].clone();
+        let j = first_job(&home)?;
         if j["state"] != "SUCCEEDED" {
             return Err(j.to_string());
         }
@@ -299,9 +319,7 @@ fn secrets_come_off_the_command_line_and_a_damaged_secrets_file_fails_the_recove
     assert!(copy.contains("TOKEN: null"), "{copy}");
     std::fs::write(dir.join("secrets.json"), "{damaged").unwrap();
     let j = wait_for("the recovery to fail", DEADLINE, || {
-        let (_, out, _) = parts(&home.run(["jobs", "queue", "-o", "json"]));
-        let v: Value = serde_json::from_str(&out).map_err(|e| e.to_string())?;
-        let j = v["jobs"][0].clone();
+        let j = first_job(&home)?;
         if j["state"] == "FAILED" {
             Ok(j)
         } else {
@@ -361,8 +379,7 @@ fn the_fault_sweep_kills_launch_at_every_provider_call_and_nothing_leaks() {
     // The baseline counts the kill points of one whole `launch --down`.
     let base = TestHome::new();
     let t = task(&base, body);
-    std::fs::create_dir_all(base.path().join("local")).unwrap();
-    std::fs::write(base.path().join("local/faults.json"), r#"{"kill_at": 0}"#).unwrap();
+    arm_kill(&base, 0);
     let (code, out, err) = parts(&base.run(["launch", &t, "-c", "sweep", "--down", "-y"]));
     assert_eq!(code, 0, "baseline:\n{out}\n{err}");
     let total = calls(&base);
@@ -371,12 +388,7 @@ fn the_fault_sweep_kills_launch_at_every_provider_call_and_nothing_leaks() {
     for n in kill_points(total, total, 1) {
         let home = TestHome::new();
         let t = task(&home, body);
-        std::fs::create_dir_all(home.path().join("local")).unwrap();
-        std::fs::write(
-            home.path().join("local/faults.json"),
-            format!(r#"{{"kill_at": {n}}}"#),
-        )
-        .unwrap();
+        arm_kill(&home, n);
         let (code, out, err) = parts(&home.run(["launch", &t, "-c", "sweep", "--down", "-y"]));
         heal(&home);
         let what = format!("kill point {n} of {total} (launch exit {code})\n{out}\n{err}");
@@ -414,28 +426,18 @@ fn the_fault_sweep_kills_a_managed_jobs_controller_at_every_provider_call() {
             ),
         )
     };
-    let managed_state = |home: &TestHome| -> Value {
-        let (_, out, _) = parts(&home.run(["jobs", "queue", "-o", "json"]));
-        serde_json::from_str::<Value>(&out).unwrap_or_default()["jobs"][0].clone()
-    };
     let base = TestHome::new();
     let t = body(&base);
-    std::fs::create_dir_all(base.path().join("local")).unwrap();
-    std::fs::write(base.path().join("local/faults.json"), r#"{"kill_at": 0}"#).unwrap();
+    arm_kill(&base, 0);
     let (code, out, err) = parts(&base.run(["jobs", "launch", &t, "--wait"]));
     assert_eq!(code, 0, "baseline:\n{out}\n{err}");
-    assert_eq!(managed_state(&base)["preemptions"], 1);
+    assert_eq!(first_job(&base).unwrap()["preemptions"], 1);
     let total = calls(&base);
     let mut swept = 0;
     for n in kill_points(total, 6, 4) {
         let home = TestHome::new();
         let t = body(&home);
-        std::fs::create_dir_all(home.path().join("local")).unwrap();
-        std::fs::write(
-            home.path().join("local/faults.json"),
-            format!(r#"{{"kill_at": {n}}}"#),
-        )
-        .unwrap();
+        arm_kill(&home, n);
         // The controller runs in this process (--wait): the kill takes both.
         let (code, out, err) = parts(&home.run(["jobs", "launch", &t, "--wait"]));
         heal(&home);
@@ -443,7 +445,7 @@ fn the_fault_sweep_kills_a_managed_jobs_controller_at_every_provider_call() {
         // What a user does next: look at the queue, which starts a
         // controller again; the job must end (or resume and end).
         let j = wait_for(&what, DEADLINE, || {
-            let j = managed_state(&home);
+            let j = first_job(&home)?;
             match j["state"].as_str() {
                 Some("SUCCEEDED" | "FAILED" | "CANCELLED" | "FAILED_NO_RESOURCE")
                     if home.clusters().is_empty() =>
@@ -501,9 +503,7 @@ fn a_recovery_whose_teardown_fails_waits_for_it_and_never_doubles() {
     );
     heal(&home);
     let j = wait_for("the job to recover and finish", DEADLINE, || {
-        let (_, out, _) = parts(&home.run(["jobs", "queue", "-o", "json"]));
-        let v: Value = serde_json::from_str(&out).map_err(|e| e.to_string())?;
-        let j = v["jobs"][0].clone();
+        let j = first_job(&home)?;
         match j["state"].as_str() {
             Some("SUCCEEDED") if home.clusters().is_empty() => Ok(j),
             Some("FAILED" | "CANCELLED") => panic!("{j}"),
@@ -517,13 +517,7 @@ fn a_recovery_whose_teardown_fails_waits_for_it_and_never_doubles() {
 #[test]
 fn jobs_launch_wait_exits_6_when_its_clusters_teardown_fails_and_a_controller_finishes_it() {
     let home = TestHome::new();
-    let t = home.file(
-        "job.yaml",
-        &format!(
-            "resources:\n  infra: local\nenvs:\n  GW_TEST_MARKER: {}\nrun: echo done\n",
-            home.marker
-        ),
-    );
+    let t = echo_job(&home);
     inject(&home, "terminate", -1, "auth", "the token expired");
     let (code, _, err) = parts(&home.run(["jobs", "launch", &t, "--wait"]));
     assert_eq!(code, 6, "{err}");
