@@ -39,7 +39,6 @@ import re
 import signal
 import sys
 import threading
-import time
 import urllib.parse
 import urllib.request
 import uuid
@@ -782,53 +781,14 @@ class Emulator:
 
 # ----- kill points (the fault sweep) ----------------------------------------
 
+# The kill points' process handling is shared with the other emulator.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from killpoints import kill_marked  # noqa: E402
 
 def access_key_from_authorization(header):
     """The access key id of a SigV4 credential (Credential=AKID/DATE/...)."""
     match = re.search(r"Credential=([^/,\s]+)/", header or "")
     return match.group(1) if match else None
-
-
-def pids_with_env(entry):
-    """Live processes whose environment has exactly the entry `entry`
-    (`KEY=VALUE`); this server never counts. Processes that vanish or
-    cannot be read while scanning are left out."""
-    needle = entry.encode()
-    me = os.getpid()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        # A zombie's environ reads empty: only live processes match.
-        if needle in env.split(b"\0"):
-            found.append(int(name))
-    return found
-
-
-def kill_marked(entry, timeout=10.0):
-    """SIGKILLs every process whose environment has `entry`, again for
-    any that appear meanwhile, until none is left alive (or `timeout`);
-    returns the pids killed, in order."""
-    killed = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        live = pids_with_env(entry)
-        if not live:
-            break
-        for pid in live:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                continue
-            if pid not in killed:
-                killed.append(pid)
-        time.sleep(0.02)
-    return killed
 
 
 class KillPoints:
