@@ -917,7 +917,7 @@ pub fn stop(a: &NamesArgs, out: Output) -> Result<ExitCode, Error> {
         let p = providers
             .get(&cloud)
             .ok_or_else(|| TeardownError::NoProvider(cloud.clone()))?;
-        provision::stop_drivers(&store, n)?;
+        rt.block_on(provision::stop_drivers(&store, n))?;
         rt.block_on(p.stop(&ClusterName(n.clone())))?;
         store.set_status(n, ClusterStatus::Stopped, None)?;
         store.event(n, None, "stop", "stopped")?;
@@ -933,7 +933,7 @@ pub fn stop(a: &NamesArgs, out: Output) -> Result<ExitCode, Error> {
 
 /// `gangway start`.
 pub fn start(a: &NamesArgs, out: Output) -> Result<ExitCode, Error> {
-    let (home, mut store) = open()?;
+    let (home, store) = open()?;
     let providers = Providers::new(&home);
     let rt = runtime()?;
     for n in &a.clusters {

@@ -79,9 +79,9 @@ pub struct JobsCancelArgs {
 }
 
 /// Runs a `jobs` subcommand.
-pub fn run(cmd: JobsCommand, out: Output) -> Result<ExitCode, Error> {
+pub fn run(cmd: JobsCommand, catalog: Option<&Path>, out: Output) -> Result<ExitCode, Error> {
     match cmd {
-        JobsCommand::Launch(a) => launch(&a, out),
+        JobsCommand::Launch(a) => launch(&a, catalog, out),
         JobsCommand::Queue => queue(out),
         JobsCommand::Logs(a) => logs(&a),
         JobsCommand::Cancel(a) => cancel(&a, out),
@@ -151,7 +151,7 @@ fn checkpoint_storage(task: &crate::spec::Task, default: PathBuf) -> Result<Path
     }
 }
 
-fn launch(a: &JobsLaunchArgs, out: Output) -> Result<ExitCode, Error> {
+fn launch(a: &JobsLaunchArgs, catalog: Option<&Path>, out: Output) -> Result<ExitCode, Error> {
     let task = a.task.load()?;
     super::plan::require_values(&task, &a.task.task)?;
     let spec = job_spec(&task, &a.task.task, true, false)?;
@@ -189,13 +189,9 @@ fn launch(a: &JobsLaunchArgs, out: Output) -> Result<ExitCode, Error> {
     let mt = ManagedTask {
         task_file,
         task_path: a.task.task.display().to_string(),
-        infra: a.task.infra.clone(),
-        gpus: a.task.gpus.clone(),
-        cpus: a.task.cpus.clone(),
-        memory: a.task.memory.clone(),
-        instance_type: a.task.instance_type.clone(),
-        num_nodes: a.task.num_nodes,
-        use_spot: a.task.use_spot,
+        overrides: a.task.overrides(),
+        // Absolute: the controller runs elsewhere in the file system.
+        catalog_dir: catalog.map(|d| std::path::absolute(d).unwrap_or_else(|_| d.to_path_buf())),
         spec,
         storage: checkpoint_storage(&task, dir.join("checkpoint"))?,
         sync_interval_s: ck.sync_interval_s as f64,

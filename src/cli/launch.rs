@@ -183,7 +183,7 @@ pub fn launch(a: &LaunchArgs, catalog_dir: Option<&Path>, out: Output) -> Result
     let spec = job_spec(&task, &a.task.task, true, a.down)?;
     let secrets = secrets_of(&task);
     let home = gangway_home()?;
-    let mut store = Store::open(&home)?;
+    let store = Store::open(&home)?;
     let progress = Progress::new(out);
 
     let lock = store.lock_cluster(&name, "launching")?;

@@ -189,7 +189,7 @@ pub fn run(cli: Cli) -> Result<ExitCode, Error> {
         Command::Autostop(a) => cluster::autostop(&a, out),
         Command::Drive { job } => launch::drive(job),
         Command::AutostopWatch { cluster } => cluster::autostop_watch(&cluster),
-        Command::Jobs { action } => jobs::run(action, out),
+        Command::Jobs { action } => jobs::run(action, cli.catalog.as_deref(), out),
         Command::JobsController => jobs::controller_main(),
         Command::Check(a) => check::check(&a, out),
     }
@@ -207,26 +207,8 @@ pub fn load_catalog_for(
     dir: Option<&std::path::Path>,
     relevant: impl Fn(&str) -> bool,
 ) -> Result<Catalog, Error> {
-    let mut c = Catalog::embedded();
-    // What `gangway catalog refresh` fetched overrides what shipped.
-    if let Ok(home) = launch::gangway_home() {
-        let refreshed = home.join("catalog");
-        if refreshed.is_dir() {
-            c.overlay(Catalog::load_dir(&refreshed)?);
-        }
-    }
-    if let Some(dir) = dir {
-        c.overlay(Catalog::load_dir(dir)?);
-    }
-    // Machines you already have (ssh pools) are offered at no cost.
-    if let Ok(home) = launch::gangway_home() {
-        if let Some(inv) = crate::inventory::load(&home)? {
-            c.overlay(inv.catalog());
-        }
-        if let Some(s) = crate::slurm_clusters::load(&home)? {
-            c.overlay(s.catalog());
-        }
-    }
+    let home = launch::gangway_home().ok();
+    let c = crate::context::load_catalog(home.as_deref(), dir)?;
     for (s, age) in c.stale_sources(Date::today()) {
         if !relevant(&s.cloud) {
             continue;

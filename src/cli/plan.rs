@@ -7,7 +7,7 @@ use serde_json::json;
 
 use super::{load_catalog_for, print_json, table, OptimizeArgs, Output};
 use crate::optimizer::{self, Blocklist, Candidate, Options};
-use crate::spec::{self, Choice, ResourceSpec, Task};
+use crate::spec::{self, Choice, OverrideError, Overrides, ResourceSpec, Task};
 use crate::{Error, ExitCode};
 
 /// A task file and the flags that override it.
@@ -54,31 +54,13 @@ pub struct TaskArgs {
     pub secret_file: Option<PathBuf>,
 }
 
-fn apply_to_all(task: &mut Task, f: impl Fn(&mut ResourceSpec)) {
-    f(&mut task.resources.base);
-    if let Choice::AnyOf(items) | Choice::Ordered(items) = &mut task.resources.choice {
-        items.iter_mut().for_each(f);
-    }
-}
-
-fn flag_spec(flag: &str, text: &str) -> Result<ResourceSpec, Error> {
-    spec::parse_flag(flag, text).map_err(|e| Error::Usage {
-        message: format!("{flag} '{text}': {}", e.message),
-        hint: e.hint,
-    })
-}
-
 impl TaskArgs {
     /// Loads the task and applies every override. Missing env values are
     /// left as they are; see [`Task::missing_values`].
     pub fn load(&self) -> Result<Task, Error> {
         // Flags first: a wrong flag is reported before the file is read.
-        let parse =
-            |flag: &str, v: &Option<String>| v.as_ref().map(|t| flag_spec(flag, t)).transpose();
-        let infra = parse("--infra", &self.infra)?;
-        let gpus = parse("--gpus", &self.gpus)?;
-        let cpus = parse("--cpus", &self.cpus)?;
-        let memory = parse("--memory", &self.memory)?;
+        let overrides = self.overrides();
+        overrides.check().map_err(override_error)?;
         let mut task = spec::load(&self.task)?;
         let mut envs = Vec::new();
         if let Some(f) = &self.env_file {
@@ -100,31 +82,28 @@ impl TaskArgs {
             secrets.push(secret_arg(s)?);
         }
         task.set_secrets(&secrets);
-        if let Some(n) = self.num_nodes {
-            task.num_nodes = n;
-        }
-        if let Some(s) = infra {
-            apply_to_all(&mut task, |r| r.infra = s.infra.clone());
-        }
-        if let Some(s) = gpus {
-            apply_to_all(&mut task, |r| {
-                r.accelerators = s.accelerators.clone();
-                r.instance_type = None;
-            });
-        }
-        if let Some(s) = cpus {
-            apply_to_all(&mut task, |r| r.cpus = s.cpus);
-        }
-        if let Some(s) = memory {
-            apply_to_all(&mut task, |r| r.memory = s.memory);
-        }
-        if let Some(t) = &self.instance_type {
-            apply_to_all(&mut task, |r| r.instance_type = Some(t.clone()));
-        }
-        if self.use_spot {
-            apply_to_all(&mut task, |r| r.use_spot = Some(true));
-        }
+        overrides.apply(&mut task).map_err(override_error)?;
         Ok(task)
+    }
+
+    /// The resource flags, as data a managed job keeps.
+    pub fn overrides(&self) -> Overrides {
+        Overrides {
+            infra: self.infra.clone(),
+            gpus: self.gpus.clone(),
+            cpus: self.cpus.clone(),
+            memory: self.memory.clone(),
+            instance_type: self.instance_type.clone(),
+            num_nodes: self.num_nodes,
+            use_spot: self.use_spot,
+        }
+    }
+}
+
+fn override_error(e: OverrideError) -> Error {
+    Error::Usage {
+        message: e.to_string(),
+        hint: e.hint,
     }
 }
 

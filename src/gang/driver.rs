@@ -14,7 +14,10 @@ use tokio::task::JoinSet;
 
 use super::{node_env, transport_for, GangInfo, JobSpec, NodeCommand, Phase, Transport};
 use crate::provision::{teardown, Providers};
-use crate::state::{JobStatus, NodeRow, OwnerLock, StateError, Store};
+use crate::state::{
+    EndReason, JobStatus, LossSeen, LostNode, NodeRow, OwnerLock, RankEnd, RunOutcome, StateError,
+    Store,
+};
 
 /// How long ranks get between SIGTERM and SIGKILL.
 pub const GRACE: Duration = Duration::from_secs(10);
@@ -32,6 +35,15 @@ enum PhaseEnd {
     Ok,
     Failed { rank: usize, what: String },
     Cancelled,
+}
+
+/// How a process status reads as data.
+fn rank_end(s: &ExitStatus) -> RankEnd {
+    match (s.code(), s.signal()) {
+        (Some(code), _) => RankEnd::Exited { code },
+        (None, Some(signal)) => RankEnd::Signalled { signal },
+        _ => RankEnd::Unknown,
+    }
 }
 
 /// `exited with code 3`, `was killed by signal 9 (SIGKILL)`.
@@ -183,6 +195,7 @@ pub async fn drive(
     let (cancel_tx, mut cancel) = tokio::sync::watch::channel(Cancel::None);
     spawn_signal_watch(cancel_tx);
 
+    let mut outcome = RunOutcome::of(EndReason::Succeeded);
     let (status, detail) = run_job(
         &store,
         &job.cluster,
@@ -191,9 +204,17 @@ pub async fn drive(
         &secrets,
         &logs,
         &mut cancel,
+        &mut outcome,
     )
     .await?;
-    store.set_job_status(job_id, status, detail.as_deref())?;
+    outcome.reason = match status {
+        JobStatus::Succeeded => EndReason::Succeeded,
+        JobStatus::FailedSetup => EndReason::SetupFailed,
+        JobStatus::Cancelled => EndReason::Cancelled,
+        JobStatus::Failed if outcome.failed_rank.is_some() => EndReason::RankFailed,
+        _ => EndReason::NoCluster,
+    };
+    store.end_job(job_id, status, detail.as_deref(), &outcome)?;
     store.event(
         &job.cluster,
         Some(job_id),
@@ -266,6 +287,7 @@ fn spawn_signal_watch(tx: tokio::sync::watch::Sender<Cancel>) {
     });
 }
 
+#[allow(clippy::too_many_arguments)] // the job's whole context, passed once
 async fn run_job(
     store: &Store,
     cluster: &str,
@@ -274,6 +296,7 @@ async fn run_job(
     secrets: &[(String, String)],
     logs: &Logs,
     cancel: &mut tokio::sync::watch::Receiver<Cancel>,
+    outcome: &mut RunOutcome,
 ) -> Result<(JobStatus, Option<String>), DriveError> {
     // Jobs on one cluster run one at a time, in submission order.
     loop {
@@ -386,7 +409,7 @@ async fn run_job(
     }
     if let Some(setup) = spec.setup.as_deref().filter(|s| !s.trim().is_empty()) {
         logs.say(&format!("setup on {} node(s)", nodes.len()));
-        match phase(
+        let (end, ranks) = phase(
             Phase::Setup,
             setup,
             &info,
@@ -395,10 +418,12 @@ async fn run_job(
             logs,
             cancel,
         )
-        .await?
-        {
+        .await?;
+        outcome.ranks = ranks;
+        match end {
             PhaseEnd::Ok => {}
             PhaseEnd::Failed { rank, what } => {
+                outcome.failed_rank = Some(rank as u32);
                 return Ok((JobStatus::FailedSetup, Some(format!("setup on {what}")))).inspect(
                     |_| {
                         logs.say(&format!(
@@ -415,7 +440,7 @@ async fn run_job(
     let Some(run) = spec.run.as_deref().filter(|s| !s.trim().is_empty()) else {
         return Ok((JobStatus::Succeeded, Some("no run commands".into())));
     };
-    match phase(
+    let (end, ranks) = phase(
         Phase::Run,
         run,
         &info,
@@ -424,14 +449,16 @@ async fn run_job(
         logs,
         cancel,
     )
-    .await?
-    {
+    .await?;
+    outcome.ranks = ranks;
+    match end {
         PhaseEnd::Ok => Ok((JobStatus::Succeeded, None)),
-        PhaseEnd::Failed { what, .. } => {
-            let preempted = preemption(store.home(), &cloud, cluster, &nodes).await;
+        PhaseEnd::Failed { rank, what } => {
+            outcome.failed_rank = Some(rank as u32);
+            outcome.lost = preemption(store.home(), &cloud, cluster, &nodes).await;
             Ok((
                 JobStatus::Failed,
-                Some(match preempted {
+                Some(match &outcome.lost {
                     Some(p) => format!("{what}; {p}"),
                     None => what,
                 }),
@@ -441,22 +468,25 @@ async fn run_job(
     }
 }
 
-/// Says which node the provider took away, if it did.
-async fn preemption(home: &Path, cloud: &str, cluster: &str, nodes: &[NodeRow]) -> Option<String> {
+/// Which node the provider took away, if it did.
+async fn preemption(
+    home: &Path,
+    cloud: &str,
+    cluster: &str,
+    nodes: &[NodeRow],
+) -> Option<LostNode> {
     let p = Providers::new(home).get(cloud)?;
     let seen = p.describe(&ClusterName(cluster.to_string())).await.ok()?;
     seen.iter().find_map(|n| match &n.state {
-        NodeState::Preempted { reason } => {
-            let rank = nodes
+        NodeState::Preempted { reason } => Some(LostNode {
+            instance_id: n.id.0.clone(),
+            rank: nodes
                 .iter()
                 .find(|r| r.instance_id == n.id.0)
-                .map(|r| r.rank);
-            Some(format!(
-                "node {}{} was preempted: {reason}",
-                n.id,
-                rank.map(|r| format!(" (rank {r})")).unwrap_or_default()
-            ))
-        }
+                .map(|r| r.rank),
+            seen: LossSeen::Preempted,
+            reason: reason.clone(),
+        }),
         _ => None,
     })
 }
@@ -469,8 +499,9 @@ async fn phase(
     store: &Store,
     logs: &Logs,
     cancel: &mut tokio::sync::watch::Receiver<Cancel>,
-) -> Result<PhaseEnd, DriveError> {
+) -> Result<(PhaseEnd, Vec<Option<RankEnd>>), DriveError> {
     let nodes = info.nodes;
+    let mut ends: Vec<Option<RankEnd>> = vec![None; nodes.len()];
     let cwd = super::WORKDIR_ON_NODE.to_string();
     let mut set: JoinSet<(usize, std::io::Result<ExitStatus>)> = JoinSet::new();
     let mut pgids: Vec<Option<u32>> = vec![None; nodes.len()];
@@ -538,6 +569,7 @@ async fn phase(
             done = set.join_next() => {
                 let Some(done) = done else { break };
                 let Ok((rank, status)) = done else { continue };
+                ends[rank] = Some(status.as_ref().map_or(RankEnd::Unknown, rank_end));
                 if let Some(p) = pgids[rank].take() {
                     transport.reaped(&nodes[rank], p);
                 }
@@ -604,9 +636,9 @@ async fn phase(
         }
     }
     if let Some(e) = end {
-        return Ok(e);
+        return Ok((e, ends));
     }
-    Ok(match failed {
+    let end = match failed {
         None => PhaseEnd::Ok,
         Some((rank, what)) => {
             let node = &nodes[rank];
@@ -619,5 +651,6 @@ async fn phase(
             }
             PhaseEnd::Failed { rank, what: msg }
         }
-    })
+    };
+    Ok((end, ends))
 }

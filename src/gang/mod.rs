@@ -283,7 +283,19 @@ pub fn signal_run(
     run: i64,
     signal: i32,
 ) {
-    let pids = std::fs::read_to_string(store.job_log_dir(run).join("pids")).unwrap_or_default();
+    signal_ranks(&store.job_log_dir(run), transport, nodes, run, signal);
+}
+
+/// [`signal_run`] for the run whose logs are in `log_dir`: needs no store,
+/// so it can run on a thread of its own.
+pub fn signal_ranks(
+    log_dir: &std::path::Path,
+    transport: &dyn Transport,
+    nodes: &[NodeRow],
+    run: i64,
+    signal: i32,
+) {
+    let pids = std::fs::read_to_string(log_dir.join("pids")).unwrap_or_default();
     for line in pids.lines() {
         let mut it = line
             .split_whitespace()

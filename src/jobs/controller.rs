@@ -1,39 +1,81 @@
-//! The managed-job controller: one reconcile step per job per tick.
+//! The managed-job controller: one reconcile task per job.
+//!
+//! The kube-runtime pattern: a supervisor watches the jobs (one query, run
+//! only when another process wrote to the database, and every few seconds
+//! as a safety net), keeps one task for every job that has work, and wakes
+//! a job's task when something it did not do itself changed (a cancel, its
+//! run's status). Each task reconciles its job (reads what is, takes one
+//! idempotent step, records it) and sleeps until its step is due again or
+//! it is woken. So at most one reconcile per job runs at a time, any number
+//! of jobs at once, and a slow step (a launch waiting minutes for sshd, a
+//! teardown waiting for drivers) holds only its own job.
+//!
+//! Everything runs on one thread (a `LocalSet`): the tasks share one state
+//! connection and never hold anything across an await that another task
+//! needs. Work that blocks (a node's notice probe over SSH, signalling
+//! ranks, copying checkpoints, reaping dead drivers) runs on the blocking
+//! pool, never on the runtime's thread; waits are timers.
+//!
+//! Decisions are made from data: the run's recorded [`RunOutcome`], the
+//! job's [`Market`] and pending move, its [`Location`]. The sentences in
+//! `detail` and the events are for people.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, UNIX_EPOCH};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use gangway_provider::{ClusterName, NodeState};
 use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
 
 use super::policy::{Choice, PolicyKind, State};
 use super::ManagedTask;
 use crate::catalog::Catalog;
+use crate::context::Context;
 use crate::gang::{self, transport_for, Transport};
 use crate::optimizer::{self, Block, Blocklist, Candidate, Options};
-use crate::provision::{self, Providers, RetryPolicy, Silent};
+use crate::provision::{self, RetryPolicy, Silent};
 use crate::state::{
-    now_ms, ClusterStatus, JobStatus, ManagedJob, ManagedState, NewCluster, NodeRow, OwnerLock,
-    Reserved, Store,
+    now_ms, ClusterStatus, EndReason, JobRow, JobStatus, Location, LossSeen, LostNode, ManagedJob,
+    ManagedState, Market, NewCluster, NodeRow, OwnerLock, Reserved, Store, Watched,
 };
 
 /// How long a zone that lost a node is avoided.
 pub const BLOCK_TTL: Duration = Duration::from_secs(600);
-/// Time between reconcile rounds.
+/// How often the supervisor looks for changes.
 pub const TICK: Duration = Duration::from_millis(200);
+/// How often a running job's nodes are asked for a preemption notice.
+const NOTICE_EVERY: Duration = Duration::from_millis(500);
 /// How often a deadline policy reconsiders a running job's market.
 const DECIDE_EVERY: Duration = Duration::from_secs(2);
 /// Restart overhead assumed before a job has restarted once.
 const DEFAULT_OVERHEAD_S: f64 = 30.0;
-/// How often a running job's nodes are checked with the provider.
+/// How often a running job's nodes are checked with the provider (the
+/// ranks dying tells the driver sooner; this finds nodes lost quietly).
 const DESCRIBE_EVERY: Duration = Duration::from_secs(1);
 /// Backoff when no placement has capacity during a recovery.
-const NO_CAPACITY_BACKOFF_MS: i64 = 5_000;
+const NO_CAPACITY_BACKOFF: Duration = Duration::from_secs(5);
 /// Backoff after an unexpected error in a step.
-const ERROR_BACKOFF_MS: i64 = 2_000;
-/// How often ended jobs' leftover clusters are looked for.
-const LEFTOVER_SWEEP: Duration = Duration::from_secs(2);
+const ERROR_BACKOFF: Duration = Duration::from_secs(2);
+/// How often the supervisor reads the jobs even when nothing was written.
+const WATCH_EVERY: Duration = Duration::from_secs(2);
+/// How often a job's task re-reads its rows even when not woken.
+const REREAD_EVERY: Duration = Duration::from_secs(5);
+/// How often runs whose driver died are looked for.
+const REAP_EVERY: Duration = Duration::from_secs(1);
+/// How long a loaded catalog is planned with before it is read again (a
+/// `gangway catalog refresh` reaches the next recovery after this).
+const CATALOG_TTL: Duration = Duration::from_secs(5);
+/// How long a teardown waits for a launcher of the cluster to let go.
+const LOCK_WAIT: Duration = Duration::from_secs(30);
+/// How long after a failed connection the controller tries again.
+const RECONNECT_AFTER: Duration = Duration::from_secs(30);
+/// How long the controller lingers with nothing to do (`Until::Idle`).
+const IDLE_EXIT: Duration = Duration::from_secs(3);
 
 /// A zone the job lost a node in.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -55,30 +97,60 @@ pub enum Until {
     Job(i64),
 }
 
-/// The controller's state between rounds.
+/// What a reconcile asks for next.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Action {
+    /// Reconcile again after this long (or when woken).
+    Requeue(Duration),
+    /// Nothing is left to do for this job.
+    Done,
+}
+
+impl Action {
+    fn at(ms: i64) -> Action {
+        Action::Requeue(Duration::from_millis((ms - now_ms()).max(0) as u64))
+    }
+}
+
+/// Loaded catalogs by `--catalog` directory, with when each was read.
+type Catalogs = HashMap<Option<PathBuf>, (Instant, Rc<Catalog>)>;
+
+/// What every reconcile task shares.
+struct Shared {
+    cx: Context,
+    log: RefCell<Option<std::fs::File>>,
+    catalogs: RefCell<Catalogs>,
+}
+
+/// The controller.
 pub struct Controller {
-    home: PathBuf,
-    store: Store,
-    providers: Providers,
-    catalog: Catalog,
-    log: Option<std::fs::File>,
-    described: std::collections::HashMap<i64, std::time::Instant>,
-    decided: std::collections::HashMap<i64, std::time::Instant>,
-    no_spot: std::collections::HashSet<i64>,
-    transports: std::collections::HashMap<String, Reach>,
+    shared: Rc<Shared>,
 }
 
 /// A cluster's transport, kept between passes so SSH connections (one
 /// master per node) are made once, not on every look at a job.
 struct Reach {
-    ids: Vec<String>,
-    transport: std::sync::Arc<dyn Transport>,
+    nodes: Arc<Vec<NodeRow>>,
+    transport: Arc<dyn Transport>,
     connected: bool,
-    tried: Option<std::time::Instant>,
+    tried: Option<Instant>,
 }
 
-/// How long after a failed connection the controller tries again.
-const RECONNECT_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
+/// One job's task state: its rows as last read, and when each periodic
+/// check last ran.
+struct Memo {
+    id: i64,
+    job: Option<ManagedJob>,
+    task: Option<Rc<ManagedTask>>,
+    run: Option<JobRow>,
+    reach: Option<Reach>,
+    stale: bool,
+    read_at: Instant,
+    described: Option<Instant>,
+    decided: Option<Instant>,
+    no_spot: bool,
+    wake: Rc<Notify>,
+}
 
 /// Where the controller's lock and log live.
 pub fn controller_paths(home: &Path) -> (PathBuf, PathBuf) {
@@ -88,39 +160,21 @@ pub fn controller_paths(home: &Path) -> (PathBuf, PathBuf) {
     )
 }
 
-fn parse_placement(p: &str) -> Option<(String, String, String)> {
-    let loc = p.split_whitespace().next()?;
-    let mut it = loc.splitn(3, '/');
-    Some((
-        it.next()?.to_string(),
-        it.next()?.to_string(),
-        it.next()?.to_string(),
-    ))
-}
-
-fn exit_code_in(detail: &str) -> Option<i32> {
-    let i = detail.find("exited with code ")?;
-    detail[i + "exited with code ".len()..]
-        .split(|c: char| !c.is_ascii_digit() && c != '-')
-        .next()?
-        .parse()
-        .ok()
+/// Why copying a checkpoint failed.
+#[derive(Debug, thiserror::Error)]
+enum SyncError {
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Transport(#[from] crate::gang::TransportError),
+    #[error("the copy stopped: {0}")]
+    Join(#[from] tokio::task::JoinError),
 }
 
 impl Controller {
     /// A controller for `home`.
     pub fn new(home: &Path) -> Result<Controller, crate::Error> {
-        let store = Store::open(home)?;
-        let mut catalog = Catalog::embedded();
-        if let Some(dir) = std::env::var_os("GANGWAY_CATALOG_DIR").filter(|d| !d.is_empty()) {
-            catalog.overlay(Catalog::load_dir(Path::new(&dir))?);
-        }
-        if let Some(inv) = crate::inventory::load(home)? {
-            catalog.overlay(inv.catalog());
-        }
-        if let Some(s) = crate::slurm_clusters::load(home)? {
-            catalog.overlay(s.catalog());
-        }
+        let cx = Context::open(home, None)?;
         let (_, log_path) = controller_paths(home);
         if let Some(d) = log_path.parent() {
             std::fs::create_dir_all(d)?;
@@ -131,1057 +185,1209 @@ impl Controller {
             .open(&log_path)
             .ok();
         Ok(Controller {
-            home: home.to_path_buf(),
-            store,
-            providers: Providers::new(home),
-            catalog,
-            log,
-            described: Default::default(),
-            transports: Default::default(),
-            decided: Default::default(),
-            no_spot: Default::default(),
+            shared: Rc::new(Shared {
+                cx,
+                log: RefCell::new(log),
+                catalogs: RefCell::default(),
+            }),
         })
     }
 
-    fn say(&mut self, line: &str) {
-        if let Some(f) = self.log.as_mut() {
+    /// Reconciles every job, each on its own task, until `until`.
+    pub async fn run(&mut self, until: Until) -> Result<(), crate::Error> {
+        let local = tokio::task::LocalSet::new();
+        let shared = Rc::clone(&self.shared);
+        local.run_until(supervise(shared, until)).await
+    }
+}
+
+/// A job's task as the supervisor knows it.
+struct Handle {
+    seen: Watched,
+    wake: Rc<Notify>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Watches the jobs, starts a task for each job with work, wakes a task
+/// when its job changed under it, and decides when to stop.
+async fn supervise(sh: Rc<Shared>, until: Until) -> Result<(), crate::Error> {
+    sh.say(&format!("controller {} started", std::process::id()));
+    // Ended jobs' secrets go, whatever happened before.
+    for job in sh.store().managed_all()? {
+        if job.state.is_terminal() {
+            remove_secrets(&sh.store().managed_dir(job.id));
+        }
+    }
+    let mut tasks: HashMap<i64, Handle> = HashMap::new();
+    let mut version = None;
+    let mut watched_at = Instant::now() - WATCH_EVERY;
+    let mut reaped_at = Instant::now() - REAP_EVERY;
+    let mut quiet_since: Option<Instant> = None;
+    let mut reaping: Option<tokio::task::JoinHandle<()>> = None;
+    loop {
+        // Runs whose driver died are marked (their ranks stopped) off the
+        // runtime, with a connection of their own.
+        if reaped_at.elapsed() >= REAP_EVERY && reaping.as_ref().is_none_or(|r| r.is_finished()) {
+            reaped_at = Instant::now();
+            let home = sh.cx.home().to_path_buf();
+            reaping = Some(tokio::task::spawn_blocking(move || {
+                if let Ok(store) = Store::open(&home) {
+                    let _ = gang::reap(&store);
+                }
+            }));
+        }
+        let v = sh.store().data_version()?;
+        let changed = version != Some(v);
+        version = Some(v);
+        tasks.retain(|_, h| !h.task.is_finished());
+        if changed || watched_at.elapsed() >= WATCH_EVERY {
+            watched_at = Instant::now();
+            let rows = sh.store().managed_watch()?;
+            for w in &rows {
+                match tasks.get_mut(&w.id) {
+                    Some(h) => {
+                        if h.seen != *w {
+                            h.seen = w.clone();
+                            h.wake.notify_one();
+                        }
+                    }
+                    None => {
+                        let wake = Rc::new(Notify::new());
+                        let task = tokio::task::spawn_local(job_task(
+                            Rc::clone(&sh),
+                            w.id,
+                            Rc::clone(&wake),
+                        ));
+                        tasks.insert(
+                            w.id,
+                            Handle {
+                                seen: w.clone(),
+                                wake,
+                                task,
+                            },
+                        );
+                    }
+                }
+            }
+            let done = match until {
+                // The job's own teardown is waited for, but one that failed
+                // is left to a detached controller's retries.
+                Until::Job(id) => !rows
+                    .iter()
+                    .any(|w| w.id == id && (!w.state.is_terminal() || w.teardown_failures == 0)),
+                Until::Idle => {
+                    if rows.is_empty() && tasks.is_empty() {
+                        quiet_since.get_or_insert_with(Instant::now).elapsed() > IDLE_EXIT
+                    } else {
+                        quiet_since = None;
+                        false
+                    }
+                }
+            };
+            if done {
+                break;
+            }
+        }
+        tokio::time::sleep(TICK).await;
+    }
+    // Running steps are not cut short mid-way: each is idempotent, and the
+    // next controller picks up from the rows.
+    for (_, h) in tasks {
+        h.task.abort();
+    }
+    sh.say(&format!("controller {} stopped", std::process::id()));
+    Ok(())
+}
+
+/// One job's task: reconcile, then sleep until due or woken; until the job
+/// has ended and holds nothing.
+async fn job_task(sh: Rc<Shared>, id: i64, wake: Rc<Notify>) {
+    let mut m = Memo {
+        id,
+        job: None,
+        task: None,
+        run: None,
+        reach: None,
+        stale: true,
+        read_at: Instant::now(),
+        described: None,
+        decided: None,
+        no_spot: false,
+        wake: Rc::clone(&wake),
+    };
+    loop {
+        if m.read_at.elapsed() >= REREAD_EVERY {
+            m.stale = true;
+        }
+        // Boxed: a sleeping task keeps only its memo, not the largest
+        // step's state.
+        let step = Box::pin(reconcile(&sh, &mut m)).await;
+        let action = match step {
+            Ok(a) => a,
+            Err(e) => error_policy(&sh, &mut m, &e),
+        };
+        let wait = match action {
+            Action::Done => return,
+            Action::Requeue(d) => d,
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = wake.notified() => m.stale = true,
+        }
+    }
+}
+
+/// After a failed step: the reason goes on the job, and it is tried again
+/// after a backoff (a failed teardown's own, longer one when it has one).
+fn error_policy(sh: &Shared, m: &mut Memo, e: &crate::Error) -> Action {
+    sh.say(&format!("job {}: {e}", m.id));
+    m.stale = true;
+    let Ok(Some(mut j)) = sh.store().managed(m.id) else {
+        return Action::Requeue(ERROR_BACKOFF);
+    };
+    let was = j.state;
+    let retry = sh
+        .store()
+        .cluster(&j.cluster)
+        .ok()
+        .flatten()
+        .and_then(|c| c.retry_at)
+        .filter(|t| *t > now_ms());
+    let next = retry.unwrap_or(now_ms() + ERROR_BACKOFF.as_millis() as i64);
+    j.next_try_at = Some(next);
+    j.detail = Some(e.to_string());
+    let _ = sh.store().save_managed(&j, was, "");
+    Action::at(next)
+}
+
+impl Shared {
+    fn store(&self) -> &Store {
+        self.cx.store()
+    }
+
+    fn say(&self, line: &str) {
+        if let Some(f) = self.log.borrow_mut().as_mut() {
             let _ = writeln!(f, "{} {line}", now_ms());
         }
     }
 
-    /// Reconciles every live job, round after round, until `until`.
-    pub async fn run(&mut self, until: Until) -> Result<(), crate::Error> {
-        self.say(&format!("controller {} started", std::process::id()));
-        if let Err(e) = self.clean_up_ended(true).await {
-            self.say(&format!("cleanup: {e}"));
+    /// The catalog a job plans with: [`crate::context::load_catalog`] with
+    /// the job's `--catalog`, read again after [`CATALOG_TTL`].
+    fn catalog(&self, dir: Option<&Path>) -> Result<Rc<Catalog>, crate::Error> {
+        let key = dir.map(Path::to_path_buf);
+        if let Some((at, c)) = self.catalogs.borrow().get(&key) {
+            if at.elapsed() < CATALOG_TTL {
+                return Ok(Rc::clone(c));
+            }
         }
-        let mut quiet_since: Option<std::time::Instant> = None;
-        let mut swept = std::time::Instant::now();
-        loop {
-            let jobs = self.store.managed_active()?;
-            // Ended jobs whose teardown failed keep the controller alive
-            // (and are retried when due) until their clusters are gone.
-            if swept.elapsed() >= LEFTOVER_SWEEP {
-                swept = std::time::Instant::now();
-                if let Err(e) = self.clean_up_ended(false).await {
-                    self.say(&format!("cleanup: {e}"));
-                }
-            }
-            match until {
-                Until::Job(id) => {
-                    // The job's own teardown is waited for, but one that
-                    // failed is left to a detached controller's retries.
-                    if !jobs.iter().any(|j| j.id == id) && !self.tearing_down(id)? {
-                        break;
-                    }
-                }
-                Until::Idle => {
-                    if jobs.is_empty() && self.leftovers()?.is_empty() {
-                        let t = *quiet_since.get_or_insert_with(std::time::Instant::now);
-                        if t.elapsed() > Duration::from_secs(3) {
-                            break;
-                        }
-                    } else {
-                        quiet_since = None;
-                    }
-                }
-            }
-            // Runs whose driver died are marked (and their ranks stopped)
-            // once per round, not once per job.
-            gang::reap(&self.store)?;
-            for job in jobs {
-                let id = job.id;
-                if let Err(e) = self.reconcile(job).await {
-                    self.say(&format!("job {id}: {e}"));
-                    if let Some(mut j) = self.store.managed(id)? {
-                        let was = j.state;
-                        // A failed teardown has its own, longer backoff.
-                        let retry = self
-                            .store
-                            .cluster(&j.cluster)?
-                            .and_then(|c| c.retry_at)
-                            .filter(|t| *t > now_ms());
-                        j.next_try_at = Some(retry.unwrap_or(now_ms() + ERROR_BACKOFF_MS));
-                        j.detail = Some(e.to_string());
-                        self.store.save_managed(&j, was, "")?;
-                    }
-                }
-            }
-            tokio::time::sleep(TICK).await;
-        }
-        self.say(&format!("controller {} stopped", std::process::id()));
-        Ok(())
+        let c = Rc::new(crate::context::load_catalog(Some(self.cx.home()), dir)?);
+        self.catalogs
+            .borrow_mut()
+            .insert(key, (Instant::now(), Rc::clone(&c)));
+        Ok(c)
+    }
+}
+
+impl Memo {
+    fn job(&mut self) -> &mut ManagedJob {
+        self.job.as_mut().expect("read before use")
     }
 
-    fn task_of(&self, job: &ManagedJob) -> Result<ManagedTask, crate::Error> {
-        serde_json::from_str(&job.task).map_err(|e| {
-            crate::Error::usage(
-                format!("managed job {}: unreadable task: {e}", job.id),
-                None,
-            )
-        })
+    fn task(&self) -> Rc<ManagedTask> {
+        Rc::clone(self.task.as_ref().expect("read before use"))
     }
 
-    /// The job's secret values. A task that has secrets and no readable
-    /// file of them is an error: a run without its secrets is not the run
-    /// the user launched.
-    fn secrets_of(
-        &self,
-        job: &ManagedJob,
-        mt: &ManagedTask,
-    ) -> Result<Vec<(String, String)>, String> {
-        let path = self.store.managed_dir(job.id).join("secrets.json");
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e)
-                if e.kind() == std::io::ErrorKind::NotFound && mt.spec.secret_names.is_empty() =>
-            {
-                return Ok(Vec::new())
-            }
-            Err(e) => {
-                return Err(format!(
-                    "cannot read the job's secrets ({}): {e}; the run needs {}",
-                    path.display(),
-                    mt.spec.secret_names.join(", ")
-                ))
-            }
+    /// Reads the job's rows again when they may have changed under it.
+    fn refresh(&mut self, sh: &Shared) -> Result<bool, crate::Error> {
+        if !self.stale && self.job.is_some() {
+            return Ok(true);
+        }
+        let Some(mut job) = sh.store().managed(self.id)? else {
+            return Ok(false);
         };
-        let secrets: Vec<(String, String)> = serde_json::from_str(&text).map_err(|e| {
-            format!(
-                "the job's secrets file {} is damaged (line {}, column {}); the run needs {}",
-                path.display(),
-                e.line(),
-                e.column(),
-                mt.spec.secret_names.join(", ")
-            )
-        })?;
-        let missing: Vec<&str> = mt
-            .spec
-            .secret_names
-            .iter()
-            .filter(|n| !secrets.iter().any(|(k, _)| k == *n))
-            .map(String::as_str)
-            .collect();
-        if !missing.is_empty() {
-            return Err(format!(
-                "the job's secrets file {} lacks {}",
-                path.display(),
-                missing.join(", ")
-            ));
-        }
-        Ok(secrets)
-    }
-
-    /// One step for one job.
-    async fn reconcile(&mut self, mut job: ManagedJob) -> Result<(), crate::Error> {
-        let mt = self.task_of(&job)?;
-        if job.desired == "cancel" {
-            return self
-                .finish(&mut job, ManagedState::Cancelled, "cancelled by the user")
-                .await;
-        }
-        if job.next_try_at.is_some_and(|t| now_ms() < t) {
-            return Ok(());
-        }
-        match job.state {
-            ManagedState::Pending => {
-                let was = job.state;
-                job.state = ManagedState::Provisioning;
-                self.store
-                    .save_managed(&job, was, "looking for a placement")?;
-                Ok(())
-            }
-            ManagedState::Provisioning | ManagedState::Recovering => {
-                self.provision_and_submit(&mut job, &mt).await
-            }
-            ManagedState::Starting | ManagedState::Running => self.observe(&mut job, &mt).await,
-            ManagedState::Preempted => {
-                let why = job.detail.clone().unwrap_or_else(|| "preempted".into());
-                self.requeue(&mut job, &mt, &why, true).await
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// The failover plan for the job now: blocked zones avoided (the
-    /// oldest block is dropped when everything is blocked), ordered by the
-    /// recovery strategy.
-    fn plan(
-        &self,
-        job: &ManagedJob,
-        mt: &ManagedTask,
-        spot: Option<bool>,
-    ) -> Result<Vec<Candidate>, String> {
-        let args = crate::cli::TaskArgs {
-            task: mt.task_file.clone(),
-            infra: mt.infra.clone(),
-            gpus: mt.gpus.clone(),
-            cpus: mt.cpus.clone(),
-            memory: mt.memory.clone(),
-            instance_type: mt.instance_type.clone(),
-            num_nodes: mt.num_nodes,
-            use_spot: mt.use_spot,
-            env: Vec::new(),
-            env_file: None,
-            secret: Vec::new(),
-            secret_file: None,
-        };
-        let mut task = args.load().map_err(|e| e.to_string())?;
-        if let Some(spot) = spot {
-            // The deadline policy picked the market.
-            task.resources.base.use_spot = Some(spot);
-            if let crate::spec::Choice::AnyOf(items) | crate::spec::Choice::Ordered(items) =
-                &mut task.resources.choice
-            {
-                for i in items {
-                    i.use_spot = Some(spot);
-                }
-            }
-        }
-        let now = now_ms();
-        let mut blocks: Vec<BlockRec> = serde_json::from_str(&job.blocks).unwrap_or_default();
-        blocks.retain(|b| b.until_ms > now);
-        let opts = Options::default();
-        loop {
-            let list = Blocklist {
-                entries: blocks
-                    .iter()
-                    .map(|b| Block {
-                        cloud: b.cloud.clone(),
-                        region: Some(b.region.clone()),
-                        zone: Some(b.zone.clone()),
-                        instance_type: None,
-                        until: UNIX_EPOCH + Duration::from_millis(b.until_ms as u64),
-                        reason: b.reason.clone(),
-                    })
-                    .collect(),
-            };
-            match optimizer::optimize(&task, &self.catalog, &list, &opts) {
-                Ok(plan) => {
-                    let lost_region = blocks
-                        .iter()
-                        .max_by_key(|b| b.at_ms)
-                        .map(|b| (b.cloud.clone(), b.region.clone()));
-                    return Ok(order_for(&mt.strategy, plan, lost_region));
-                }
-                Err(e) if blocks.is_empty() => return Err(e.to_string()),
-                Err(_) => {
-                    // Everything left is blocked: the zone lost longest ago
-                    // is the best bet.
-                    let oldest = blocks
-                        .iter()
-                        .enumerate()
-                        .min_by_key(|(_, b)| b.at_ms)
-                        .map(|(i, _)| i)
-                        .unwrap_or(0);
-                    blocks.remove(oldest);
-                }
-            }
-        }
-    }
-
-    async fn provision_and_submit(
-        &mut self,
-        job: &mut ManagedJob,
-        mt: &ManagedTask,
-    ) -> Result<(), crate::Error> {
-        let was = job.state;
-        let Ok(lock) = self.store.lock_cluster(&job.cluster, "recovering") else {
-            return Ok(()); // someone else works on it; next round
-        };
-        let config = crate::spec::load(&mt.task_file)
-            .ok()
-            .and_then(|t| t.config.map(|c| c.to_string()));
-        let token = format!("{}-{}", job.cluster, job.restart_count);
-        let reserved = self.store.reserve_cluster(&NewCluster {
-            name: &job.cluster,
-            num_nodes: mt.spec.num_nodes,
-            client_token: &token,
-            provider_config: config,
-        })?;
-        let row = match reserved {
-            Reserved::Existing(row) if row.status == ClusterStatus::Up => row,
-            Reserved::Existing(row) => {
-                // A teardown that failed is tried again when it is due,
-                // not on every round.
-                if let Some(t) = row.retry_at.filter(|t| *t > now_ms()) {
-                    let was = job.state;
-                    job.next_try_at = Some(t);
-                    self.store.save_managed(job, was, "")?;
-                    return Ok(());
-                }
-                // Stopped or half torn down: remove it and start afresh.
-                if let Err(e) =
-                    provision::teardown(&self.store, &job.cluster, &self.providers).await
-                {
-                    return Err(crate::Error::leftover(&self.store, &job.cluster, e));
-                }
-                return Ok(());
-            }
-            Reserved::New(row) | Reserved::Resumed(row) => {
-                let market = self.market_choice(job, mt, Choice::Idle);
-                if market == Some(Choice::Idle) {
-                    // The policy would rather wait for spot than pay now.
-                    self.store.remove_cluster(&job.cluster)?;
-                    job.next_try_at = Some(now_ms() + DECIDE_EVERY.as_millis() as i64);
-                    job.detail = Some("deadline policy: waiting for spot capacity".into());
-                    self.store.save_managed(job, was, "")?;
-                    return Ok(());
-                }
-                let spot = market.map(|c| c == Choice::Spot);
-                let plan = match self.plan(job, mt, spot) {
-                    Ok(p) => p,
-                    Err(why) => {
-                        self.store.remove_cluster(&job.cluster)?;
-                        if spot == Some(true) {
-                            self.no_spot.insert(job.id);
-                        }
-                        return self.no_capacity(job, &why).await;
-                    }
-                };
-                let started = now_ms();
-                let result = provision::provision(
-                    &self.store,
-                    &row,
-                    &plan,
-                    &self.providers,
-                    &Silent,
-                    RetryPolicy::default(),
-                    provision::Contact::Now,
+        if self.task.is_none() {
+            self.task = Some(Rc::new(serde_json::from_str(&job.task).map_err(|e| {
+                crate::Error::usage(
+                    format!("managed job {}: unreadable task: {e}", job.id),
+                    None,
                 )
-                .await;
-                match result {
-                    Ok(p) => {
-                        self.store
-                            .set_nodes(&job.cluster, ClusterStatus::Up, &p.nodes)?;
-                        self.say(&format!(
-                            "job {}: provisioned {} in {} ms",
-                            job.id,
-                            job.cluster,
-                            now_ms() - started
-                        ));
-                        self.store.cluster(&job.cluster)?.expect("just set up")
-                    }
-                    Err(provision::ProvisionError::Exhausted { attempts, .. }) => {
-                        self.store.remove_cluster(&job.cluster)?;
-                        if spot == Some(true) {
-                            self.no_spot.insert(job.id);
-                        }
-                        let why = attempts
-                            .iter()
-                            .map(|a| format!("{}/{}/{}: {}", a.cloud, a.region, a.zone, a.outcome))
-                            .collect::<Vec<_>>()
-                            .join("; ");
-                        return self.no_capacity(job, &why).await;
-                    }
-                    // The cluster stays TERMINATING (something may still
-                    // run there); the next round tears it down first.
-                    Err(e @ provision::ProvisionError::Leftover { .. }) => {
-                        return Err(crate::Error::leftover(&self.store, &job.cluster, e));
-                    }
-                    Err(e) => {
-                        self.store.remove_cluster(&job.cluster)?;
-                        drop(lock);
-                        return self.finish(job, ManagedState::Failed, &e.to_string()).await;
-                    }
-                }
-            }
-        };
-        drop(lock);
-        // A run already on the cluster (the controller died right after
-        // submitting it) is adopted, never doubled.
-        let existing = self
-            .store
-            .jobs(&job.cluster)?
-            .into_iter()
-            .rfind(|j| !j.status.is_terminal());
-        let runs = self.store.managed_dir(job.id).join("runs");
-        let inner = match existing {
-            Some(j) => {
-                let listed = std::fs::read_to_string(&runs)
-                    .unwrap_or_default()
-                    .lines()
-                    .any(|l| l.trim() == j.id.to_string());
-                if !listed {
-                    if let Ok(mut f) = std::fs::File::options()
-                        .create(true)
-                        .append(true)
-                        .open(&runs)
-                    {
-                        let _ = writeln!(f, "{}", j.id);
-                    }
-                }
-                j.id
-            }
-            None => {
-                let mut spec = mt.spec.clone();
-                spec.job_id = Some(job.id.to_string());
-                spec.restart_count = job.restart_count;
-                spec.gpus_per_node = row.accelerator_count.ceil() as u32;
-                spec.restore_from = mt.storage.is_dir().then(|| mt.storage.clone());
-                let secrets = match self.secrets_of(job, mt) {
-                    Ok(s) => s,
-                    Err(why) => return self.finish(job, ManagedState::Failed, &why).await,
-                };
-                let id = gang::submit(&self.store, &self.home, &job.cluster, &spec, &secrets)?;
-                if let Ok(mut f) = std::fs::File::options()
-                    .create(true)
-                    .append(true)
-                    .open(&runs)
-                {
-                    let _ = writeln!(f, "{id}");
-                }
-                id
-            }
-        };
-        let placement = format!(
-            "{}/{}/{} {}{}",
-            row.cloud.as_deref().unwrap_or("-"),
-            row.region.as_deref().unwrap_or("-"),
-            row.zone.as_deref().unwrap_or("-"),
-            row.instance_type.as_deref().unwrap_or("-"),
-            if row.use_spot { " spot" } else { "" }
-        );
-        if row.use_spot {
-            self.no_spot.remove(&job.id);
+            })?));
         }
-        job.market = Some(if row.use_spot { "spot" } else { "on-demand" }.into());
-        job.inner_job = Some(inner);
-        job.placement = Some(placement);
-        job.price_per_hour = row.price_per_hour;
-        job.running_since = Some(now_ms());
-        job.notice_at = None;
-        job.next_try_at = None;
-        job.detail = None;
-        job.state = ManagedState::Starting;
-        self.store
-            .save_managed(job, was, &format!("cluster up; run {inner} submitted"))?;
-        Ok(())
-    }
-
-    async fn no_capacity(&mut self, job: &mut ManagedJob, why: &str) -> Result<(), crate::Error> {
-        let policy_may_switch = mt_has_policy(&job.task) && self.no_spot.contains(&job.id);
-        if job.state == ManagedState::Provisioning && job.restart_count == 0 && !policy_may_switch {
-            return self
-                .finish(
-                    job,
-                    ManagedState::FailedNoResource,
-                    &format!("no placement: {why}"),
-                )
-                .await;
-        }
-        let was = job.state;
-        job.next_try_at = Some(now_ms() + NO_CAPACITY_BACKOFF_MS);
-        job.detail = Some(format!("waiting for capacity: {why}"));
-        self.store.save_managed(job, was, "")?;
-        Ok(())
-    }
-
-    async fn nodes_and_transport(
-        &mut self,
-        job: &ManagedJob,
-    ) -> Option<(Vec<NodeRow>, std::sync::Arc<dyn Transport>)> {
-        let Some(row) = self.store.cluster(&job.cluster).ok().flatten() else {
-            self.transports.remove(&job.cluster);
-            return None;
+        // Parsed once above; a thousand jobs need not keep the text too.
+        job.task = String::new();
+        self.run = match job.inner_job {
+            Some(id) => sh.store().job(id)?,
+            None => None,
         };
-        let cloud = row.cloud.clone()?;
-        let nodes = self.store.nodes(&job.cluster).ok()?;
-        let ids: Vec<String> = nodes.iter().map(|n| n.instance_id.clone()).collect();
-        let same = self
-            .transports
-            .get(&job.cluster)
-            .is_some_and(|r| r.ids == ids);
-        if !same {
-            let t = transport_for(&cloud, &self.home, &job.cluster)?;
-            self.transports.insert(
-                job.cluster.clone(),
-                Reach {
-                    ids,
-                    transport: std::sync::Arc::from(t),
-                    connected: cloud == "local",
-                    tried: None,
-                },
-            );
-        }
-        let reach = self.transports.get_mut(&job.cluster)?;
-        if !reach.connected && reach.tried.is_none_or(|t| t.elapsed() > RECONNECT_AFTER) {
-            reach.tried = Some(std::time::Instant::now());
-            reach.connected = reach.transport.connect(&nodes).await.is_ok();
-        }
-        Some((nodes, std::sync::Arc::clone(&reach.transport)))
-    }
-
-    async fn observe(
-        &mut self,
-        job: &mut ManagedJob,
-        mt: &ManagedTask,
-    ) -> Result<(), crate::Error> {
-        let was = job.state;
-        let Some(inner_id) = job.inner_job else {
-            job.state = ManagedState::Recovering;
-            self.store
-                .save_managed(job, was, "no run recorded; starting one")?;
-            return Ok(());
-        };
-        let Some(inner) = self.store.job(inner_id)? else {
-            job.detail = Some("the job's cluster disappeared".into());
-            return self.preempted(job, "the job's cluster disappeared").await;
-        };
-        if inner.status == JobStatus::Running && job.state == ManagedState::Starting {
-            job.state = ManagedState::Running;
-            job.work_since = Some(now_ms());
-            let reason = match job.recovery_started_at.take() {
-                Some(t) => format!(
-                    "resumed {:.1} s after the loss (restart {})",
-                    (now_ms() - t) as f64 / 1000.0,
-                    job.restart_count
-                ),
-                None => "every rank runs".into(),
-            };
-            self.store.save_managed(job, was, &reason)?;
-            return Ok(());
-        }
-        let Some((nodes, transport)) = self.nodes_and_transport(job).await else {
-            return self.preempted(job, "the job's cluster disappeared").await;
-        };
-        if !inner.status.is_terminal() {
-            // 1. The provider's advance notice: checkpoint now.
-            if job.notice_at.is_none() {
-                let notice = nodes
-                    .iter()
-                    .find_map(|n| transport.preemption_notice(n).map(|w| (n.rank, w)));
-                if let Some((rank, words)) = notice {
-                    job.notice_at = Some(now_ms());
-                    self.signal_ranks(transport.as_ref(), &nodes, inner_id, mt.signal);
-                    let reason = format!(
-                        "preemption notice on rank {rank} ({words}); signal {} sent, {} s to checkpoint",
-                        mt.signal, mt.grace_s
-                    );
-                    self.store.managed_event(
-                        job.id,
-                        "NOTICE",
-                        job.placement.as_deref(),
-                        &reason,
-                    )?;
-                    self.store.save_managed(job, was, "")?;
-                    return Ok(());
-                }
-            }
-            if let Some(t) = job.notice_at {
-                if (now_ms() - t) as f64 > mt.grace_s * 1000.0 {
-                    if is_move(job) {
-                        return self
-                            .requeue(job, mt, "moved by the deadline policy", false)
-                            .await;
-                    }
-                    return self
-                        .preempted(job, "the grace period after the notice ran out")
-                        .await;
-                }
-                return Ok(());
-            }
-            // The deadline policy may want the other market.
-            if inner.status == JobStatus::Running
-                && self.reconsider(job, mt, &nodes, transport.as_ref(), inner_id)?
-            {
-                return Ok(());
-            }
-            // 2. The provider took a node without notice (asked at most
-            // every DESCRIBE_EVERY per job: the ranks dying tells us sooner).
-            let due = self
-                .described
-                .get(&job.id)
-                .is_none_or(|t| t.elapsed() >= DESCRIBE_EVERY);
-            if due {
-                self.described.insert(job.id, std::time::Instant::now());
-                if let Some(why) = self.lost_node(job, &nodes).await {
-                    return self.preempted(job, &why).await;
-                }
-            }
-            // 3. Keep the checkpoint fresh.
-            let due = job
-                .last_sync_at
-                .is_none_or(|t| (now_ms() - t) as f64 >= mt.sync_interval_s * 1000.0);
-            if due && inner.status == JobStatus::Running {
-                if let Ok(t) = self.sync(mt, &nodes, transport.as_ref()) {
-                    job.last_sync_at = Some(t);
-                    self.store.save_managed(job, was, "")?;
-                }
-            }
-            return Ok(());
-        }
-        // The run ended.
-        let detail = inner.detail.clone().unwrap_or_default();
-        if job.notice_at.is_some() {
-            // It ended because we asked it to checkpoint: keep that.
-            if let Ok(t) = self.sync(mt, &nodes, transport.as_ref()) {
-                job.last_sync_at = Some(t);
-            }
-            if is_move(job) {
-                return self
-                    .requeue(
-                        job,
-                        mt,
-                        "checkpointed for the deadline policy's move",
-                        false,
-                    )
-                    .await;
-            }
-            return self
-                .preempted(job, "checkpointed on the preemption notice")
-                .await;
-        }
-        match inner.status {
-            JobStatus::Succeeded => {
-                if let Ok(t) = self.sync(mt, &nodes, transport.as_ref()) {
-                    job.last_sync_at = Some(t);
-                }
-                // A scheduler that signals the ranks itself (Slurm's
-                // GraceTime) can have them checkpoint and exit 0 before the
-                // notice was seen here: that is a preemption, not the end.
-                if let Some((rank, words)) = nodes
-                    .iter()
-                    .find_map(|n| transport.preemption_notice(n).map(|w| (n.rank, w)))
-                {
-                    return self
-                        .preempted(
-                            job,
-                            &format!("the ranks ended on a preemption (rank {rank}: {words})"),
-                        )
-                        .await;
-                }
-                self.finish(job, ManagedState::Succeeded, "every rank exited 0")
-                    .await
-            }
-            JobStatus::FailedSetup => self.finish(job, ManagedState::FailedSetup, &detail).await,
-            _ => {
-                if let Some(why) = self.lost_node(job, &nodes).await {
-                    return self.preempted(job, &why).await;
-                }
-                if detail.contains("preempted") {
-                    return self.preempted(job, &detail).await;
-                }
-                let code = exit_code_in(&detail);
-                if code.is_some_and(|c| mt.recover_on_exit_codes.contains(&c)) {
-                    job.detail = Some(detail.clone());
-                    return self
-                        .requeue(
-                            job,
-                            mt,
-                            &format!("{detail} (a recoverable exit code)"),
-                            false,
-                        )
-                        .await;
-                }
-                if job.restarts_on_errors < mt.max_restarts_on_errors {
-                    job.restarts_on_errors += 1;
-                    job.detail = Some(detail.clone());
-                    return self
-                        .requeue(
-                            job,
-                            mt,
-                            &format!(
-                                "{detail} (restart {} of {} on errors)",
-                                job.restarts_on_errors, mt.max_restarts_on_errors
-                            ),
-                            false,
-                        )
-                        .await;
-                }
-                self.finish(job, ManagedState::Failed, &detail).await
-            }
-        }
-    }
-
-    /// What the deadline policy would run the job on now, if the task has
-    /// one (`deadline: {within, work}`); `running` is the current market.
-    fn market_choice(&self, job: &ManagedJob, mt: &ManagedTask, running: Choice) -> Option<Choice> {
-        let (deadline, work) = (mt.deadline_s?, mt.work_s?);
-        let kind = match mt.policy.as_deref() {
-            Some("greedy") => PolicyKind::Greedy,
-            Some("on_demand") => PolicyKind::AlwaysOnDemand,
-            _ => PolicyKind::UniformProgress,
-        };
-        let now = now_ms();
-        let current = job.work_since.map_or(0, |s| (now - s).max(0));
-        let state = State {
-            elapsed: (now - job.submitted_at).max(0) as f64 / 1000.0,
-            work_done: (job.work_done_ms + current) as f64 / 1000.0,
-            job_length: work,
-            deadline,
-            restart_overhead: self.overhead_estimate(job),
-            tick: DECIDE_EVERY.as_secs_f64(),
-            spot_available: running == Choice::Spot || !self.no_spot.contains(&job.id),
-            running,
-            overhead_left: 0.0,
-        };
-        Some(kind.build().decide(&state))
-    }
-
-    /// The last run's time from looking for a cluster to every rank
-    /// running: the restart overhead the policy plans with.
-    fn overhead_estimate(&self, job: &ManagedJob) -> f64 {
-        let Ok(events) = self.store.managed_events(job.id) else {
-            return DEFAULT_OVERHEAD_S;
-        };
-        let mut began = None;
-        let mut last = None;
-        for e in &events {
-            match e.state.as_str() {
-                "PROVISIONING" | "RECOVERING" => began = Some(e.at),
-                "RUNNING" => {
-                    if let Some(b) = began.take() {
-                        last = Some((e.at - b) as f64 / 1000.0);
-                    }
-                }
-                _ => {}
-            }
-        }
-        last.map_or(DEFAULT_OVERHEAD_S, |s| s.max(1.0))
-    }
-
-    /// Asks the deadline policy whether the running job should change
-    /// market; if so, tells the run to checkpoint (as on a notice) and
-    /// marks the move. Returns whether it acted.
-    fn reconsider(
-        &mut self,
-        job: &mut ManagedJob,
-        mt: &ManagedTask,
-        nodes: &[NodeRow],
-        transport: &dyn Transport,
-        inner: i64,
-    ) -> Result<bool, crate::Error> {
-        if self
-            .decided
-            .get(&job.id)
-            .is_some_and(|t| t.elapsed() < DECIDE_EVERY)
-        {
-            return Ok(false);
-        }
-        self.decided.insert(job.id, std::time::Instant::now());
-        let running = match job.market.as_deref() {
-            Some("spot") => Choice::Spot,
-            Some("on-demand") => Choice::OnDemand,
-            _ => return Ok(false),
-        };
-        let Some(want) = self.market_choice(job, mt, running) else {
-            return Ok(false);
-        };
-        if want == running || want == Choice::Idle {
-            return Ok(false);
-        }
-        let was = job.state;
-        let to = if want == Choice::Spot {
-            "spot"
-        } else {
-            "on-demand"
-        };
-        job.market = Some(format!("->{to}"));
-        job.notice_at = Some(now_ms());
-        self.signal_ranks(transport, nodes, inner, mt.signal);
-        let reason = format!(
-            "deadline policy: moving to {to} ({:.0} s of {:.0} s of work kept, {:.0} s to the deadline)",
-            job.work_done_ms as f64 / 1000.0,
-            mt.work_s.unwrap_or(0.0),
-            mt.deadline_s.unwrap_or(0.0) - (now_ms() - job.submitted_at) as f64 / 1000.0
-        );
-        self.store
-            .managed_event(job.id, "MOVE", job.placement.as_deref(), &reason)?;
-        self.store.save_managed(job, was, "")?;
+        self.job = Some(job);
+        self.stale = false;
+        self.read_at = Instant::now();
         Ok(true)
     }
 
-    /// What the provider says about nodes gone without notice.
-    async fn lost_node(&self, job: &ManagedJob, nodes: &[NodeRow]) -> Option<String> {
-        let cloud = self.store.cluster(&job.cluster).ok()??.cloud?;
-        let p = self.providers.get(&cloud)?;
-        let seen = p.describe(&ClusterName(job.cluster.clone())).await.ok()?;
-        for n in nodes {
-            match seen.iter().find(|s| s.id.0 == n.instance_id) {
-                None => return Some(format!("node {} (rank {}) is gone", n.instance_id, n.rank)),
-                Some(s) => {
-                    if let NodeState::Preempted { reason } = &s.state {
-                        return Some(format!(
-                            "node {} (rank {}) was preempted: {reason}",
-                            n.instance_id, n.rank
-                        ));
+    /// Saves the job (and an event when its state changed from `was`).
+    fn save(&mut self, sh: &Shared, was: ManagedState, reason: &str) -> Result<(), crate::Error> {
+        sh.store().save_managed(self.job(), was, reason)?;
+        Ok(())
+    }
+}
+
+/// One step for one job.
+async fn reconcile(sh: &Shared, m: &mut Memo) -> Result<Action, crate::Error> {
+    if !m.refresh(sh)? {
+        return Ok(Action::Done);
+    }
+    let job = m.job();
+    if job.state.is_terminal() {
+        return clean_up_ended(sh, m).await;
+    }
+    if job.desired == "cancel" {
+        finish(sh, m, ManagedState::Cancelled, "cancelled by the user").await?;
+        return Ok(Action::Requeue(Duration::ZERO));
+    }
+    if let Some(t) = job.next_try_at.filter(|t| now_ms() < *t) {
+        return Ok(Action::at(t));
+    }
+    match job.state {
+        ManagedState::Pending => {
+            let was = job.state;
+            job.state = ManagedState::Provisioning;
+            m.save(sh, was, "looking for a placement")?;
+            Ok(Action::Requeue(Duration::ZERO))
+        }
+        ManagedState::Provisioning | ManagedState::Recovering => provision_or_cancel(sh, m).await,
+        ManagedState::Starting | ManagedState::Running => observe(sh, m).await,
+        ManagedState::Preempted => {
+            let why = job.detail.clone().unwrap_or_else(|| "preempted".into());
+            requeue(sh, m, &why, true).await?;
+            Ok(Action::Requeue(Duration::ZERO))
+        }
+        _ => Ok(Action::Done),
+    }
+}
+
+/// Provisions, unless the user cancels meanwhile: then the launch is
+/// dropped where it stands and the next step tears down whatever it made
+/// (teardown finds a cluster's nodes by name, however far it got).
+async fn provision_or_cancel(sh: &Shared, m: &mut Memo) -> Result<Action, crate::Error> {
+    let wake = Rc::clone(&m.wake);
+    let id = m.id;
+    let cancelled = async {
+        loop {
+            wake.notified().await;
+            if sh
+                .store()
+                .managed(id)
+                .ok()
+                .flatten()
+                .is_some_and(|j| j.desired == "cancel")
+            {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        r = Box::pin(provision_and_submit(sh, m)) => r,
+        _ = cancelled => {
+            sh.say(&format!("job {id}: cancelled while provisioning"));
+            m.stale = true;
+            Ok(Action::Requeue(Duration::ZERO))
+        }
+    }
+}
+
+/// The failover plan for the job now: blocked zones avoided (the oldest
+/// block is dropped when everything is blocked), ordered by the recovery
+/// strategy. `market` is the deadline policy's pick, if it made one.
+fn plan(
+    sh: &Shared,
+    job: &ManagedJob,
+    mt: &ManagedTask,
+    market: Option<Market>,
+) -> Result<Vec<Candidate>, String> {
+    let mut task = crate::spec::load(&mt.task_file).map_err(|e| e.to_string())?;
+    mt.overrides.apply(&mut task).map_err(|e| e.to_string())?;
+    if let Some(m) = market {
+        task.set_market(m == Market::Spot);
+    }
+    let catalog = sh
+        .catalog(mt.catalog_dir.as_deref())
+        .map_err(|e| e.to_string())?;
+    let now = now_ms();
+    let mut blocks: Vec<BlockRec> = serde_json::from_str(&job.blocks).unwrap_or_default();
+    blocks.retain(|b| b.until_ms > now);
+    let opts = Options::default();
+    loop {
+        let list = Blocklist {
+            entries: blocks
+                .iter()
+                .map(|b| Block {
+                    cloud: b.cloud.clone(),
+                    region: Some(b.region.clone()),
+                    zone: Some(b.zone.clone()),
+                    instance_type: None,
+                    until: UNIX_EPOCH + Duration::from_millis(b.until_ms as u64),
+                    reason: b.reason.clone(),
+                })
+                .collect(),
+        };
+        match optimizer::optimize(&task, &catalog, &list, &opts) {
+            Ok(plan) => {
+                let lost_region = blocks
+                    .iter()
+                    .max_by_key(|b| b.at_ms)
+                    .map(|b| (b.cloud.clone(), b.region.clone()));
+                return Ok(order_for(&mt.strategy, plan, lost_region));
+            }
+            Err(e) if blocks.is_empty() => return Err(e.to_string()),
+            Err(_) => {
+                // Everything left is blocked: the zone lost longest ago is
+                // the best bet.
+                let oldest = blocks
+                    .iter()
+                    .enumerate()
+                    .min_by_key(|(_, b)| b.at_ms)
+                    .map(|(i, _)| i)
+                    .unwrap_or(0);
+                blocks.remove(oldest);
+            }
+        }
+    }
+}
+
+async fn provision_and_submit(sh: &Shared, m: &mut Memo) -> Result<Action, crate::Error> {
+    let mt = m.task();
+    let job = m.job().clone();
+    let was = job.state;
+    let store = sh.store();
+    let Ok(lock) = store.lock_cluster(&job.cluster, "recovering") else {
+        return Ok(Action::Requeue(ERROR_BACKOFF)); // someone else works on it
+    };
+    let config = crate::spec::load(&mt.task_file)
+        .ok()
+        .and_then(|t| t.config.map(|c| c.to_string()));
+    let token = format!("{}-{}", job.cluster, job.restart_count);
+    let reserved = store.reserve_cluster(&NewCluster {
+        name: &job.cluster,
+        num_nodes: mt.spec.num_nodes,
+        client_token: &token,
+        provider_config: config,
+    })?;
+    let row = match reserved {
+        Reserved::Existing(row) if row.status == ClusterStatus::Up => row,
+        Reserved::Existing(row) => {
+            // A teardown that failed is tried again when it is due, not on
+            // every round.
+            if let Some(t) = row.retry_at.filter(|t| *t > now_ms()) {
+                m.job().next_try_at = Some(t);
+                m.save(sh, was, "")?;
+                return Ok(Action::at(t));
+            }
+            // Stopped or half torn down: remove it and start afresh.
+            if let Err(e) =
+                Box::pin(provision::teardown(store, &job.cluster, sh.cx.providers())).await
+            {
+                return Err(crate::Error::leftover(store, &job.cluster, e));
+            }
+            return Ok(Action::Requeue(Duration::ZERO));
+        }
+        Reserved::New(row) | Reserved::Resumed(row) => {
+            let choice = market_choice(sh, m, Choice::Idle);
+            if choice == Some(Choice::Idle) {
+                // The policy would rather wait for spot than pay now.
+                store.remove_cluster(&job.cluster)?;
+                let j = m.job();
+                j.next_try_at = Some(now_ms() + DECIDE_EVERY.as_millis() as i64);
+                j.detail = Some("deadline policy: waiting for spot capacity".into());
+                m.save(sh, was, "")?;
+                return Ok(Action::Requeue(DECIDE_EVERY));
+            }
+            let market = choice.map(|c| Market::of_spot(c == Choice::Spot));
+            let plan = match plan(sh, &job, &mt, market) {
+                Ok(p) => p,
+                Err(why) => {
+                    store.remove_cluster(&job.cluster)?;
+                    if market == Some(Market::Spot) {
+                        m.no_spot = true;
                     }
-                    if s.state == NodeState::Terminated {
-                        return Some(format!(
-                            "node {} (rank {}) was terminated",
-                            n.instance_id, n.rank
-                        ));
+                    return no_capacity(sh, m, &why).await;
+                }
+            };
+            let started = now_ms();
+            let result = Box::pin(provision::provision(
+                store,
+                &row,
+                &plan,
+                sh.cx.providers(),
+                &Silent,
+                RetryPolicy::default(),
+                provision::Contact::Now,
+            ))
+            .await;
+            match result {
+                Ok(p) => {
+                    store.set_nodes(&job.cluster, ClusterStatus::Up, &p.nodes)?;
+                    sh.say(&format!(
+                        "job {}: provisioned {} in {} ms",
+                        job.id,
+                        job.cluster,
+                        now_ms() - started
+                    ));
+                    store.cluster(&job.cluster)?.expect("just set up")
+                }
+                Err(provision::ProvisionError::Exhausted { attempts, .. }) => {
+                    store.remove_cluster(&job.cluster)?;
+                    if market == Some(Market::Spot) {
+                        m.no_spot = true;
                     }
+                    let why = attempts
+                        .iter()
+                        .map(|a| format!("{}/{}/{}: {}", a.cloud, a.region, a.zone, a.outcome))
+                        .collect::<Vec<_>>()
+                        .join("; ");
+                    return no_capacity(sh, m, &why).await;
+                }
+                // The cluster stays TERMINATING (something may still run
+                // there); the next step tears it down first.
+                Err(e @ provision::ProvisionError::Leftover { .. }) => {
+                    return Err(crate::Error::leftover(store, &job.cluster, e));
+                }
+                Err(e) => {
+                    store.remove_cluster(&job.cluster)?;
+                    drop(lock);
+                    finish(sh, m, ManagedState::Failed, &e.to_string()).await?;
+                    return Ok(Action::Requeue(Duration::ZERO));
                 }
             }
         }
-        None
+    };
+    drop(lock);
+    m.reach = None;
+    // A run already on the cluster (the controller died right after
+    // submitting it) is adopted, never doubled.
+    let existing = store
+        .jobs(&job.cluster)?
+        .into_iter()
+        .rfind(|j| !j.status.is_terminal());
+    let runs = store.managed_dir(job.id).join("runs");
+    let inner = match existing {
+        Some(j) => {
+            let listed = std::fs::read_to_string(&runs)
+                .unwrap_or_default()
+                .lines()
+                .any(|l| l.trim() == j.id.to_string());
+            if !listed {
+                append_line(&runs, &j.id.to_string());
+            }
+            j.id
+        }
+        None => {
+            let mut spec = mt.spec.clone();
+            spec.job_id = Some(job.id.to_string());
+            spec.restart_count = job.restart_count;
+            spec.gpus_per_node = row.accelerator_count.ceil() as u32;
+            spec.restore_from = mt.storage.is_dir().then(|| mt.storage.clone());
+            let secrets = match secrets_of(store, &job, &mt) {
+                Ok(s) => s,
+                Err(why) => {
+                    finish(sh, m, ManagedState::Failed, &why).await?;
+                    return Ok(Action::Requeue(Duration::ZERO));
+                }
+            };
+            let id = gang::submit(store, sh.cx.home(), &job.cluster, &spec, &secrets)?;
+            append_line(&runs, &id.to_string());
+            id
+        }
+    };
+    let placement = format!(
+        "{}/{}/{} {}{}",
+        row.cloud.as_deref().unwrap_or("-"),
+        row.region.as_deref().unwrap_or("-"),
+        row.zone.as_deref().unwrap_or("-"),
+        row.instance_type.as_deref().unwrap_or("-"),
+        if row.use_spot { " spot" } else { "" }
+    );
+    if row.use_spot {
+        m.no_spot = false;
     }
+    m.run = store.job(inner)?;
+    let j = m.job();
+    j.market = Some(Market::of_spot(row.use_spot));
+    j.moving_to = None;
+    j.location = match (&row.cloud, &row.region, &row.zone) {
+        (Some(cloud), Some(region), Some(zone)) => Some(Location {
+            cloud: cloud.clone(),
+            region: region.clone(),
+            zone: zone.clone(),
+        }),
+        _ => None,
+    };
+    j.inner_job = Some(inner);
+    j.placement = Some(placement);
+    j.price_per_hour = row.price_per_hour;
+    j.running_since = Some(now_ms());
+    j.notice_at = None;
+    j.next_try_at = None;
+    j.detail = None;
+    j.state = ManagedState::Starting;
+    m.save(sh, was, &format!("cluster up; run {inner} submitted"))?;
+    Ok(Action::Requeue(Duration::ZERO))
+}
 
-    fn signal_ranks(&self, transport: &dyn Transport, nodes: &[NodeRow], inner: i64, sig: i32) {
-        gang::signal_run(&self.store, transport, nodes, inner, sig);
+fn append_line(path: &Path, line: &str) {
+    if let Ok(mut f) = std::fs::File::options()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = writeln!(f, "{line}");
     }
+}
 
-    /// Copies every node's checkpoint directory into the kept one,
-    /// atomically (a failed copy keeps the previous one), then tells the
-    /// nodes (`.gangway-synced` holds the time the copy began: everything
-    /// written before it is kept). Returns that time.
-    fn sync(
-        &self,
-        mt: &ManagedTask,
-        nodes: &[NodeRow],
-        transport: &dyn Transport,
-    ) -> Result<i64, String> {
-        let started = now_ms();
-        let storage = &mt.storage;
-        let name = storage
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let parent = storage.parent().unwrap_or(Path::new("."));
-        let tmp = parent.join(format!("{name}.partial"));
-        let old = parent.join(format!("{name}.old"));
-        let _ = std::fs::remove_dir_all(&tmp);
-        std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
-        let ck = mt
-            .spec
-            .checkpoint_dir
-            .as_deref()
-            .unwrap_or(gang::DEFAULT_CHECKPOINT_DIR);
-        for n in nodes {
-            // The path is the node's: only the transport can tell whether
-            // it exists there (over SSH it is not on this machine).
-            let path = transport.node_path(n, ck);
-            transport
-                .download(n, &path, &tmp)
-                .map_err(|e| e.to_string())?;
+/// The job's secret values. A task that has secrets and no readable file
+/// of them is an error: a run without its secrets is not the run the user
+/// launched.
+fn secrets_of(
+    store: &Store,
+    job: &ManagedJob,
+    mt: &ManagedTask,
+) -> Result<Vec<(String, String)>, String> {
+    let path = store.managed_dir(job.id).join("secrets.json");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && mt.spec.secret_names.is_empty() => {
+            return Ok(Vec::new())
         }
-        let _ = std::fs::remove_dir_all(&old);
-        if storage.exists() {
-            std::fs::rename(storage, &old).map_err(|e| e.to_string())?;
+        Err(e) => {
+            return Err(format!(
+                "cannot read the job's secrets ({}): {e}; the run needs {}",
+                path.display(),
+                mt.spec.secret_names.join(", ")
+            ))
         }
-        std::fs::rename(&tmp, storage).map_err(|e| e.to_string())?;
-        let _ = std::fs::remove_dir_all(&old);
-        for n in nodes {
-            let path = format!("{}/.gangway-synced", transport.node_path(n, ck));
-            let _ = transport.write_file(n, &path, started.to_string().as_bytes());
-        }
-        Ok(started)
+    };
+    let secrets: Vec<(String, String)> = serde_json::from_str(&text).map_err(|e| {
+        format!(
+            "the job's secrets file {} is damaged (line {}, column {}); the run needs {}",
+            path.display(),
+            e.line(),
+            e.column(),
+            mt.spec.secret_names.join(", ")
+        )
+    })?;
+    let missing: Vec<&str> = mt
+        .spec
+        .secret_names
+        .iter()
+        .filter(|n| !secrets.iter().any(|(k, _)| k == *n))
+        .map(String::as_str)
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "the job's secrets file {} lacks {}",
+            path.display(),
+            missing.join(", ")
+        ));
     }
+    Ok(secrets)
+}
 
-    async fn teardown_cluster(&mut self, job: &ManagedJob) -> Result<(), crate::Error> {
-        if self.store.cluster(&job.cluster)?.is_none() {
-            return Ok(());
+async fn no_capacity(sh: &Shared, m: &mut Memo, why: &str) -> Result<Action, crate::Error> {
+    let mt = m.task();
+    let policy_may_switch = mt.deadline_s.is_some() && mt.work_s.is_some() && m.no_spot;
+    let job = m.job();
+    if job.state == ManagedState::Provisioning && job.restart_count == 0 && !policy_may_switch {
+        finish(
+            sh,
+            m,
+            ManagedState::FailedNoResource,
+            &format!("no placement: {why}"),
+        )
+        .await?;
+        return Ok(Action::Requeue(Duration::ZERO));
+    }
+    let was = job.state;
+    let next = now_ms() + NO_CAPACITY_BACKOFF.as_millis() as i64;
+    job.next_try_at = Some(next);
+    job.detail = Some(format!("waiting for capacity: {why}"));
+    m.save(sh, was, "")?;
+    Ok(Action::at(next))
+}
+
+/// The job's nodes and a transport to them, connected when it can be.
+async fn nodes_and_transport(
+    sh: &Shared,
+    m: &mut Memo,
+) -> Result<Option<(Arc<Vec<NodeRow>>, Arc<dyn Transport>)>, crate::Error> {
+    let cluster = m.job().cluster.clone();
+    if m.reach.is_none() {
+        let Some(row) = sh.store().cluster(&cluster)? else {
+            return Ok(None);
+        };
+        let Some(cloud) = row.cloud.clone() else {
+            return Ok(None);
+        };
+        let nodes = sh.store().nodes(&cluster)?;
+        let Some(t) = transport_for(&cloud, sh.cx.home(), &cluster) else {
+            return Ok(None);
+        };
+        m.reach = Some(Reach {
+            nodes: Arc::new(nodes),
+            transport: Arc::from(t),
+            connected: cloud == "local",
+            tried: None,
+        });
+    }
+    let reach = m.reach.as_mut().expect("just set");
+    if !reach.connected && reach.tried.is_none_or(|t| t.elapsed() > RECONNECT_AFTER) {
+        reach.tried = Some(Instant::now());
+        reach.connected = reach.transport.connect(&reach.nodes).await.is_ok();
+    }
+    Ok(Some((
+        Arc::clone(&reach.nodes),
+        Arc::clone(&reach.transport),
+    )))
+}
+
+/// A preemption notice on any node, as (rank, the provider's words):
+/// asked off the runtime (over SSH it is a command on the node).
+async fn notice(nodes: Arc<Vec<NodeRow>>, t: Arc<dyn Transport>) -> Option<(u32, String)> {
+    tokio::task::spawn_blocking(move || {
+        nodes
+            .iter()
+            .find_map(|n| t.preemption_notice(n).map(|w| (n.rank, w)))
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+/// Sends `sig` to every rank of run `inner`, off the runtime; returns once
+/// it was sent.
+async fn signal_ranks(
+    sh: &Shared,
+    nodes: Arc<Vec<NodeRow>>,
+    t: Arc<dyn Transport>,
+    inner: i64,
+    sig: i32,
+) {
+    let dir = sh.store().job_log_dir(inner);
+    let _ = tokio::task::spawn_blocking(move || {
+        gang::signal_ranks(&dir, t.as_ref(), &nodes, inner, sig)
+    })
+    .await;
+}
+
+async fn observe(sh: &Shared, m: &mut Memo) -> Result<Action, crate::Error> {
+    let mt = m.task();
+    let was = m.job().state;
+    let Some(inner_id) = m.job().inner_job else {
+        m.job().state = ManagedState::Recovering;
+        m.save(sh, was, "no run recorded; starting one")?;
+        return Ok(Action::Requeue(Duration::ZERO));
+    };
+    let Some(run) = m.run.clone() else {
+        preempted(sh, m, "the job's cluster disappeared").await?;
+        return Ok(Action::Requeue(Duration::ZERO));
+    };
+    if run.status == JobStatus::Running && was == ManagedState::Starting {
+        let j = m.job();
+        j.state = ManagedState::Running;
+        j.work_since = Some(now_ms());
+        let reason = match j.recovery_started_at.take() {
+            Some(t) => format!(
+                "resumed {:.1} s after the loss (restart {})",
+                (now_ms() - t) as f64 / 1000.0,
+                j.restart_count
+            ),
+            None => "every rank runs".into(),
+        };
+        m.save(sh, was, &reason)?;
+        return Ok(Action::Requeue(Duration::ZERO));
+    }
+    let Some((nodes, transport)) = nodes_and_transport(sh, m).await? else {
+        preempted(sh, m, "the job's cluster disappeared").await?;
+        return Ok(Action::Requeue(Duration::ZERO));
+    };
+    if !run.status.is_terminal() {
+        // 1. The provider's advance notice: checkpoint now.
+        if m.job().notice_at.is_none() {
+            if let Some((rank, words)) = notice(Arc::clone(&nodes), Arc::clone(&transport)).await {
+                signal_ranks(sh, Arc::clone(&nodes), transport, inner_id, mt.signal).await;
+                let j = m.job();
+                j.notice_at = Some(now_ms());
+                let reason = format!(
+                    "preemption notice on rank {rank} ({words}); signal {} sent, {} s to checkpoint",
+                    mt.signal, mt.grace_s
+                );
+                sh.store()
+                    .managed_event(j.id, "NOTICE", j.placement.as_deref(), &reason)?;
+                m.save(sh, was, "")?;
+                return Ok(Action::Requeue(Duration::from_secs_f64(mt.grace_s)));
+            }
         }
-        // Wait for a launcher or another teardown to let go.
-        let lock = OwnerLock::acquire(
-            &self
-                .home
-                .join("locks")
-                .join(format!("cluster-{}.lock", job.cluster)),
-            Duration::from_secs(30),
-        )?;
-        if lock.is_none() {
+        if let Some(t) = m.job().notice_at {
+            let end = t + (mt.grace_s * 1000.0) as i64;
+            if now_ms() > end {
+                if m.job().moving_to.is_some() {
+                    requeue(sh, m, "moved by the deadline policy", false).await?;
+                } else {
+                    preempted(sh, m, "the grace period after the notice ran out").await?;
+                }
+                return Ok(Action::Requeue(Duration::ZERO));
+            }
+            return Ok(Action::at(end));
+        }
+        // The deadline policy may want the other market.
+        if run.status == JobStatus::Running
+            && reconsider(sh, m, &nodes, &transport, inner_id).await?
+        {
+            return Ok(Action::Requeue(Duration::from_secs_f64(mt.grace_s)));
+        }
+        // 2. The provider took a node without notice (asked at most every
+        // DESCRIBE_EVERY: the ranks dying tells the driver sooner).
+        if m.described.is_none_or(|t| t.elapsed() >= DESCRIBE_EVERY) {
+            m.described = Some(Instant::now());
+            if let Some(lost) = lost_node(sh, m, &nodes).await {
+                preempted(sh, m, &lost.to_string()).await?;
+                return Ok(Action::Requeue(Duration::ZERO));
+            }
+        }
+        // 3. Keep the checkpoint fresh.
+        let due = m
+            .job()
+            .last_sync_at
+            .is_none_or(|t| (now_ms() - t) as f64 >= mt.sync_interval_s * 1000.0);
+        if due && run.status == JobStatus::Running {
+            if let Ok(t) = sync(&mt, Arc::clone(&nodes), transport).await {
+                m.job().last_sync_at = Some(t);
+                m.save(sh, was, "")?;
+            }
+        }
+        return Ok(Action::Requeue(NOTICE_EVERY));
+    }
+    // The run ended.
+    let detail = run.detail.clone().unwrap_or_default();
+    if m.job().notice_at.is_some() {
+        // It ended because we asked it to checkpoint: keep that.
+        if let Ok(t) = sync(&mt, Arc::clone(&nodes), transport).await {
+            m.job().last_sync_at = Some(t);
+        }
+        if m.job().moving_to.is_some() {
+            requeue(sh, m, "checkpointed for the deadline policy's move", false).await?;
+        } else {
+            preempted(sh, m, "checkpointed on the preemption notice").await?;
+        }
+        return Ok(Action::Requeue(Duration::ZERO));
+    }
+    match run.status {
+        JobStatus::Succeeded => {
+            if let Ok(t) = sync(&mt, Arc::clone(&nodes), Arc::clone(&transport)).await {
+                m.job().last_sync_at = Some(t);
+            }
+            // A scheduler that signals the ranks itself (Slurm's GraceTime)
+            // can have them checkpoint and exit 0 before the notice was
+            // seen here: that is a preemption, not the end.
+            if let Some((rank, words)) = notice(nodes, transport).await {
+                let why = format!("the ranks ended on a preemption (rank {rank}: {words})");
+                preempted(sh, m, &why).await?;
+            } else {
+                finish(sh, m, ManagedState::Succeeded, "every rank exited 0").await?;
+            }
+        }
+        JobStatus::FailedSetup => {
+            finish(sh, m, ManagedState::FailedSetup, &detail).await?;
+        }
+        _ => {
+            let outcome = run.outcome.clone();
+            let lost = match lost_node(sh, m, &nodes).await {
+                Some(l) => Some(l),
+                None => outcome.as_ref().and_then(|o| o.lost.clone()),
+            };
+            if let Some(l) = lost {
+                let why = if detail.is_empty() {
+                    l.to_string()
+                } else {
+                    format!("{detail}; {l}")
+                };
+                preempted(sh, m, &why).await?;
+                return Ok(Action::Requeue(Duration::ZERO));
+            }
+            let code = outcome
+                .as_ref()
+                .filter(|o| o.reason == EndReason::RankFailed)
+                .and_then(|o| o.failed_code());
+            if code.is_some_and(|c| mt.recover_on_exit_codes.contains(&c)) {
+                m.job().detail = Some(detail.clone());
+                let why = format!("{detail} (a recoverable exit code)");
+                requeue(sh, m, &why, false).await?;
+            } else if m.job().restarts_on_errors < mt.max_restarts_on_errors {
+                let j = m.job();
+                j.restarts_on_errors += 1;
+                j.detail = Some(detail.clone());
+                let why = format!(
+                    "{detail} (restart {} of {} on errors)",
+                    j.restarts_on_errors, mt.max_restarts_on_errors
+                );
+                requeue(sh, m, &why, false).await?;
+            } else {
+                finish(sh, m, ManagedState::Failed, &detail).await?;
+            }
+        }
+    }
+    Ok(Action::Requeue(Duration::ZERO))
+}
+
+/// What the deadline policy would run the job on now, if the task has one
+/// (`deadline: {within, work}`); `running` is the current market.
+fn market_choice(sh: &Shared, m: &mut Memo, running: Choice) -> Option<Choice> {
+    let mt = m.task();
+    let (deadline, work) = (mt.deadline_s?, mt.work_s?);
+    let kind = match mt.policy.as_deref() {
+        Some("greedy") => PolicyKind::Greedy,
+        Some("on_demand") => PolicyKind::AlwaysOnDemand,
+        _ => PolicyKind::UniformProgress,
+    };
+    let no_spot = m.no_spot;
+    let job = m.job();
+    let now = now_ms();
+    let current = job.work_since.map_or(0, |s| (now - s).max(0));
+    let state = State {
+        elapsed: (now - job.submitted_at).max(0) as f64 / 1000.0,
+        work_done: (job.work_done_ms + current) as f64 / 1000.0,
+        job_length: work,
+        deadline,
+        restart_overhead: overhead_estimate(sh.store(), job.id),
+        tick: DECIDE_EVERY.as_secs_f64(),
+        spot_available: running == Choice::Spot || !no_spot,
+        running,
+        overhead_left: 0.0,
+    };
+    Some(kind.build().decide(&state))
+}
+
+/// The last run's time from looking for a cluster to every rank running:
+/// the restart overhead the policy plans with.
+fn overhead_estimate(store: &Store, id: i64) -> f64 {
+    let Ok(events) = store.managed_events(id) else {
+        return DEFAULT_OVERHEAD_S;
+    };
+    let mut began = None;
+    let mut last = None;
+    for e in &events {
+        match ManagedState::parse(&e.state) {
+            Some(ManagedState::Provisioning | ManagedState::Recovering) => began = Some(e.at),
+            Some(ManagedState::Running) => {
+                if let Some(b) = began.take() {
+                    last = Some((e.at - b) as f64 / 1000.0);
+                }
+            }
+            _ => {}
+        }
+    }
+    last.map_or(DEFAULT_OVERHEAD_S, |s| s.max(1.0))
+}
+
+/// Asks the deadline policy whether the running job should change market;
+/// if so, tells the run to checkpoint (as on a notice) and records the
+/// move. Returns whether it acted.
+async fn reconsider(
+    sh: &Shared,
+    m: &mut Memo,
+    nodes: &Arc<Vec<NodeRow>>,
+    transport: &Arc<dyn Transport>,
+    inner: i64,
+) -> Result<bool, crate::Error> {
+    if m.decided.is_some_and(|t| t.elapsed() < DECIDE_EVERY) {
+        return Ok(false);
+    }
+    m.decided = Some(Instant::now());
+    let running = match m.job().market {
+        Some(Market::Spot) => Choice::Spot,
+        Some(Market::OnDemand) => Choice::OnDemand,
+        None => return Ok(false),
+    };
+    let Some(want) = market_choice(sh, m, running) else {
+        return Ok(false);
+    };
+    if want == running || want == Choice::Idle {
+        return Ok(false);
+    }
+    let mt = m.task();
+    let to = Market::of_spot(want == Choice::Spot);
+    signal_ranks(
+        sh,
+        Arc::clone(nodes),
+        Arc::clone(transport),
+        inner,
+        mt.signal,
+    )
+    .await;
+    let was = m.job().state;
+    let j = m.job();
+    j.moving_to = Some(to);
+    j.notice_at = Some(now_ms());
+    let reason = format!(
+        "deadline policy: moving to {} ({:.0} s of {:.0} s of work kept, {:.0} s to the deadline)",
+        to.as_str(),
+        j.work_done_ms as f64 / 1000.0,
+        mt.work_s.unwrap_or(0.0),
+        mt.deadline_s.unwrap_or(0.0) - (now_ms() - j.submitted_at) as f64 / 1000.0
+    );
+    sh.store()
+        .managed_event(j.id, "MOVE", j.placement.as_deref(), &reason)?;
+    m.save(sh, was, "")?;
+    Ok(true)
+}
+
+/// What the provider says about nodes gone without notice.
+async fn lost_node(sh: &Shared, m: &mut Memo, nodes: &[NodeRow]) -> Option<LostNode> {
+    let cluster = m.job().cluster.clone();
+    let cloud = sh.store().cluster(&cluster).ok()??.cloud?;
+    let p = sh.cx.providers().get(&cloud)?;
+    let seen = Box::pin(p.describe(&ClusterName(cluster))).await.ok()?;
+    nodes.iter().find_map(|n| {
+        let lost = |seen: LossSeen, reason: String| LostNode {
+            instance_id: n.instance_id.clone(),
+            rank: Some(n.rank),
+            seen,
+            reason,
+        };
+        match seen.iter().find(|s| s.id.0 == n.instance_id) {
+            None => Some(lost(LossSeen::Gone, String::new())),
+            Some(s) => match &s.state {
+                NodeState::Preempted { reason } => Some(lost(LossSeen::Preempted, reason.clone())),
+                NodeState::Terminated => Some(lost(LossSeen::Terminated, String::new())),
+                _ => None,
+            },
+        }
+    })
+}
+
+/// Copies every node's checkpoint directory into the kept one, atomically
+/// (a failed copy keeps the previous one), then tells the nodes
+/// (`.gangway-synced` holds the time the copy began: everything written
+/// before it is kept). Returns that time. Runs off the runtime.
+async fn sync(
+    mt: &ManagedTask,
+    nodes: Arc<Vec<NodeRow>>,
+    transport: Arc<dyn Transport>,
+) -> Result<i64, SyncError> {
+    let storage = mt.storage.clone();
+    let ck = mt
+        .spec
+        .checkpoint_dir
+        .clone()
+        .unwrap_or_else(|| gang::DEFAULT_CHECKPOINT_DIR.to_string());
+    tokio::task::spawn_blocking(move || sync_now(&storage, &ck, &nodes, transport.as_ref())).await?
+}
+
+fn sync_now(
+    storage: &Path,
+    ck: &str,
+    nodes: &[NodeRow],
+    transport: &dyn Transport,
+) -> Result<i64, SyncError> {
+    let started = now_ms();
+    let name = storage
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let parent = storage.parent().unwrap_or(Path::new("."));
+    let tmp = parent.join(format!("{name}.partial"));
+    let old = parent.join(format!("{name}.old"));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp)?;
+    for n in nodes {
+        // The path is the node's: only the transport can tell whether it
+        // exists there (over SSH it is not on this machine).
+        let path = transport.node_path(n, ck);
+        transport.download(n, &path, &tmp)?;
+    }
+    let _ = std::fs::remove_dir_all(&old);
+    if storage.exists() {
+        std::fs::rename(storage, &old)?;
+    }
+    std::fs::rename(&tmp, storage)?;
+    let _ = std::fs::remove_dir_all(&old);
+    for n in nodes {
+        let path = format!("{}/.gangway-synced", transport.node_path(n, ck));
+        let _ = transport.write_file(n, &path, started.to_string().as_bytes());
+    }
+    Ok(started)
+}
+
+/// Tears the job's cluster down, waiting (on a timer) for a launcher or
+/// another teardown of it to let go.
+async fn teardown_cluster(sh: &Shared, cluster: &str) -> Result<(), crate::Error> {
+    if sh.store().cluster(cluster)?.is_none() {
+        return Ok(());
+    }
+    let path = sh
+        .cx
+        .home()
+        .join("locks")
+        .join(format!("cluster-{cluster}.lock"));
+    let deadline = Instant::now() + LOCK_WAIT;
+    let _lock = loop {
+        if let Some(l) = OwnerLock::try_acquire(&path)? {
+            break l;
+        }
+        if Instant::now() >= deadline {
             return Err(crate::Error::usage(
-                format!("cluster {} stays busy; will retry", job.cluster),
+                format!("cluster {cluster} stays busy; will retry"),
                 None,
             ));
         }
-        provision::teardown(&self.store, &job.cluster, &self.providers).await?;
-        Ok(())
-    }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    Box::pin(provision::teardown(sh.store(), cluster, sh.cx.providers())).await?;
+    Ok(())
+}
 
-    async fn preempted(&mut self, job: &mut ManagedJob, why: &str) -> Result<(), crate::Error> {
-        let was = job.state;
-        job.state = ManagedState::Preempted;
-        job.detail = Some(why.to_string());
-        self.store.save_managed(job, was, why)?;
-        let mt = self.task_of(job)?;
-        if mt.strategy.eq_ignore_ascii_case("NONE") {
-            return self
-                .finish(
-                    job,
-                    ManagedState::Failed,
-                    &format!("{why}; job_recovery is NONE"),
-                )
-                .await;
-        }
-        self.requeue(job, &mt, why, true).await
+async fn preempted(sh: &Shared, m: &mut Memo, why: &str) -> Result<(), crate::Error> {
+    let was = m.job().state;
+    let j = m.job();
+    j.state = ManagedState::Preempted;
+    j.detail = Some(why.to_string());
+    m.save(sh, was, why)?;
+    if m.task().strategy.eq_ignore_ascii_case("NONE") {
+        return finish(
+            sh,
+            m,
+            ManagedState::Failed,
+            &format!("{why}; job_recovery is NONE"),
+        )
+        .await;
     }
+    requeue(sh, m, why, true).await
+}
 
-    /// Tears the cluster down and goes back to finding one. A preemption
-    /// blocks the zone it happened in for [`BLOCK_TTL`].
-    async fn requeue(
-        &mut self,
-        job: &mut ManagedJob,
-        _mt: &ManagedTask,
-        why: &str,
-        preempted: bool,
-    ) -> Result<(), crate::Error> {
-        let was = job.state;
-        let lost_at = job.notice_at.unwrap_or_else(now_ms);
-        let lost_work = match (job.notice_at, job.last_sync_at) {
-            (Some(_), _) => "none (checkpointed on notice)".to_string(),
-            (None, Some(t)) => format!(
-                "up to {:.1} s since the last sync",
-                (now_ms() - t) as f64 / 1000.0
-            ),
-            (None, None) => "everything since the start of this run (no sync yet)".to_string(),
+/// Tears the cluster down and goes back to finding one. A preemption
+/// blocks the zone it happened in for [`BLOCK_TTL`].
+async fn requeue(
+    sh: &Shared,
+    m: &mut Memo,
+    why: &str,
+    preempted: bool,
+) -> Result<(), crate::Error> {
+    let j = m.job();
+    let was = j.state;
+    let lost_at = j.notice_at.unwrap_or_else(now_ms);
+    let lost_work = match (j.notice_at, j.last_sync_at) {
+        (Some(_), _) => "none (checkpointed on notice)".to_string(),
+        (None, Some(t)) => format!(
+            "up to {:.1} s since the last sync",
+            (now_ms() - t) as f64 / 1000.0
+        ),
+        (None, None) => "everything since the start of this run (no sync yet)".to_string(),
+    };
+    // Progress this run kept: all of it when it checkpointed on request,
+    // up to the last kept checkpoint otherwise.
+    if let Some(since) = j.work_since {
+        let kept_until = if j.notice_at.is_some() {
+            now_ms()
+        } else {
+            j.last_sync_at.unwrap_or(since)
         };
-        // Progress this run kept: all of it when it checkpointed on request,
-        // up to the last kept checkpoint otherwise.
-        if let Some(since) = job.work_since {
-            let kept_until = if job.notice_at.is_some() {
-                now_ms()
-            } else {
-                job.last_sync_at.unwrap_or(since)
-            };
-            job.work_done_ms += (kept_until - since).max(0);
-        }
-        job.work_since = None;
-        if let Some(m) = job.market.as_deref().and_then(|m| m.strip_prefix("->")) {
-            job.market = Some(m.to_string());
-        }
-        self.teardown_cluster(job).await?;
-        let now = now_ms();
-        if preempted {
-            if let Some((cloud, region, zone)) = job.placement.as_deref().and_then(parse_placement)
-            {
-                let mut blocks: Vec<BlockRec> =
-                    serde_json::from_str(&job.blocks).unwrap_or_default();
-                blocks.retain(|b| b.until_ms > now && !(b.cloud == cloud && b.zone == zone));
-                blocks.push(BlockRec {
-                    cloud,
-                    region,
-                    zone,
-                    at_ms: now,
-                    until_ms: now + BLOCK_TTL.as_millis() as i64,
-                    reason: why.to_string(),
-                });
-                job.blocks = serde_json::to_string(&blocks).unwrap_or_else(|_| "[]".into());
-            }
-            job.preemptions += 1;
-        }
-        if let (Some(since), Some(p)) = (job.running_since, job.price_per_hour) {
-            job.cost_so_far += p * ((now - since).max(0) as f64 / 3_600_000.0);
-        }
-        job.running_since = None;
-        job.price_per_hour = None;
-        job.inner_job = None;
-        job.notice_at = None;
-        job.last_sync_at = None;
-        job.restart_count += 1;
-        job.recovery_started_at = Some(lost_at);
-        job.state = ManagedState::Recovering;
-        self.store.save_managed(
-            job,
-            was,
-            &format!("requeued after: {why}; work lost: {lost_work}"),
-        )?;
-        Ok(())
+        j.work_done_ms += (kept_until - since).max(0);
     }
+    j.work_since = None;
+    let cluster = j.cluster.clone();
+    teardown_cluster(sh, &cluster).await?;
+    m.reach = None;
+    let j = m.job();
+    let now = now_ms();
+    if preempted {
+        if let Some(l) = j.location.clone() {
+            let mut blocks: Vec<BlockRec> = serde_json::from_str(&j.blocks).unwrap_or_default();
+            blocks.retain(|b| b.until_ms > now && !(b.cloud == l.cloud && b.zone == l.zone));
+            blocks.push(BlockRec {
+                cloud: l.cloud,
+                region: l.region,
+                zone: l.zone,
+                at_ms: now,
+                until_ms: now + BLOCK_TTL.as_millis() as i64,
+                reason: why.to_string(),
+            });
+            j.blocks = serde_json::to_string(&blocks).unwrap_or_else(|_| "[]".into());
+        }
+        j.preemptions += 1;
+    }
+    if let (Some(since), Some(p)) = (j.running_since, j.price_per_hour) {
+        j.cost_so_far += p * ((now - since).max(0) as f64 / 3_600_000.0);
+    }
+    // A move's market is the next cluster's; the policy asks again there.
+    if let Some(to) = j.moving_to.take() {
+        j.market = Some(to);
+    }
+    j.running_since = None;
+    j.price_per_hour = None;
+    j.inner_job = None;
+    j.notice_at = None;
+    j.last_sync_at = None;
+    j.restart_count += 1;
+    j.recovery_started_at = Some(lost_at);
+    j.state = ManagedState::Recovering;
+    m.run = None;
+    m.save(
+        sh,
+        was,
+        &format!("requeued after: {why}; work lost: {lost_work}"),
+    )
+}
 
-    async fn finish(
-        &mut self,
-        job: &mut ManagedJob,
-        state: ManagedState,
-        why: &str,
-    ) -> Result<(), crate::Error> {
-        let was = job.state;
-        if state == ManagedState::Cancelled {
-            crate::provision::stop_drivers(&self.store, &job.cluster)?;
-        }
-        // The ending is recorded first, so a controller killed during the
-        // teardown never runs a finished job again; the cleanup pass in
-        // `run` removes a cluster a terminal job still has (a finalizer).
-        let now = now_ms();
-        if let (Some(since), Some(p)) = (job.running_since, job.price_per_hour) {
-            job.cost_so_far += p * ((now - since).max(0) as f64 / 3_600_000.0);
-        }
-        job.running_since = None;
-        if let Some(since) = job.work_since.take() {
-            job.work_done_ms += (now - since).max(0);
-        }
-        job.state = state;
-        job.detail = Some(why.to_string());
-        remove_secrets(&self.store.managed_dir(job.id));
-        self.store.save_managed(job, was, why)?;
-        self.teardown_cluster(job).await
+async fn finish(
+    sh: &Shared,
+    m: &mut Memo,
+    state: ManagedState,
+    why: &str,
+) -> Result<(), crate::Error> {
+    let cluster = m.job().cluster.clone();
+    if state == ManagedState::Cancelled {
+        provision::stop_drivers(sh.store(), &cluster).await?;
     }
+    // The ending is recorded first, so a controller killed during the
+    // teardown never runs a finished job again; the ended job's task (or
+    // the next controller's) removes a cluster it still has (a finalizer).
+    let j = m.job();
+    let was = j.state;
+    let now = now_ms();
+    if let (Some(since), Some(p)) = (j.running_since, j.price_per_hour) {
+        j.cost_so_far += p * ((now - since).max(0) as f64 / 3_600_000.0);
+    }
+    j.running_since = None;
+    if let Some(since) = j.work_since.take() {
+        j.work_done_ms += (now - since).max(0);
+    }
+    j.state = state;
+    j.detail = Some(why.to_string());
+    let id = j.id;
+    remove_secrets(&sh.store().managed_dir(id));
+    m.save(sh, was, why)?;
+    m.reach = None;
+    teardown_cluster(sh, &cluster).await
+}
 
-    /// Whether the ended job `id` still has a cluster whose teardown has
-    /// not failed yet.
-    fn tearing_down(&self, id: i64) -> Result<bool, crate::Error> {
-        let Some(job) = self.store.managed(id)? else {
-            return Ok(false);
-        };
-        Ok(self
-            .store
-            .cluster(&job.cluster)?
-            .is_some_and(|c| c.teardown_failures == 0))
+/// An ended job: removes the cluster it still holds (a controller died
+/// between recording the ending and the teardown, or the teardown failed
+/// and is due again), then its task ends.
+async fn clean_up_ended(sh: &Shared, m: &mut Memo) -> Result<Action, crate::Error> {
+    let (id, cluster) = (m.id, m.job().cluster.clone());
+    let Some(row) = sh.store().cluster(&cluster)? else {
+        return Ok(Action::Done);
+    };
+    if let Some(t) = row.retry_at.filter(|t| *t > now_ms()) {
+        return Ok(Action::at(t));
     }
-
-    /// Ended jobs that still have a cluster.
-    fn leftovers(&self) -> Result<Vec<i64>, crate::Error> {
-        let names: std::collections::HashSet<String> =
-            self.store.clusters()?.into_iter().map(|c| c.name).collect();
-        if names.is_empty() {
-            return Ok(Vec::new());
-        }
-        Ok(self
-            .store
-            .managed_all()?
-            .into_iter()
-            .filter(|j| j.state.is_terminal() && names.contains(&j.cluster))
-            .map(|j| j.id)
-            .collect())
-    }
-
-    /// Removes clusters that ended jobs still hold (a controller died
-    /// between recording the ending and the teardown, or the teardown
-    /// failed and is due again), and the secrets of every ended job.
-    async fn clean_up_ended(&mut self, startup: bool) -> Result<(), crate::Error> {
-        let now = now_ms();
-        let mut first_err = None;
-        for job in self.store.managed_all()? {
-            if !job.state.is_terminal() {
-                continue;
-            }
-            if startup {
-                remove_secrets(&self.store.managed_dir(job.id));
-            }
-            let Some(row) = self.store.cluster(&job.cluster)? else {
-                continue;
-            };
-            if row.retry_at.is_some_and(|t| t > now) {
-                continue;
-            }
-            self.say(&format!("job {}: removing its leftover cluster", job.id));
-            if let Err(e) = self.teardown_cluster(&job).await {
-                self.say(&format!("job {}: teardown failed: {e}", job.id));
-                first_err.get_or_insert(e);
-            }
-        }
-        first_err.map_or(Ok(()), Err)
-    }
+    sh.say(&format!("job {id}: removing its leftover cluster"));
+    teardown_cluster(sh, &cluster).await?;
+    Ok(Action::Requeue(Duration::ZERO))
 }
 
 /// Removes an ended job's secrets (nothing to do when there are none).
 fn remove_secrets(dir: &Path) {
     let _ = std::fs::remove_file(dir.join("secrets.json"));
-}
-
-/// Whether the run is being stopped for a market move, not a preemption.
-fn is_move(job: &ManagedJob) -> bool {
-    job.market.as_deref().is_some_and(|m| m.starts_with("->"))
-}
-
-/// Whether a stored task has a deadline policy (both `within` and `work`).
-fn mt_has_policy(task: &str) -> bool {
-    serde_json::from_str::<ManagedTask>(task)
-        .map(|t| t.deadline_s.is_some() && t.work_s.is_some())
-        .unwrap_or(false)
 }
 
 /// Orders a plan by recovery strategy: `FAILOVER` tries the region just
@@ -1208,19 +1414,6 @@ fn order_for(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn exit_codes_are_read_from_the_run_detail() {
-        assert_eq!(
-            exit_code_in("rank 1 (127.0.0.2) exited with code 3"),
-            Some(3)
-        );
-        assert_eq!(
-            exit_code_in("rank 0 (x) exited with code 137; node ..."),
-            Some(137)
-        );
-        assert_eq!(exit_code_in("was killed by signal 9"), None);
-    }
 
     fn cand(cloud: &str, region: &str, zone: &str) -> Candidate {
         Candidate {
@@ -1268,11 +1461,17 @@ mod tests {
     }
 
     #[test]
-    fn placements_parse() {
+    fn a_step_due_in_the_past_runs_at_once() {
         assert_eq!(
-            parse_placement("local/local/local-b local.cpu spot"),
-            Some(("local".into(), "local".into(), "local-b".into()))
+            Action::at(now_ms() - 5_000),
+            Action::Requeue(Duration::ZERO)
         );
-        assert_eq!(parse_placement("nonsense"), None);
+        let Action::Requeue(d) = Action::at(now_ms() + 60_000) else {
+            panic!("a requeue")
+        };
+        assert!(
+            d > Duration::from_secs(59) && d <= Duration::from_secs(60),
+            "{d:?}"
+        );
     }
 }

@@ -27,20 +27,15 @@ pub struct ManagedTask {
     pub task_file: PathBuf,
     /// The task file as the user named it (for messages).
     pub task_path: String,
-    /// `--infra`.
-    pub infra: Option<String>,
-    /// `--gpus`.
-    pub gpus: Option<String>,
-    /// `--cpus`.
-    pub cpus: Option<String>,
-    /// `--memory`.
-    pub memory: Option<String>,
-    /// `--instance-type`.
-    pub instance_type: Option<String>,
-    /// `--num-nodes`.
-    pub num_nodes: Option<u32>,
-    /// `--use-spot`.
-    pub use_spot: bool,
+    /// The command line's resource overrides (`--gpus`, `--infra`, ...),
+    /// applied again on every recovery. Flattened: stored as the separate
+    /// fields earlier versions wrote.
+    #[serde(flatten)]
+    pub overrides: crate::spec::Overrides,
+    /// The `--catalog DIR` (or `GANGWAY_CATALOG_DIR`) the job was launched
+    /// with, overlaid on every recovery's catalog.
+    #[serde(default)]
+    pub catalog_dir: Option<PathBuf>,
     /// The job itself (workdir and mounts already absolute).
     pub spec: JobSpec,
     /// Where checkpoints are kept (a local directory).

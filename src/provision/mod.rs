@@ -727,7 +727,7 @@ pub async fn teardown(
         return Ok(());
     };
     store.set_status(name, ClusterStatus::Terminating, None)?;
-    stop_drivers(store, name)?;
+    stop_drivers(store, name).await?;
     if let Some(cloud) = &row.cloud {
         // On machines that outlive the cluster (ssh pools), whatever the
         // cluster still runs there is killed before they are released.
@@ -780,8 +780,9 @@ pub fn still_running(row: &ClusterRow) -> String {
 }
 
 /// Asks the drivers of a cluster's live jobs to stop (they record how the
-/// job ended); jobs without a live driver are marked now.
-pub fn stop_drivers(store: &Store, name: &str) -> Result<(), StateError> {
+/// job ended); jobs without a live driver are marked now. Waits (without
+/// blocking the runtime) up to the drivers' grace period for them.
+pub async fn stop_drivers(store: &Store, name: &str) -> Result<(), StateError> {
     let mut signalled = Vec::new();
     for j in store.jobs(name)? {
         if j.status.is_terminal() {
@@ -809,7 +810,9 @@ pub fn stop_drivers(store: &Store, name: &str) -> Result<(), StateError> {
     for id in signalled {
         while std::time::Instant::now() < deadline {
             match store.job(id)? {
-                Some(j) if !j.status.is_terminal() => std::thread::sleep(Duration::from_millis(25)),
+                Some(j) if !j.status.is_terminal() => {
+                    tokio::time::sleep(Duration::from_millis(25)).await
+                }
                 _ => break,
             }
         }

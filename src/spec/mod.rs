@@ -5,12 +5,14 @@
 
 mod decode;
 pub mod model;
+mod overrides;
 pub mod yaml;
 
 use std::fmt;
 use std::path::Path;
 
 pub use model::*;
+pub use overrides::{OverrideError, Overrides};
 
 /// Largest task file we read. Real ones are a few KiB.
 pub const MAX_FILE_BYTES: u64 = 1 << 20;

@@ -1,7 +1,7 @@
 //! Managed jobs: the rows the controller reconciles, and their history.
 
 use rusqlite::{params, OptionalExtension};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{now_ms, StateError, Store};
 
@@ -141,9 +141,63 @@ pub struct ManagedJob {
     pub work_done_ms: i64,
     /// The current run has made progress since (unix ms).
     pub work_since: Option<i64>,
-    /// The market the deadline policy chose (`spot`, `on-demand`), or a
-    /// pending move (`->spot`, `->on-demand`).
-    pub market: Option<String>,
+    /// The market the current cluster is on.
+    pub market: Option<Market>,
+    /// The market a deadline policy is moving the job to: the run was told
+    /// to checkpoint and the next cluster is on this market.
+    pub moving_to: Option<Market>,
+    /// Where the current cluster is (what a preemption blocks).
+    #[serde(skip)]
+    pub location: Option<Location>,
+}
+
+/// Spot or on-demand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Market {
+    /// Spot (preemptible) capacity.
+    #[serde(rename = "spot")]
+    Spot,
+    /// On-demand capacity.
+    #[serde(rename = "on-demand")]
+    OnDemand,
+}
+
+impl Market {
+    /// The stored (and shown) name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Market::Spot => "spot",
+            Market::OnDemand => "on-demand",
+        }
+    }
+
+    /// The market of a `use_spot` flag.
+    pub fn of_spot(spot: bool) -> Market {
+        if spot {
+            Market::Spot
+        } else {
+            Market::OnDemand
+        }
+    }
+
+    fn parse(s: &str) -> Option<Market> {
+        match s {
+            "spot" => Some(Market::Spot),
+            "on-demand" => Some(Market::OnDemand),
+            _ => None,
+        }
+    }
+}
+
+/// Where a managed job's cluster is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Location {
+    /// Cloud.
+    pub cloud: String,
+    /// Region.
+    pub region: String,
+    /// Zone.
+    pub zone: String,
 }
 
 impl ManagedJob {
@@ -157,6 +211,28 @@ impl ManagedJob {
         };
         self.cost_so_far + current
     }
+}
+
+/// The states that end a managed job, as an SQL list.
+const TERMINAL: &str = "('SUCCEEDED','FAILED','FAILED_SETUP','FAILED_NO_RESOURCE','CANCELLED')";
+
+/// One managed job as the controller watches it ([`Store::managed_watch`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Watched {
+    /// The job.
+    pub id: i64,
+    /// Its state.
+    pub state: ManagedState,
+    /// The user asked to cancel it.
+    pub cancel: bool,
+    /// The status of its current run, if it has one.
+    pub run: Option<super::JobStatus>,
+    /// Its cluster's row exists.
+    pub has_cluster: bool,
+    /// When the cluster's failed teardown is due again.
+    pub retry_at: Option<i64>,
+    /// How many teardowns of the cluster failed.
+    pub teardown_failures: u32,
 }
 
 /// One transition of a managed job.
@@ -175,7 +251,7 @@ pub struct ManagedEvent {
 const COLS: &str = "id, name, state, desired, task, cluster, inner_job, restarts_on_errors,
     preemptions, restart_count, blocks, placement, price_per_hour, cost_so_far, running_since,
     notice_at, last_sync_at, recovery_started_at, next_try_at, submitted_at, ended_at, detail,
-    work_done_ms, work_since, market";
+    work_done_ms, work_since, market, moving_to, location";
 
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ManagedJob> {
     let state: String = r.get(2)?;
@@ -204,7 +280,15 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ManagedJob> {
         detail: r.get(21)?,
         work_done_ms: r.get(22)?,
         work_since: r.get(23)?,
-        market: r.get(24)?,
+        market: r
+            .get::<_, Option<String>>(24)?
+            .and_then(|m| Market::parse(&m)),
+        moving_to: r
+            .get::<_, Option<String>>(25)?
+            .and_then(|m| Market::parse(&m)),
+        location: r
+            .get::<_, Option<String>>(26)?
+            .and_then(|t| serde_json::from_str(&t).ok()),
     })
 }
 
@@ -264,11 +348,42 @@ impl Store {
 
     /// Managed jobs that have not ended.
     pub fn managed_active(&self) -> Result<Vec<ManagedJob>, StateError> {
-        Ok(self
-            .managed_all()?
-            .into_iter()
-            .filter(|j| !j.state.is_terminal())
-            .collect())
+        self.query_all(
+            &format!("SELECT {COLS} FROM managed_jobs WHERE state NOT IN {TERMINAL} ORDER BY id"),
+            [],
+            row,
+        )
+    }
+
+    /// What the controller watches, in one query: every managed job that
+    /// has not ended or still has a cluster, with its current run's status.
+    pub fn managed_watch(&self) -> Result<Vec<Watched>, StateError> {
+        self.query_all(
+            &format!(
+                "SELECT m.id, m.state, m.desired, j.status, c.name IS NOT NULL, c.retry_at,
+                    COALESCE(c.teardown_failures, 0)
+                 FROM managed_jobs m
+                 LEFT JOIN jobs j ON j.id = m.inner_job
+                 LEFT JOIN clusters c ON c.name = m.cluster
+                 WHERE m.state NOT IN {TERMINAL} OR c.name IS NOT NULL
+                 ORDER BY m.id"
+            ),
+            [],
+            |r| {
+                let state: String = r.get(1)?;
+                let desired: String = r.get(2)?;
+                let run: Option<String> = r.get(3)?;
+                Ok(Watched {
+                    id: r.get(0)?,
+                    state: ManagedState::parse(&state).unwrap_or(ManagedState::Failed),
+                    cancel: desired == "cancel",
+                    run: run.as_deref().and_then(super::JobStatus::parse),
+                    has_cluster: r.get(4)?,
+                    retry_at: r.get(5)?,
+                    teardown_failures: r.get(6)?,
+                })
+            },
+        )
     }
 
     /// Writes every mutable field of `job` back, and records a transition
@@ -287,7 +402,7 @@ impl Store {
                     price_per_hour = ?9, cost_so_far = ?10, running_since = ?11, notice_at = ?12,
                     last_sync_at = ?13, recovery_started_at = ?14, next_try_at = ?15,
                     ended_at = COALESCE(ended_at, ?16), detail = ?17, work_done_ms = ?18,
-                    work_since = ?19, market = ?20
+                    work_since = ?19, market = ?20, moving_to = ?21, location = ?22
                  WHERE id = ?1",
                 params![
                     job.id,
@@ -309,7 +424,11 @@ impl Store {
                     job.detail,
                     job.work_done_ms,
                     job.work_since,
-                    job.market,
+                    job.market.map(Market::as_str),
+                    job.moving_to.map(Market::as_str),
+                    job.location
+                        .as_ref()
+                        .and_then(|l| serde_json::to_string(l).ok()),
                 ],
             )
             .map_err(|e| self.db(e))?;

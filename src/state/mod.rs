@@ -13,6 +13,7 @@
 
 mod lock;
 mod managed;
+mod outcome;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -21,7 +22,8 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use serde::Serialize;
 
 pub use lock::OwnerLock;
-pub use managed::{ManagedEvent, ManagedJob, ManagedState};
+pub use managed::{Location, ManagedEvent, ManagedJob, ManagedState, Market, Watched};
+pub use outcome::{EndReason, LossSeen, LostNode, RankEnd, RunOutcome};
 
 /// How long a writer waits for another before giving up.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(15);
@@ -122,6 +124,16 @@ const MIGRATIONS: &[&str] = &[
     // 4: failed teardowns are retried: when next, and how many failed.
     "ALTER TABLE clusters ADD COLUMN retry_at INTEGER;
     ALTER TABLE clusters ADD COLUMN teardown_failures INTEGER NOT NULL DEFAULT 0;",
+    // 5: decisions from data: how a run ended (JSON `RunOutcome`), where a
+    // managed job runs (JSON `Location`) and the market a deadline
+    // policy moves it to, apart from the market it is on (the pending move
+    // used to be written `->spot` into `market`).
+    "ALTER TABLE jobs ADD COLUMN outcome TEXT;
+    ALTER TABLE managed_jobs ADD COLUMN location TEXT;
+    ALTER TABLE managed_jobs ADD COLUMN moving_to TEXT;
+    UPDATE managed_jobs SET moving_to = substr(market, 3),
+        market = CASE market WHEN '->spot' THEN 'on-demand' ELSE 'spot' END
+        WHERE market LIKE '->%';",
 ];
 
 /// A state database failure, naming the file.
@@ -360,8 +372,11 @@ pub struct JobRow {
     pub started_at: Option<i64>,
     /// Ended, unix ms.
     pub ended_at: Option<i64>,
-    /// How it ended (which rank, which exit code).
+    /// How it ended (which rank, which exit code), for people.
     pub detail: Option<String>,
+    /// How it ended, as data (runs that ended before outcomes were
+    /// recorded have none).
+    pub outcome: Option<RunOutcome>,
 }
 
 /// One event.
@@ -499,6 +514,15 @@ impl Store {
         &self.home
     }
 
+    /// A number that changes whenever another connection (another
+    /// process) commits to the database: a cheap way to tell that nothing
+    /// changed.
+    pub fn data_version(&self) -> Result<i64, StateError> {
+        self.conn
+            .query_row("PRAGMA data_version", [], |r| r.get(0))
+            .map_err(|e| self.db(e))
+    }
+
     fn db(&self, source: rusqlite::Error) -> StateError {
         StateError::Db {
             path: self.path.clone(),
@@ -564,12 +588,12 @@ impl Store {
 
     /// Creates the cluster row in `INIT`, or finds it. The caller must hold
     /// the cluster's owner lock.
-    pub fn reserve_cluster(&mut self, c: &NewCluster<'_>) -> Result<Reserved, StateError> {
+    pub fn reserve_cluster(&self, c: &NewCluster<'_>) -> Result<Reserved, StateError> {
         let now = now_ms();
         let db = db_err(&self.path);
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
+        // Shared, not `&mut`: the controller's reconcile tasks share one
+        // connection, and nothing here awaits while the transaction is open.
+        let tx = rusqlite::Transaction::new_unchecked(&self.conn, TransactionBehavior::Immediate)
             .map_err(db)?;
         let existing = query_cluster(&tx, c.name).map_err(db)?;
         let reserved = match existing {
@@ -635,15 +659,13 @@ impl Store {
 
     /// Replaces the cluster's nodes and sets its status, in one transaction.
     pub fn set_nodes(
-        &mut self,
+        &self,
         name: &str,
         status: ClusterStatus,
         nodes: &[NodeRow],
     ) -> Result<(), StateError> {
         let db = db_err(&self.path);
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
+        let tx = rusqlite::Transaction::new_unchecked(&self.conn, TransactionBehavior::Immediate)
             .map_err(db)?;
         tx.execute("DELETE FROM nodes WHERE cluster = ?1", [name])
             .map_err(db)?;
@@ -871,6 +893,29 @@ impl Store {
         status: JobStatus,
         detail: Option<&str>,
     ) -> Result<(), StateError> {
+        self.set_job_state(id, status, detail, None)
+    }
+
+    /// Ends a job: its status, the sentence for people and the outcome the
+    /// controller decides from. A job that has ended keeps its first ending.
+    pub fn end_job(
+        &self,
+        id: i64,
+        status: JobStatus,
+        detail: Option<&str>,
+        outcome: &RunOutcome,
+    ) -> Result<(), StateError> {
+        self.set_job_state(id, status, detail, Some(outcome))
+    }
+
+    fn set_job_state(
+        &self,
+        id: i64,
+        status: JobStatus,
+        detail: Option<&str>,
+        outcome: Option<&RunOutcome>,
+    ) -> Result<(), StateError> {
+        let outcome = outcome.and_then(|o| serde_json::to_string(o).ok());
         let now = now_ms();
         let started = (status == JobStatus::Running).then_some(now);
         let ended = status.is_terminal().then_some(now);
@@ -879,10 +924,11 @@ impl Store {
                 "UPDATE jobs SET status = ?2,
                     started_at = COALESCE(started_at, ?3),
                     ended_at = COALESCE(ended_at, ?4),
-                    detail = COALESCE(?5, detail)
+                    detail = COALESCE(?5, detail),
+                    outcome = COALESCE(?6, outcome)
                  WHERE id = ?1 AND status NOT IN
                     ('SUCCEEDED','FAILED','FAILED_SETUP','CANCELLED','FAILED_DRIVER')",
-                params![id, status.as_str(), started, ended, detail],
+                params![id, status.as_str(), started, ended, detail, outcome],
             )
             .map_err(|e| self.db(e))?;
         Ok(())
@@ -976,10 +1022,11 @@ impl Store {
                 continue;
             }
             if !OwnerLock::is_held(&self.job_lock_path(j.id)) {
-                self.set_job_status(
+                self.end_job(
                     j.id,
                     JobStatus::FailedDriver,
                     Some("the process driving this job exited without recording how it ended"),
+                    &RunOutcome::of(EndReason::DriverDied),
                 )?;
                 reaped.push(j);
             }
@@ -1043,8 +1090,8 @@ fn query_cluster(conn: &Connection, name: &str) -> rusqlite::Result<Option<Clust
     .optional()
 }
 
-const JOB_COLS: &str =
-    "id, cluster, name, status, spec, driver_pid, submitted_at, started_at, ended_at, detail";
+const JOB_COLS: &str = "id, cluster, name, status, spec, driver_pid, submitted_at, started_at,
+    ended_at, detail, outcome";
 
 fn job_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<JobRow> {
     let status: String = r.get(3)?;
@@ -1059,6 +1106,9 @@ fn job_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<JobRow> {
         started_at: r.get(7)?,
         ended_at: r.get(8)?,
         detail: r.get(9)?,
+        outcome: r
+            .get::<_, Option<String>>(10)?
+            .and_then(|t| serde_json::from_str(&t).ok()),
     })
 }
 

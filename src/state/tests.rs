@@ -17,7 +17,7 @@ fn new(name: &str) -> NewCluster<'_> {
 
 #[test]
 fn reopening_keeps_rows_and_schema_version() {
-    let (dir, mut s) = store();
+    let (dir, s) = store();
     assert!(matches!(
         s.reserve_cluster(&new("a")).unwrap(),
         Reserved::New(_)
@@ -48,7 +48,7 @@ fn a_newer_schema_is_refused_not_clobbered() {
 
 #[test]
 fn reserve_is_new_then_resumed_then_existing() {
-    let (_d, mut s) = store();
+    let (_d, s) = store();
     let Reserved::New(row) = s.reserve_cluster(&new("a")).unwrap() else {
         panic!("first reserve must be new")
     };
@@ -88,7 +88,7 @@ fn the_owner_lock_excludes_a_second_owner_until_dropped() {
 
 #[test]
 fn nodes_are_replaced_in_rank_order_and_removed_with_the_cluster() {
-    let (_d, mut s) = store();
+    let (_d, s) = store();
     s.reserve_cluster(&new("a")).unwrap();
     let node = |rank: u32, ip: &str| NodeRow {
         rank,
@@ -118,7 +118,7 @@ fn nodes_are_replaced_in_rank_order_and_removed_with_the_cluster() {
 
 #[test]
 fn a_job_keeps_its_first_ending() {
-    let (_d, mut s) = store();
+    let (_d, s) = store();
     s.reserve_cluster(&new("a")).unwrap();
     let id = s.add_job("a", None, "{}").unwrap();
     s.set_job_status(id, JobStatus::Running, None).unwrap();
@@ -136,7 +136,7 @@ fn a_job_keeps_its_first_ending() {
 
 #[test]
 fn a_job_whose_driver_lock_is_gone_is_reaped() {
-    let (_d, mut s) = store();
+    let (_d, s) = store();
     s.reserve_cluster(&new("a")).unwrap();
     let live = s.add_job("a", None, "{}").unwrap();
     let dead = s.add_job("a", None, "{}").unwrap();
@@ -194,7 +194,7 @@ fn many_openers_of_a_new_database_all_succeed() {
 
 #[test]
 fn a_failed_teardown_keeps_the_row_with_its_reason_and_backs_off() {
-    let (_d, mut s) = store();
+    let (_d, s) = store();
     s.reserve_cluster(&new("a")).unwrap();
     let t0 = now_ms();
     let first = s.set_teardown_failed("a", "credentials expired").unwrap();
