@@ -69,7 +69,7 @@ const REREAD_EVERY: Duration = Duration::from_secs(5);
 const REAP_EVERY: Duration = Duration::from_secs(1);
 /// How long a loaded catalog is planned with before it is read again (a
 /// `gangway catalog refresh` reaches the next recovery after this).
-const CATALOG_TTL: Duration = Duration::from_secs(5);
+const CATALOG_TTL: Duration = Duration::from_secs(1);
 /// How long a teardown waits for a launcher of the cluster to let go.
 const LOCK_WAIT: Duration = Duration::from_secs(30);
 /// How long after a failed connection the controller tries again.

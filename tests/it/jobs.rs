@@ -464,3 +464,177 @@ fn a_deadline_moves_a_job_that_spot_keeps_losing_onto_on_demand() {
     );
     assert_no_marker_procs(&home.marker, "the managed job ended");
 }
+
+/// The modification time of a file, in unix ms.
+fn mtime_ms(path: &std::path::Path) -> Option<i64> {
+    let t = std::fs::metadata(path).ok()?.modified().ok()?;
+    Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as i64)
+}
+
+#[test]
+fn a_job_stuck_provisioning_does_not_delay_another_jobs_preemption_notice() {
+    let home = TestHome::new();
+    // Job 1's launch hangs for a minute, as a cloud's boot can.
+    let slow = home.file(
+        "slow.yaml",
+        &format!(
+            "name: slow\nresources:\n  infra: local\nenvs:\n  GW_TEST_MARKER: {}\nconfig:\n  local:\n    boot_s: 60\nrun: sleep 300\n",
+            home.marker
+        ),
+    );
+    // Job 2 runs on spot and gets 4 s of notice 2 s after launch; its run
+    // writes the time it was signalled.
+    let signalled = home.path().join("signalled");
+    let noticed = home.file(
+        "noticed.yaml",
+        &format!(
+            "name: noticed\nresources:\n  infra: local\n  use_spot: true\nenvs:\n  GW_TEST_MARKER: {}\n  SIGNAL_FILE: {}\ncheckpoint:\n  signal: SIGUSR1\n  grace_period: 10\nconfig:\n  local:\n    preemptions:\n      - {{after_s: 6, notice_s: 4}}\nrun: |\n  [ \"$GANGWAY_RESTART_COUNT\" = 0 ] || exec sleep 300\n  trap 'date +%s%3N > \"$SIGNAL_FILE\"; exit 0' USR1\n  while true; do sleep 0.02; done\n",
+            home.marker,
+            signalled.display()
+        ),
+    );
+    let (code, _, err) = parts(&home.run(["jobs", "launch", &slow, "-d"]));
+    assert_eq!(code, 0, "{err}");
+    wait_for("job 1 to be provisioning", DEADLINE, || {
+        let j = managed(&home, 1);
+        if j["state"] == "PROVISIONING" {
+            Ok(())
+        } else {
+            Err(j.to_string())
+        }
+    });
+    // The notice's own time: when the local cloud posted the file (the
+    // node's directory goes with the cluster, so it is watched for).
+    let nodes = home.path().join("local/nodes");
+    let posted = std::thread::spawn(move || {
+        let started = std::time::Instant::now();
+        while started.elapsed() < DEADLINE {
+            if let Some(t) = std::fs::read_dir(&nodes).ok().and_then(|d| {
+                d.filter_map(|e| mtime_ms(&e.ok()?.path().join("metadata/preempted")))
+                    .min()
+            }) {
+                return Some(t);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        None
+    });
+    let (code, _, err) = parts(&home.run(["jobs", "launch", &noticed, "-d"]));
+    assert_eq!(code, 0, "{err}");
+    let at = wait_for("job 2's run to be signalled", DEADLINE, || {
+        std::fs::read_to_string(&signalled)
+            .ok()
+            .and_then(|t| t.trim().parse::<i64>().ok())
+            .ok_or_else(|| managed(&home, 2).to_string())
+    });
+    // The slow launch is still under way: the notice did not wait for it.
+    let slow_job = managed(&home, 1);
+    assert_eq!(slow_job["state"], "PROVISIONING", "{slow_job}");
+    let notice = posted
+        .join()
+        .unwrap()
+        .expect("the local cloud posted a notice");
+    let latency = at - notice;
+    eprintln!("notice to signal: {latency} ms");
+    assert!(
+        (0..1_000).contains(&latency),
+        "signalled {latency} ms after the notice appeared"
+    );
+    let events = home.run(["jobs", "events", "2", "-o", "json"]);
+    let ev = json_doc(&String::from_utf8_lossy(&events.stdout));
+    assert!(
+        ev["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["state"] == "NOTICE"),
+        "{ev}"
+    );
+    // A cancel reaches a launch in progress: job 1 ends long before its
+    // boot would have, and leaves nothing.
+    let started = std::time::Instant::now();
+    let (code, out, err) = parts(&home.run(["jobs", "cancel", "1", "2"]));
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "cancel took {:?}",
+        started.elapsed()
+    );
+    for id in [1, 2] {
+        assert_eq!(managed(&home, id)["state"], "CANCELLED");
+    }
+    assert!(
+        home.instance_records().is_empty(),
+        "{:?}",
+        home.instance_records()
+    );
+    assert_no_marker_procs(&home.marker, "both jobs were cancelled");
+}
+
+#[test]
+fn a_recovery_plans_with_the_prices_a_refresh_saved() {
+    let home = TestHome::new();
+    // Spot local.cpu: local-a is cheapest as shipped, then local-b, then
+    // local-c. The first cluster lands in local-a and is reclaimed 4 s
+    // after launch, without notice.
+    let t = home.file(
+        "refresh.yaml",
+        &format!(
+            "name: refresh\nresources:\n  infra: local\n  use_spot: true\n  cpus: 4\nenvs:\n  GW_TEST_MARKER: {}\nconfig:\n  local:\n    preemptions:\n      - {{after_s: 4}}\nrun: sleep 300\n",
+            home.marker
+        ),
+    );
+    let (code, _, err) = parts(&home.run(["jobs", "launch", &t, "-d"]));
+    assert_eq!(code, 0, "{err}");
+    let first = wait_for("the first run", DEADLINE, || {
+        let j = managed(&home, 1);
+        if j["state"] == "RUNNING" {
+            Ok(j)
+        } else {
+            Err(j.to_string())
+        }
+    });
+    assert!(
+        first["placement"]
+            .as_str()
+            .unwrap()
+            .starts_with("local/local/local-a "),
+        "{first}"
+    );
+    // What `gangway catalog refresh` would save: local-c is now the
+    // cheapest of the zones left.
+    let text = std::fs::read_to_string(root().join("src/catalog/data/local.csv"))
+        .unwrap()
+        .replace(
+            "local.cpu,,0,,4,8,local,local-c,0.01,0.0033,",
+            "local.cpu,,0,,4,8,local,local-c,0.01,0.0011,",
+        );
+    assert!(
+        text.contains("local-c,0.01,0.0011,"),
+        "the shipped row moved"
+    );
+    std::fs::create_dir_all(home.path().join("catalog")).unwrap();
+    std::fs::write(home.path().join("catalog/local.csv"), text).unwrap();
+    let second = wait_for("the recovered run", DEADLINE, || {
+        let j = managed(&home, 1);
+        if j["state"] == "RUNNING" && j["restart_count"] == 1 {
+            Ok(j)
+        } else {
+            Err(j.to_string())
+        }
+    });
+    assert!(
+        second["placement"]
+            .as_str()
+            .unwrap()
+            .starts_with("local/local/local-c "),
+        "the recovery skipped the refreshed cheapest zone: {second}"
+    );
+    assert!(
+        (second["price_per_hour"].as_f64().unwrap() - 0.0011).abs() < 1e-9,
+        "{second}"
+    );
+    let (code, _, err) = parts(&home.run(["jobs", "cancel", "1"]));
+    assert_eq!(code, 0, "{err}");
+    assert!(home.instance_records().is_empty());
+}
