@@ -66,7 +66,7 @@ def recovery():
         death = None
         deadline = time.time() + 60
         while time.time() < deadline:
-            for rec in glob.glob(os.path.join(home, "local/instances/*.json")):
+            for rec in glob.glob(os.path.join(home, "local/instances/*/*.json")):
                 try:
                     r = json.load(open(rec))
                 except (OSError, ValueError):

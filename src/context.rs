@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use crate::catalog::Catalog;
 use crate::provision::Providers;
-use crate::state::Store;
+use crate::state::{StateError, Store};
 use crate::Error;
 
 /// The catalog, with every overlay in one order: what shipped inside the
@@ -50,7 +50,7 @@ pub struct Context {
 impl Context {
     /// Opens the state under `home` and builds the providers; the catalog
     /// (`catalog_dir` overlaid) is loaded on first use.
-    pub fn open(home: &Path, catalog_dir: Option<&Path>) -> Result<Context, Error> {
+    pub fn open(home: &Path, catalog_dir: Option<&Path>) -> Result<Context, StateError> {
         Ok(Context {
             home: home.to_path_buf(),
             catalog_dir: catalog_dir.map(Path::to_path_buf),

@@ -216,20 +216,16 @@ fn launch(a: &JobsLaunchArgs, catalog: Option<&Path>, out: Output) -> Result<Exi
     if a.wait {
         // The controller in this process, the follower beside it.
         let home2 = home.clone();
-        let worker = std::thread::spawn(move || -> Result<(), String> {
+        let worker = std::thread::spawn(move || -> Result<(), Error> {
             let (lock_path, _) = controller_paths(&home2);
-            let rt = runtime().map_err(|e| e.to_string())?;
+            let rt = runtime()?;
             loop {
-                if let Some(_lock) =
-                    OwnerLock::try_acquire(&lock_path).map_err(|e| e.to_string())?
-                {
-                    let mut c = Controller::new(&home2).map_err(|e| e.to_string())?;
-                    return rt
-                        .block_on(c.run(Until::Job(id)))
-                        .map_err(|e| e.to_string());
+                if let Some(_lock) = OwnerLock::try_acquire(&lock_path)? {
+                    let mut c = Controller::new(&home2)?;
+                    return rt.block_on(c.run(Until::Job(id)));
                 }
                 // A detached controller has it; follow until the job ends.
-                let s = Store::open(&home2).map_err(|e| e.to_string())?;
+                let s = Store::open(&home2)?;
                 if s.managed(id)
                     .ok()
                     .flatten()

@@ -13,6 +13,7 @@ use gangway_provider::{ClusterName, NodeState};
 use tokio::task::JoinSet;
 
 use super::{node_env, transport_for, GangInfo, JobSpec, NodeCommand, Phase, Transport};
+use crate::context::Context;
 use crate::provision::{teardown, Providers};
 use crate::state::{
     EndReason, JobStatus, LossSeen, LostNode, NodeRow, OwnerLock, RankEnd, RunOutcome, StateError,
@@ -173,7 +174,8 @@ pub async fn drive(
     job_id: i64,
     secrets: Vec<(String, String)>,
 ) -> Result<JobStatus, DriveError> {
-    let store = Store::open(home)?;
+    let cx = Context::open(home, None)?;
+    let store = cx.store();
     let lock_path = store.job_lock_path(job_id);
     let Some(_lock) = OwnerLock::acquire(&lock_path, Duration::from_secs(10))? else {
         return Err(DriveError::Other(format!(
@@ -197,7 +199,7 @@ pub async fn drive(
 
     let mut outcome = RunOutcome::of(EndReason::Succeeded);
     let (status, detail) = run_job(
-        &store,
+        &cx,
         &job.cluster,
         job_id,
         &spec,
@@ -242,9 +244,9 @@ pub async fn drive(
     );
     if spec.down_after {
         logs.say(&format!("tearing down cluster {} (--down)", job.cluster));
-        let providers = Providers::new(home);
+        let providers = cx.providers();
         match store.lock_cluster(&job.cluster, "tearing down") {
-            Ok(_l) => match teardown(&store, &job.cluster, &providers).await {
+            Ok(_l) => match teardown(store, &job.cluster, providers).await {
                 Ok(()) => logs.say(&format!("cluster {} torn down", job.cluster)),
                 Err(e) => logs.say(&format!(
                     "teardown failed: {e}; run `gangway down {}`",
@@ -289,7 +291,7 @@ fn spawn_signal_watch(tx: tokio::sync::watch::Sender<Cancel>) {
 
 #[allow(clippy::too_many_arguments)] // the job's whole context, passed once
 async fn run_job(
-    store: &Store,
+    cx: &Context,
     cluster: &str,
     job_id: i64,
     spec: &JobSpec,
@@ -298,6 +300,7 @@ async fn run_job(
     cancel: &mut tokio::sync::watch::Receiver<Cancel>,
     outcome: &mut RunOutcome,
 ) -> Result<(JobStatus, Option<String>), DriveError> {
+    let store = cx.store();
     // Jobs on one cluster run one at a time, in submission order.
     loop {
         crate::gang::reap(store)?;
@@ -455,7 +458,7 @@ async fn run_job(
         PhaseEnd::Ok => Ok((JobStatus::Succeeded, None)),
         PhaseEnd::Failed { rank, what } => {
             outcome.failed_rank = Some(rank as u32);
-            outcome.lost = preemption(store.home(), &cloud, cluster, &nodes).await;
+            outcome.lost = preemption(cx.providers(), &cloud, cluster, &nodes).await;
             Ok((
                 JobStatus::Failed,
                 Some(match &outcome.lost {
@@ -470,12 +473,12 @@ async fn run_job(
 
 /// Which node the provider took away, if it did.
 async fn preemption(
-    home: &Path,
+    providers: &Providers,
     cloud: &str,
     cluster: &str,
     nodes: &[NodeRow],
 ) -> Option<LostNode> {
-    let p = Providers::new(home).get(cloud)?;
+    let p = providers.get(cloud)?;
     let seen = p.describe(&ClusterName(cluster.to_string())).await.ok()?;
     seen.iter().find_map(|n| match &n.state {
         NodeState::Preempted { reason } => Some(LostNode {

@@ -38,7 +38,7 @@ use crate::catalog::Catalog;
 use crate::context::Context;
 use crate::gang::{self, transport_for, Transport};
 use crate::optimizer::{self, Block, Blocklist, Candidate, Options};
-use crate::provision::{self, RetryPolicy, Silent};
+use crate::provision::{self, Providers, RetryPolicy, Silent};
 use crate::state::{
     now_ms, ClusterStatus, EndReason, JobRow, JobStatus, Location, LossSeen, LostNode, ManagedJob,
     ManagedState, Market, NewCluster, NodeRow, OwnerLock, Reserved, Store, Watched,
@@ -57,6 +57,10 @@ const DEFAULT_OVERHEAD_S: f64 = 30.0;
 /// How often a running job's nodes are checked with the provider (the
 /// ranks dying tells the driver sooner; this finds nodes lost quietly).
 const DESCRIBE_EVERY: Duration = Duration::from_secs(1);
+/// At most this many of those checks a second over all jobs: a thousand
+/// jobs must not become a thousand API calls a second (clouds throttle far
+/// below that), so with many jobs each is checked less often.
+const DESCRIBES_PER_S: f64 = 10.0;
 /// Backoff when no placement has capacity during a recovery.
 const NO_CAPACITY_BACKOFF: Duration = Duration::from_secs(5);
 /// Backoff after an unexpected error in a step.
@@ -76,6 +80,9 @@ const LOCK_WAIT: Duration = Duration::from_secs(30);
 const RECONNECT_AFTER: Duration = Duration::from_secs(30);
 /// How long the controller lingers with nothing to do (`Until::Idle`).
 const IDLE_EXIT: Duration = Duration::from_secs(3);
+/// Provider work (launches, teardowns, describes) running at once, each on
+/// a thread of its own.
+const PROVIDER_THREADS: usize = 32;
 
 /// A zone the job lost a node in.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -118,6 +125,10 @@ type Catalogs = HashMap<Option<PathBuf>, (Instant, Rc<Catalog>)>;
 /// What every reconcile task shares.
 struct Shared {
     cx: Context,
+    /// How many jobs have a task (for the describe budget).
+    jobs: std::cell::Cell<usize>,
+    /// Permits for provider work off this thread.
+    provider_threads: tokio::sync::Semaphore,
     log: RefCell<Option<std::fs::File>>,
     catalogs: RefCell<Catalogs>,
 }
@@ -160,6 +171,39 @@ pub fn controller_paths(home: &Path) -> (PathBuf, PathBuf) {
     )
 }
 
+/// Why no plan could be made for a job.
+#[derive(Debug, thiserror::Error)]
+enum PlanError {
+    #[error(transparent)]
+    Task(#[from] crate::spec::SpecError),
+    #[error(transparent)]
+    Override(#[from] crate::spec::OverrideError),
+    #[error(transparent)]
+    Catalog(Box<crate::Error>),
+    #[error(transparent)]
+    NoPlacement(#[from] optimizer::Infeasible),
+}
+
+/// Why a job's secrets cannot be handed to its run.
+#[derive(Debug, thiserror::Error)]
+enum SecretsError {
+    #[error("cannot read the job's secrets ({path}): {source}; the run needs {needs}")]
+    Unreadable {
+        path: PathBuf,
+        source: std::io::Error,
+        needs: String,
+    },
+    #[error("the job's secrets file {path} is damaged (line {line}, column {column}); the run needs {needs}")]
+    Damaged {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        needs: String,
+    },
+    #[error("the job's secrets file {path} lacks {missing}")]
+    Missing { path: PathBuf, missing: String },
+}
+
 /// Why copying a checkpoint failed.
 #[derive(Debug, thiserror::Error)]
 enum SyncError {
@@ -187,6 +231,8 @@ impl Controller {
         Ok(Controller {
             shared: Rc::new(Shared {
                 cx,
+                jobs: std::cell::Cell::new(0),
+                provider_threads: tokio::sync::Semaphore::new(PROVIDER_THREADS),
                 log: RefCell::new(log),
                 catalogs: RefCell::default(),
             }),
@@ -240,6 +286,7 @@ async fn supervise(sh: Rc<Shared>, until: Until) -> Result<(), crate::Error> {
         let changed = version != Some(v);
         version = Some(v);
         tasks.retain(|_, h| !h.task.is_finished());
+        sh.jobs.set(tasks.len());
         if changed || watched_at.elapsed() >= WATCH_EVERY {
             watched_at = Instant::now();
             let rows = sh.store().managed_watch()?;
@@ -363,6 +410,60 @@ fn error_policy(sh: &Shared, m: &mut Memo, e: &crate::Error) -> Action {
 impl Shared {
     fn store(&self) -> &Store {
         self.cx.store()
+    }
+
+    /// Runs provider work on a thread of its own, with its own runtime and
+    /// state connection: a provider that blocks (the local cloud's file
+    /// work, Slurm's and SSH pools' commands, a launch waiting minutes for
+    /// sshd) then holds only that thread, never the jobs' reconciles. At
+    /// most [`PROVIDER_THREADS`] at once. Dropping the returned future drops
+    /// the work at its next await (a launch cancelled half-way is torn down
+    /// by name afterwards, as after a crash).
+    async fn off_thread<T, F, Fut>(&self, work: F) -> Result<T, crate::Error>
+    where
+        T: Send + 'static,
+        F: FnOnce(Store, Providers) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = T>,
+    {
+        let _permit = self
+            .provider_threads
+            .acquire()
+            .await
+            .map_err(|e| crate::Error::Io(std::io::Error::other(e)))?;
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let (cancel_tx, cancel_rx) = tokio::sync::oneshot::channel::<()>();
+        let home = self.cx.home().to_path_buf();
+        let providers = self.cx.providers().clone();
+        std::thread::Builder::new()
+            .name("gangway-provider".into())
+            .spawn(move || {
+                let out = (|| -> Result<Option<T>, crate::Error> {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()?;
+                    let store = Store::open(&home)?;
+                    Ok(rt.block_on(async {
+                        tokio::select! {
+                            v = work(store, providers) => Some(v),
+                            // The awaiting side went away.
+                            _ = cancel_rx => None,
+                        }
+                    }))
+                })();
+                let _ = done_tx.send(out);
+            })?;
+        let result = done_rx.await;
+        drop(cancel_tx);
+        match result {
+            Ok(Ok(Some(v))) => Ok(v),
+            Ok(Ok(None)) => Err(crate::Error::Io(std::io::Error::other(
+                "provider work was cancelled",
+            ))),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(crate::Error::Io(std::io::Error::other(
+                "provider work ended without an answer",
+            ))),
+        }
     }
 
     fn say(&self, line: &str) {
@@ -504,15 +605,15 @@ fn plan(
     job: &ManagedJob,
     mt: &ManagedTask,
     market: Option<Market>,
-) -> Result<Vec<Candidate>, String> {
-    let mut task = crate::spec::load(&mt.task_file).map_err(|e| e.to_string())?;
-    mt.overrides.apply(&mut task).map_err(|e| e.to_string())?;
+) -> Result<Vec<Candidate>, PlanError> {
+    let mut task = crate::spec::load(&mt.task_file)?;
+    mt.overrides.apply(&mut task)?;
     if let Some(m) = market {
         task.set_market(m == Market::Spot);
     }
     let catalog = sh
         .catalog(mt.catalog_dir.as_deref())
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| PlanError::Catalog(Box::new(e)))?;
     let now = now_ms();
     let mut blocks: Vec<BlockRec> = serde_json::from_str(&job.blocks).unwrap_or_default();
     blocks.retain(|b| b.until_ms > now);
@@ -539,7 +640,7 @@ fn plan(
                     .map(|b| (b.cloud.clone(), b.region.clone()));
                 return Ok(order_for(&mt.strategy, plan, lost_region));
             }
-            Err(e) if blocks.is_empty() => return Err(e.to_string()),
+            Err(e) if blocks.is_empty() => return Err(e.into()),
             Err(_) => {
                 // Everything left is blocked: the zone lost longest ago is
                 // the best bet.
@@ -584,9 +685,13 @@ async fn provision_and_submit(sh: &Shared, m: &mut Memo) -> Result<Action, crate
                 return Ok(Action::at(t));
             }
             // Stopped or half torn down: remove it and start afresh.
-            if let Err(e) =
-                Box::pin(provision::teardown(store, &job.cluster, sh.cx.providers())).await
-            {
+            let name = job.cluster.clone();
+            let done = sh
+                .off_thread(move |store, providers| async move {
+                    provision::teardown(&store, &name, &providers).await
+                })
+                .await?;
+            if let Err(e) = done {
                 return Err(crate::Error::leftover(store, &job.cluster, e));
             }
             return Ok(Action::Requeue(Duration::ZERO));
@@ -610,20 +715,24 @@ async fn provision_and_submit(sh: &Shared, m: &mut Memo) -> Result<Action, crate
                     if market == Some(Market::Spot) {
                         m.no_spot = true;
                     }
-                    return no_capacity(sh, m, &why).await;
+                    return no_capacity(sh, m, &why.to_string()).await;
                 }
             };
             let started = now_ms();
-            let result = Box::pin(provision::provision(
-                store,
-                &row,
-                &plan,
-                sh.cx.providers(),
-                &Silent,
-                RetryPolicy::default(),
-                provision::Contact::Now,
-            ))
-            .await;
+            let result = sh
+                .off_thread(move |store, providers| async move {
+                    provision::provision(
+                        &store,
+                        &row,
+                        &plan,
+                        &providers,
+                        &Silent,
+                        RetryPolicy::default(),
+                        provision::Contact::Now,
+                    )
+                    .await
+                })
+                .await?;
             match result {
                 Ok(p) => {
                     store.set_nodes(&job.cluster, ClusterStatus::Up, &p.nodes)?;
@@ -690,7 +799,7 @@ async fn provision_and_submit(sh: &Shared, m: &mut Memo) -> Result<Action, crate
             let secrets = match secrets_of(store, &job, &mt) {
                 Ok(s) => s,
                 Err(why) => {
-                    finish(sh, m, ManagedState::Failed, &why).await?;
+                    finish(sh, m, ManagedState::Failed, &why.to_string()).await?;
                     return Ok(Action::Requeue(Duration::ZERO));
                 }
             };
@@ -751,30 +860,29 @@ fn secrets_of(
     store: &Store,
     job: &ManagedJob,
     mt: &ManagedTask,
-) -> Result<Vec<(String, String)>, String> {
+) -> Result<Vec<(String, String)>, SecretsError> {
     let path = store.managed_dir(job.id).join("secrets.json");
+    let needs = || mt.spec.secret_names.join(", ");
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && mt.spec.secret_names.is_empty() => {
             return Ok(Vec::new())
         }
-        Err(e) => {
-            return Err(format!(
-                "cannot read the job's secrets ({}): {e}; the run needs {}",
-                path.display(),
-                mt.spec.secret_names.join(", ")
-            ))
+        Err(source) => {
+            return Err(SecretsError::Unreadable {
+                path,
+                source,
+                needs: needs(),
+            })
         }
     };
-    let secrets: Vec<(String, String)> = serde_json::from_str(&text).map_err(|e| {
-        format!(
-            "the job's secrets file {} is damaged (line {}, column {}); the run needs {}",
-            path.display(),
-            e.line(),
-            e.column(),
-            mt.spec.secret_names.join(", ")
-        )
-    })?;
+    let secrets: Vec<(String, String)> =
+        serde_json::from_str(&text).map_err(|e| SecretsError::Damaged {
+            path: path.clone(),
+            line: e.line(),
+            column: e.column(),
+            needs: needs(),
+        })?;
     let missing: Vec<&str> = mt
         .spec
         .secret_names
@@ -783,11 +891,10 @@ fn secrets_of(
         .map(String::as_str)
         .collect();
     if !missing.is_empty() {
-        return Err(format!(
-            "the job's secrets file {} lacks {}",
-            path.display(),
-            missing.join(", ")
-        ));
+        return Err(SecretsError::Missing {
+            path,
+            missing: missing.join(", "),
+        });
     }
     Ok(secrets)
 }
@@ -946,7 +1053,10 @@ async fn observe(sh: &Shared, m: &mut Memo) -> Result<Action, crate::Error> {
         }
         // 2. The provider took a node without notice (asked at most every
         // DESCRIBE_EVERY: the ranks dying tells the driver sooner).
-        if m.described.is_none_or(|t| t.elapsed() >= DESCRIBE_EVERY) {
+        let every = DESCRIBE_EVERY.max(Duration::from_secs_f64(
+            sh.jobs.get() as f64 / DESCRIBES_PER_S,
+        ));
+        if m.described.is_none_or(|t| t.elapsed() >= every) {
             m.described = Some(Instant::now());
             if let Some(lost) = lost_node(sh, m, &nodes).await {
                 preempted(sh, m, &lost.to_string()).await?;
@@ -1145,7 +1255,11 @@ async fn lost_node(sh: &Shared, m: &mut Memo, nodes: &[NodeRow]) -> Option<LostN
     let cluster = m.job().cluster.clone();
     let cloud = sh.store().cluster(&cluster).ok()??.cloud?;
     let p = sh.cx.providers().get(&cloud)?;
-    let seen = Box::pin(p.describe(&ClusterName(cluster))).await.ok()?;
+    let seen = sh
+        .off_thread(move |_, _| async move { p.describe(&ClusterName(cluster)).await })
+        .await
+        .ok()?
+        .ok()?;
     nodes.iter().find_map(|n| {
         let lost = |seen: LossSeen, reason: String| LostNode {
             instance_id: n.instance_id.clone(),
@@ -1229,7 +1343,7 @@ async fn teardown_cluster(sh: &Shared, cluster: &str) -> Result<(), crate::Error
         .join("locks")
         .join(format!("cluster-{cluster}.lock"));
     let deadline = Instant::now() + LOCK_WAIT;
-    let _lock = loop {
+    let lock = loop {
         if let Some(l) = OwnerLock::try_acquire(&path)? {
             break l;
         }
@@ -1241,7 +1355,13 @@ async fn teardown_cluster(sh: &Shared, cluster: &str) -> Result<(), crate::Error
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    Box::pin(provision::teardown(sh.store(), cluster, sh.cx.providers())).await?;
+    let name = cluster.to_string();
+    sh.off_thread(move |store, providers| async move {
+        // The owner lock goes with the work, and is let go when it ends.
+        let _lock = lock;
+        provision::teardown(&store, &name, &providers).await
+    })
+    .await??;
     Ok(())
 }
 

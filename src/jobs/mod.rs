@@ -73,3 +73,23 @@ pub fn signal_number(name: &str) -> i32 {
         _ => libc::SIGTERM,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn managed_jobs_do_not_reach_into_the_cli() {
+        // Spelled in two halves so this file does not match itself.
+        let needle = ["crate::", "cli"].concat();
+        for (file, text) in [
+            ("mod.rs", include_str!("mod.rs")),
+            ("controller.rs", include_str!("controller.rs")),
+            ("policy.rs", include_str!("policy.rs")),
+            ("sim.rs", include_str!("sim.rs")),
+        ] {
+            assert!(
+                !text.contains(&needle),
+                "src/jobs/{file} uses the CLI; pass data (spec::Overrides, context::Context) instead"
+            );
+        }
+    }
+}

@@ -24,7 +24,8 @@ use crate::state::{
     self, ClusterRow, ClusterStatus, JobStatus, NodeRow, OwnerLock, StateError, Store,
 };
 
-/// The providers this build can use.
+/// The providers this build can use (cheap to clone: each is shared).
+#[derive(Clone)]
 pub struct Providers {
     map: BTreeMap<String, Arc<dyn Provider>>,
 }

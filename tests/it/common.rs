@@ -490,9 +490,20 @@ impl TestHome {
         )
     }
 
-    /// Files under `local/instances` (the local cloud's instance records).
+    /// The local cloud's instance records (`local/instances/<cluster>/`),
+    /// as `cluster/file`; anything else left in `local/instances` too.
     pub fn instance_records(&self) -> Vec<String> {
-        dir_names(&self.path().join("local/instances"))
+        let root = self.path().join("local/instances");
+        let mut out = Vec::new();
+        for name in dir_names(&root) {
+            let inner = dir_names(&root.join(&name));
+            if root.join(&name).is_dir() && !inner.is_empty() {
+                out.extend(inner.into_iter().map(|f| format!("{name}/{f}")));
+            } else {
+                out.push(name);
+            }
+        }
+        out
     }
 
     /// Directories under `local/nodes`.

@@ -50,14 +50,17 @@ impl CloudWatch {
             let mut most = 0;
             let mut ever = BTreeSet::new();
             while !s.load(Ordering::SeqCst) {
+                // Records are `<cluster>/<id>.json`.
                 let now: Vec<String> = std::fs::read_dir(&dir)
-                    .map(|d| {
-                        d.filter_map(|e| e.ok())
-                            .map(|e| e.file_name().to_string_lossy().into_owned())
-                            .filter(|n| n.ends_with(".json"))
-                            .collect()
-                    })
-                    .unwrap_or_default();
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter_map(|c| std::fs::read_dir(c.path()).ok())
+                    .flatten()
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.ends_with(".json") && !n.starts_with('.'))
+                    .collect();
                 most = most.max(now.len());
                 ever.extend(now);
                 std::thread::sleep(Duration::from_millis(20));

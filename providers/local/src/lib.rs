@@ -14,7 +14,8 @@
 //!   the node there, as an empty file named by the pgid) and `metadata/`
 //!   (where preemption notices appear, as on a cloud's metadata server),
 //!   plus its own loopback address in 127.0.0.0/8.
-//! - Instances are JSON records under `root/instances/`, each written
+//! - Instances are JSON records under `root/instances/<cluster>/` (so a
+//!   describe reads one cluster's records, not every cluster's), each written
 //!   atomically; every mutating call holds an exclusive `flock` on
 //!   `root/lock`, so several gangway processes can share the cloud, and a
 //!   caller killed at any moment leaves records that `describe` reports
@@ -263,7 +264,10 @@ impl LocalProvider {
             }
             _ => None,
         };
-        let mut progress = Progress::default();
+        let mut progress = Progress {
+            cluster: req.cluster.0.clone(),
+            ..Progress::default()
+        };
         let outcome = self.apply(
             req,
             gpus,
@@ -378,7 +382,7 @@ impl LocalProvider {
         for id in &progress.dirs {
             kill_registered(&self.layout.node_dir(id).join("procs"));
             let _ = self.layout.remove_node_dir(id);
-            let _ = self.layout.remove_record(id);
+            let _ = self.layout.remove_record(&progress.cluster, id);
         }
         for r in &progress.started {
             let mut rec = r.clone();
@@ -395,7 +399,7 @@ impl LocalProvider {
         }
         kill_registered(&dir.join("procs"));
         self.layout.remove_node_dir(&r.id)?;
-        self.layout.remove_record(&r.id)
+        self.layout.remove_record(&r.cluster, &r.id)
     }
 
     fn read_all(&self, loc: &str) -> Result<Vec<Record>> {
@@ -406,7 +410,9 @@ impl LocalProvider {
 
     fn cluster_records(&self, cluster: &ClusterName) -> Result<Vec<Record>> {
         let mut recs: Vec<Record> = self
-            .read_all(REGION)?
+            .layout
+            .read_cluster(&cluster.0)
+            .map_err(|e| fatal(REGION, "reading instance records", e))?
             .into_iter()
             .filter(|r| r.cluster == cluster.0)
             .collect();
@@ -564,6 +570,7 @@ impl LocalProvider {
 /// What a launch has done so far, for its roll-back.
 #[derive(Default)]
 struct Progress {
+    cluster: String,
     started: Vec<Record>,
     dirs: Vec<String>,
     market: Option<u32>,

@@ -23,7 +23,9 @@ pub(crate) enum RecState {
     Stopped,
 }
 
-/// `root/instances/<id>.json`.
+/// `root/instances/<cluster>/<id>.json`: one directory per cluster, so that
+/// describing a cluster reads its own records only (a cloud filters by tag
+/// on its side), however many other clusters there are.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Record {
     pub id: String,
@@ -88,8 +90,24 @@ impl Layout {
     pub fn nodes(&self) -> PathBuf {
         self.root.join("nodes")
     }
-    pub fn record_path(&self, id: &str) -> PathBuf {
-        self.instances().join(format!("{id}.json"))
+    /// Where a cluster's records are. Cluster names are checked by the
+    /// caller (letters, digits, `-`, `_`, `.`); anything else is escaped so a
+    /// name can never leave `instances/`.
+    pub fn cluster_dir(&self, cluster: &str) -> PathBuf {
+        let safe: String = cluster
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '-' | '_') {
+                    c.to_string()
+                } else {
+                    format!("%{:02x}", c as u32)
+                }
+            })
+            .collect();
+        self.instances().join(safe)
+    }
+    pub fn record_path(&self, cluster: &str, id: &str) -> PathBuf {
+        self.cluster_dir(cluster).join(format!("{id}.json"))
     }
     pub fn node_dir(&self, id: &str) -> PathBuf {
         self.nodes().join(id)
@@ -98,6 +116,12 @@ impl Layout {
     /// Takes the exclusive lock every mutation holds, creating the root on
     /// first use. Blocks until the lock is free; released on drop.
     pub fn lock(&self) -> io::Result<LockGuard> {
+        let guard = self.lock_only()?;
+        self.migrate_flat_records()?;
+        Ok(guard)
+    }
+
+    fn lock_only(&self) -> io::Result<LockGuard> {
         fs::create_dir_all(self.instances())?;
         fs::create_dir_all(self.nodes())?;
         let file = OpenOptions::new()
@@ -119,11 +143,40 @@ impl Layout {
         }
     }
 
+    /// Records of versions before the per-cluster layout sit directly in
+    /// `instances/`: each moves into its cluster's directory. Under the lock.
+    fn migrate_flat_records(&self) -> io::Result<()> {
+        let flag = self.root.join("layout");
+        if flag.exists() {
+            return Ok(());
+        }
+        for entry in fs::read_dir(self.instances())?.flatten() {
+            let path = entry.path();
+            if !path.is_file() {
+                continue;
+            }
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with('.') || !name.ends_with(".json") {
+                continue;
+            }
+            let rec: Record = serde_json::from_slice(&fs::read(&path)?).map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: {e}", path.display()),
+                )
+            })?;
+            self.write_record(&rec)?;
+            fs::remove_file(&path)?;
+        }
+        sync_dir(&self.instances());
+        fs::write(&flag, "per-cluster records\n")
+    }
+
     /// Every record, in no particular order. A missing root is an empty
     /// cloud; a record deleted while being listed is skipped.
     pub fn read_records(&self) -> io::Result<Vec<Record>> {
-        let dir = self.instances();
-        let entries = match fs::read_dir(&dir) {
+        let entries = match fs::read_dir(self.instances()) {
             Ok(e) => e,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(e),
@@ -131,31 +184,30 @@ impl Layout {
         let mut out = Vec::new();
         for entry in entries {
             let entry = entry?;
-            let name = entry.file_name();
-            let Some(name) = name.to_str() else { continue };
-            if name.starts_with('.') || !name.ends_with(".json") {
-                continue;
+            if entry.file_type()?.is_dir() {
+                read_dir_records(&entry.path(), &mut out)?;
             }
-            let bytes = match fs::read(entry.path()) {
-                Ok(b) => b,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(e),
-            };
-            let rec: Record = serde_json::from_slice(&bytes).map_err(|e| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("{}: {e}", entry.path().display()),
-                )
-            })?;
-            out.push(rec);
         }
+        Ok(out)
+    }
+
+    /// One cluster's records: only its own directory is read. Before the
+    /// first lock of a root laid out by an earlier version, the lock is
+    /// taken to move its records first.
+    pub fn read_cluster(&self, cluster: &str) -> io::Result<Vec<Record>> {
+        if !self.root.join("layout").exists() && self.instances().exists() {
+            drop(self.lock()?);
+        }
+        let mut out = Vec::new();
+        read_dir_records(&self.cluster_dir(cluster), &mut out)?;
         Ok(out)
     }
 
     /// Writes a record atomically: temporary file, fsync, rename, fsync of
     /// the directory.
     pub fn write_record(&self, rec: &Record) -> io::Result<()> {
-        let dir = self.instances();
+        let dir = self.cluster_dir(&rec.cluster);
+        fs::create_dir_all(&dir)?;
         let tmp = dir.join(format!(".{}.json.tmp", rec.id));
         let mut bytes = serde_json::to_vec_pretty(rec).map_err(io::Error::other)?;
         bytes.push(b'\n');
@@ -164,16 +216,22 @@ impl Layout {
             f.write_all(&bytes)?;
             f.sync_all()?;
         }
-        fs::rename(&tmp, self.record_path(&rec.id))?;
+        fs::rename(&tmp, self.record_path(&rec.cluster, &rec.id))?;
         sync_dir(&dir);
         Ok(())
     }
 
-    /// Deletes a record; a missing one is fine.
-    pub fn remove_record(&self, id: &str) -> io::Result<()> {
-        match fs::remove_file(self.record_path(id)) {
+    /// Deletes a record (and its cluster's directory once empty); a missing
+    /// one is fine.
+    pub fn remove_record(&self, cluster: &str, id: &str) -> io::Result<()> {
+        match fs::remove_file(self.record_path(cluster, id)) {
             Ok(()) => {
-                sync_dir(&self.instances());
+                let dir = self.cluster_dir(cluster);
+                sync_dir(&dir);
+                // Fails while other records remain: that is the test.
+                if fs::remove_dir(&dir).is_ok() {
+                    sync_dir(&self.instances());
+                }
                 Ok(())
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -203,14 +261,22 @@ impl Layout {
     /// files and node directories without a record. Only under the lock,
     /// where nothing is being created.
     pub fn sweep_leftovers(&self, records: &[Record]) -> io::Result<()> {
-        if let Ok(entries) = fs::read_dir(self.instances()) {
-            for entry in entries.flatten() {
-                let name = entry.file_name();
-                if name
-                    .to_str()
-                    .is_some_and(|n| n.starts_with('.') && n.ends_with(".tmp"))
-                {
-                    let _ = fs::remove_file(entry.path());
+        if let Ok(clusters) = fs::read_dir(self.instances()) {
+            for dir in clusters.flatten().filter(|e| e.path().is_dir()) {
+                let mut left = 0;
+                for entry in fs::read_dir(dir.path())?.flatten() {
+                    let name = entry.file_name();
+                    if name
+                        .to_str()
+                        .is_some_and(|n| n.starts_with('.') && n.ends_with(".tmp"))
+                    {
+                        let _ = fs::remove_file(entry.path());
+                    } else {
+                        left += 1;
+                    }
+                }
+                if left == 0 {
+                    let _ = fs::remove_dir(dir.path());
                 }
             }
         }
@@ -241,14 +307,44 @@ impl Layout {
             let pid = u64::from(std::process::id());
             let x = splitmix64(nanos ^ (pid << 40) ^ n.wrapping_mul(0xA24B_AED4_963E_E407));
             let id = format!("local-{:012x}", x & 0xffff_ffff_ffff);
-            if !taken.contains(&id)
-                && !self.record_path(&id).exists()
-                && !self.node_dir(&id).exists()
-            {
+            // A node's directory is made before its record and removed
+            // after it: a free directory name is a free id.
+            if !taken.contains(&id) && !self.node_dir(&id).exists() {
                 return id;
             }
         }
     }
+}
+
+/// Appends the records in `dir` (a cluster's directory) to `out`; a
+/// missing directory holds none, a record deleted meanwhile is skipped.
+fn read_dir_records(dir: &Path, out: &mut Vec<Record>) -> io::Result<()> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if name.starts_with('.') || !name.ends_with(".json") {
+            continue;
+        }
+        let bytes = match fs::read(entry.path()) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        let rec: Record = serde_json::from_slice(&bytes).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: {e}", entry.path().display()),
+            )
+        })?;
+        out.push(rec);
+    }
+    Ok(())
 }
 
 /// Holds the provider's exclusive lock until dropped.

@@ -259,7 +259,7 @@ async fn launch_gives_distinct_addresses_dirs_and_extras() {
         assert_eq!(n.extra["instance_type"], "local.gpu2");
         assert_eq!(n.extra["launch_index"], i.to_string());
         let rec: Value = serde_json::from_slice(
-            &fs::read(root.join("instances").join(format!("{}.json", n.id))).unwrap(),
+            &fs::read(root.join("instances/c").join(format!("{}.json", n.id))).unwrap(),
         )
         .unwrap();
         assert_eq!(rec["state"], "running");
@@ -649,7 +649,7 @@ async fn terminate_kills_registered_processes_and_removes_everything() {
         assert!(!Path::new(&n.extra["dir"]).exists());
         assert!(!p
             .root()
-            .join("instances")
+            .join("instances/c")
             .join(format!("{}.json", n.id))
             .exists());
     }
@@ -685,7 +685,8 @@ async fn terminate_cleans_up_after_a_killed_caller() {
     let mut stray = Sleeper::start();
     fs::write(orphan.join("procs").join(stray.child.id().to_string()), b"").unwrap();
     fs::write(
-        root.join("instances").join(".local-0123456789ab.json.tmp"),
+        root.join("instances/c")
+            .join(".local-0123456789ab.json.tmp"),
         b"{",
     )
     .unwrap();
@@ -1018,4 +1019,27 @@ async fn a_preemption_without_notice_posts_no_notice() {
     let meta = Path::new(&nodes[0].extra["env.GANGWAY_METADATA_DIR"]).to_path_buf();
     assert!(dir_names(&meta).is_empty(), "{:?}", dir_names(&meta));
     p.terminate(&cluster("q")).await.unwrap();
+}
+
+#[tokio::test]
+async fn records_of_an_earlier_layout_are_moved_into_their_clusters_directory() {
+    let (_tmp, p) = fresh();
+    let nodes = p
+        .launch(&req("old", "local-a", "local.cpu", 2, None))
+        .await
+        .unwrap();
+    let root = p.root().to_path_buf();
+    // As an earlier version left them: records directly in instances/.
+    for n in &nodes {
+        let from = root.join("instances/old").join(format!("{}.json", n.id));
+        fs::rename(&from, root.join("instances").join(format!("{}.json", n.id))).unwrap();
+    }
+    fs::remove_dir(root.join("instances/old")).unwrap();
+    fs::remove_file(root.join("layout")).unwrap();
+    // describe finds them (moving them first), and nothing else is listed.
+    assert_eq!(p.describe(&cluster("old")).await.unwrap().len(), 2);
+    assert_eq!(dir_names(&root.join("instances")), ["old"]);
+    assert!(p.describe(&cluster("other")).await.unwrap().is_empty());
+    p.terminate(&cluster("old")).await.unwrap();
+    assert!(dir_names(&root.join("instances")).is_empty());
 }
