@@ -69,7 +69,8 @@ run: |
   if [ "$GANGWAY_RESTART_COUNT" != 0 ]; then sleep 2; exit 0; fi
   out="{signals}/$GANGWAY_JOB_ID"
   trap 'echo "$(stat -c %.3Y "$GANGWAY_METADATA_DIR/preempted") $(date +%s.%3N)" > "$out"; exit 0' USR1
-  while true; do sleep 0.05; done
+  # `wait` returns at once when a trapped signal arrives.
+  while true; do sleep 3600 & wait $!; done
 """
 
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use serde_json::json;
 
-use super::launch::{gangway_home, job_spec, runtime, secrets_of};
+use super::launch::{gangway_home, job_spec, secrets_of};
 use super::{interrupts, print_json, table, Output, TaskArgs};
 use crate::jobs::controller::{controller_paths, Controller, Until};
 use crate::jobs::{signal_number, ManagedTask};
@@ -123,7 +123,7 @@ pub fn ensure_controller(home: &Path) -> Result<(), Error> {
 pub fn controller_main() -> Result<ExitCode, Error> {
     let home = gangway_home()?;
     let (lock_path, _) = controller_paths(&home);
-    let rt = runtime()?;
+    let rt = Controller::runtime()?;
     loop {
         let Some(lock) = OwnerLock::try_acquire(&lock_path)? else {
             return Ok(ExitCode::Ok); // another controller runs
@@ -218,7 +218,7 @@ fn launch(a: &JobsLaunchArgs, catalog: Option<&Path>, out: Output) -> Result<Exi
         let home2 = home.clone();
         let worker = std::thread::spawn(move || -> Result<(), Error> {
             let (lock_path, _) = controller_paths(&home2);
-            let rt = runtime()?;
+            let rt = Controller::runtime()?;
             loop {
                 if let Some(_lock) = OwnerLock::try_acquire(&lock_path)? {
                     let mut c = Controller::new(&home2)?;

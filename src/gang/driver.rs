@@ -16,8 +16,8 @@ use super::{node_env, transport_for, GangInfo, JobSpec, NodeCommand, Phase, Tran
 use crate::context::Context;
 use crate::provision::{teardown, Providers};
 use crate::state::{
-    EndReason, JobStatus, LossSeen, LostNode, NodeRow, OwnerLock, RankEnd, RunOutcome, StateError,
-    Store,
+    ClusterStatus, EndReason, JobStatus, LossSeen, LostNode, NodeRow, OwnerLock, RankEnd,
+    RunOutcome, StateError, Store,
 };
 
 /// How long ranks get between SIGTERM and SIGKILL.
@@ -554,6 +554,10 @@ async fn phase(
         }
     };
     let mut kill_at: Option<tokio::time::Instant> = None;
+    // A teardown signals the driver; should that signal be missed (a
+    // driver caught starting), the cluster's row still says it is going.
+    let mut going = tokio::time::interval(Duration::from_secs(2));
+    going.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     if end.is_some() {
         signal_all(&pgids, libc::SIGTERM);
         kill_at = Some(tokio::time::Instant::now() + GRACE);
@@ -615,6 +619,22 @@ async fn phase(
                     signal_all(&pgids, libc::SIGKILL);
                 } else {
                     logs.say(&format!("stopping every rank (SIGTERM; SIGKILL after {}s)", GRACE.as_secs()));
+                    signal_all(&pgids, libc::SIGTERM);
+                    kill_at = Some(tokio::time::Instant::now() + GRACE);
+                }
+            }
+            _ = going.tick(), if end.is_none() && failed.is_none() => {
+                let gone = match store.cluster(info.cluster) {
+                    Ok(row) => row.is_none_or(|r| r.status == ClusterStatus::Terminating),
+                    Err(_) => false,
+                };
+                if gone {
+                    logs.say(&format!(
+                        "cluster {} is being taken down; stopping every rank (SIGTERM; SIGKILL after {}s)",
+                        info.cluster,
+                        GRACE.as_secs()
+                    ));
+                    end = Some(PhaseEnd::Cancelled);
                     signal_all(&pgids, libc::SIGTERM);
                     kill_at = Some(tokio::time::Instant::now() + GRACE);
                 }

@@ -221,11 +221,30 @@ pub fn submit(
         stdin.write_all(serde_json::to_string(secrets)?.as_bytes())?;
     }
     // Reap it when it exits, so a long-lived caller (the managed-job
-    // controller) collects no zombies.
-    std::thread::spawn(move || {
-        let _ = child.wait();
-    });
+    // controller) collects no zombies; without a thread per driver, which
+    // a controller of a thousand jobs would hold a thousand of.
+    reap_later(child);
     Ok(id)
+}
+
+/// Drivers this process started and has not seen exit.
+static DRIVERS: std::sync::Mutex<Vec<std::process::Child>> = std::sync::Mutex::new(Vec::new());
+
+fn reap_later(child: std::process::Child) {
+    DRIVERS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(child);
+    reap_drivers();
+}
+
+/// Waits for the drivers this process started that have exited (never
+/// blocks). A long-lived caller calls it now and then; [`submit`] does too.
+pub fn reap_drivers() {
+    DRIVERS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain_mut(|c| matches!(c.try_wait(), Ok(None)));
 }
 
 /// Marks jobs whose driver died as `FAILED_DRIVER` and kills the ranks

@@ -68,9 +68,9 @@ const ERROR_BACKOFF: Duration = Duration::from_secs(2);
 /// How often the supervisor reads the jobs even when nothing was written.
 const WATCH_EVERY: Duration = Duration::from_secs(2);
 /// How often a job's task re-reads its rows even when not woken.
-const REREAD_EVERY: Duration = Duration::from_secs(5);
+const REREAD_EVERY: Duration = Duration::from_secs(10);
 /// How often runs whose driver died are looked for.
-const REAP_EVERY: Duration = Duration::from_secs(1);
+const REAP_EVERY: Duration = Duration::from_secs(2);
 /// How long a loaded catalog is planned with before it is read again (a
 /// `gangway catalog refresh` reaches the next recovery after this).
 const CATALOG_TTL: Duration = Duration::from_secs(1);
@@ -83,6 +83,8 @@ const IDLE_EXIT: Duration = Duration::from_secs(3);
 /// Provider work (launches, teardowns, describes) running at once, each on
 /// a thread of its own.
 const PROVIDER_THREADS: usize = 32;
+/// Threads for the jobs' short blocking work.
+const BLOCKING_THREADS: usize = 32;
 
 /// A zone the job lost a node in.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -239,6 +241,17 @@ impl Controller {
         })
     }
 
+    /// The runtime to run a controller on: one thread for the jobs'
+    /// tasks, and a bounded pool for their blocking work (notice probes,
+    /// signals, checkpoint copies), which queue when it is busy instead of
+    /// growing a thread per burst.
+    pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .max_blocking_threads(BLOCKING_THREADS)
+            .build()
+    }
+
     /// Reconciles every job, each on its own task, until `until`.
     pub async fn run(&mut self, until: Until) -> Result<(), crate::Error> {
         let local = tokio::task::LocalSet::new();
@@ -277,6 +290,7 @@ async fn supervise(sh: Rc<Shared>, until: Until) -> Result<(), crate::Error> {
             reaped_at = Instant::now();
             let home = sh.cx.home().to_path_buf();
             reaping = Some(tokio::task::spawn_blocking(move || {
+                gang::reap_drivers();
                 if let Ok(store) = Store::open(&home) {
                     let _ = gang::reap(&store);
                 }

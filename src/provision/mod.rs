@@ -785,11 +785,22 @@ pub fn still_running(row: &ClusterRow) -> String {
 /// blocking the runtime) up to the drivers' grace period for them.
 pub async fn stop_drivers(store: &Store, name: &str) -> Result<(), StateError> {
     let mut signalled = Vec::new();
-    for j in store.jobs(name)? {
+    let deadline = std::time::Instant::now() + crate::gang::GRACE + Duration::from_secs(5);
+    for mut j in store.jobs(name)? {
         if j.status.is_terminal() {
             continue;
         }
         if OwnerLock::is_held(&store.job_lock_path(j.id)) {
+            // A driver records its pid right after taking the lock: one
+            // caught in between is waited for, not skipped (skipped, it
+            // would run its ranks on nodes about to be torn down).
+            while j.driver_pid.is_none() && std::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(25)).await;
+                match store.job(j.id)? {
+                    Some(now) => j = now,
+                    None => break,
+                }
+            }
             if let Some(pid) = j.driver_pid {
                 // SAFETY: plain kill(2) on a pid the job's lock says is alive.
                 unsafe {
@@ -807,7 +818,6 @@ pub async fn stop_drivers(store: &Store, name: &str) -> Result<(), StateError> {
     }
     // Let the drivers stop their ranks gracefully and record the ending
     // before the nodes go away under them.
-    let deadline = std::time::Instant::now() + crate::gang::GRACE + Duration::from_secs(5);
     for id in signalled {
         while std::time::Instant::now() < deadline {
             match store.job(id)? {

@@ -55,7 +55,7 @@ pub(crate) fn spawn(
     let now_ms = crate::store::now_ms();
     let notice_in = notice_at_ms.saturating_sub(now_ms);
     let kill_after = preempt_at_ms.saturating_sub(notice_at_ms.max(now_ms));
-    let mut child = Command::new("/bin/sh")
+    let child = Command::new("/bin/sh")
         .arg("-c")
         .arg(SCRIPT)
         .arg(MARKER)
@@ -74,12 +74,20 @@ pub(crate) fn spawn(
         .stderr(Stdio::null())
         .spawn()?;
     let pid = child.id();
-    let _ = std::thread::Builder::new()
-        .name("gangway-local-market-reaper".into())
-        .spawn(move || {
-            let _ = child.wait();
-        });
+    reap_later(child);
     Ok(pid)
+}
+
+/// Markets this process started and has not seen end. Each is waited for
+/// (so none stays a zombie) at the next start of a market, without a
+/// thread per market: a controller with hundreds of spot clusters would
+/// otherwise hold hundreds of threads.
+static STARTED: std::sync::Mutex<Vec<std::process::Child>> = std::sync::Mutex::new(Vec::new());
+
+fn reap_later(child: std::process::Child) {
+    let mut started = STARTED.lock().unwrap_or_else(|e| e.into_inner());
+    started.retain_mut(|c| matches!(c.try_wait(), Ok(None)));
+    started.push(child);
 }
 
 /// Kills the market process group `pid` if it is still the market of the
