@@ -5,7 +5,7 @@
 //!
 //! Needs root and Slurm's packages (`.ci/run` installs them with
 //! tests/emulators/slurm/install.sh); each test says `SKIPPED slurm: why`
-//! (tests/support/skip.rs) and passes where they are missing.
+//! (tests/support/src/skip.rs) and passes where they are missing.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
