@@ -16,6 +16,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod contract;
 pub mod ec2_emulator;
 pub mod gce_fake;
 pub mod skip;
