@@ -289,6 +289,43 @@ pub struct Prices {
 }
 
 /// A place gangway can run nodes. Every method is idempotent.
+///
+/// # The contract
+///
+/// Every provider keeps these rules; `gangway_test::contract` checks them
+/// against each provider's emulator (docs/testing.md), and a provider that
+/// cannot keep one names the exception there with its reason.
+///
+/// * **Idempotence.** A launch reconciles: it finds the cluster's nodes by
+///   its tags (or records), reuses those that fit and creates only the
+///   shortfall, so a second launch of the same request (same client token,
+///   same cluster) returns the same nodes and creates nothing. `terminate`
+///   and `stop` may be called again, and `terminate` of a cluster that
+///   never existed is `Ok`.
+/// * **Describe.** `describe` reports the nodes a launch returned, in the
+///   placement they were launched in, with their current state; nodes the
+///   provider ended on our request are left out, nodes it took away
+///   (preemption) are reported as [`NodeState::Preempted`].
+/// * **Tags.** Everything a launch makes (nodes, groups, rules, keys,
+///   records, allocations) carries the cluster's name and the owner id of
+///   the installation that launched it, so that `terminate` finds all of
+///   it without ids kept elsewhere and [`Provider::clusters`] can list it.
+///   Another owner's resources are never listed as ours, reused, stopped
+///   or terminated, even under the same cluster name.
+/// * **Half-created clusters.** A launch can fail, or its caller can die,
+///   at any point. `terminate` then removes whatever was made, leaving
+///   nothing of the cluster; a later launch of the name starts afresh.
+/// * **Stopping.** Where [`Provider::cannot_stop`] is `None`, `stop` keeps
+///   every node (stopped) and `start` brings the same nodes back; otherwise
+///   `stop` refuses with [`ErrorKind::InvalidRequest`] and changes nothing.
+/// * **Errors.** Failures are [`ProviderError`]s whose kind steers the
+///   failover loop: no capacity is [`ErrorKind::Capacity`] and a limit
+///   [`ErrorKind::Quota`] (both fail over to the next candidate); refused
+///   credentials are [`ErrorKind::Auth`] and a request the provider cannot
+///   serve [`ErrorKind::InvalidRequest`] (neither fails over: the user
+///   must act); throttling and lost connections are
+///   [`ErrorKind::Transient`]. Each names the provider and, as precisely
+///   as known, the region (and zone) it happened in, never credentials.
 #[async_trait::async_trait]
 pub trait Provider: Send + Sync {
     /// Provider name as used in `infra:` (e.g. `aws`).

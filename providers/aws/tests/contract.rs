@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 use gangway_aws::AwsProvider;
 use gangway_provider::{ClusterName, ErrorKind, LaunchRequest, Placement, Provider};
-use gangway_test::contract::{self, Harness, Resource, Unsupported};
+use gangway_test::contract::{self, Harness, Midway, Resource, Unsupported};
 use gangway_test::ec2_emulator::Ec2Emulator;
 use serde_json::json;
 
@@ -155,11 +155,11 @@ impl Harness for Aws {
         }
     }
 
-    fn fail_midway(&self, cluster: &ClusterName) -> Result<(), Unsupported> {
+    fn fail_midway(&self, cluster: &ClusterName) -> Result<Midway, Unsupported> {
         // RunInstances comes after the security group, the key pair and
         // the record: refusing it leaves those.
         self.inject(cluster, "InsufficientInstanceCapacity");
-        Ok(())
+        Ok(Midway::Fails)
     }
 
     fn fail_with(&self, cluster: &ClusterName, kind: ErrorKind) -> Result<(), Unsupported> {

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use gangway_gcp::{GcpProvider, Names};
 use gangway_provider::{ClusterName, ErrorKind, LaunchRequest, Placement, Provider};
-use gangway_test::contract::{self, Harness, Resource, Unsupported};
+use gangway_test::contract::{self, Harness, Midway, Resource, Unsupported};
 use gangway_test::gce_fake::GceFake;
 use gangway_test::skip;
 use serde_json::json;
@@ -78,13 +78,13 @@ impl Harness for Gcp {
         }
     }
 
-    fn fail_midway(&self, cluster: &ClusterName) -> Result<(), Unsupported> {
+    fn fail_midway(&self, cluster: &ClusterName) -> Result<Midway, Unsupported> {
         // The VMs' bulkInsert comes after the firewall rule (and, for a
         // gang, the placement policy): a stockout there leaves those.
         let base = Names::new(&cluster.0, &self.owner).base;
         self.fault(json!({"method": "instances.bulkInsert", "contains": base,
             "operation_error": "ZONE_RESOURCE_POOL_EXHAUSTED"}));
-        Ok(())
+        Ok(Midway::Fails)
     }
 
     fn fail_with(&self, cluster: &ClusterName, kind: ErrorKind) -> Result<(), Unsupported> {

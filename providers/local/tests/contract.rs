@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use gangway_local::LocalProvider;
 use gangway_provider::{ClusterName, ErrorKind, LaunchRequest, Placement, Provider};
-use gangway_test::contract::{self, Harness, Resource, Unsupported};
+use gangway_test::contract::{self, Harness, Midway, Resource, Unsupported};
 use serde_json::{json, Value};
 
 struct Local {
@@ -81,9 +81,9 @@ impl Harness for Local {
         }
     }
 
-    fn fail_midway(&self, _cluster: &ClusterName) -> Result<(), Unsupported> {
+    fn fail_midway(&self, _cluster: &ClusterName) -> Result<Midway, Unsupported> {
         self.faults(json!({"launch_midway": {"times": 1, "after_nodes": 1}}));
-        Ok(())
+        Ok(Midway::Fails)
     }
 
     fn fail_with(&self, _cluster: &ClusterName, kind: ErrorKind) -> Result<(), Unsupported> {

@@ -232,7 +232,12 @@ pub struct SlurmProvider {
     ssh_dir: PathBuf,
     poll: Duration,
     progress: Progress,
+    owner: Option<String>,
 }
+
+/// What gangway puts in a job's `--comment`: the launching installation's
+/// owner id.
+const OWNER_COMMENT: &str = "gangway-owner=";
 
 const NAME: &str = "slurm";
 
@@ -260,6 +265,28 @@ impl SlurmProvider {
             ssh_dir,
             poll: Duration::from_secs(2),
             progress: Box::new(|line| eprintln!("  {line}")),
+            owner: None,
+        }
+    }
+
+    /// The owner id of this gangway installation: jobs whose comment names
+    /// another owner (another `$GANGWAY_HOME` of the same Unix user, with a
+    /// cluster of the same name) are not this provider's to reuse,
+    /// describe or cancel. Without it, every job of the name is.
+    pub fn with_owner(mut self, owner: impl Into<String>) -> SlurmProvider {
+        self.owner = Some(owner.into());
+        self
+    }
+
+    /// Whether `job` (already known to be this user's and of the right
+    /// name) is this installation's: its comment names our owner id, or no
+    /// owner id at all (submitted by hand, or tagged with a user name by an
+    /// earlier version).
+    fn owns(&self, job: &Job) -> bool {
+        let Some(me) = &self.owner else { return true };
+        match job.comment.strip_prefix(OWNER_COMMENT) {
+            Some(theirs) => theirs == me || !gangway_provider::is_owner_id(theirs),
+            None => true,
         }
     }
 
@@ -384,7 +411,7 @@ impl SlurmProvider {
         let jobs = self.jobs(c).await?;
         Ok(jobs
             .into_iter()
-            .filter(|j| j.name == name && j.uid == me)
+            .filter(|j| j.name == name && j.uid == me && self.owns(j))
             .collect())
     }
 
@@ -679,7 +706,10 @@ impl Provider for SlurmProvider {
                     // Nothing of this process's environment is kept in
                     // Slurm's job record (the holder needs none of it).
                     "--export=NONE".into(),
-                    format!("--comment=gangway-owner={}", req.owner),
+                    format!(
+                        "--comment={OWNER_COMMENT}{}",
+                        self.owner.as_deref().unwrap_or(&req.owner)
+                    ),
                 ];
                 if let Some((_, n)) = req.accelerator.as_ref().filter(|(_, n)| *n >= 1.0) {
                     let n = *n as u32;
@@ -802,12 +832,12 @@ impl Provider for SlurmProvider {
             // The newest job of that name says how the cluster is.
             let Some(job) = jobs
                 .iter()
-                .filter(|j| j.name == name && j.uid == me)
+                .filter(|j| j.name == name && j.uid == me && self.owns(j))
                 .max_by_key(|j| (j.alive(), j.id))
             else {
                 continue;
             };
-            let partition = String::new();
+            let partition = job.partition.clone();
             if job.nodes.is_empty() {
                 out.push(Node {
                     id: gangway_provider::InstanceId(job.id.to_string()),
@@ -963,6 +993,22 @@ mod tests {
     }
 
     #[test]
+    fn another_installations_jobs_are_not_ours() {
+        let p = SlurmProvider::new(Vec::new(), PathBuf::new()).with_owner("gw-00000000000000aa");
+        let with = |comment: &str| Job {
+            comment: comment.into(),
+            ..job("RUNNING", 0)
+        };
+        assert!(p.owns(&with("gangway-owner=gw-00000000000000aa")));
+        assert!(!p.owns(&with("gangway-owner=gw-00000000000000bb")));
+        // A user name of an earlier version, a hand-made job: ours.
+        assert!(p.owns(&with("gangway-owner=ubuntu")));
+        assert!(p.owns(&with("")));
+        let anyone = SlurmProvider::new(Vec::new(), PathBuf::new());
+        assert!(anyone.owns(&with("gangway-owner=gw-00000000000000bb")));
+    }
+
+    #[test]
     fn queue_waits_read_as_durations() {
         assert_eq!(parse_duration("600"), Some(Duration::from_secs(600)));
         assert_eq!(parse_duration("10m"), Some(Duration::from_secs(600)));
@@ -981,6 +1027,8 @@ mod tests {
             reason: "BeginTime".into(),
             restarts,
             nodes: vec![],
+            partition: "gpu".into(),
+            comment: String::new(),
         }
     }
 

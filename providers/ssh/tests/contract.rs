@@ -112,7 +112,7 @@ impl Harness for Pools {
         }
     }
 
-    fn fail_midway(&self, _cluster: &ClusterName) -> Result<(), Unsupported> {
+    fn fail_midway(&self, _cluster: &ClusterName) -> Result<contract::Midway, Unsupported> {
         Err(Unsupported(
             "a launch allocates every host or none under one lock (unit test \
              capacity_error_lists_busy_and_unreachable_and_allocates_nothing); only a crash \

@@ -85,6 +85,17 @@ impl fmt::Display for Resource {
     }
 }
 
+/// How the launch [`Harness::fail_midway`] set up fails half-way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Midway {
+    /// The provider's API fails it: the launch returns an error.
+    Fails,
+    /// It waits (for capacity, for a queue) and its caller gives up after
+    /// this long, dropping the launch, as a killed or interrupted
+    /// launcher would; what it made so far stays.
+    Abandoned(std::time::Duration),
+}
+
 /// One provider set up for the contract suite.
 pub trait Harness: Send + Sync {
     /// The provider under test.
@@ -103,7 +114,7 @@ pub trait Harness: Send + Sync {
 
     /// Makes the next launch of `cluster` fail half-way: after it made
     /// something (a node, a group, a record) and before it finished.
-    fn fail_midway(&self, cluster: &ClusterName) -> Result<(), Unsupported>;
+    fn fail_midway(&self, cluster: &ClusterName) -> Result<Midway, Unsupported>;
 
     /// Makes the next launch of `cluster` fail as the provider's API fails
     /// with an error of `kind`.
@@ -355,20 +366,27 @@ async fn terminate(h: &dyn Harness) -> Check {
 async fn midway(h: &dyn Harness) -> Check {
     let p = h.provider();
     let c = cluster(h, "midway");
-    if let Err(why) = h.fail_midway(&c) {
-        return Ok(Outcome::Excused(why.0));
-    }
+    let how = match h.fail_midway(&c) {
+        Ok(how) => how,
+        Err(why) => return Ok(Outcome::Excused(why.0)),
+    };
     let req = h.request(&c, 2, &token(h, "midway", 1));
-    match p.launch(&req).await {
-        Ok(nodes) => {
+    let launch = p.launch(&req);
+    let outcome = match how {
+        Midway::Fails => Some(launch.await),
+        Midway::Abandoned(after) => tokio::time::timeout(after, launch).await.ok(),
+    };
+    match outcome {
+        Some(Ok(nodes)) => {
             return Err(format!(
                 "a launch made to fail half-way succeeded with {:?}",
                 ids(&nodes)
             ))
         }
-        Err(e) => ensure(e.provider == p.name(), || {
+        Some(Err(e)) => ensure(e.provider == p.name(), || {
             format!("the failure names provider {:?}: {e}", e.provider)
         })?,
+        None => {}
     }
     h.clear_failures(&c);
     let half = h.leftovers(&c);
@@ -428,8 +446,8 @@ async fn tags(h: &dyn Harness) -> Check {
         Ok(Outcome::Kept)
     } else {
         Ok(Outcome::Partly(
-            "clusters() is empty by design (every resource is in this home's records); \
-             the records carry the cluster and owner"
+            "clusters() lists nothing here, as the trait allows where there are no tags \
+             to sweep; what the cluster holds carries its name and owner"
                 .into(),
         ))
     }

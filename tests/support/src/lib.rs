@@ -6,6 +6,7 @@
 //! * [`ec2_emulator`]: the EC2 emulator (`tests/emulators/ec2`), started
 //!   once per test process or found through `GANGWAY_TEST_EC2_ENDPOINT`;
 //! * [`gce_fake`]: the Compute Engine fake (`tests/emulators/gce`);
+//! * [`slurm`]: a throwaway Slurm cluster (`tests/emulators/slurm`);
 //! * [`contract`]: the rules every [`gangway_provider::Provider`] keeps, as
 //!   checks each provider crate runs against its emulator.
 //!
@@ -20,3 +21,4 @@ pub mod contract;
 pub mod ec2_emulator;
 pub mod gce_fake;
 pub mod skip;
+pub mod slurm;
