@@ -419,33 +419,42 @@ pub fn is_owner_id(tag: &str) -> bool {
     })
 }
 
+/// Why [`my_public_ip`] could not learn this machine's address.
+#[derive(Debug, thiserror::Error)]
+pub enum PublicIpError {
+    /// Resolving, connecting, sending or reading failed.
+    #[error("cannot learn your public address from checkip.amazonaws.com ({0})")]
+    Io(#[from] std::io::Error),
+    /// The name resolved to no address.
+    #[error("cannot learn your public address from checkip.amazonaws.com (no address)")]
+    NoAddress,
+    /// The answer was not an IPv4 address.
+    #[error(
+        "cannot learn your public address from checkip.amazonaws.com (unexpected answer '{0}')"
+    )]
+    Unexpected(String),
+}
+
 /// Asks checkip.amazonaws.com (plain HTTP, 3 s) for this machine's public
 /// IPv4 address (firewall rules open SSH to it only). The error says what
 /// failed; callers add which setting replaces it.
-pub fn my_public_ip() -> std::result::Result<String, String> {
+pub fn my_public_ip() -> std::result::Result<String, PublicIpError> {
     use std::io::{Read, Write};
     use std::net::ToSocketAddrs;
     use std::time::Duration;
-    let why = |e: &dyn std::fmt::Display| {
-        format!("cannot learn your public address from checkip.amazonaws.com ({e})")
-    };
     let addr = ("checkip.amazonaws.com", 80)
-        .to_socket_addrs()
-        .map_err(|e| why(&e))?
+        .to_socket_addrs()?
         .next()
-        .ok_or_else(|| why(&"no address"))?;
-    let mut s =
-        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3)).map_err(|e| why(&e))?;
-    s.set_read_timeout(Some(Duration::from_secs(3)))
-        .map_err(|e| why(&e))?;
-    s.write_all(b"GET / HTTP/1.0\r\nHost: checkip.amazonaws.com\r\n\r\n")
-        .map_err(|e| why(&e))?;
+        .ok_or(PublicIpError::NoAddress)?;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3))?;
+    s.set_read_timeout(Some(Duration::from_secs(3)))?;
+    s.write_all(b"GET / HTTP/1.0\r\nHost: checkip.amazonaws.com\r\n\r\n")?;
     let mut body = String::new();
-    s.read_to_string(&mut body).map_err(|e| why(&e))?;
+    s.read_to_string(&mut body)?;
     let ip = body.rsplit("\r\n\r\n").next().unwrap_or_default().trim();
     ip.parse::<std::net::Ipv4Addr>()
         .map(|a| a.to_string())
-        .map_err(|_| why(&format!("unexpected answer '{ip}'")))
+        .map_err(|_| PublicIpError::Unexpected(ip.to_string()))
 }
 
 #[cfg(test)]

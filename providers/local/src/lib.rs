@@ -132,7 +132,8 @@ impl LocalProvider {
         if req.cluster.0.is_empty() {
             return Err(invalid("the cluster name is empty".into()));
         }
-        let cfg = LocalConfig::parse(req.provider_config.as_ref()).map_err(invalid)?;
+        let cfg =
+            LocalConfig::parse(req.provider_config.as_ref()).map_err(|e| invalid(e.to_string()))?;
 
         let _lock = self
             .layout
@@ -467,8 +468,8 @@ impl LocalProvider {
     }
 
     fn start_now(&self, cluster: &ClusterName, config: Option<&Value>) -> Result<Vec<Node>> {
-        let cfg =
-            LocalConfig::parse(config).map_err(|m| error(ErrorKind::InvalidRequest, REGION, m))?;
+        let cfg = LocalConfig::parse(config)
+            .map_err(|e| error(ErrorKind::InvalidRequest, REGION, e.to_string()))?;
         let _lock = self
             .layout
             .lock()

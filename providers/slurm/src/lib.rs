@@ -576,18 +576,37 @@ pub fn classify(words: &str) -> ErrorKind {
 /// The keys a task may set under `config.slurm`.
 pub const CONFIG_KEYS: &[&str] = &["account", "qos", "time", "max_queue_wait"];
 
+/// What is wrong with a task's `config.slurm`.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    /// It is not a mapping.
+    #[error("config.slurm must be a mapping")]
+    NotAMapping,
+    /// A key that is not a setting.
+    #[error("config.slurm.{key} is not a setting (known: {known})", known = CONFIG_KEYS.join(", "))]
+    UnknownKey {
+        /// The key.
+        key: String,
+    },
+    /// A setting with a value of the wrong type or form.
+    #[error("config.slurm.{key}: {value} is not a valid value")]
+    BadValue {
+        /// The setting.
+        key: String,
+        /// Its value, as JSON.
+        value: serde_json::Value,
+    },
+}
+
 /// Refuses unknown keys and wrong types in a task's `config.slurm`.
-pub fn check_config(cfg: Option<&serde_json::Value>) -> std::result::Result<(), String> {
+pub fn check_config(cfg: Option<&serde_json::Value>) -> std::result::Result<(), ConfigError> {
     let Some(cfg) = cfg else { return Ok(()) };
     let Some(map) = cfg.as_object() else {
-        return Err("config.slurm must be a mapping".into());
+        return Err(ConfigError::NotAMapping);
     };
     for (k, v) in map {
         if !CONFIG_KEYS.contains(&k.as_str()) {
-            return Err(format!(
-                "config.slurm.{k} is not a setting (known: {})",
-                CONFIG_KEYS.join(", ")
-            ));
+            return Err(ConfigError::UnknownKey { key: k.clone() });
         }
         let ok = match k.as_str() {
             "max_queue_wait" => {
@@ -596,7 +615,10 @@ pub fn check_config(cfg: Option<&serde_json::Value>) -> std::result::Result<(), 
             _ => v.is_string(),
         };
         if !ok {
-            return Err(format!("config.slurm.{k}: {v} is not a valid value"));
+            return Err(ConfigError::BadValue {
+                key: k.clone(),
+                value: v.clone(),
+            });
         }
     }
     Ok(())
@@ -669,7 +691,7 @@ impl Provider for SlurmProvider {
         }
         let name = job_name(&req.cluster);
         let cfg = req.provider_config.as_ref();
-        check_config(cfg).map_err(|m| err(ErrorKind::InvalidRequest, &loc, m))?;
+        check_config(cfg).map_err(|e| err(ErrorKind::InvalidRequest, &loc, e.to_string()))?;
         let max_wait = cfg
             .and_then(|v| v.get("max_queue_wait"))
             .and_then(|v| match v {
@@ -985,11 +1007,15 @@ mod tests {
         assert!(check_config(Some(&ok)).is_ok());
         assert!(check_config(Some(&serde_json::json!({"max_queue_wait": 30}))).is_ok());
         let typo = serde_json::json!({"acount": "p"});
-        assert!(check_config(Some(&typo)).unwrap_err().contains("acount"));
-        let bad = serde_json::json!({"max_queue_wait": "soon"});
-        assert!(check_config(Some(&bad))
+        assert!(check_config(Some(&typo))
             .unwrap_err()
-            .contains("max_queue_wait"));
+            .to_string()
+            .contains("acount"));
+        let bad = serde_json::json!({"max_queue_wait": "soon"});
+        assert_eq!(
+            check_config(Some(&bad)).unwrap_err().to_string(),
+            "config.slurm.max_queue_wait: \"soon\" is not a valid value"
+        );
     }
 
     #[test]
