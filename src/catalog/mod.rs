@@ -509,12 +509,28 @@ fn parse_own(cloud: &str, text: &str, shown: &str) -> (Vec<Offering>, Option<Dat
     (rows, taken, warnings)
 }
 
-fn parse_own_row(cloud: &str, line: &str) -> Result<Offering, String> {
+/// Why a row of gangway's own catalog format was skipped (a warning that
+/// names the file and line).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+enum RowError {
+    #[error("expected 12 fields, found {0}")]
+    Fields(usize),
+    #[error("{field}: '{value}' is not a number")]
+    NotANumber { field: &'static str, value: String },
+    #[error("instance_type, region and zone are required")]
+    Missing,
+    #[error("accelerator_count must be positive for a GPU type")]
+    NoAcceleratorCount,
+    #[error("no price and no spot_price")]
+    NoPrice,
+}
+
+fn parse_own_row(cloud: &str, line: &str) -> Result<Offering, RowError> {
     let f: Vec<&str> = line.split(',').map(str::trim).collect();
     if f.len() != 12 {
-        return Err(format!("expected 12 fields, found {}", f.len()));
+        return Err(RowError::Fields(f.len()));
     }
-    let num = |i: usize, name: &str| -> Result<Option<f64>, String> {
+    let num = |i: usize, field: &'static str| -> Result<Option<f64>, RowError> {
         if f[i].is_empty() {
             return Ok(None);
         }
@@ -522,20 +538,23 @@ fn parse_own_row(cloud: &str, line: &str) -> Result<Offering, String> {
             .ok()
             .filter(|v| v.is_finite() && *v >= 0.0)
             .map(Some)
-            .ok_or_else(|| format!("{name}: '{}' is not a number", f[i]))
+            .ok_or_else(|| RowError::NotANumber {
+                field,
+                value: f[i].to_string(),
+            })
     };
     if f[0].is_empty() || f[6].is_empty() || f[7].is_empty() {
-        return Err("instance_type, region and zone are required".into());
+        return Err(RowError::Missing);
     }
     let accelerator = (!f[1].is_empty()).then(|| f[1].to_string());
     let count = num(2, "accelerator_count")?.unwrap_or(0.0) as f32;
     if accelerator.is_some() && count <= 0.0 {
-        return Err("accelerator_count must be positive for a GPU type".into());
+        return Err(RowError::NoAcceleratorCount);
     }
     let price = num(8, "price")?;
     let spot_price = num(9, "spot_price")?;
     if price.is_none() && spot_price.is_none() {
-        return Err("no price and no spot_price".into());
+        return Err(RowError::NoPrice);
     }
     Ok(Offering {
         cloud: cloud.to_string(),

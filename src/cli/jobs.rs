@@ -160,7 +160,7 @@ fn launch(a: &JobsLaunchArgs, catalog: Option<&Path>, out: Output) -> Result<Exi
     // (they are in secrets.json below, owner-only, until the job ends).
     let text = std::fs::read_to_string(&a.task.task)?;
     let redacted = crate::spec::redact_secrets(&text, &a.task.task.display().to_string())
-        .map_err(|e| Error::usage(e, None))?;
+        .map_err(|e| Error::usage(e.to_string(), None))?;
     let (home, store) = open()?;
     let name = a.name.clone().or_else(|| task.name.clone());
     let placeholder = "{}";

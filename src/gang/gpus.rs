@@ -236,11 +236,11 @@ fn is_query_header(line: &str) -> bool {
 /// which are skipped. The header must list `GPU0 GPU1 ...` in order, and a
 /// row must follow for each of them, in order, with `X` exactly on the
 /// diagonal; anything else is an error naming the line.
-pub fn parse_topo(text: &str) -> Result<Topo, String> {
+pub fn parse_topo(text: &str) -> Result<Topo, TopoError> {
     let mut lines = text.lines().enumerate();
     let n = loop {
         let Some((_, line)) = lines.next() else {
-            return Err("nvidia-smi topo -m: no header line naming GPU0 found".to_string());
+            return Err(TopoError::NoHeader);
         };
         let gpu_columns = line
             .split_whitespace()
@@ -251,10 +251,11 @@ pub fn parse_topo(text: &str) -> Result<Topo, String> {
         }
         for (i, w) in line.split_whitespace().take(gpu_columns).enumerate() {
             if gpu_number(w) != Some(i) {
-                return Err(format!(
-                    "nvidia-smi topo -m header: column {} is {w:?}, expected GPU{i}: {line:?}",
-                    i + 1
-                ));
+                return Err(TopoError::Header {
+                    column: i + 1,
+                    word: w.to_string(),
+                    line: line.to_string(),
+                });
             }
         }
         break gpu_columns;
@@ -262,11 +263,13 @@ pub fn parse_topo(text: &str) -> Result<Topo, String> {
     let mut links = Vec::with_capacity(n);
     for row in 0..n {
         let Some((ln, line)) = lines.next() else {
-            return Err(format!(
-                "nvidia-smi topo -m: the text ends before the row for GPU{row}"
-            ));
+            return Err(TopoError::MissingRow { row });
         };
-        let bad = |why: String| format!("nvidia-smi topo -m line {}: {why}: {line:?}", ln + 1);
+        let bad = |why: String| TopoError::Line {
+            number: ln + 1,
+            why,
+            line: line.to_string(),
+        };
         let mut words = line.split_whitespace();
         let label = words.next().unwrap_or("");
         if gpu_number(label) != Some(row) {
@@ -292,6 +295,40 @@ pub fn parse_topo(text: &str) -> Result<Topo, String> {
         links.push(cells);
     }
     Ok(Topo { links })
+}
+
+/// Why an `nvidia-smi topo -m` matrix was not understood.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum TopoError {
+    /// No line names `GPU0`.
+    #[error("nvidia-smi topo -m: no header line naming GPU0 found")]
+    NoHeader,
+    /// The header's GPU columns are not `GPU0 GPU1 ...` in order.
+    #[error("nvidia-smi topo -m header: column {column} is {word:?}, expected GPU{}: {line:?}", column - 1)]
+    Header {
+        /// 1-based column.
+        column: usize,
+        /// What it says.
+        word: String,
+        /// The header line.
+        line: String,
+    },
+    /// The text ends before a GPU's row.
+    #[error("nvidia-smi topo -m: the text ends before the row for GPU{row}")]
+    MissingRow {
+        /// The GPU.
+        row: usize,
+    },
+    /// A row is not what it should be.
+    #[error("nvidia-smi topo -m line {number}: {why}: {line:?}")]
+    Line {
+        /// 1-based line number.
+        number: usize,
+        /// What is wrong.
+        why: String,
+        /// The line.
+        line: String,
+    },
 }
 
 /// `GPU12` -> `Some(12)`.
@@ -617,7 +654,7 @@ mod tests {
                 "line 2: GPU0 to GPU1 is X",
             ),
         ] {
-            let err = parse_topo(&text).unwrap_err();
+            let err = parse_topo(&text).unwrap_err().to_string();
             assert!(err.contains(want), "want {want:?} in {err:?}");
         }
     }

@@ -91,13 +91,12 @@ impl Providers {
         }
         // Slurm clusters, when slurm.yaml lists some.
         if let Ok(Some(s)) = crate::slurm_clusters::load(home) {
-            map.insert(
-                "slurm".into(),
-                Arc::new(gangway_slurm::SlurmProvider::new(
-                    s.clusters,
-                    home.join("ssh"),
-                )),
-            );
+            let slurm = gangway_slurm::SlurmProvider::new(s.clusters, home.join("ssh"));
+            let slurm = match owner {
+                Some(owner) => slurm.with_owner(owner),
+                None => slurm,
+            };
+            map.insert("slurm".into(), Arc::new(slurm));
         }
         #[cfg(not(any(feature = "gcp", feature = "aws")))]
         let _ = (clouds, owner, legacy);

@@ -209,16 +209,42 @@ pub fn parse_str(text: &str, file: &str) -> Result<Task, SpecError> {
 }
 
 /// Splits `KEY=VALUE` (for `--env` and `--secret`).
-pub fn parse_assignment(s: &str) -> Result<(String, String), String> {
+pub fn parse_assignment(s: &str) -> Result<(String, String), AssignmentError> {
     let (k, v) = s
         .split_once('=')
-        .ok_or_else(|| format!("expected KEY=VALUE, got '{s}'"))?;
+        .ok_or_else(|| AssignmentError::NoEquals(s.to_string()))?;
     if k.is_empty() || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-        return Err(format!(
-            "'{k}' is not a valid environment variable name (letters, digits, _)"
-        ));
+        return Err(AssignmentError::BadName(k.to_string()));
     }
     Ok((k.to_string(), v.to_string()))
+}
+
+/// Why a `KEY=VALUE` assignment (`--env`, an env file's line) was refused.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum AssignmentError {
+    /// No `=`.
+    #[error("expected KEY=VALUE, got '{0}'")]
+    NoEquals(String),
+    /// The name is not an environment variable's.
+    #[error("'{0}' is not a valid environment variable name (letters, digits, _)")]
+    BadName(String),
+}
+
+/// Why the copy of a task without its literal secret values could not be
+/// made.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum RedactError {
+    /// The task itself is refused.
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// The secrets cannot be cut out of this file's text safely.
+    #[error("{file}: cannot remove the literal secrets: values from the copy kept for recoveries ({why}); give them with --secret or --secret-file instead")]
+    Refused {
+        /// The task file.
+        file: String,
+        /// Why not.
+        why: String,
+    },
 }
 
 /// Reads a dotenv-style file: `KEY=VALUE` lines, `#` comments, optional `export `.
@@ -269,8 +295,8 @@ fn read_assignments(path: &Path, what: &str, quote: bool) -> Result<Vec<(String,
 /// values travel apart, in an owner-only file removed when the job ends).
 /// The result is checked by parsing it again: the same task, secrets
 /// without values, and none of the values anywhere in the text.
-pub fn redact_secrets(text: &str, file: &str) -> Result<String, String> {
-    let task = parse_str(text, file).map_err(|e| e.to_string())?;
+pub fn redact_secrets(text: &str, file: &str) -> Result<String, RedactError> {
+    let task = parse_str(text, file)?;
     let literal: Vec<&str> = task
         .secrets
         .iter()
@@ -280,8 +306,9 @@ pub fn redact_secrets(text: &str, file: &str) -> Result<String, String> {
     if literal.is_empty() {
         return Ok(text.to_string());
     }
-    let refuse = |why: &str| {
-        format!("{file}: cannot remove the literal secrets: values from the copy kept for recoveries ({why}); give them with --secret or --secret-file instead")
+    let refuse = |why: &str| RedactError::Refused {
+        file: file.to_string(),
+        why: why.to_string(),
     };
     // Top-level keys of a block mapping start in column 1; the `secrets`
     // entry runs from its key to the next one.

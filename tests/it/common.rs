@@ -522,7 +522,7 @@ impl Drop for TestHome {
     fn drop(&mut self) {
         // The local cloud's suite never skips (it needs bash and python3
         // only, which CI checks), but its runs are counted like every
-        // suite's (tests/support/skip.rs): a test that launched on the
+        // suite's (tests/support/src/skip.rs): a test that launched on the
         // local cloud left its launch counters here.
         if self.path().join("local/launches").is_dir() {
             crate::skip::ran("local");

@@ -7,10 +7,6 @@ mod cloud_sweep;
 mod cluster_cmds;
 mod common;
 mod compat;
-#[path = "../support/ec2_emulator.rs"]
-mod ec2_emulator;
-#[path = "../support/gce_fake.rs"]
-mod gce_fake;
 mod gcp;
 mod imds;
 mod jobs;
@@ -18,9 +14,10 @@ mod launch;
 mod netns;
 mod reliability;
 mod sim;
-#[path = "../support/skip.rs"]
-mod skip;
 mod slurm;
 mod spec;
 mod ssh;
 mod sshd;
+
+// The shared test support (tests/support), under the names the modules use.
+use gangway_test::{ec2_emulator, gce_fake, skip};

@@ -5,7 +5,7 @@
 //! or a broken switch does.
 //!
 //! Needs root, `ip`, `unshare` and sshd; [`NetnsKeys::new`] says
-//! `SKIPPED netns: why` (tests/support/skip.rs) and returns `None`
+//! `SKIPPED netns: why` (tests/support/src/skip.rs) and returns `None`
 //! otherwise.
 
 use std::collections::BTreeMap;

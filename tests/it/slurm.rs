@@ -5,89 +5,29 @@
 //!
 //! Needs root and Slurm's packages (`.ci/run` installs them with
 //! tests/emulators/slurm/install.sh); each test says `SKIPPED slurm: why`
-//! (tests/support/skip.rs) and passes where they are missing.
+//! (tests/support/src/skip.rs) and passes where they are missing.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::common::{assert_no_marker_procs, parts, TestHome, DEADLINE};
+use gangway_test::slurm::SlurmCluster;
 
-/// A running Slurm cluster of this test; stopped when dropped.
-struct Slurm {
-    dir: PathBuf,
+/// A running Slurm cluster of this test (`gangway_test::slurm`); stopped
+/// when dropped.
+struct Slurm(SlurmCluster);
+
+impl std::ops::Deref for Slurm {
+    type Target = SlurmCluster;
+    fn deref(&self) -> &SlurmCluster {
+        &self.0
+    }
 }
 
 impl Slurm {
     /// Starts `nodes` nodes (recorded as `ran slurm`), or says
     /// `SKIPPED slurm: why` and returns `None`.
     fn start(nodes: u32) -> Option<Slurm> {
-        let have = |p: &str| Path::new(p).exists();
-        if !have("/usr/sbin/slurmctld") || !have("/usr/sbin/slurmd") || !have("/usr/sbin/munged") {
-            return crate::skip::skip(
-                "slurm",
-                "Slurm is not installed (tests/emulators/slurm/install.sh installs it, as root)",
-            );
-        }
-        // Socket paths under DIR must stay short: a directory in /tmp.
-        let dir = PathBuf::from(format!(
-            "/tmp/gwsl-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        ));
-        let _ = std::fs::create_dir_all(&dir);
-        let out = Command::new(crate::common::root().join("tests/emulators/slurm/start.sh"))
-            .arg(&dir)
-            .arg(nodes.to_string())
-            .output()
-            .expect("start.sh runs");
-        match out.status.code() {
-            Some(0) => {
-                crate::skip::ran("slurm");
-                Some(Slurm { dir })
-            }
-            Some(3) => {
-                // start.sh's own `SKIPPED: why` line.
-                let said = String::from_utf8_lossy(&out.stdout);
-                let why = said.trim();
-                let why = why.strip_prefix("SKIPPED:").unwrap_or(why).trim();
-                let _ = std::fs::remove_dir_all(&dir);
-                crate::skip::skip("slurm", format_args!("start.sh: {why}"))
-            }
-            _ => panic!(
-                "start.sh {} failed:\n{}\n{}",
-                dir.display(),
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        }
-    }
-
-    fn conf(&self) -> PathBuf {
-        self.dir.join("slurm.conf")
-    }
-
-    /// Runs one of Slurm's commands against this cluster; its stdout.
-    fn cmd(&self, prog: &str, args: &[&str]) -> String {
-        let out = Command::new(prog)
-            .args(args)
-            .env("SLURM_CONF", self.conf())
-            .output()
-            .unwrap_or_else(|e| panic!("{prog}: {e}"));
-        assert!(
-            out.status.success(),
-            "{prog} {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// Jobs Slurm still holds (pending, running, completing): `id name state`.
-    fn queue(&self) -> Vec<String> {
-        self.cmd("squeue", &["-h", "-o", "%i %j %T"])
-            .lines()
-            .map(str::to_string)
-            .collect()
+        SlurmCluster::start(nodes).map(Slurm)
     }
 
     /// Waits until no job named `gangway-*` is queued; fails the test if
@@ -123,17 +63,6 @@ impl Slurm {
         );
     }
 }
-
-impl Drop for Slurm {
-    fn drop(&mut self) {
-        let _ = Command::new(crate::common::root().join("tests/emulators/slurm/stop.sh"))
-            .arg(&self.dir)
-            .output();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 #[test]
 fn ddp_rendezvous_runs_unchanged_on_slurm_ranked_by_its_switches() {

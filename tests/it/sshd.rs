@@ -77,7 +77,7 @@ pub struct Sshd {
 impl Sshd {
     /// Starts one sshd listening on `n` loopback addresses 127.0.30.1..=n
     /// (or another free 127.0.X.* block if taken) on one free port; None
-    /// (after `SKIPPED ssh: <reason>`, see tests/support/skip.rs) when sshd
+    /// (after `SKIPPED ssh: <reason>`, see tests/support/src/skip.rs) when sshd
     /// is missing or we are not root. Records `ran ssh` when it can start.
     ///
     /// Each server started by a test process takes the next block

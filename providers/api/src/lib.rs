@@ -289,6 +289,43 @@ pub struct Prices {
 }
 
 /// A place gangway can run nodes. Every method is idempotent.
+///
+/// # The contract
+///
+/// Every provider keeps these rules; `gangway_test::contract` checks them
+/// against each provider's emulator (docs/testing.md), and a provider that
+/// cannot keep one names the exception there with its reason.
+///
+/// * **Idempotence.** A launch reconciles: it finds the cluster's nodes by
+///   its tags (or records), reuses those that fit and creates only the
+///   shortfall, so a second launch of the same request (same client token,
+///   same cluster) returns the same nodes and creates nothing. `terminate`
+///   and `stop` may be called again, and `terminate` of a cluster that
+///   never existed is `Ok`.
+/// * **Describe.** `describe` reports the nodes a launch returned, in the
+///   placement they were launched in, with their current state; nodes the
+///   provider ended on our request are left out, nodes it took away
+///   (preemption) are reported as [`NodeState::Preempted`].
+/// * **Tags.** Everything a launch makes (nodes, groups, rules, keys,
+///   records, allocations) carries the cluster's name and the owner id of
+///   the installation that launched it, so that `terminate` finds all of
+///   it without ids kept elsewhere and [`Provider::clusters`] can list it.
+///   Another owner's resources are never listed as ours, reused, stopped
+///   or terminated, even under the same cluster name.
+/// * **Half-created clusters.** A launch can fail, or its caller can die,
+///   at any point. `terminate` then removes whatever was made, leaving
+///   nothing of the cluster; a later launch of the name starts afresh.
+/// * **Stopping.** Where [`Provider::cannot_stop`] is `None`, `stop` keeps
+///   every node (stopped) and `start` brings the same nodes back; otherwise
+///   `stop` refuses with [`ErrorKind::InvalidRequest`] and changes nothing.
+/// * **Errors.** Failures are [`ProviderError`]s whose kind steers the
+///   failover loop: no capacity is [`ErrorKind::Capacity`] and a limit
+///   [`ErrorKind::Quota`] (both fail over to the next candidate); refused
+///   credentials are [`ErrorKind::Auth`] and a request the provider cannot
+///   serve [`ErrorKind::InvalidRequest`] (neither fails over: the user
+///   must act); throttling and lost connections are
+///   [`ErrorKind::Transient`]. Each names the provider and, as precisely
+///   as known, the region (and zone) it happened in, never credentials.
 #[async_trait::async_trait]
 pub trait Provider: Send + Sync {
     /// Provider name as used in `infra:` (e.g. `aws`).
@@ -382,33 +419,42 @@ pub fn is_owner_id(tag: &str) -> bool {
     })
 }
 
+/// Why [`my_public_ip`] could not learn this machine's address.
+#[derive(Debug, thiserror::Error)]
+pub enum PublicIpError {
+    /// Resolving, connecting, sending or reading failed.
+    #[error("cannot learn your public address from checkip.amazonaws.com ({0})")]
+    Io(#[from] std::io::Error),
+    /// The name resolved to no address.
+    #[error("cannot learn your public address from checkip.amazonaws.com (no address)")]
+    NoAddress,
+    /// The answer was not an IPv4 address.
+    #[error(
+        "cannot learn your public address from checkip.amazonaws.com (unexpected answer '{0}')"
+    )]
+    Unexpected(String),
+}
+
 /// Asks checkip.amazonaws.com (plain HTTP, 3 s) for this machine's public
 /// IPv4 address (firewall rules open SSH to it only). The error says what
 /// failed; callers add which setting replaces it.
-pub fn my_public_ip() -> std::result::Result<String, String> {
+pub fn my_public_ip() -> std::result::Result<String, PublicIpError> {
     use std::io::{Read, Write};
     use std::net::ToSocketAddrs;
     use std::time::Duration;
-    let why = |e: &dyn std::fmt::Display| {
-        format!("cannot learn your public address from checkip.amazonaws.com ({e})")
-    };
     let addr = ("checkip.amazonaws.com", 80)
-        .to_socket_addrs()
-        .map_err(|e| why(&e))?
+        .to_socket_addrs()?
         .next()
-        .ok_or_else(|| why(&"no address"))?;
-    let mut s =
-        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3)).map_err(|e| why(&e))?;
-    s.set_read_timeout(Some(Duration::from_secs(3)))
-        .map_err(|e| why(&e))?;
-    s.write_all(b"GET / HTTP/1.0\r\nHost: checkip.amazonaws.com\r\n\r\n")
-        .map_err(|e| why(&e))?;
+        .ok_or(PublicIpError::NoAddress)?;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3))?;
+    s.set_read_timeout(Some(Duration::from_secs(3)))?;
+    s.write_all(b"GET / HTTP/1.0\r\nHost: checkip.amazonaws.com\r\n\r\n")?;
     let mut body = String::new();
-    s.read_to_string(&mut body).map_err(|e| why(&e))?;
+    s.read_to_string(&mut body)?;
     let ip = body.rsplit("\r\n\r\n").next().unwrap_or_default().trim();
     ip.parse::<std::net::Ipv4Addr>()
         .map(|a| a.to_string())
-        .map_err(|_| why(&format!("unexpected answer '{ip}'")))
+        .map_err(|_| PublicIpError::Unexpected(ip.to_string()))
 }
 
 #[cfg(test)]

@@ -2,6 +2,40 @@
 
 use serde_json::Value;
 
+/// What is wrong with `config.aws`, or with the address SSH is opened to.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// `config.aws` is not a mapping.
+    #[error("config.aws must be a mapping")]
+    NotAMapping,
+    /// A key that is not an option.
+    #[error("config.aws.{key} is not an AWS option (known: {known})", known = KEYS.join(", "))]
+    UnknownKey {
+        /// The key.
+        key: String,
+    },
+    /// An option of the wrong type.
+    #[error("config.aws.{key} must be {expected}")]
+    WrongType {
+        /// The option.
+        key: String,
+        /// What it must be (`a string`, `true or false`, ...).
+        expected: &'static str,
+    },
+    /// `config.aws.ssh_cidr` is not a CIDR.
+    #[error("config.aws.ssh_cidr '{0}' is not an IPv4 CIDR such as 203.0.113.7/32")]
+    BadCidr(String),
+    /// `GANGWAY_AWS_SSH_CIDR` is not a CIDR.
+    #[error("GANGWAY_AWS_SSH_CIDR '{0}' is not an IPv4 CIDR")]
+    BadEnvCidr(String),
+    /// Neither is set and the caller's address could not be learnt.
+    #[error("{0} to open SSH to it only; set config.aws.ssh_cidr or GANGWAY_AWS_SSH_CIDR")]
+    NoPublicIp(#[source] gangway_provider::PublicIpError),
+    /// The lookup of the caller's address did not finish.
+    #[error("looking up your public address: {0}")]
+    Lookup(String),
+}
+
 /// Options read from `config.aws` (all optional).
 #[derive(Clone, Debug, PartialEq)]
 pub struct AwsOptions {
@@ -65,24 +99,26 @@ pub const KEYS: &[&str] = &[
 
 impl AwsOptions {
     /// Reads `config.aws`; a wrong key or type is an error naming it.
-    pub fn from_value(v: Option<&Value>) -> Result<AwsOptions, String> {
+    pub fn from_value(v: Option<&Value>) -> Result<AwsOptions, ConfigError> {
         let mut o = AwsOptions::default();
         let Some(v) = v else { return Ok(o) };
         let Some(map) = v.as_object() else {
-            return Err("config.aws must be a mapping".into());
+            return Err(ConfigError::NotAMapping);
         };
-        let text = |k: &str, x: &Value| -> Result<String, String> {
+        let wrong = |k: &str, expected| ConfigError::WrongType {
+            key: k.to_string(),
+            expected,
+        };
+        let text = |k: &str, x: &Value| -> Result<String, ConfigError> {
             x.as_str()
                 .map(str::to_string)
-                .ok_or_else(|| format!("config.aws.{k} must be a string"))
+                .ok_or_else(|| wrong(k, "a string"))
         };
-        let flag = |k: &str, x: &Value| -> Result<bool, String> {
-            x.as_bool()
-                .ok_or_else(|| format!("config.aws.{k} must be true or false"))
+        let flag = |k: &str, x: &Value| -> Result<bool, ConfigError> {
+            x.as_bool().ok_or_else(|| wrong(k, "true or false"))
         };
-        let number = |k: &str, x: &Value| -> Result<u64, String> {
-            x.as_u64()
-                .ok_or_else(|| format!("config.aws.{k} must be a whole number"))
+        let number = |k: &str, x: &Value| -> Result<u64, ConfigError> {
+            x.as_u64().ok_or_else(|| wrong(k, "a whole number"))
         };
         for (k, x) in map {
             match k.as_str() {
@@ -90,9 +126,7 @@ impl AwsOptions {
                 "ssh_cidr" => {
                     let c = text(k, x)?;
                     if !looks_like_cidr(&c) {
-                        return Err(format!(
-                            "config.aws.ssh_cidr '{c}' is not an IPv4 CIDR such as 203.0.113.7/32"
-                        ));
+                        return Err(ConfigError::BadCidr(c));
                     }
                     o.ssh_cidr = Some(c)
                 }
@@ -106,10 +140,9 @@ impl AwsOptions {
                 "boot_timeout_s" => o.boot_timeout_s = number(k, x)?,
                 "poll_ms" => o.poll_ms = number(k, x)?.max(10),
                 other => {
-                    return Err(format!(
-                        "config.aws.{other} is not an AWS option (known: {})",
-                        KEYS.join(", ")
-                    ))
+                    return Err(ConfigError::UnknownKey {
+                        key: other.to_string(),
+                    })
                 }
             }
         }
@@ -154,14 +187,20 @@ mod tests {
 
     #[test]
     fn wrong_keys_and_types_are_named() {
-        let e = AwsOptions::from_value(Some(&json!({"ssh_usr": "x"}))).unwrap_err();
+        let e = AwsOptions::from_value(Some(&json!({"ssh_usr": "x"})))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("config.aws.ssh_usr") && e.contains("ssh_user"),
             "{e}"
         );
-        let e = AwsOptions::from_value(Some(&json!({"efa": "yes"}))).unwrap_err();
+        let e = AwsOptions::from_value(Some(&json!({"efa": "yes"})))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("config.aws.efa must be true or false"), "{e}");
-        let e = AwsOptions::from_value(Some(&json!({"ssh_cidr": "everyone"}))).unwrap_err();
+        let e = AwsOptions::from_value(Some(&json!({"ssh_cidr": "everyone"})))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not an IPv4 CIDR"), "{e}");
     }
 }

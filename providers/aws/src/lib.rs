@@ -40,7 +40,7 @@ use gangway_provider::{
     PriceQuote, Prices, Provider, ProviderError, Result, TaggedCluster,
 };
 
-pub use config::AwsOptions;
+pub use config::{AwsOptions, ConfigError};
 pub use errors::classify;
 use errors::{code_of, from_sdk};
 use record::{Record, Records};
@@ -465,9 +465,14 @@ impl AwsProvider {
         };
         // Rules are (re)applied every launch: a crash between creating the
         // group and authorizing would otherwise leave it closed for good.
-        let cidr = ssh_cidr(opts)
-            .await
-            .map_err(|m| ProviderError::new(ErrorKind::InvalidRequest, "aws", loc, m))?;
+        let cidr = ssh_cidr(opts).await.map_err(|e| {
+            ProviderError::new(
+                ErrorKind::InvalidRequest,
+                "aws",
+                loc,
+                gangway_provider::error_chain(&e),
+            )
+        })?;
         let mut rules = vec![
             IpPermission::builder()
                 .ip_protocol("tcp")
@@ -1032,8 +1037,9 @@ impl Provider for AwsProvider {
     async fn launch(&self, req: &LaunchRequest) -> Result<Vec<Node>> {
         let region = req.placement.region.as_str();
         let loc = format!("{region}/{}", req.placement.zone);
-        let opts = AwsOptions::from_value(req.provider_config.as_ref())
-            .map_err(|m| ProviderError::new(ErrorKind::InvalidRequest, "aws", &loc, m))?;
+        let opts = AwsOptions::from_value(req.provider_config.as_ref()).map_err(|e| {
+            ProviderError::new(ErrorKind::InvalidRequest, "aws", &loc, e.to_string())
+        })?;
         // Recorded before anything exists there, with the owner tag the
         // cluster's resources carry (an earlier version's stays theirs).
         let owner = self.owner_of(&req.cluster);
@@ -1171,7 +1177,7 @@ impl Provider for AwsProvider {
         provider_config: Option<&serde_json::Value>,
     ) -> Result<Vec<Node>> {
         let opts = AwsOptions::from_value(provider_config)
-            .map_err(|m| ProviderError::new(ErrorKind::InvalidRequest, "aws", "", m))?;
+            .map_err(|e| ProviderError::new(ErrorKind::InvalidRequest, "aws", "", e.to_string()))?;
         let rec = self.record(cluster)?;
         let mut out = Vec::new();
         for region in &rec.regions {
@@ -1667,7 +1673,7 @@ pub fn client_token(req: &LaunchRequest, owner: &str, shortfall: u32, have: &[&s
 
 /// Who may reach port 22: the configured CIDR, `GANGWAY_AWS_SSH_CIDR`, or
 /// the caller's public address as AWS sees it.
-async fn ssh_cidr(opts: &AwsOptions) -> std::result::Result<String, String> {
+async fn ssh_cidr(opts: &AwsOptions) -> std::result::Result<String, ConfigError> {
     if let Some(c) = &opts.ssh_cidr {
         return Ok(c.clone());
     }
@@ -1675,20 +1681,18 @@ async fn ssh_cidr(opts: &AwsOptions) -> std::result::Result<String, String> {
         return if config::looks_like_cidr(&c) {
             Ok(c)
         } else {
-            Err(format!("GANGWAY_AWS_SSH_CIDR '{c}' is not an IPv4 CIDR"))
+            Err(ConfigError::BadEnvCidr(c))
         };
     }
     let ip = tokio::task::spawn_blocking(my_public_ip)
         .await
-        .map_err(|e| e.to_string())??;
+        .map_err(|e| ConfigError::Lookup(e.to_string()))??;
     Ok(format!("{ip}/32"))
 }
 
 /// Our public address, for a security group open to it only.
-fn my_public_ip() -> std::result::Result<String, String> {
-    gangway_provider::my_public_ip().map_err(|e| {
-        format!("{e} to open SSH to it only; set config.aws.ssh_cidr or GANGWAY_AWS_SSH_CIDR")
-    })
+fn my_public_ip() -> std::result::Result<String, ConfigError> {
+    gangway_provider::my_public_ip().map_err(ConfigError::NoPublicIp)
 }
 
 #[cfg(test)]

@@ -2,10 +2,7 @@
 //! layer, `tests/emulators/ec2`): every call goes through the real SDK over
 //! HTTP, and every check is an independent `Describe*` call.
 
-#[path = "../../../tests/support/ec2_emulator.rs"]
-mod ec2_emulator;
-#[path = "../../../tests/support/skip.rs"]
-mod skip;
+use gangway_test::ec2_emulator;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

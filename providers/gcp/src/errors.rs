@@ -123,3 +123,85 @@ mod tests {
         assert_eq!(classify_http(400, &[]), ErrorKind::InvalidRequest);
     }
 }
+
+/// What went wrong outside a Compute Engine call: reading the credentials
+/// file `gangway check` describes, and reading prices from the Cloud
+/// Billing catalog. Never holds a secret (an API key travels in URLs,
+/// which these messages leave out).
+#[derive(Debug, thiserror::Error)]
+pub enum GcpError {
+    /// The credentials file cannot be read.
+    #[error("{whence} cannot be read: {source}")]
+    CredentialsUnreadable {
+        /// Which file, and how it was found.
+        whence: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The credentials file is not JSON.
+    #[error("{whence} is not a credentials JSON file: {source}")]
+    CredentialsNotJson {
+        /// Which file.
+        whence: String,
+        /// Why.
+        source: serde_json::Error,
+    },
+    /// The credentials file has no `type`.
+    #[error("{whence} has no \"type\": not a credentials file")]
+    CredentialsWithoutType {
+        /// Which file.
+        whence: String,
+    },
+    /// A service-account key without its account.
+    #[error("{whence}: a service-account key without client_email")]
+    KeyWithoutEmail {
+        /// Which file.
+        whence: String,
+    },
+    /// Credentials of a type gangway does not know.
+    #[error("{whence}: credentials of type {kind:?} are not known")]
+    UnknownCredentials {
+        /// Which file.
+        whence: String,
+        /// Its `type`.
+        kind: String,
+    },
+    /// No credentials for the Cloud Billing API could be made.
+    #[error("no credentials for the Cloud Billing API ({0}); set GANGWAY_GCP_BILLING_API_KEY or run `gcloud auth application-default login`")]
+    BillingNoCredentials(String),
+    /// The credentials did not give a token.
+    #[error("the Cloud Billing API needs credentials: {0}")]
+    BillingCredentials(String),
+    /// No HTTP client.
+    #[error("cannot make an HTTP client: {0}")]
+    HttpClient(String),
+    /// A request to the Cloud Billing API failed.
+    #[error("the Cloud Billing API at {base}: {why}")]
+    Billing {
+        /// Its endpoint.
+        base: String,
+        /// Why (without the URL).
+        why: String,
+    },
+    /// It answered something that is not JSON.
+    #[error("the Cloud Billing API at {base} answered {status} with no JSON")]
+    BillingNotJson {
+        /// Its endpoint.
+        base: String,
+        /// The HTTP status.
+        status: http::StatusCode,
+    },
+    /// It refused the request.
+    #[error("the Cloud Billing API refused ({status} {code}): {message}")]
+    BillingRefused {
+        /// The HTTP status.
+        status: u16,
+        /// Google's status name (`PERMISSION_DENIED`), or empty.
+        code: String,
+        /// Its message.
+        message: String,
+    },
+    /// It did not stop paging.
+    #[error("the Cloud Billing API kept paging past 200 pages")]
+    TooManyPages,
+}

@@ -42,7 +42,7 @@ use google_cloud_gax::paginator::ItemPaginator;
 use google_cloud_lro::Poller;
 use record::{KeptVm, Record};
 
-pub use errors::{classify_codes, classify_http};
+pub use errors::{classify_codes, classify_http, GcpError};
 pub use names::{gpu_type, request_id, Names};
 
 /// Label naming the cluster (a sanitized name plus a hash of the exact one).
@@ -298,7 +298,7 @@ fn redacted(mut text: String) -> String {
 /// application-default file, the metadata server), told from the file's
 /// public fields only (a key or token is never read out). `Err` says what
 /// is wrong with a file that is named or found.
-pub fn identity() -> std::result::Result<String, String> {
+pub fn identity() -> std::result::Result<String, GcpError> {
     let Some((path, named)) = adc_file() else {
         return Ok(
             "the metadata server's service account (no credentials file; that works only on GCE, GKE or Cloud Run)"
@@ -310,10 +310,14 @@ pub fn identity() -> std::result::Result<String, String> {
     } else {
         path.display().to_string()
     };
-    let text =
-        std::fs::read_to_string(&path).map_err(|e| format!("{whence} cannot be read: {e}"))?;
-    let doc: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| format!("{whence} is not a credentials JSON file: {e}"))?;
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(source) => return Err(GcpError::CredentialsUnreadable { whence, source }),
+    };
+    let doc: serde_json::Value = match serde_json::from_str(&text) {
+        Ok(doc) => doc,
+        Err(source) => return Err(GcpError::CredentialsNotJson { whence, source }),
+    };
     describe_credentials(&doc, gcloud_setting("core", "account"), &whence)
 }
 
@@ -322,7 +326,7 @@ fn describe_credentials(
     doc: &serde_json::Value,
     gcloud_account: Option<String>,
     whence: &str,
-) -> std::result::Result<String, String> {
+) -> std::result::Result<String, GcpError> {
     let field = |k: &str| doc.get(k).and_then(|v| v.as_str()).unwrap_or_default();
     // `.../serviceAccounts/EMAIL:generateAccessToken`
     let impersonated = || {
@@ -352,13 +356,16 @@ fn describe_credentials(
                 .map(|e| format!(" as {e}"))
                 .unwrap_or_default()
         )),
-        "" => Err(format!("{whence} has no \"type\": not a credentials file")),
-        "service_account" => Err(format!(
-            "{whence}: a service-account key without client_email"
-        )),
-        other => Err(format!(
-            "{whence}: credentials of type {other:?} are not known"
-        )),
+        "" => Err(GcpError::CredentialsWithoutType {
+            whence: whence.into(),
+        }),
+        "service_account" => Err(GcpError::KeyWithoutEmail {
+            whence: whence.into(),
+        }),
+        other => Err(GcpError::UnknownCredentials {
+            whence: whence.into(),
+            kind: other.into(),
+        }),
     }
 }
 
@@ -592,7 +599,10 @@ impl GcpProvider {
         }
     }
 
-    async fn sku_pages(&self, units: &mut pricing::UnitPrices) -> std::result::Result<(), String> {
+    async fn sku_pages(
+        &self,
+        units: &mut pricing::UnitPrices,
+    ) -> std::result::Result<(), GcpError> {
         let (base, anonymous) = billing_endpoint();
         let key = std::env::var("GANGWAY_GCP_BILLING_API_KEY")
             .ok()
@@ -602,10 +612,7 @@ impl GcpProvider {
             let creds = google_cloud_auth::credentials::Builder::default()
                 .build()
                 .map_err(|e| {
-                    format!(
-                        "no credentials for the Cloud Billing API ({}); set GANGWAY_GCP_BILLING_API_KEY or run `gcloud auth application-default login`",
-                        redacted(gangway_provider::error_chain(&e))
-                    )
+                    GcpError::BillingNoCredentials(redacted(gangway_provider::error_chain(&e)))
                 })?;
             match creds.headers(http::Extensions::new()).await {
                 Ok(google_cloud_auth::credentials::CacheableResource::New { data, .. }) => {
@@ -613,17 +620,16 @@ impl GcpProvider {
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    return Err(format!(
-                        "the Cloud Billing API needs credentials: {}",
-                        redacted(gangway_provider::error_chain(&e))
-                    ))
+                    return Err(GcpError::BillingCredentials(redacted(
+                        gangway_provider::error_chain(&e),
+                    )))
                 }
             }
         }
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(60))
             .build()
-            .map_err(|e| format!("cannot make an HTTP client: {}", e.without_url()))?;
+            .map_err(|e| GcpError::HttpClient(e.without_url().to_string()))?;
         let url = format!("{base}/v1/services/{}/skus", pricing::COMPUTE_SERVICE);
         let mut token = String::new();
         for _ in 0..200 {
@@ -641,15 +647,20 @@ impl GcpProvider {
                 .query(&q)
                 .send()
                 .await
-                .map_err(|e| format!("the Cloud Billing API at {base}: {}", e.without_url()))?;
+                .map_err(|e| GcpError::Billing {
+                    base: base.clone(),
+                    why: e.without_url().to_string(),
+                })?;
             let status = resp.status();
-            let body = resp
-                .text()
-                .await
-                .map_err(|e| format!("the Cloud Billing API at {base}: {}", e.without_url()))?;
-            let doc: serde_json::Value = serde_json::from_str(&body).map_err(|_| {
-                format!("the Cloud Billing API at {base} answered {status} with no JSON")
+            let body = resp.text().await.map_err(|e| GcpError::Billing {
+                base: base.clone(),
+                why: e.without_url().to_string(),
             })?;
+            let doc: serde_json::Value =
+                serde_json::from_str(&body).map_err(|_| GcpError::BillingNotJson {
+                    base: base.clone(),
+                    status,
+                })?;
             if !status.is_success() {
                 let msg = doc
                     .pointer("/error/message")
@@ -659,10 +670,11 @@ impl GcpProvider {
                     .pointer("/error/status")
                     .and_then(|m| m.as_str())
                     .unwrap_or("");
-                return Err(format!(
-                    "the Cloud Billing API refused ({} {code}): {msg}",
-                    status.as_u16()
-                ));
+                return Err(GcpError::BillingRefused {
+                    status: status.as_u16(),
+                    code: code.into(),
+                    message: msg.into(),
+                });
             }
             if let Some(skus) = doc.get("skus").and_then(|s| s.as_array()) {
                 units.add_page(skus);
@@ -672,7 +684,7 @@ impl GcpProvider {
                 _ => return Ok(()),
             }
         }
-        Err("the Cloud Billing API kept paging past 200 pages".into())
+        Err(GcpError::TooManyPages)
     }
 
     /// The cluster's names: this provider's owner's, or the earlier
@@ -1258,7 +1270,7 @@ impl Provider for GcpProvider {
                 // A named but broken credentials file says more than the
                 // client's "could not create default credentials".
                 let (identity, hint) = match (&id, anonymous) {
-                    (Err(why), false) => (None, why.clone()),
+                    (Err(why), false) => (None, why.to_string()),
                     (Ok(i), false) => (Some(i.clone()), e.message),
                     (_, true) => (None, e.message),
                 };
@@ -1281,7 +1293,7 @@ impl Provider for GcpProvider {
                 ok: false,
                 identity: Some(who),
                 regions: Vec::new(),
-                hint: Some(why.clone()),
+                hint: Some(why.to_string()),
             });
         }
         let probe = c
@@ -1917,15 +1929,20 @@ mod tests {
         assert!(d(json!({"type": "external_account"}), None)
             .unwrap()
             .starts_with("workload identity federation ("));
-        assert!(d(json!({"client_email": "x"}), None)
-            .unwrap_err()
-            .contains("no \"type\""));
+        assert_eq!(
+            d(json!({"client_email": "x"}), None)
+                .unwrap_err()
+                .to_string(),
+            "F has no \"type\": not a credentials file"
+        );
         assert!(d(json!({"type": "service_account"}), None)
             .unwrap_err()
+            .to_string()
             .contains("client_email"));
-        assert!(d(json!({"type": "gdch"}), None)
-            .unwrap_err()
-            .contains("not known"));
+        assert_eq!(
+            d(json!({"type": "gdch"}), None).unwrap_err().to_string(),
+            "F: credentials of type \"gdch\" are not known"
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //!
 //! Needs the fake's venv (`tests/emulators/gce/setup.sh`; `.ci/run` makes
 //! one and passes its python in `GANGWAY_TEST_GCE_PYTHON`); without it each
-//! test says `SKIPPED gcp: why` (tests/support/skip.rs) and passes.
+//! test says `SKIPPED gcp: why` (gangway_test::skip) and passes.
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -14,11 +14,8 @@ use gangway_provider::{
     ClusterName, ErrorKind, LaunchRequest, NodeState, Placement, Provider, TaggedCluster,
 };
 
-#[path = "../../../tests/support/gce_fake.rs"]
-mod gce_fake;
-#[path = "../../../tests/support/skip.rs"]
-mod skip;
-use gce_fake::GceFake;
+use gangway_test::gce_fake::GceFake;
+use gangway_test::skip;
 
 /// One fake for the whole test binary (the endpoint is process-wide
 /// environment); tests keep apart by cluster name, zone and machine type.

@@ -6,6 +6,66 @@ use serde_json::Value;
 
 use crate::ZONES;
 
+/// What is wrong with a task's `config.local`: the message of an
+/// invalid-request error.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub(crate) enum ConfigError {
+    /// `config.local` is not a mapping.
+    #[error("config.local must be a mapping with keys {}, got {got}", KNOWN_KEYS.join(", "))]
+    NotAMapping {
+        /// What it is instead.
+        got: &'static str,
+    },
+    /// A key the local cloud does not know.
+    #[error("config.local.{key} is not an option of the local cloud; it knows {}", KNOWN_KEYS.join(", "))]
+    UnknownKey {
+        /// The key.
+        key: String,
+    },
+    /// `config.local.<path>` has the wrong shape or value.
+    #[error("config.local.{path} must be {expected}{}", got.as_ref().map(|g| format!(", got {g}")).unwrap_or_default())]
+    Invalid {
+        /// Where, below `config.local`.
+        path: String,
+        /// What it must be.
+        expected: String,
+        /// What it is, where that helps.
+        got: Option<String>,
+    },
+    /// A zone the local cloud does not have.
+    #[error("config.local.capacity.{zone}: no such zone; the local cloud has {}", ZONES.join(", "))]
+    UnknownZone {
+        /// The zone.
+        zone: String,
+    },
+    /// A key of one `preemptions` entry that is not an option.
+    #[error("config.local.preemptions[{index}].{key} is not an option; use after_s and notice_s")]
+    UnknownPreemptionKey {
+        /// The entry.
+        index: usize,
+        /// The key.
+        key: String,
+    },
+    /// A `preemptions` entry without `after_s`.
+    #[error("config.local.preemptions[{index}] needs after_s")]
+    NoAfter {
+        /// The entry.
+        index: usize,
+    },
+}
+
+fn invalid(
+    path: impl Into<String>,
+    expected: impl Into<String>,
+    got: Option<String>,
+) -> ConfigError {
+    ConfigError::Invalid {
+        path: path.into(),
+        expected: expected.into(),
+        got,
+    }
+}
+
 /// Nodes a zone can run at once when the task does not say.
 pub(crate) const DEFAULT_CAPACITY: u64 = 256;
 
@@ -72,19 +132,16 @@ impl LocalConfig {
         }
     }
 
-    /// Parses `config.local`; `None` and `null` are the defaults. The error
-    /// is the message of an invalid-request error.
-    pub fn parse(value: Option<&Value>) -> Result<LocalConfig, String> {
+    /// Parses `config.local`; `None` and `null` are the defaults.
+    pub fn parse(value: Option<&Value>) -> Result<LocalConfig, ConfigError> {
         let mut cfg = LocalConfig::default();
         let map = match value {
             None | Some(Value::Null) => return Ok(cfg),
             Some(Value::Object(map)) => map,
             Some(other) => {
-                return Err(format!(
-                    "config.local must be a mapping with keys {}, got {}",
-                    KNOWN_KEYS.join(", "),
-                    kind_of(other)
-                ))
+                return Err(ConfigError::NotAMapping {
+                    got: kind_of(other),
+                })
             }
         };
         for (key, v) in map {
@@ -93,33 +150,27 @@ impl LocalConfig {
                 "topology" => cfg.topology = Some(parse_topology(v)?),
                 "seed" => {
                     cfg.seed = Some(v.as_u64().ok_or_else(|| {
-                        format!(
-                            "config.local.seed must be a non-negative integer, got {}",
-                            kind_of(v)
-                        )
+                        invalid("seed", "a non-negative integer", Some(kind_of(v).into()))
                     })?)
                 }
                 "preempt_after_s" => cfg.preempt_after_s = Some(seconds("preempt_after_s", v)?),
                 "notice_s" => cfg.notice_s = seconds("notice_s", v)?,
                 "boot_s" => cfg.boot_s = seconds("boot_s", v)?,
                 "preemptions" => cfg.preemptions = Some(parse_preemptions(v)?),
-                other => {
-                    return Err(format!(
-                        "config.local.{other} is not an option of the local cloud; it knows {}",
-                        KNOWN_KEYS.join(", ")
-                    ))
-                }
+                other => return Err(ConfigError::UnknownKey { key: other.into() }),
             }
         }
         Ok(cfg)
     }
 }
 
-fn parse_preemptions(v: &Value) -> Result<Vec<(f64, f64)>, String> {
+fn parse_preemptions(v: &Value) -> Result<Vec<(f64, f64)>, ConfigError> {
     let shape = || {
-        "config.local.preemptions must be a list of {after_s: N, notice_s: N} (notice_s optional), \
-         one per launch of the cluster"
-            .to_string()
+        invalid(
+            "preemptions",
+            "a list of {after_s: N, notice_s: N} (notice_s optional), one per launch of the cluster",
+            None,
+        )
     };
     let list = v.as_array().ok_or_else(shape)?;
     let mut out = Vec::new();
@@ -127,14 +178,13 @@ fn parse_preemptions(v: &Value) -> Result<Vec<(f64, f64)>, String> {
         let m = item.as_object().ok_or_else(shape)?;
         for k in m.keys() {
             if k != "after_s" && k != "notice_s" {
-                return Err(format!(
-                    "config.local.preemptions[{i}].{k} is not an option; use after_s and notice_s"
-                ));
+                return Err(ConfigError::UnknownPreemptionKey {
+                    index: i,
+                    key: k.clone(),
+                });
             }
         }
-        let after = m
-            .get("after_s")
-            .ok_or_else(|| format!("config.local.preemptions[{i}] needs after_s"))?;
+        let after = m.get("after_s").ok_or(ConfigError::NoAfter { index: i })?;
         let after = seconds(&format!("preemptions[{i}].after_s"), after)?;
         let notice = match m.get("notice_s") {
             Some(n) => seconds(&format!("preemptions[{i}].notice_s"), n)?,
@@ -145,12 +195,15 @@ fn parse_preemptions(v: &Value) -> Result<Vec<(f64, f64)>, String> {
     Ok(out)
 }
 
-fn parse_capacity(v: &Value) -> Result<Capacity, String> {
+fn parse_capacity(v: &Value) -> Result<Capacity, ConfigError> {
     let shape = || {
-        format!(
-            "config.local.capacity must be a non-negative integer or a mapping from zone ({}) to one, got {}",
-            ZONES.join(", "),
-            kind_of(v)
+        invalid(
+            "capacity",
+            format!(
+                "a non-negative integer or a mapping from zone ({}) to one",
+                ZONES.join(", ")
+            ),
+            Some(kind_of(v).into()),
         )
     };
     match v {
@@ -159,15 +212,13 @@ fn parse_capacity(v: &Value) -> Result<Capacity, String> {
             let mut zones = BTreeMap::new();
             for (zone, n) in m {
                 if !ZONES.contains(&zone.as_str()) {
-                    return Err(format!(
-                        "config.local.capacity.{zone}: no such zone; the local cloud has {}",
-                        ZONES.join(", ")
-                    ));
+                    return Err(ConfigError::UnknownZone { zone: zone.clone() });
                 }
                 let n = n.as_u64().ok_or_else(|| {
-                    format!(
-                        "config.local.capacity.{zone} must be a non-negative integer, got {}",
-                        kind_of(n)
+                    invalid(
+                        format!("capacity.{zone}"),
+                        "a non-negative integer",
+                        Some(kind_of(n).into()),
                     )
                 })?;
                 zones.insert(zone.clone(), n);
@@ -178,11 +229,12 @@ fn parse_capacity(v: &Value) -> Result<Capacity, String> {
     }
 }
 
-fn parse_topology(v: &Value) -> Result<Vec<String>, String> {
+fn parse_topology(v: &Value) -> Result<Vec<String>, ConfigError> {
     let shape = || {
-        format!(
-            "config.local.topology must be a list of switch paths like \"spine1/leaf2\", got {}",
-            kind_of(v)
+        invalid(
+            "topology",
+            "a list of switch paths like \"spine1/leaf2\"",
+            Some(kind_of(v).into()),
         )
     };
     let list = v.as_array().ok_or_else(shape)?;
@@ -190,24 +242,26 @@ fn parse_topology(v: &Value) -> Result<Vec<String>, String> {
         .enumerate()
         .map(|(i, item)| {
             item.as_str().map(str::to_owned).ok_or_else(|| {
-                format!(
-                    "config.local.topology[{i}] must be a switch path like \"spine1/leaf2\", got {}",
-                    kind_of(item)
+                invalid(
+                    format!("topology[{i}]"),
+                    "a switch path like \"spine1/leaf2\"",
+                    Some(kind_of(item).into()),
                 )
             })
         })
         .collect()
 }
 
-fn seconds(key: &str, v: &Value) -> Result<f64, String> {
+fn seconds(key: &str, v: &Value) -> Result<f64, ConfigError> {
     match v.as_f64() {
         Some(s) if (0.0..1e9).contains(&s) => Ok(s),
-        _ => Err(format!(
-            "config.local.{key} must be a number of seconds >= 0, got {}",
-            match v {
+        _ => Err(invalid(
+            key,
+            "a number of seconds >= 0",
+            Some(match v {
                 Value::Number(n) => n.to_string(),
                 other => kind_of(other).to_owned(),
-            }
+            }),
         )),
     }
 }
@@ -285,7 +339,7 @@ mod tests {
             (json!({"capactiy": 1}), "config.local.capactiy"),
             (json!([1]), "config.local must be a mapping"),
         ] {
-            let e = LocalConfig::parse(Some(&v)).unwrap_err();
+            let e = LocalConfig::parse(Some(&v)).unwrap_err().to_string();
             assert!(e.contains(needle), "{v}: {e}");
         }
     }

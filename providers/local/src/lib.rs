@@ -132,7 +132,8 @@ impl LocalProvider {
         if req.cluster.0.is_empty() {
             return Err(invalid("the cluster name is empty".into()));
         }
-        let cfg = LocalConfig::parse(req.provider_config.as_ref()).map_err(invalid)?;
+        let cfg =
+            LocalConfig::parse(req.provider_config.as_ref()).map_err(|e| invalid(e.to_string()))?;
 
         let _lock = self
             .layout
@@ -266,6 +267,11 @@ impl LocalProvider {
         };
         let mut progress = Progress {
             cluster: req.cluster.0.clone(),
+            stop_after: if n_new > 0 {
+                self.take_midway_fault(&loc)?
+            } else {
+                None
+            },
             ..Progress::default()
         };
         let outcome = self.apply(
@@ -280,6 +286,10 @@ impl LocalProvider {
             &mut progress,
         );
         if let Err(e) = outcome {
+            if progress.stop_after.is_some() {
+                // As a launcher killed here would: no roll-back.
+                return Err(error(ErrorKind::Fatal, &loc, format!("launching: {e}")));
+            }
             self.roll_back(&progress);
             return Err(fatal(&loc, "launching", e));
         }
@@ -370,6 +380,14 @@ impl LocalProvider {
             };
             self.layout.write_record(&rec)?;
             progress.created.push(rec);
+            if progress.stop_after == Some(progress.created.len() as u64) {
+                return Err(io::Error::other(format!(
+                    "stopped half-way after {} of {} new nodes \
+                     (faults.json launch_midway, injected)",
+                    progress.created.len(),
+                    ids.len()
+                )));
+            }
         }
         Ok(())
     }
@@ -450,8 +468,8 @@ impl LocalProvider {
     }
 
     fn start_now(&self, cluster: &ClusterName, config: Option<&Value>) -> Result<Vec<Node>> {
-        let cfg =
-            LocalConfig::parse(config).map_err(|m| error(ErrorKind::InvalidRequest, REGION, m))?;
+        let cfg = LocalConfig::parse(config)
+            .map_err(|e| error(ErrorKind::InvalidRequest, REGION, e.to_string()))?;
         let _lock = self
             .layout
             .lock()
@@ -571,6 +589,9 @@ impl LocalProvider {
 #[derive(Default)]
 struct Progress {
     cluster: String,
+    /// Injected (`launch_midway`): fail, without rolling back, once this
+    /// many new nodes are recorded.
+    stop_after: Option<u64>,
     started: Vec<Record>,
     dirs: Vec<String>,
     market: Option<u32>,
@@ -675,6 +696,11 @@ impl LocalProvider {
     /// with that error kind (`transient`, `auth`, `fatal`, ...) and change
     /// nothing. Tests write the file; it does not exist otherwise.
     ///
+    /// `{"launch_midway": {"times": N, "after_nodes": K}}` makes the next N
+    /// launches that create nodes stop with a `Fatal` error once K of their
+    /// new nodes are recorded, leaving those K as a launcher killed there
+    /// would (no roll-back): a half-created cluster for `terminate`.
+    ///
     /// `{"kill_at": N}` in the same file is the fault sweep's kill point:
     /// every call's arrival and its return are counted across processes
     /// (`root/calls`), and the process at the N-th of them is killed with
@@ -729,6 +755,41 @@ impl LocalProvider {
                 .map_err(|e| fatal(REGION, "updating faults.json", e))?;
         }
         Err(error(kind, REGION, format!("{op}: {message}")))
+    }
+}
+
+impl LocalProvider {
+    /// Consumes one `launch_midway` fault, if `faults.json` has one: the
+    /// number of new nodes after which the launch stops. The caller holds
+    /// the lock.
+    fn take_midway_fault(&self, loc: &str) -> Result<Option<u64>> {
+        let path = self.layout.root.join("faults.json");
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return Ok(None);
+        };
+        let mut all: serde_json::Map<String, Value> = serde_json::from_str(&text).map_err(|e| {
+            error(
+                ErrorKind::Fatal,
+                loc,
+                format!("{}: not a faults file: {e}", path.display()),
+            )
+        })?;
+        let Some(f) = all.get_mut("launch_midway").and_then(Value::as_object_mut) else {
+            return Ok(None);
+        };
+        let times = f.get("times").and_then(Value::as_i64).unwrap_or(1);
+        if times == 0 {
+            return Ok(None);
+        }
+        let after = f.get("after_nodes").and_then(Value::as_u64).unwrap_or(1);
+        if times > 0 {
+            f.insert("times".into(), Value::from(times - 1));
+            let tmp = path.with_extension("json.tmp");
+            std::fs::write(&tmp, Value::Object(all).to_string())
+                .and_then(|()| std::fs::rename(&tmp, &path))
+                .map_err(|e| fatal(loc, "updating faults.json", e))?;
+        }
+        Ok(Some(after))
     }
 }
 

@@ -232,7 +232,12 @@ pub struct SlurmProvider {
     ssh_dir: PathBuf,
     poll: Duration,
     progress: Progress,
+    owner: Option<String>,
 }
+
+/// What gangway puts in a job's `--comment`: the launching installation's
+/// owner id.
+const OWNER_COMMENT: &str = "gangway-owner=";
 
 const NAME: &str = "slurm";
 
@@ -260,6 +265,28 @@ impl SlurmProvider {
             ssh_dir,
             poll: Duration::from_secs(2),
             progress: Box::new(|line| eprintln!("  {line}")),
+            owner: None,
+        }
+    }
+
+    /// The owner id of this gangway installation: jobs whose comment names
+    /// another owner (another `$GANGWAY_HOME` of the same Unix user, with a
+    /// cluster of the same name) are not this provider's to reuse,
+    /// describe or cancel. Without it, every job of the name is.
+    pub fn with_owner(mut self, owner: impl Into<String>) -> SlurmProvider {
+        self.owner = Some(owner.into());
+        self
+    }
+
+    /// Whether `job` (already known to be this user's and of the right
+    /// name) is this installation's: its comment names our owner id, or no
+    /// owner id at all (submitted by hand, or tagged with a user name by an
+    /// earlier version).
+    fn owns(&self, job: &Job) -> bool {
+        let Some(me) = &self.owner else { return true };
+        match job.comment.strip_prefix(OWNER_COMMENT) {
+            Some(theirs) => theirs == me || !gangway_provider::is_owner_id(theirs),
+            None => true,
         }
     }
 
@@ -384,7 +411,7 @@ impl SlurmProvider {
         let jobs = self.jobs(c).await?;
         Ok(jobs
             .into_iter()
-            .filter(|j| j.name == name && j.uid == me)
+            .filter(|j| j.name == name && j.uid == me && self.owns(j))
             .collect())
     }
 
@@ -549,18 +576,37 @@ pub fn classify(words: &str) -> ErrorKind {
 /// The keys a task may set under `config.slurm`.
 pub const CONFIG_KEYS: &[&str] = &["account", "qos", "time", "max_queue_wait"];
 
+/// What is wrong with a task's `config.slurm`.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    /// It is not a mapping.
+    #[error("config.slurm must be a mapping")]
+    NotAMapping,
+    /// A key that is not a setting.
+    #[error("config.slurm.{key} is not a setting (known: {known})", known = CONFIG_KEYS.join(", "))]
+    UnknownKey {
+        /// The key.
+        key: String,
+    },
+    /// A setting with a value of the wrong type or form.
+    #[error("config.slurm.{key}: {value} is not a valid value")]
+    BadValue {
+        /// The setting.
+        key: String,
+        /// Its value, as JSON.
+        value: serde_json::Value,
+    },
+}
+
 /// Refuses unknown keys and wrong types in a task's `config.slurm`.
-pub fn check_config(cfg: Option<&serde_json::Value>) -> std::result::Result<(), String> {
+pub fn check_config(cfg: Option<&serde_json::Value>) -> std::result::Result<(), ConfigError> {
     let Some(cfg) = cfg else { return Ok(()) };
     let Some(map) = cfg.as_object() else {
-        return Err("config.slurm must be a mapping".into());
+        return Err(ConfigError::NotAMapping);
     };
     for (k, v) in map {
         if !CONFIG_KEYS.contains(&k.as_str()) {
-            return Err(format!(
-                "config.slurm.{k} is not a setting (known: {})",
-                CONFIG_KEYS.join(", ")
-            ));
+            return Err(ConfigError::UnknownKey { key: k.clone() });
         }
         let ok = match k.as_str() {
             "max_queue_wait" => {
@@ -569,7 +615,10 @@ pub fn check_config(cfg: Option<&serde_json::Value>) -> std::result::Result<(), 
             _ => v.is_string(),
         };
         if !ok {
-            return Err(format!("config.slurm.{k}: {v} is not a valid value"));
+            return Err(ConfigError::BadValue {
+                key: k.clone(),
+                value: v.clone(),
+            });
         }
     }
     Ok(())
@@ -642,7 +691,7 @@ impl Provider for SlurmProvider {
         }
         let name = job_name(&req.cluster);
         let cfg = req.provider_config.as_ref();
-        check_config(cfg).map_err(|m| err(ErrorKind::InvalidRequest, &loc, m))?;
+        check_config(cfg).map_err(|e| err(ErrorKind::InvalidRequest, &loc, e.to_string()))?;
         let max_wait = cfg
             .and_then(|v| v.get("max_queue_wait"))
             .and_then(|v| match v {
@@ -679,7 +728,10 @@ impl Provider for SlurmProvider {
                     // Nothing of this process's environment is kept in
                     // Slurm's job record (the holder needs none of it).
                     "--export=NONE".into(),
-                    format!("--comment=gangway-owner={}", req.owner),
+                    format!(
+                        "--comment={OWNER_COMMENT}{}",
+                        self.owner.as_deref().unwrap_or(&req.owner)
+                    ),
                 ];
                 if let Some((_, n)) = req.accelerator.as_ref().filter(|(_, n)| *n >= 1.0) {
                     let n = *n as u32;
@@ -802,12 +854,12 @@ impl Provider for SlurmProvider {
             // The newest job of that name says how the cluster is.
             let Some(job) = jobs
                 .iter()
-                .filter(|j| j.name == name && j.uid == me)
+                .filter(|j| j.name == name && j.uid == me && self.owns(j))
                 .max_by_key(|j| (j.alive(), j.id))
             else {
                 continue;
             };
-            let partition = String::new();
+            let partition = job.partition.clone();
             if job.nodes.is_empty() {
                 out.push(Node {
                     id: gangway_provider::InstanceId(job.id.to_string()),
@@ -955,11 +1007,31 @@ mod tests {
         assert!(check_config(Some(&ok)).is_ok());
         assert!(check_config(Some(&serde_json::json!({"max_queue_wait": 30}))).is_ok());
         let typo = serde_json::json!({"acount": "p"});
-        assert!(check_config(Some(&typo)).unwrap_err().contains("acount"));
-        let bad = serde_json::json!({"max_queue_wait": "soon"});
-        assert!(check_config(Some(&bad))
+        assert!(check_config(Some(&typo))
             .unwrap_err()
-            .contains("max_queue_wait"));
+            .to_string()
+            .contains("acount"));
+        let bad = serde_json::json!({"max_queue_wait": "soon"});
+        assert_eq!(
+            check_config(Some(&bad)).unwrap_err().to_string(),
+            "config.slurm.max_queue_wait: \"soon\" is not a valid value"
+        );
+    }
+
+    #[test]
+    fn another_installations_jobs_are_not_ours() {
+        let p = SlurmProvider::new(Vec::new(), PathBuf::new()).with_owner("gw-00000000000000aa");
+        let with = |comment: &str| Job {
+            comment: comment.into(),
+            ..job("RUNNING", 0)
+        };
+        assert!(p.owns(&with("gangway-owner=gw-00000000000000aa")));
+        assert!(!p.owns(&with("gangway-owner=gw-00000000000000bb")));
+        // A user name of an earlier version, a hand-made job: ours.
+        assert!(p.owns(&with("gangway-owner=ubuntu")));
+        assert!(p.owns(&with("")));
+        let anyone = SlurmProvider::new(Vec::new(), PathBuf::new());
+        assert!(anyone.owns(&with("gangway-owner=gw-00000000000000bb")));
     }
 
     #[test]
@@ -981,6 +1053,8 @@ mod tests {
             reason: "BeginTime".into(),
             restarts,
             nodes: vec![],
+            partition: "gpu".into(),
+            comment: String::new(),
         }
     }
 

@@ -21,6 +21,10 @@ pub struct Job {
     pub restarts: u32,
     /// Its nodes, expanded (empty while pending).
     pub nodes: Vec<String>,
+    /// Its partition.
+    pub partition: String,
+    /// `--comment` (gangway's: `gangway-owner=<owner id>`).
+    pub comment: String,
 }
 
 impl Job {
@@ -80,6 +84,8 @@ pub fn jobs_from_scontrol(text: &str) -> Vec<Job> {
                 reason: null(f.get("Reason").copied().unwrap_or("")).to_string(),
                 restarts: f.get("Restarts").and_then(|r| r.parse().ok()).unwrap_or(0),
                 nodes: expand_hostlist(null(f.get("NodeList").copied().unwrap_or(""))),
+                partition: null(f.get("Partition").copied().unwrap_or("")).to_string(),
+                comment: null(f.get("Comment").copied().unwrap_or("")).to_string(),
             })
         })
         .collect()
@@ -114,6 +120,8 @@ pub fn jobs_from_squeue_json(text: &str) -> Result<Vec<Job>, String> {
                 reason: s(j, "state_reason"),
                 restarts: j.get("restart_cnt").and_then(|r| r.as_u64()).unwrap_or(0) as u32,
                 nodes: expand_hostlist(&s(j, "nodes")),
+                partition: s(j, "partition"),
+                comment: s(j, "comment"),
             })
         })
         .collect())
@@ -267,6 +275,7 @@ mod tests {
         assert_eq!(by(3).restarts, 1);
         assert_eq!(by(10).reason, "JobHeldUser");
         assert_eq!(by(1).uid, 0);
+        assert_eq!(by(7).partition, "gpu");
     }
 
     #[test]

@@ -3,16 +3,15 @@
 //! the `../shared` data) goes through it, so that a skip is never silent:
 //!
 //! ```ignore
-//! #[path = "../support/skip.rs"] // in the test crate's root file
-//! mod skip;
+//! use gangway_test::skip; // a dev-dependency of the test's crate
 //!
 //! if !have_slurm() {
-//!     crate::skip::skipped("slurm", "Slurm is not installed");
+//!     skip::skipped("slurm", "Slurm is not installed");
 //!     return;
 //! }
-//! crate::skip::ran("slurm");
+//! skip::ran("slurm");
 //! // or, for a prerequisite that is a Result<T, why>:
-//! let Some(fake) = crate::skip::gate("gcp", GceFake::try_start()) else { return };
+//! let Some(fake) = skip::gate("gcp", GceFake::try_start()) else { return };
 //! ```
 //!
 //! * [`skipped`] prints exactly one line, `SKIPPED <suite>: <why>`, and the
@@ -34,8 +33,6 @@
 //! node records `slurm` and `ssh`) and the same suite more than once; the
 //! summary counts each test once per suite, and a test that recorded any
 //! skip as skipped.
-#![allow(dead_code)]
-
 use std::fmt::Display;
 use std::io::Write;
 
@@ -161,7 +158,7 @@ fn suite_names() -> String {
 fn known(suite: &str) {
     assert!(
         is_suite(suite),
-        "skip: {suite:?} is not a suite (the suites: {}); add it to tests/support/skip.rs",
+        "skip: {suite:?} is not a suite (the suites: {}); add it to tests/support/src/skip.rs",
         suite_names()
     );
 }

@@ -1,15 +1,12 @@
 //! The EC2 emulator for the AWS tests: moto's EC2 plus gangway's fault
 //! injection, spot interruptions, placement groups and instance topology
 //! (`tests/emulators/ec2/`, see its README). Standard library and
-//! `serde_json` only, so any test crate can include it:
+//! `serde_json` only:
 //!
 //! ```ignore
-//! #[path = "../../tests/support/skip.rs"] // at the crate's root: `crate::skip`
-//! mod skip;
-//! #[path = "../../tests/support/ec2_emulator.rs"]
-//! mod ec2_emulator;
+//! use gangway_test::ec2_emulator::Ec2Emulator;
 //!
-//! let Some(emu) = ec2_emulator::Ec2Emulator::shared() else { return }; // SKIPPED aws: why
+//! let Some(emu) = Ec2Emulator::shared() else { return }; // SKIPPED aws: why
 //! emu.inject("RunInstances", &["my-cluster", "us-east-1a"], "InsufficientInstanceCapacity", "", 1);
 //! let out = Command::new(gangway).envs(emu.env()).arg("launch")...;
 //! ```
@@ -29,8 +26,6 @@
 //! its stdin pipe lives in a static that is never dropped: when this test
 //! process exits, however it exits, the kernel closes the pipe, the server
 //! reads end of file and exits. Nothing is left running.
-
-#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};

@@ -1,20 +1,12 @@
 //! The Compute Engine fake (tests/emulators/gce) for Rust tests: starts one
-//! on a free loopback port and talks to its control API. Included with
-//!
-//! ```ignore
-//! #[path = "../../tests/support/skip.rs"] // at the crate's root: `crate::skip`
-//! mod skip;
-//! #[path = "../../tests/support/gce_fake.rs"]
-//! mod gce_fake;
-//! ```
+//! on a free loopback port and talks to its control API
+//! (`gangway_test::gce_fake::GceFake`).
 //!
 //! It needs the fake's venv (the discovery document comes from the pinned
 //! google-api-python-client in it): `GANGWAY_TEST_GCE_PYTHON` (what
 //! `.ci/run` sets), else `target/gce-venv/bin/python` made by
 //! `tests/emulators/gce/setup.sh`; without either, `start` says
 //! `SKIPPED gcp: ...` (through `skip`) and returns `None`.
-#![allow(dead_code)]
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
