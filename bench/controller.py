@@ -180,6 +180,7 @@ def main():
         print(f"  CPU {(c2 - c1) / hz / (t2 - t1) * 100:.1f}% of one core, "
               f"VmRSS {kib(st['VmRSS']) / 1024:.1f} MiB")
     # Notices, recoveries, the end.
+    deadline = time.time() + NOTICE_AT + NOTICE_S + RUN_S + 300
     while time.time() < deadline:
         jobs = queue(home)
         sample()
@@ -200,6 +201,9 @@ def main():
     for j in queue(home):
         states[j["state"]] = states.get(j["state"], 0) + 1
     print(f"every job ended {ended:.0f} s after the first submission: {states}")
+    for j in queue(home):
+        if j["state"] != "SUCCEEDED":
+            print(f"  job {j['id']} {j['state']}: {j.get('detail')}")
     if latencies:
         print(f"notice -> signal over {len(latencies)} noticed jobs: "
               f"median {statistics.median(latencies):.0f} ms, p90 {pct(latencies, 0.9):.0f} ms, "
@@ -213,7 +217,10 @@ def main():
         left.extend(os.listdir(os.path.join(inst, d)))
     print(f"instances left in the local cloud: {len(left)}")
     gw(home, "jobs", "cancel", "--all", check=False)
-    shutil.rmtree(home, ignore_errors=True)
+    if os.environ.get("KEEP"):
+        print(f"kept {home}")
+    else:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 if __name__ == "__main__":

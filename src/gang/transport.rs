@@ -131,6 +131,13 @@ pub trait Transport: Send + Sync {
     /// (GCP's `preempted`, AWS's `spot/instance-action`), in its words.
     fn preemption_notice(&self, node: &NodeRow) -> Option<String>;
 
+    /// Whether [`Transport::preemption_notice`] only reads this machine's
+    /// files (it cannot block), so a caller may ask on its own thread
+    /// rather than hand each question to a blocking pool.
+    fn notice_is_local(&self) -> bool {
+        false
+    }
+
     /// A transport's own reading of how a command ended (an SSH client's
     /// 255 is a lost connection, not the command's code).
     fn explain_exit(&self, status: &std::process::ExitStatus) -> Option<String> {
@@ -342,6 +349,10 @@ impl Transport for LocalTransport {
 
     fn kill_cluster(&self, _node: &NodeRow, _cluster: &str) {
         // The local provider kills what is registered with the node.
+    }
+
+    fn notice_is_local(&self) -> bool {
+        true
     }
 
     fn preemption_notice(&self, node: &NodeRow) -> Option<String> {

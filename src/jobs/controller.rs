@@ -26,10 +26,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::{Duration, Instant, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use gangway_provider::{ClusterName, NodeState};
-use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
 use super::policy::{Choice, PolicyKind, State};
@@ -85,17 +84,6 @@ const IDLE_EXIT: Duration = Duration::from_secs(3);
 const PROVIDER_THREADS: usize = 32;
 /// Threads for the jobs' short blocking work.
 const BLOCKING_THREADS: usize = 32;
-
-/// A zone the job lost a node in.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-struct BlockRec {
-    cloud: String,
-    region: String,
-    zone: String,
-    at_ms: i64,
-    until_ms: i64,
-    reason: String,
-}
 
 /// When the controller stops.
 #[derive(Clone, Copy, Debug)]
@@ -628,43 +616,33 @@ fn plan(
     let catalog = sh
         .catalog(mt.catalog_dir.as_deref())
         .map_err(|e| PlanError::Catalog(Box::new(e)))?;
-    let now = now_ms();
-    let mut blocks: Vec<BlockRec> = serde_json::from_str(&job.blocks).unwrap_or_default();
-    blocks.retain(|b| b.until_ms > now);
     let opts = Options::default();
+    let mut list = Blocklist {
+        entries: blocks_of(job),
+    };
+    list.entries.retain(|b| b.until > opts.now);
     loop {
-        let list = Blocklist {
-            entries: blocks
-                .iter()
-                .map(|b| Block {
-                    cloud: b.cloud.clone(),
-                    region: Some(b.region.clone()),
-                    zone: Some(b.zone.clone()),
-                    instance_type: None,
-                    until: UNIX_EPOCH + Duration::from_millis(b.until_ms as u64),
-                    reason: b.reason.clone(),
-                })
-                .collect(),
-        };
         match optimizer::optimize(&task, &catalog, &list, &opts) {
             Ok(plan) => {
-                let lost_region = blocks
+                let lost_region = list
+                    .entries
                     .iter()
                     .max_by_key(|b| b.at_ms)
-                    .map(|b| (b.cloud.clone(), b.region.clone()));
+                    .and_then(|b| Some((b.cloud.clone(), b.region.clone()?)));
                 return Ok(order_for(&mt.strategy, plan, lost_region));
             }
-            Err(e) if blocks.is_empty() => return Err(e.into()),
+            Err(e) if list.entries.is_empty() => return Err(e.into()),
             Err(_) => {
                 // Everything left is blocked: the zone lost longest ago is
                 // the best bet.
-                let oldest = blocks
+                let oldest = list
+                    .entries
                     .iter()
                     .enumerate()
                     .min_by_key(|(_, b)| b.at_ms)
                     .map(|(i, _)| i)
                     .unwrap_or(0);
-                blocks.remove(oldest);
+                list.entries.remove(oldest);
             }
         }
     }
@@ -971,16 +949,21 @@ async fn nodes_and_transport(
 }
 
 /// A preemption notice on any node, as (rank, the provider's words):
-/// asked off the runtime (over SSH it is a command on the node).
+/// asked off the runtime (over SSH it is a command on the node), or right
+/// here when it is a read of this machine's files (the local cloud): a
+/// thousand jobs asking twice a second would otherwise spend their time
+/// handing work to the blocking pool.
 async fn notice(nodes: Arc<Vec<NodeRow>>, t: Arc<dyn Transport>) -> Option<(u32, String)> {
-    tokio::task::spawn_blocking(move || {
+    let local = t.notice_is_local();
+    let ask = move || {
         nodes
             .iter()
             .find_map(|n| t.preemption_notice(n).map(|w| (n.rank, w)))
-    })
-    .await
-    .ok()
-    .flatten()
+    };
+    if local {
+        return ask();
+    }
+    tokio::task::spawn_blocking(ask).await.ok().flatten()
 }
 
 /// Sends `sig` to every rank of run `inner`, off the runtime; returns once
@@ -1434,14 +1417,18 @@ async fn requeue(
     let now = now_ms();
     if preempted {
         if let Some(l) = j.location.clone() {
-            let mut blocks: Vec<BlockRec> = serde_json::from_str(&j.blocks).unwrap_or_default();
-            blocks.retain(|b| b.until_ms > now && !(b.cloud == l.cloud && b.zone == l.zone));
-            blocks.push(BlockRec {
+            let at = SystemTime::now();
+            let mut blocks = blocks_of(j);
+            blocks.retain(|b| {
+                b.until > at && !(b.cloud == l.cloud && b.zone.as_deref() == Some(&l.zone))
+            });
+            blocks.push(Block {
                 cloud: l.cloud,
-                region: l.region,
-                zone: l.zone,
+                region: Some(l.region),
+                zone: Some(l.zone),
+                instance_type: None,
                 at_ms: now,
-                until_ms: now + BLOCK_TTL.as_millis() as i64,
+                until: at + BLOCK_TTL,
                 reason: why.to_string(),
             });
             j.blocks = serde_json::to_string(&blocks).unwrap_or_else(|_| "[]".into());
@@ -1519,6 +1506,11 @@ async fn clean_up_ended(sh: &Shared, m: &mut Memo) -> Result<Action, crate::Erro
     Ok(Action::Requeue(Duration::ZERO))
 }
 
+/// The zones a job lost nodes in (stored with the job as JSON).
+fn blocks_of(job: &ManagedJob) -> Vec<Block> {
+    serde_json::from_str(&job.blocks).unwrap_or_default()
+}
+
 /// Removes an ended job's secrets (nothing to do when there are none).
 fn remove_secrets(dir: &Path) {
     let _ = std::fs::remove_file(dir.join("secrets.json"));
@@ -1592,6 +1584,19 @@ mod tests {
             zones(order_for("FAILOVER", plan, None)),
             ["us-east-1b", "us-west-2a", "us-east-1c", "us-central1-a"]
         );
+    }
+
+    #[test]
+    fn blocks_stored_by_earlier_versions_still_read() {
+        let stored = r#"[{"cloud":"local","region":"local","zone":"local-a","at_ms":5,"until_ms":1796000000000,"reason":"preempted"}]"#;
+        let blocks: Vec<Block> = serde_json::from_str(stored).unwrap();
+        assert_eq!(blocks[0].zone.as_deref(), Some("local-a"));
+        assert_eq!(blocks[0].at_ms, 5);
+        assert_eq!(blocks[0].instance_type, None);
+        let again = serde_json::to_string(&blocks).unwrap();
+        assert!(again.contains(r#""until_ms":1796000000000"#), "{again}");
+        assert!(blocks[0].covers(&cand("local", "local", "local-a")));
+        assert!(!blocks[0].covers(&cand("local", "local", "local-b")));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::catalog::{Catalog, Offering, ANY_ACCELERATOR};
 use crate::spec::{Accelerators, Quantity, ResourceSpec, Task};
@@ -56,21 +56,64 @@ pub struct Candidate {
     pub spec: Arc<ResourceSpec>,
 }
 
-/// One blocked place, until `until`. `None` fields match everything.
-#[derive(Clone, Debug, PartialEq)]
+/// One blocked place, until `until`. `None` fields match everything. The
+/// one blocklist type: the failover walk blocks what failed, the
+/// managed-job controller keeps the zones its jobs lost (serialized with
+/// the job, times as unix ms).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Block {
     /// Cloud.
     pub cloud: String,
     /// Region.
+    #[serde(default)]
     pub region: Option<String>,
     /// Zone.
+    #[serde(default)]
     pub zone: Option<String>,
     /// Instance type.
+    #[serde(default)]
     pub instance_type: Option<String>,
+    /// Since when (unix ms; 0 when not recorded): the controller drops the
+    /// oldest block first when everything is blocked.
+    #[serde(default)]
+    pub at_ms: i64,
     /// Expiry.
+    #[serde(rename = "until_ms", with = "unix_ms")]
     pub until: SystemTime,
     /// Why (shown when everything is blocked).
     pub reason: String,
+}
+
+impl Block {
+    /// Whether the block covers a planned candidate (expiry aside).
+    pub fn covers(&self, c: &Candidate) -> bool {
+        self.cloud == c.cloud
+            && self.region.as_deref().is_none_or(|r| r == c.region)
+            && self.zone.as_deref().is_none_or(|z| z == c.zone)
+            && self
+                .instance_type
+                .as_deref()
+                .is_none_or(|t| t == c.instance_type)
+    }
+}
+
+/// `SystemTime` as unix milliseconds.
+mod unix_ms {
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+        let ms = t
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        s.serialize_i64(ms)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
+        let ms = i64::deserialize(d)?.max(0) as u64;
+        Ok(UNIX_EPOCH + Duration::from_millis(ms))
+    }
 }
 
 /// Places not to try for a while (capacity errors, preemptions).

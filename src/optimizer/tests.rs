@@ -377,6 +377,7 @@ fn blocklist_removes_until_expiry() {
         region: Some("us-east-1".into()),
         zone: Some("us-east-1b".into()),
         instance_type: None,
+        at_ms: 0,
         until: now + Duration::from_secs(600),
         reason: "capacity".into(),
     });
@@ -397,6 +398,7 @@ fn blocklist_removes_until_expiry() {
         region: None,
         zone: None,
         instance_type: None,
+        at_ms: 0,
         until: now + Duration::from_secs(600),
         reason: "quota exceeded on aws".into(),
     });
@@ -405,6 +407,7 @@ fn blocklist_removes_until_expiry() {
         region: None,
         zone: None,
         instance_type: Some("a3-highgpu-8g".into()),
+        at_ms: 0,
         until: now + Duration::from_secs(600),
         reason: "gcp out of capacity".into(),
     });
