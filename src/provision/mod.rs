@@ -147,6 +147,31 @@ impl Providers {
     pub fn get(&self, cloud: &str) -> Option<Arc<dyn Provider>> {
         self.map.get(cloud).cloned()
     }
+
+    /// The transport for the nodes of `cloud` in `cluster`: the one its
+    /// provider brings, else SSH (host keys verified strictly) with the
+    /// provider's notice probe. `None` without such a provider.
+    pub fn transport(
+        &self,
+        cloud: &str,
+        home: &Path,
+        cluster: &str,
+    ) -> Option<Box<dyn crate::gang::Transport>> {
+        let p = self.get(cloud)?;
+        if let Some(t) = p.transport(home, cluster) {
+            return Some(t);
+        }
+        crate::gang::ssh::SshTransport::new(home, cluster, false)
+            .ok()
+            .map(|t| Box::new(t.for_provider(p)) as Box<dyn crate::gang::Transport>)
+    }
+}
+
+/// Whether `p`'s nodes are reached over SSH by the core's transport (it
+/// brings none of its own): gangway's key must exist before they are
+/// launched, and the first contact records their host keys.
+fn over_ssh(p: &dyn Provider, home: &Path, cluster: &str) -> bool {
+    p.transport(home, cluster).is_none()
 }
 
 /// Whether provisioning connects to new nodes before it returns.
@@ -485,7 +510,8 @@ pub async fn provision(
         };
         reporter.event(ProvisionEvent::Trying(c));
         // Clouds import gangway's public key into the nodes: it must exist.
-        if crate::gang::over_ssh(&c.cloud) {
+        let ssh = over_ssh(provider.as_ref(), store.home(), &cluster.name);
+        if ssh {
             if let Err(e) = crate::gang::ssh::ensure_key(store.home()) {
                 return Err(ProviderError::new(
                     ErrorKind::Fatal,
@@ -522,7 +548,7 @@ pub async fn provision(
                 }
                 let ranked = assign_ranks(got);
                 let mut rows = node_rows(&ranked);
-                if crate::gang::over_ssh(&c.cloud) {
+                if ssh {
                     for r in &mut rows {
                         r.extra.insert("gpus.discover".into(), "true".into());
                         if contact == Contact::Later {
@@ -534,7 +560,7 @@ pub async fn provision(
                     // now on) and wait for sshd on freshly booted nodes.
                     let reached = match contact {
                         Contact::Now => {
-                            first_contact(store.home(), &c.cloud, &cluster.name, &rows).await
+                            first_contact(store.home(), &provider, &cluster.name, &rows).await
                         }
                         Contact::Later => Ok(()),
                     };
@@ -624,24 +650,19 @@ pub async fn provision(
     Err(ProvisionError::Exhausted { nodes, attempts })
 }
 
-/// Opens the first SSH connection to new nodes, accepting their host keys.
+/// Opens the first SSH connection to new nodes, accepting their host keys,
+/// for as long as their provider says they may take to answer.
 async fn first_contact(
     home: &Path,
-    cloud: &str,
+    provider: &Arc<dyn Provider>,
     cluster: &str,
     rows: &[NodeRow],
 ) -> Result<(), String> {
     use crate::gang::Transport;
-    // Machines in a pool are up already; a fresh cloud VM boots, runs
-    // cloud-init and only then answers on port 22 (minutes on GPU images).
-    let wait = if cloud == "ssh" {
-        Duration::from_secs(60)
-    } else {
-        Duration::from_secs(600)
-    };
     let t = crate::gang::ssh::SshTransport::new(home, cluster, true)
         .map_err(|e| e.to_string())?
-        .with_connect_timeout(wait);
+        .for_provider(Arc::clone(provider))
+        .with_connect_timeout(provider.first_contact_wait());
     t.connect(rows).await.map_err(|e| e.to_string())
 }
 
@@ -729,12 +750,17 @@ pub async fn teardown(
     store.set_status(name, ClusterStatus::Terminating, None)?;
     stop_drivers(store, name).await?;
     if let Some(cloud) = &row.cloud {
+        let Some(p) = providers.get(cloud) else {
+            let e = TeardownError::NoProvider(cloud.clone());
+            store.set_teardown_failed(name, &e.to_string())?;
+            return Err(e);
+        };
         // On machines that outlive the cluster (ssh pools), whatever the
         // cluster still runs there is killed before they are released.
         // Cloud VMs go with everything on them: no connection needed.
-        if cloud == "ssh" {
+        if p.machines_outlive_clusters() {
             let nodes = store.nodes(name)?;
-            if let Some(t) = crate::gang::transport_for(cloud, store.home(), name) {
+            if let Some(t) = providers.transport(cloud, store.home(), name) {
                 if t.connect(&nodes).await.is_ok() {
                     for n in &nodes {
                         t.kill_cluster(n, name);
@@ -742,11 +768,6 @@ pub async fn teardown(
                 }
             }
         }
-        let Some(p) = providers.get(cloud) else {
-            let e = TeardownError::NoProvider(cloud.clone());
-            store.set_teardown_failed(name, &e.to_string())?;
-            return Err(e);
-        };
         if let Err(e) = remove_attempt(
             p.as_ref(),
             &ClusterName(name.to_string()),

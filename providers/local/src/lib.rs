@@ -42,6 +42,9 @@ mod market;
 mod store;
 #[cfg(test)]
 mod tests;
+mod transport;
+
+pub use transport::LocalTransport;
 
 use std::collections::{BTreeMap, HashSet};
 use std::fs;
@@ -600,6 +603,19 @@ struct Progress {
 
 #[async_trait::async_trait]
 impl Provider for LocalProvider {
+    fn runs_on_this_machine(&self) -> bool {
+        true
+    }
+
+    /// Local nodes are process groups on this machine, not SSH hosts.
+    fn transport(
+        &self,
+        _home: &Path,
+        _cluster: &str,
+    ) -> Option<Box<dyn gangway_provider::Transport>> {
+        Some(Box::new(LocalTransport))
+    }
+
     fn name(&self) -> &str {
         NAME
     }

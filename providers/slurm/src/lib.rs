@@ -16,6 +16,9 @@
 #![deny(missing_docs)]
 
 pub mod parse;
+mod transport;
+
+pub use transport::SlurmTransport;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -647,6 +650,16 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
 impl Provider for SlurmProvider {
     fn name(&self) -> &str {
         NAME
+    }
+
+    /// Commands on the nodes are job steps of the allocation, started
+    /// with `srun` here or on the cluster's login node.
+    fn transport(
+        &self,
+        home: &std::path::Path,
+        _cluster: &str,
+    ) -> Option<Box<dyn gangway_provider::Transport>> {
+        Some(Box::new(SlurmTransport::new(home)))
     }
 
     async fn check(&self) -> Result<CheckReport> {
