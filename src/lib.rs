@@ -10,11 +10,9 @@ pub mod cli;
 pub mod context;
 pub mod error;
 pub mod gang;
-pub mod inventory;
 pub mod jobs;
 pub mod optimizer;
 pub mod provision;
-pub mod slurm_clusters;
 pub mod spec;
 pub mod state;
 

@@ -297,6 +297,39 @@ impl Catalog {
         Ok(c)
     }
 
+    /// The catalog of what a provider's configuration file offers: on
+    /// demand only, taken today.
+    pub fn from_capacity(cloud: &str, capacity: gangway_provider::Capacity) -> Catalog {
+        let offerings: Vec<Offering> = capacity
+            .offers
+            .into_iter()
+            .map(|o| Offering {
+                cloud: cloud.to_string(),
+                instance_type: o.instance_type,
+                accelerator: o.accelerator,
+                accelerator_count: o.accelerator_count,
+                accelerator_memory_gib: None,
+                vcpus: o.vcpus,
+                memory_gib: o.memory_gib,
+                region: o.region,
+                zone: o.zone,
+                price: Some(o.price),
+                spot_price: None,
+                placement: false,
+                efa: false,
+            })
+            .collect();
+        let rows = offerings.len();
+        let mut c = Catalog::from_offerings(offerings);
+        c.sources.push(Source {
+            cloud: cloud.to_string(),
+            origin: capacity.origin,
+            taken: Some(Date::today()),
+            rows,
+        });
+        c
+    }
+
     /// Offers `cloud`'s rows only to tasks that name it (`infra:`),
     /// whichever overlay its rows come from.
     pub fn offer_only_when_named(&mut self, cloud: &str) {

@@ -12,17 +12,49 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gangway_local::LocalProvider;
 use gangway_provider::{
     ClusterName, ErrorKind, LaunchRequest, Node, NodeState, Placement, Provider, ProviderError,
+    Registration, Setup,
 };
 use serde::Serialize;
 
+use crate::catalog::Catalog;
 use crate::gang::assign_ranks;
 use crate::optimizer::Candidate;
+use crate::spec::SpecError;
 use crate::state::{
     self, ClusterRow, ClusterStatus, JobStatus, NodeRow, OwnerLock, StateError, Store,
 };
+
+/// Every provider this build has, one line each: adding a provider is a
+/// crate exporting its [`Registration`] and a line here.
+const REGISTRY: &[Registration] = &[
+    gangway_local::REGISTRATION,
+    gangway_ssh::REGISTRATION,
+    gangway_slurm::REGISTRATION,
+    #[cfg(feature = "aws")]
+    gangway_aws::REGISTRATION,
+    #[cfg(feature = "gcp")]
+    gangway_gcp::REGISTRATION,
+];
+
+/// The names of every provider this build has, whether or not it can be
+/// used here.
+pub fn registered() -> impl Iterator<Item = &'static str> {
+    REGISTRY.iter().map(|r| r.name)
+}
+
+/// Overlays what the providers' own configuration files offer (machines
+/// in ssh pools, Slurm partitions) on `catalog`; a broken file is an
+/// error naming its line.
+pub fn offer_capacity(catalog: &mut Catalog, home: &Path) -> Result<(), SpecError> {
+    for r in REGISTRY {
+        if let Some(capacity) = (r.capacity)(home)? {
+            catalog.overlay(Catalog::from_capacity(r.name, capacity));
+        }
+    }
+    Ok(())
+}
 
 /// The providers this build can use (cheap to clone: each is shared).
 #[derive(Clone)]
@@ -69,72 +101,27 @@ impl Providers {
         Providers::build(home, &home.join("adopted").join(dir), Some(owner), false)
     }
 
-    /// The providers; AWS and GCP (with an owner only) keep their records
-    /// under `clouds`, and with `legacy` find clusters an earlier version
-    /// recorded there by the user name it tagged them with.
+    /// The providers; those that tag cloud resources (with an owner only)
+    /// keep their records under `clouds`, and with `legacy` find clusters
+    /// an earlier version recorded there by the user name it tagged them
+    /// with.
     fn build(home: &Path, clouds: &Path, owner: Option<&str>, legacy: bool) -> Providers {
-        let mut map: BTreeMap<String, Arc<dyn Provider>> = BTreeMap::new();
-        map.insert(
-            "local".into(),
-            Arc::new(LocalProvider::new(home.join("local"))),
-        );
-        // Machines you already have, when the inventory lists some (a
-        // broken inventory is reported where the catalog is loaded).
-        if let Ok(Some(inv)) = crate::inventory::load(home) {
-            map.insert(
-                "ssh".into(),
-                Arc::new(gangway_ssh::SshPools::new(
-                    home.join("ssh_pools"),
-                    inv.pools(),
-                )),
-            );
-        }
-        // Slurm clusters, when slurm.yaml lists some.
-        if let Ok(Some(s)) = crate::slurm_clusters::load(home) {
-            let slurm = gangway_slurm::SlurmProvider::new(s.clusters, home.join("ssh"));
-            let slurm = match owner {
-                Some(owner) => slurm.with_owner(owner),
-                None => slurm,
-            };
-            map.insert("slurm".into(), Arc::new(slurm));
-        }
-        #[cfg(not(any(feature = "gcp", feature = "aws")))]
-        let _ = (clouds, owner, legacy);
-        #[cfg(any(feature = "gcp", feature = "aws"))]
-        if let Some(owner) = owner {
-            // The readable name tagged next to the id (`gangway-user`).
-            let user = ["USER", "LOGNAME"]
-                .iter()
-                .find_map(|k| std::env::var(k).ok().filter(|u| !u.is_empty()))
-                .unwrap_or_else(|| "unknown".into());
-            let legacy = if legacy { user.as_str() } else { "" };
-            #[cfg(feature = "gcp")]
-            map.insert(
-                "gcp".into(),
-                Arc::new(
-                    gangway_gcp::GcpProvider::new(
-                        clouds.join("gcp"),
-                        owner,
-                        home.join("ssh").join("id_ed25519.pub"),
-                    )
-                    .with_user(&user)
-                    .with_legacy_owner(legacy),
-                ),
-            );
-            #[cfg(feature = "aws")]
-            map.insert(
-                "aws".into(),
-                Arc::new(
-                    gangway_aws::AwsProvider::new(
-                        clouds.join("aws"),
-                        owner,
-                        home.join("ssh").join("id_ed25519.pub"),
-                    )
-                    .with_user(&user)
-                    .with_legacy_owner(legacy),
-                ),
-            );
-        }
+        // The readable name tagged next to the id (`gangway-user`).
+        let user = ["USER", "LOGNAME"]
+            .iter()
+            .find_map(|k| std::env::var(k).ok().filter(|u| !u.is_empty()))
+            .unwrap_or_else(|| "unknown".into());
+        let setup = Setup {
+            home,
+            records: clouds,
+            owner,
+            user: &user,
+            legacy_owner: if legacy { user.as_str() } else { "" },
+        };
+        let map = REGISTRY
+            .iter()
+            .filter_map(|r| Some((r.name.to_string(), (r.build)(&setup)?)))
+            .collect();
         Providers { map }
     }
 

@@ -19,9 +19,14 @@ use std::path::Path;
 use std::time::Duration;
 
 mod endpoint;
+mod registry;
 mod transport;
 
 pub use endpoint::SshEndpoint;
+pub use registry::{
+    no_capacity, Capacity, ConfigError, Offer, Registration, Setup, DEFAULT_CPUS,
+    DEFAULT_MEMORY_GIB,
+};
 pub use transport::{
     copy_tree, merge_newest, output_with_input, shell, signal_token, NodeCommand, NodeProcess,
     NodeRow, Transport, TransportError, KEPT_ENV, TOKEN_VAR,

@@ -982,6 +982,20 @@ impl AwsProvider {
     }
 }
 
+/// AWS in the core's registry: on with an owner id to tag with, its
+/// records under `records/aws`.
+pub const REGISTRATION: gangway_provider::Registration = gangway_provider::Registration {
+    name: "aws",
+    build: |s| {
+        Some(std::sync::Arc::new(
+            AwsProvider::new(s.records.join("aws"), s.owner?, s.public_key())
+                .with_user(s.user)
+                .with_legacy_owner(s.legacy_owner),
+        ))
+    },
+    capacity: gangway_provider::no_capacity,
+};
+
 #[async_trait::async_trait]
 impl Provider for AwsProvider {
     fn has_price_api(&self) -> bool {

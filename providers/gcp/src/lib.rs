@@ -1252,6 +1252,20 @@ fn state_of(i: &model::Instance, spot: bool) -> NodeState {
     }
 }
 
+/// GCP in the core's registry: on with an owner id to tag with, its
+/// records under `records/gcp`.
+pub const REGISTRATION: gangway_provider::Registration = gangway_provider::Registration {
+    name: "gcp",
+    build: |s| {
+        Some(std::sync::Arc::new(
+            GcpProvider::new(s.records.join("gcp"), s.owner?, s.public_key())
+                .with_user(s.user)
+                .with_legacy_owner(s.legacy_owner),
+        ))
+    },
+    capacity: gangway_provider::no_capacity,
+};
+
 #[async_trait::async_trait]
 impl Provider for GcpProvider {
     fn has_price_api(&self) -> bool {

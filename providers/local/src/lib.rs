@@ -601,6 +601,18 @@ struct Progress {
     created: Vec<Record>,
 }
 
+/// The local cloud in the core's registry: always there, its state under
+/// `$GANGWAY_HOME/local`.
+pub const REGISTRATION: gangway_provider::Registration = gangway_provider::Registration {
+    name: NAME,
+    build: |s| {
+        Some(std::sync::Arc::new(LocalProvider::new(
+            s.home.join("local"),
+        )))
+    },
+    capacity: gangway_provider::no_capacity,
+};
+
 #[async_trait::async_trait]
 impl Provider for LocalProvider {
     fn runs_on_this_machine(&self) -> bool {

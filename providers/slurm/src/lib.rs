@@ -15,6 +15,7 @@
 //! client commands and a `SLURM_CONF` for the cluster).
 #![deny(missing_docs)]
 
+pub mod clusters;
 pub mod parse;
 mod transport;
 
@@ -645,6 +646,22 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
     }?;
     Some(Duration::from_secs(secs))
 }
+
+/// The Slurm provider in the core's registry: there when
+/// `$GANGWAY_HOME/slurm.yaml` lists clusters (a broken file is reported
+/// where the catalog is loaded).
+pub const REGISTRATION: gangway_provider::Registration = gangway_provider::Registration {
+    name: NAME,
+    build: |s| {
+        let file = clusters::load(s.home).ok()??;
+        let slurm = SlurmProvider::new(file.clusters, s.ssh_dir());
+        Some(std::sync::Arc::new(match s.owner {
+            Some(owner) => slurm.with_owner(owner),
+            None => slurm,
+        }))
+    },
+    capacity: |home| Ok(clusters::load(home)?.map(|c| c.capacity())),
+};
 
 #[async_trait::async_trait]
 impl Provider for SlurmProvider {

@@ -29,6 +29,7 @@
 //! thread of their own, never on the caller's executor.
 #![deny(missing_docs)]
 
+pub mod inventory;
 mod probe;
 mod store;
 #[cfg(test)]
@@ -541,6 +542,22 @@ fn error(kind: ErrorKind, location: &str, message: String) -> ProviderError {
 
 const NOT_STOPPED: &str =
     "machines in an ssh pool are not stopped or started by gangway; use down to release them";
+
+/// The ssh pools in the core's registry: there when
+/// `$GANGWAY_HOME/ssh_pools.yaml` lists machines (a broken file is
+/// reported where the catalog is loaded), allocations recorded under
+/// `$GANGWAY_HOME/ssh_pools`.
+pub const REGISTRATION: gangway_provider::Registration = gangway_provider::Registration {
+    name: NAME,
+    build: |s| {
+        let inv = inventory::load(s.home).ok()??;
+        Some(Arc::new(SshPools::new(
+            s.home.join("ssh_pools"),
+            inv.pools(),
+        )))
+    },
+    capacity: |home| Ok(inventory::load(home)?.map(|inv| inv.capacity())),
+};
 
 #[async_trait::async_trait]
 impl Provider for SshPools {
