@@ -11,6 +11,8 @@ pub mod context;
 pub mod error;
 pub mod gang;
 pub mod jobs;
+#[cfg(test)]
+mod no_provider_names;
 pub mod optimizer;
 pub mod provision;
 pub mod spec;
