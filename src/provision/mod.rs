@@ -319,6 +319,35 @@ struct Block {
 }
 
 impl Block {
+    /// The zone and instance type of `c`.
+    fn placement(c: &Candidate) -> Block {
+        Block {
+            cloud: c.cloud.clone(),
+            region: c.region.clone(),
+            zone: Some(c.zone.clone()),
+            instance_type: Some(c.instance_type.clone()),
+        }
+    }
+
+    /// The whole region of `c`.
+    fn region(c: &Candidate) -> Block {
+        Block {
+            zone: None,
+            instance_type: None,
+            ..Block::placement(c)
+        }
+    }
+
+    /// What an error of `kind` at `c` blocks: a quota the region, anything
+    /// else the zone and type.
+    fn after(c: &Candidate, kind: ErrorKind) -> Block {
+        if kind == ErrorKind::Quota {
+            Block::region(c)
+        } else {
+            Block::placement(c)
+        }
+    }
+
     fn covers(&self, c: &Candidate) -> bool {
         self.cloud == c.cloud
             && self.region == c.region
@@ -378,6 +407,12 @@ pub fn state_name(s: &NodeState) -> &'static str {
 
 /// Walks `plan` until a placement gives all nodes. The cluster row must be
 /// reserved (and its owner lock held) by the caller.
+///
+/// The walk: first settle what an interrupted launch left
+/// ([`resume_order`]); then, for each candidate not blocked by an earlier
+/// failure, ask its provider for the whole gang ([`Walk::attempt`]). A
+/// placement that cannot give it is blocked, whatever it created is
+/// removed, and the walk fails over to the next ([`Walk::fail_over`]).
 pub async fn provision(
     store: &Store,
     cluster: &ClusterRow,
@@ -387,82 +422,154 @@ pub async fn provision(
     retry: RetryPolicy,
     contact: Contact,
 ) -> Result<Provisioned, ProvisionError> {
-    let name = ClusterName(cluster.name.clone());
-    let config: Option<serde_json::Value> = cluster
-        .provider_config
-        .as_deref()
-        .and_then(|s| serde_json::from_str(s).ok());
-    // A launch that died half-way left nodes at its recorded placement:
-    // reuse them if that placement is still in the plan, else remove them.
-    let mut order: Vec<&Candidate> = plan.iter().collect();
-    if let Some(cloud) = &cluster.cloud {
-        let same = |c: &&Candidate| {
-            Some(&c.cloud) == cluster.cloud.as_ref()
-                && Some(&c.zone) == cluster.zone.as_ref()
-                && Some(&c.instance_type) == cluster.instance_type.as_ref()
-                && c.use_spot == cluster.use_spot
+    let mut walk = Walk {
+        store,
+        cluster,
+        name: ClusterName(cluster.name.clone()),
+        config: cluster
+            .provider_config
+            .as_deref()
+            .and_then(|s| serde_json::from_str(s).ok()),
+        reporter,
+        retry,
+        contact,
+        blocks: Vec::new(),
+        attempts: Vec::new(),
+    };
+    let order = resume_order(&walk, plan, providers).await?;
+    for c in order {
+        if walk.blocks.iter().any(|b| b.covers(c)) {
+            continue;
+        }
+        let Some(provider) = providers.get(&c.cloud) else {
+            walk.not_in_build(c);
+            continue;
         };
-        if let Some(pos) = order.iter().position(same) {
-            let c = order.remove(pos);
-            order.insert(0, c);
-        } else {
-            // Whatever the earlier launch created elsewhere goes first: the
-            // row can name only one placement.
-            let Some(p) = providers.get(cloud) else {
-                let e = ProviderError::new(
-                    ErrorKind::Fatal,
-                    cloud.clone(),
-                    cluster.region.as_deref().unwrap_or("-"),
-                    format!("the {cloud} provider is not in this build"),
-                );
-                return Err(leftover(
-                    store,
-                    &cluster.name,
-                    "an interrupted launch left nodes to remove".into(),
-                    e,
-                ));
-            };
-            if let Err(e) = remove_attempt(p.as_ref(), &name, retry).await {
-                return Err(leftover(
-                    store,
-                    &cluster.name,
-                    "an interrupted launch left nodes to remove".into(),
-                    e,
-                ));
+        match walk.attempt(c, &provider).await? {
+            Attempted::Up(done) => return Ok(done),
+            Attempted::FailOver { block, why, event } => {
+                walk.fail_over(c, provider.as_ref(), block, why, event)
+                    .await?
             }
         }
     }
-    let mut blocks: Vec<Block> = Vec::new();
-    let mut attempts: Vec<Attempt> = Vec::new();
     let nodes = plan.first().map_or(cluster.num_nodes, |c| c.nodes);
-    for c in order {
-        if blocks.iter().any(|b| b.covers(c)) {
-            continue;
-        }
-        let attempt = |outcome: String| Attempt {
+    Err(ProvisionError::Exhausted {
+        nodes,
+        attempts: walk.attempts,
+    })
+}
+
+/// The plan in the order to try it, after what an interrupted launch left
+/// at its recorded placement: that placement first if it is still in the
+/// plan (its nodes are reused), else its nodes removed before anything
+/// else is tried (the row can name only one placement).
+async fn resume_order<'p>(
+    walk: &Walk<'_>,
+    plan: &'p [Candidate],
+    providers: &Providers,
+) -> Result<Vec<&'p Candidate>, ProvisionError> {
+    let cluster = walk.cluster;
+    let mut order: Vec<&Candidate> = plan.iter().collect();
+    let Some(cloud) = &cluster.cloud else {
+        return Ok(order);
+    };
+    let same = |c: &&Candidate| {
+        Some(&c.cloud) == cluster.cloud.as_ref()
+            && Some(&c.zone) == cluster.zone.as_ref()
+            && Some(&c.instance_type) == cluster.instance_type.as_ref()
+            && c.use_spot == cluster.use_spot
+    };
+    if let Some(pos) = order.iter().position(same) {
+        let c = order.remove(pos);
+        order.insert(0, c);
+        return Ok(order);
+    }
+    let left = "an interrupted launch left nodes to remove";
+    let Some(p) = providers.get(cloud) else {
+        let e = ProviderError::new(
+            ErrorKind::Fatal,
+            cloud.clone(),
+            cluster.region.as_deref().unwrap_or("-"),
+            format!("the {cloud} provider is not in this build"),
+        );
+        return Err(leftover(walk.store, &cluster.name, left.into(), e));
+    };
+    if let Err(e) = remove_attempt(p.as_ref(), &walk.name, walk.retry).await {
+        return Err(leftover(walk.store, &cluster.name, left.into(), e));
+    }
+    Ok(order)
+}
+
+/// What one attempt at a candidate came to, when it did not stop the walk.
+enum Attempted {
+    /// The whole gang is up (and reached, where that was asked for).
+    Up(Provisioned),
+    /// This placement cannot give the gang: block `block`, remove what the
+    /// attempt created, go on. `event`: record the failover in the
+    /// cluster's events (a gang that came up but could not be reached is
+    /// reported, not recorded).
+    FailOver {
+        /// What to block.
+        block: Block,
+        /// Why, in words.
+        why: String,
+        /// Record a `failover` event.
+        event: bool,
+    },
+}
+
+/// One walk through the plan: what every attempt shares, and what the
+/// failed ones left (blocks on the rest of the plan, their outcomes).
+struct Walk<'a> {
+    store: &'a Store,
+    cluster: &'a ClusterRow,
+    name: ClusterName,
+    /// The task's `config` section, by provider.
+    config: Option<serde_json::Value>,
+    reporter: &'a dyn Reporter,
+    retry: RetryPolicy,
+    contact: Contact,
+    blocks: Vec<Block>,
+    attempts: Vec<Attempt>,
+}
+
+impl Walk<'_> {
+    /// Records `c` as tried, with its outcome.
+    fn tried(&mut self, c: &Candidate, outcome: String) {
+        self.attempts.push(Attempt {
             cloud: c.cloud.clone(),
             region: c.region.clone(),
             zone: c.zone.clone(),
             instance_type: c.instance_type.clone(),
             use_spot: c.use_spot,
             outcome,
-        };
-        let Some(provider) = providers.get(&c.cloud) else {
-            let why = format!("the {} provider is not in this build yet", c.cloud);
-            reporter.event(ProvisionEvent::Failed(c, &why));
-            attempts.push(attempt(why));
-            blocks.push(Block {
-                cloud: c.cloud.clone(),
-                region: c.region.clone(),
-                zone: None,
-                instance_type: None,
-            });
-            continue;
-        };
-        // Recorded before the provider is asked, so a crash from here on
-        // leaves a row that says where to look.
+        });
+    }
+
+    /// A candidate of a cloud this build has no provider for: its whole
+    /// region is blocked.
+    fn not_in_build(&mut self, c: &Candidate) {
+        let why = format!("the {} provider is not in this build yet", c.cloud);
+        self.reporter.event(ProvisionEvent::Failed(c, &why));
+        self.tried(c, why);
+        self.blocks.push(Block::region(c));
+    }
+
+    /// Asks `provider` for the gang at `c`: records the placement first
+    /// (a crash from then on leaves a row that says where to look), makes
+    /// sure gangway's key exists for nodes reached over SSH, launches with
+    /// retries, then brings the nodes up. Errors that stop the walk
+    /// (auth, invalid request, fatal) come back as errors, after whatever
+    /// the attempt created is removed.
+    async fn attempt(
+        &mut self,
+        c: &Candidate,
+        provider: &Arc<dyn Provider>,
+    ) -> Result<Attempted, ProvisionError> {
+        let store = self.store;
         store.set_placement(
-            &cluster.name,
+            &self.cluster.name,
             &state::Placement {
                 cloud: &c.cloud,
                 region: &c.region,
@@ -474,30 +581,10 @@ pub async fn provision(
                 price_per_hour: c.total_per_hour,
             },
         )?;
-        let req = LaunchRequest {
-            cluster: name.clone(),
-            owner: owner(store.home())?,
-            placement: Placement {
-                cloud: c.cloud.clone(),
-                region: c.region.clone(),
-                zone: c.zone.clone(),
-            },
-            instance_type: c.instance_type.clone(),
-            count: c.nodes,
-            use_spot: c.use_spot,
-            accelerator: c.accelerator.clone().map(|a| (a, c.accelerator_count)),
-            disk_size_gib: c.spec.disk_size,
-            image_id: c.spec.image_id.clone(),
-            client_token: cluster.client_token.clone(),
-            provider_config: config.as_ref().and_then(|v| v.get(&c.cloud)).cloned(),
-            network_tier: c.spec.network_tier.clone(),
-            max_price: c.spec.max_hourly_cost,
-            ports: c.spec.ports.iter().map(|p| (p.start, p.end)).collect(),
-            labels: c.spec.labels.clone(),
-        };
-        reporter.event(ProvisionEvent::Trying(c));
+        let req = self.launch_request(c)?;
+        self.reporter.event(ProvisionEvent::Trying(c));
         // Clouds import gangway's public key into the nodes: it must exist.
-        let ssh = over_ssh(provider.as_ref(), store.home(), &cluster.name);
+        let ssh = over_ssh(provider.as_ref(), store.home(), &self.cluster.name);
         if ssh {
             if let Err(e) = crate::gang::ssh::ensure_key(store.home()) {
                 return Err(ProviderError::new(
@@ -509,132 +596,180 @@ pub async fn provision(
                 .into());
             }
         }
-        let mut tries = 0;
-        let result = loop {
-            tries += 1;
-            match provider.launch(&req).await {
-                Err(e) if e.kind == ErrorKind::Transient && tries < retry.attempts => {
-                    let d = retry.delay(tries, noise());
-                    reporter.event(ProvisionEvent::Retrying(c, &e, d));
-                    tokio::time::sleep(d).await;
-                }
-                other => break other,
-            }
-        };
-        let failure = match result {
+        match self.launch_with_retry(c, provider.as_ref(), &req).await {
             Ok(got)
                 if got.len() == c.nodes as usize
                     && got.iter().all(|n| n.state == NodeState::Running) =>
             {
-                let mut got = got;
-                let paths = provider.topology(&got).await.unwrap_or_default();
-                if paths.len() == got.len() {
-                    for (n, p) in got.iter_mut().zip(paths) {
-                        n.topology = p;
-                    }
-                }
-                let ranked = assign_ranks(got);
-                let mut rows = node_rows(&ranked);
-                if ssh {
-                    for r in &mut rows {
-                        r.extra.insert("gpus.discover".into(), "true".into());
-                        if contact == Contact::Later {
-                            r.extra
-                                .insert(crate::gang::ssh::FIRST_CONTACT.into(), "pending".into());
-                        }
-                    }
-                    // First contact: record host keys (verified strictly from
-                    // now on) and wait for sshd on freshly booted nodes.
-                    let reached = match contact {
-                        Contact::Now => {
-                            first_contact(store.home(), &provider, &cluster.name, &rows).await
-                        }
-                        Contact::Later => Ok(()),
-                    };
-                    if let Err(e) = reached {
-                        let why = format!("cannot reach the nodes: {e}");
-                        if let Err(cleanup) = remove_attempt(provider.as_ref(), &name, retry).await
-                        {
-                            return Err(leftover(store, &cluster.name, why, cleanup));
-                        }
-                        reporter.event(ProvisionEvent::Failed(c, &why));
-                        blocks.push(Block {
-                            cloud: c.cloud.clone(),
-                            region: c.region.clone(),
-                            zone: Some(c.zone.clone()),
-                            instance_type: Some(c.instance_type.clone()),
-                        });
-                        attempts.push(attempt(why));
-                        continue;
-                    }
-                }
-                reporter.event(ProvisionEvent::Up(c, ranked.len()));
-                store.event(
-                    &cluster.name,
-                    None,
-                    "provision",
-                    &format!(
-                        "{} node(s) of {} up in {}/{}/{}",
-                        ranked.len(),
-                        c.instance_type,
-                        c.cloud,
-                        c.region,
-                        c.zone
-                    ),
-                )?;
-                return Ok(Provisioned {
-                    candidate: c.clone(),
-                    nodes: rows,
-                });
+                self.bring_up(c, provider, got, ssh).await
             }
             Ok(got) => {
                 let running = got.iter().filter(|n| n.state == NodeState::Running).count();
-                blocks.push(Block {
-                    cloud: c.cloud.clone(),
-                    region: c.region.clone(),
-                    zone: Some(c.zone.clone()),
-                    instance_type: Some(c.instance_type.clone()),
-                });
-                format!("only {running} of {} nodes came up", c.nodes)
+                Ok(Attempted::FailOver {
+                    block: Block::placement(c),
+                    why: format!("only {running} of {} nodes came up", c.nodes),
+                    event: true,
+                })
             }
             Err(e) if e.kind.fails_over() || e.kind == ErrorKind::Transient => {
-                blocks.push(Block {
-                    cloud: c.cloud.clone(),
-                    region: c.region.clone(),
-                    zone: (e.kind != ErrorKind::Quota).then(|| c.zone.clone()),
-                    instance_type: (e.kind != ErrorKind::Quota).then(|| c.instance_type.clone()),
-                });
-                format!("{}: {}", e.kind, e.message)
+                Ok(Attempted::FailOver {
+                    block: Block::after(c, e.kind),
+                    why: format!("{}: {}", e.kind, e.message),
+                    event: true,
+                })
             }
             Err(e) => {
                 // Stop: but never leave a half-created gang behind.
-                store.event(&cluster.name, None, "provision", &e.to_string())?;
-                if let Err(cleanup) = remove_attempt(provider.as_ref(), &name, retry).await {
-                    return Err(leftover(store, &cluster.name, e.to_string(), cleanup));
+                store.event(&self.cluster.name, None, "provision", &e.to_string())?;
+                if let Err(cleanup) =
+                    remove_attempt(provider.as_ref(), &self.name, self.retry).await
+                {
+                    return Err(leftover(store, &self.cluster.name, e.to_string(), cleanup));
                 }
-                return Err(e.into());
+                Err(e.into())
             }
-        };
-        // All or nothing: remove whatever this attempt created before the
-        // next one; if that fails the walk stops here, with the row kept at
-        // this placement, rather than move on and forget these nodes.
-        if let Err(cleanup) = remove_attempt(provider.as_ref(), &name, retry).await {
-            return Err(leftover(store, &cluster.name, failure, cleanup));
         }
-        let outcome = failure;
-        reporter.event(ProvisionEvent::Failed(c, &outcome));
-        store.event(
-            &cluster.name,
+    }
+
+    /// What the provider is asked for at `c`.
+    fn launch_request(&self, c: &Candidate) -> Result<LaunchRequest, ProvisionError> {
+        Ok(LaunchRequest {
+            cluster: self.name.clone(),
+            owner: owner(self.store.home())?,
+            placement: Placement {
+                cloud: c.cloud.clone(),
+                region: c.region.clone(),
+                zone: c.zone.clone(),
+            },
+            instance_type: c.instance_type.clone(),
+            count: c.nodes,
+            use_spot: c.use_spot,
+            accelerator: c.accelerator.clone().map(|a| (a, c.accelerator_count)),
+            disk_size_gib: c.spec.disk_size,
+            image_id: c.spec.image_id.clone(),
+            client_token: self.cluster.client_token.clone(),
+            provider_config: self.config.as_ref().and_then(|v| v.get(&c.cloud)).cloned(),
+            network_tier: c.spec.network_tier.clone(),
+            max_price: c.spec.max_hourly_cost,
+            ports: c.spec.ports.iter().map(|p| (p.start, p.end)).collect(),
+            labels: c.spec.labels.clone(),
+        })
+    }
+
+    /// `provider.launch`, retried with backoff while it fails transiently.
+    async fn launch_with_retry(
+        &self,
+        c: &Candidate,
+        provider: &dyn Provider,
+        req: &LaunchRequest,
+    ) -> Result<Vec<Node>, ProviderError> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match provider.launch(req).await {
+                Err(e) if e.kind == ErrorKind::Transient && tries < self.retry.attempts => {
+                    let d = self.retry.delay(tries, noise());
+                    self.reporter.event(ProvisionEvent::Retrying(c, &e, d));
+                    tokio::time::sleep(d).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// A whole gang came up: ranks from the provider's topology, then, for
+    /// nodes reached over SSH, the first contact (host keys recorded, sshd
+    /// waited for) unless it is left to the first command.
+    async fn bring_up(
+        &self,
+        c: &Candidate,
+        provider: &Arc<dyn Provider>,
+        mut got: Vec<Node>,
+        ssh: bool,
+    ) -> Result<Attempted, ProvisionError> {
+        let paths = provider.topology(&got).await.unwrap_or_default();
+        if paths.len() == got.len() {
+            for (n, p) in got.iter_mut().zip(paths) {
+                n.topology = p;
+            }
+        }
+        let ranked = assign_ranks(got);
+        let mut rows = node_rows(&ranked);
+        if ssh {
+            for r in &mut rows {
+                r.extra.insert("gpus.discover".into(), "true".into());
+                if self.contact == Contact::Later {
+                    r.extra
+                        .insert(crate::gang::ssh::FIRST_CONTACT.into(), "pending".into());
+                }
+            }
+            // First contact: record host keys (verified strictly from
+            // now on) and wait for sshd on freshly booted nodes.
+            let reached = match self.contact {
+                Contact::Now => {
+                    first_contact(self.store.home(), provider, &self.cluster.name, &rows).await
+                }
+                Contact::Later => Ok(()),
+            };
+            if let Err(e) = reached {
+                return Ok(Attempted::FailOver {
+                    block: Block::placement(c),
+                    why: format!("cannot reach the nodes: {e}"),
+                    event: false,
+                });
+            }
+        }
+        self.reporter.event(ProvisionEvent::Up(c, ranked.len()));
+        self.store.event(
+            &self.cluster.name,
             None,
-            "failover",
+            "provision",
             &format!(
-                "{}/{}/{} {}: {outcome}",
-                c.cloud, c.region, c.zone, c.instance_type
+                "{} node(s) of {} up in {}/{}/{}",
+                ranked.len(),
+                c.instance_type,
+                c.cloud,
+                c.region,
+                c.zone
             ),
         )?;
-        attempts.push(attempt(outcome));
+        Ok(Attempted::Up(Provisioned {
+            candidate: c.clone(),
+            nodes: rows,
+        }))
     }
-    Err(ProvisionError::Exhausted { nodes, attempts })
+
+    /// All or nothing: removes whatever the failed attempt at `c` created
+    /// before the next one, blocks what it says is blocked, and records
+    /// why. If the removal fails the walk stops here, with the row kept at
+    /// this placement, rather than move on and forget these nodes.
+    async fn fail_over(
+        &mut self,
+        c: &Candidate,
+        provider: &dyn Provider,
+        block: Block,
+        why: String,
+        event: bool,
+    ) -> Result<(), ProvisionError> {
+        self.blocks.push(block);
+        if let Err(cleanup) = remove_attempt(provider, &self.name, self.retry).await {
+            return Err(leftover(self.store, &self.cluster.name, why, cleanup));
+        }
+        self.reporter.event(ProvisionEvent::Failed(c, &why));
+        if event {
+            self.store.event(
+                &self.cluster.name,
+                None,
+                "failover",
+                &format!(
+                    "{}/{}/{} {}: {why}",
+                    c.cloud, c.region, c.zone, c.instance_type
+                ),
+            )?;
+        }
+        self.tried(c, why);
+        Ok(())
+    }
 }
 
 /// Opens the first SSH connection to new nodes, accepting their host keys,
