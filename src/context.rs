@@ -28,12 +28,7 @@ pub fn load_catalog(home: Option<&Path>, dir: Option<&Path>) -> Result<Catalog, 
         c.overlay(Catalog::load_dir(dir)?);
     }
     if let Some(home) = home {
-        if let Some(inv) = crate::inventory::load(home)? {
-            c.overlay(inv.catalog());
-        }
-        if let Some(s) = crate::slurm_clusters::load(home)? {
-            c.overlay(s.catalog());
-        }
+        crate::provision::offer_capacity(&mut c, home)?;
     }
     Ok(c)
 }

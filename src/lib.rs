@@ -10,11 +10,11 @@ pub mod cli;
 pub mod context;
 pub mod error;
 pub mod gang;
-pub mod inventory;
 pub mod jobs;
+#[cfg(test)]
+mod no_provider_names;
 pub mod optimizer;
 pub mod provision;
-pub mod slurm_clusters;
 pub mod spec;
 pub mod state;
 

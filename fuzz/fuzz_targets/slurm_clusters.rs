@@ -8,9 +8,9 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    match gangway::slurm_clusters::parse(text, "slurm.yaml") {
+    match gangway_slurm::clusters::parse(text, "slurm.yaml") {
         Ok(s) => {
-            let _ = s.catalog();
+            let _ = s.capacity();
         }
         Err(e) => {
             let _ = e.to_string();

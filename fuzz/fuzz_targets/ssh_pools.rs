@@ -8,10 +8,10 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    match gangway::inventory::parse(text, "ssh_pools.yaml") {
+    match gangway_ssh::inventory::parse(text, "ssh_pools.yaml") {
         Ok(inv) => {
             let _ = inv.pools();
-            let _ = inv.catalog();
+            let _ = inv.capacity();
         }
         Err(e) => {
             let _ = e.to_string();

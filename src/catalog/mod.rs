@@ -157,6 +157,8 @@ pub struct Catalog {
     pub sources: Vec<Source>,
     /// Rows that could not be used, as `file:line: reason`.
     pub warnings: Vec<String>,
+    /// Clouds offered only to tasks that name them.
+    only_when_named: Vec<String>,
 }
 
 /// Why a catalog could not be loaded at all.
@@ -180,17 +182,23 @@ pub enum CatalogError {
     },
 }
 
-const EMBEDDED: &[(&str, &str)] = &[
-    ("aws", include_str!("data/aws.csv")),
-    ("gcp", include_str!("data/gcp.csv")),
-    ("local", include_str!("data/local.csv")),
+/// The shipped catalogs: cloud, rows, and whether the cloud is offered
+/// only to tasks that name it (the local cloud runs on the user's own
+/// machine: never picked for being cheapest).
+const EMBEDDED: &[(&str, &str, bool)] = &[
+    ("aws", include_str!("data/aws.csv"), false),
+    ("gcp", include_str!("data/gcp.csv"), false),
+    ("local", include_str!("data/local.csv"), true),
 ];
 
 impl Catalog {
     /// The catalog compiled into the binary.
     pub fn embedded() -> Catalog {
         let mut c = Catalog::default();
-        for (cloud, text) in EMBEDDED {
+        for (cloud, text, only_when_named) in EMBEDDED {
+            if *only_when_named {
+                c.offer_only_when_named(cloud);
+            }
             let (rows, taken, warnings) = parse_own(cloud, text, &format!("embedded {cloud}.csv"));
             debug_assert!(warnings.is_empty(), "embedded catalog: {warnings:?}");
             c.sources.push(Source {
@@ -218,6 +226,9 @@ impl Catalog {
 
     /// Replaces every offering of the clouds in `other` with `other`'s.
     pub fn overlay(&mut self, other: Catalog) {
+        for c in other.only_when_named {
+            self.offer_only_when_named(&c);
+        }
         let clouds: Vec<String> = other.sources.iter().map(|s| s.cloud.clone()).collect();
         self.offerings.retain(|o| !clouds.contains(&o.cloud));
         self.sources.retain(|s| !clouds.contains(&s.cloud));
@@ -284,6 +295,52 @@ impl Catalog {
         }
         c.reindex();
         Ok(c)
+    }
+
+    /// The catalog of what a provider's configuration file offers: on
+    /// demand only, taken today.
+    pub fn from_capacity(cloud: &str, capacity: gangway_provider::Capacity) -> Catalog {
+        let offerings: Vec<Offering> = capacity
+            .offers
+            .into_iter()
+            .map(|o| Offering {
+                cloud: cloud.to_string(),
+                instance_type: o.instance_type,
+                accelerator: o.accelerator,
+                accelerator_count: o.accelerator_count,
+                accelerator_memory_gib: None,
+                vcpus: o.vcpus,
+                memory_gib: o.memory_gib,
+                region: o.region,
+                zone: o.zone,
+                price: Some(o.price),
+                spot_price: None,
+                placement: false,
+                efa: false,
+            })
+            .collect();
+        let rows = offerings.len();
+        let mut c = Catalog::from_offerings(offerings);
+        c.sources.push(Source {
+            cloud: cloud.to_string(),
+            origin: capacity.origin,
+            taken: Some(Date::today()),
+            rows,
+        });
+        c
+    }
+
+    /// Offers `cloud`'s rows only to tasks that name it (`infra:`),
+    /// whichever overlay its rows come from.
+    pub fn offer_only_when_named(&mut self, cloud: &str) {
+        if !self.only_when_named(cloud) {
+            self.only_when_named.push(cloud.to_string());
+        }
+    }
+
+    /// Whether `cloud` is offered only to tasks that name it.
+    pub fn only_when_named(&self, cloud: &str) -> bool {
+        self.only_when_named.iter().any(|c| c == cloud)
     }
 
     fn reindex(&mut self) {

@@ -92,6 +92,22 @@ pub fn load_skypilot_csv(
     Ok((hosts, warnings))
 }
 
+/// What gangway's own catalog rows say and SkyPilot's leave out, per
+/// cloud: whether GPU types are launched in a cluster placement group, and
+/// which instance families have EFA. Data about the catalogs' layout, not a
+/// provider's behaviour: the provider decides at launch what it does with
+/// them.
+struct Layout {
+    cloud: &'static str,
+    gpus_take_placement_groups: bool,
+    efa_families: &'static [&'static str],
+}
+
+const LAYOUT: &[Layout] = &[Layout {
+    cloud: "aws",
+    gpus_take_placement_groups: true,
+    efa_families: &["p4d", "p4de", "p5", "p5e", "p5en", "p6"],
+}];
 fn row(cloud: &str, r: &csv::StringRecord, c: &Cols) -> Result<Option<Offering>, String> {
     let get = |i: Option<usize>| i.and_then(|i| r.get(i)).map(str::trim).unwrap_or("");
     let num = |i: Option<usize>, name: &str| -> Result<Option<f64>, String> {
@@ -135,6 +151,7 @@ fn row(cloud: &str, r: &csv::StringRecord, c: &Cols) -> Result<Option<Offering>,
     let gpu_mem = gpu_memory_gib(get(c.gpu_info));
     let instance_type = get(Some(c.instance_type));
     let family = instance_type.split('.').next().unwrap_or("");
+    let layout = LAYOUT.iter().find(|l| l.cloud == cloud);
     Ok(Some(Offering {
         cloud: cloud.to_string(),
         instance_type: instance_type.to_string(),
@@ -147,8 +164,8 @@ fn row(cloud: &str, r: &csv::StringRecord, c: &Cols) -> Result<Option<Offering>,
         zone: zone.to_string(),
         price,
         spot_price,
-        placement: cloud == "aws" && count > 0.0,
-        efa: cloud == "aws" && matches!(family, "p4d" | "p4de" | "p5" | "p5e" | "p5en" | "p6"),
+        placement: layout.is_some_and(|l| l.gpus_take_placement_groups) && count > 0.0,
+        efa: layout.is_some_and(|l| l.efa_families.contains(&family)),
     }))
 }
 

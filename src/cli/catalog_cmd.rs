@@ -72,9 +72,6 @@ pub fn run(action: CatalogAction, dir: Option<&Path>, out: Output) -> Result<Exi
     }
 }
 
-/// Clouds whose prices come from a live API.
-const LIVE: &[&str] = &["aws", "gcp"];
-
 /// `gangway catalog refresh`: asks each cloud's API which types its zones
 /// sell and at what spot price, and writes the result as the user's
 /// overlay, `$GANGWAY_HOME/catalog/<cloud>.csv`, which every later command
@@ -88,15 +85,21 @@ fn refresh(
     use crate::provision::Providers;
     let home = super::launch::gangway_home()?;
     let providers = Providers::new(&home);
+    // Clouds whose prices come from a live API.
+    let live: Vec<&str> = providers
+        .all()
+        .filter(|(_, p)| p.has_price_api())
+        .map(|(name, _)| name)
+        .collect();
     let clouds: Vec<&str> = match cloud {
-        Some(c) if LIVE.contains(&c) => vec![c],
+        Some(c) if live.contains(&c) => vec![c],
         Some(c) => {
             return Err(Error::usage(
                 format!("'{c}' has no live price API to refresh from"),
-                Some(&format!("clouds with one: {}", LIVE.join(", "))),
+                Some(&format!("clouds with one: {}", live.join(", "))),
             ))
         }
-        None => LIVE.to_vec(),
+        None => live,
     };
     // (No "prices are old, run refresh" warning while refreshing.)
     let base = super::load_catalog_for(dir, |_| false)?;

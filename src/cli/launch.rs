@@ -262,9 +262,11 @@ pub fn launch(a: &LaunchArgs, catalog_dir: Option<&Path>, out: Output) -> Result
         }
         Reserved::New(row) | Reserved::Resumed(row) => {
             let best = &plan[0];
-            // The local provider costs nothing real: no question to ask.
+            // A cloud on this machine costs nothing real: no question to ask.
             if !a.yes
-                && best.cloud != "local"
+                && !providers
+                    .get(&best.cloud)
+                    .is_some_and(|p| p.runs_on_this_machine())
                 && out == Output::Table
                 && !confirm(&format!(
                     "Launch '{name}': {} x {} on {}/{}/{} at ${:.2}/h?",

@@ -8,19 +8,15 @@
 mod driver;
 pub mod gpus;
 mod ranks;
-pub mod slurm;
 pub mod ssh;
-mod transport;
 
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
 pub use driver::{describe_exit, drive, GRACE};
+pub use gangway_provider::{copy_tree, NodeCommand, NodeProcess, Transport, TransportError};
 pub use ranks::{assign_ranks, ring_hops, switch_hops};
-pub use transport::{
-    copy_tree, LocalTransport, NodeCommand, NodeProcess, Transport, TransportError,
-};
 
 use crate::state::NodeRow;
 
@@ -265,27 +261,26 @@ pub fn reap(store: &crate::state::Store) -> Result<usize, crate::state::StateErr
         };
         let nodes = store.nodes(&job.cluster)?;
         // Remote ranks are reached over a connection this process does not
-        // have yet. reap is synchronous and may run inside a runtime, so
-        // the connection is made on a thread of its own.
-        if cluster.cloud.as_deref() != Some("local") {
-            let connected = std::thread::scope(|s| {
-                s.spawn(|| {
-                    tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .is_ok_and(|rt| rt.block_on(transport.connect(&nodes)).is_ok())
-                })
-                .join()
-                .unwrap_or(false)
-            });
-            if !connected {
-                tracing::warn!(
-                    "job {} on {}: cannot reach the nodes to stop its ranks",
-                    job.id,
-                    job.cluster
-                );
-                continue;
-            }
+        // have yet (a transport without connections answers at once).
+        // reap is synchronous and may run inside a runtime, so the
+        // connection is made on a thread of its own.
+        let connected = std::thread::scope(|s| {
+            s.spawn(|| {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .is_ok_and(|rt| rt.block_on(transport.connect(&nodes)).is_ok())
+            })
+            .join()
+            .unwrap_or(false)
+        });
+        if !connected {
+            tracing::warn!(
+                "job {} on {}: cannot reach the nodes to stop its ranks",
+                job.id,
+                job.cluster
+            );
+            continue;
         }
         signal_run(store, transport.as_ref(), &nodes, job.id, libc::SIGKILL);
     }
@@ -327,28 +322,16 @@ pub fn signal_ranks(
     }
 }
 
-/// Whether `cloud`'s nodes are reached over SSH (every cloud but the local
-/// one and Slurm, whose nodes are reached through `srun`).
-pub fn over_ssh(cloud: &str) -> bool {
-    !matches!(cloud, "local" | "slurm" | "")
-}
-
-/// The transport for the nodes of `cloud` in `cluster`: local processes
-/// for the local cloud, job steps for Slurm, SSH (host keys verified
-/// strictly) for every other.
+/// The transport for the nodes of `cloud` in `cluster`: the one its
+/// provider brings ([`gangway_provider::Provider::transport`]), else SSH
+/// with host keys verified strictly. `None` for a cloud this build has no
+/// provider for.
 pub fn transport_for(
     cloud: &str,
     home: &std::path::Path,
     cluster: &str,
 ) -> Option<Box<dyn Transport>> {
-    match cloud {
-        "local" => Some(Box::new(LocalTransport)),
-        "slurm" => Some(Box::new(slurm::SlurmTransport::new(home))),
-        "" => None,
-        _ => ssh::SshTransport::new(home, cluster, false)
-            .ok()
-            .map(|t| Box::new(t) as Box<dyn Transport>),
-    }
+    crate::provision::Providers::new(home).transport(cloud, home, cluster)
 }
 
 #[cfg(test)]

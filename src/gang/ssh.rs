@@ -2,9 +2,11 @@
 //! (the `openssh` crate drives OpenSSH's ControlMaster), reused for every
 //! command, copy and signal.
 //!
-//! A node's address comes from its `ssh.*` facts (`ssh.host`, `ssh.port`,
-//! `ssh.user`, `ssh.key`, `ssh.jump`), falling back to its public, then
-//! private, address. Host keys go to a known_hosts file per cluster: new
+//! This is the generic transport for every node whose provider brings no
+//! transport of its own: a node is reached at its [`SshEndpoint`] (which
+//! falls back to its public, then private, address), and what differs per
+//! provider (how long a refused key is retried, the command that reads a
+//! preemption notice) is handed in by the provider. Host keys go to a known_hosts file per cluster: new
 //! keys are accepted while the cluster is being provisioned (first contact)
 //! and verified strictly afterwards, so a changed key stops the job with an
 //! error naming the node. Keepalives every 3 s, 3 missed: a node that stops
@@ -20,8 +22,10 @@ use std::time::Duration;
 
 use openssh::{KnownHosts, Session, SessionBuilder};
 
-use super::transport::{NodeCommand, NodeProcess, Transport, TransportError};
-use crate::state::NodeRow;
+use gangway_provider::{
+    output_with_input, parse_notice, signal_token, NodeCommand, NodeProcess, NodeRow, Provider,
+    SshEndpoint, Transport, TransportError, TOKEN_VAR,
+};
 
 /// Most master connections opened at once.
 pub const MAX_HANDSHAKES: usize = 16;
@@ -29,44 +33,8 @@ pub const MAX_HANDSHAKES: usize = 16;
 /// the 4th is due: a node that stops answering is noticed after 12 s.
 pub const KEEPALIVE: Duration = Duration::from_secs(3);
 
-/// Where a node is reached.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct SshTarget {
-    /// Host name or address.
-    pub host: String,
-    /// Port.
-    pub port: u16,
-    /// User.
-    pub user: String,
-    /// Private key (default: gangway's own).
-    pub key: Option<PathBuf>,
-    /// `ProxyJump` host, `[user@]host[:port]`.
-    pub jump: Option<String>,
-}
-
-impl SshTarget {
-    /// The target of a node, from its facts.
-    pub fn of(node: &NodeRow) -> SshTarget {
-        let get = |k: &str| node.extra.get(k).filter(|v| !v.is_empty()).cloned();
-        SshTarget {
-            host: get("ssh.host")
-                .or_else(|| node.public_ip.clone())
-                .unwrap_or_else(|| node.private_ip.clone()),
-            port: get("ssh.port").and_then(|p| p.parse().ok()).unwrap_or(22),
-            user: get("ssh.user").unwrap_or_else(|| "root".into()),
-            key: get("ssh.key").map(PathBuf::from),
-            jump: get("ssh.jump"),
-        }
-    }
-
-    fn key_name(&self) -> String {
-        if self.user.is_empty() {
-            format!("{}:{}", self.host, self.port)
-        } else {
-            format!("{}@{}:{}", self.user, self.host, self.port)
-        }
-    }
-}
+/// Where a node (or a jump host) is reached.
+pub type SshTarget = SshEndpoint;
 
 /// Errors about keys.
 #[derive(Debug, thiserror::Error)]
@@ -153,23 +121,6 @@ fn remote_path(p: &str) -> String {
     }
 }
 
-/// The variable naming a command's processes on its node. The shell that
-/// sets it by `export` does not carry it in `/proc/PID/environ` (that is
-/// the environment a process was started with), so only the command's own
-/// processes match, never the wrapper that waits for them.
-pub(crate) const TOKEN_VAR: &str = "GANGWAY_TOKEN";
-
-/// The remote command that sends `signal` to the processes started with
-/// `token`: the group of each (the command's `setsid` made its first
-/// process a group leader), else the process alone.
-pub(crate) fn signal_token(token: &str, signal: i32) -> String {
-    format!(
-        "for p in $(grep -lzx {TOKEN_VAR}={token} /proc/[0-9]*/environ 2>/dev/null); do \
-         p=${{p#/proc/}}; p=${{p%/environ}}; \
-         kill -{signal} -- -$p 2>/dev/null || kill -{signal} $p 2>/dev/null; done; true"
-    )
-}
-
 /// Ids of the commands this process started over SSH (they are not pids).
 static NEXT_PROCESS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1 << 24);
 
@@ -180,8 +131,14 @@ const NODE_PATH_VARS: &[&str] = &["GANGWAY_CHECKPOINT_DIR"];
 /// accepted on first contact, then verified strictly.
 pub const FIRST_CONTACT: &str = "ssh.first_contact";
 
+/// A provider's command reading a preemption notice on a node
+/// ([`Provider::notice_probe`]).
+pub type NoticeProbe = Arc<dyn Fn(&NodeRow) -> Option<String> + Send + Sync>;
+
 /// The SSH transport for one cluster.
 pub struct SshTransport {
+    notices: Option<NoticeProbe>,
+    denied_grace: Duration,
     known_hosts: PathBuf,
     control_dir: PathBuf,
     key: PathBuf,
@@ -206,12 +163,36 @@ impl SshTransport {
             known_hosts: known.join(cluster),
             control_dir,
             key,
+            notices: None,
+            denied_grace: DENIED_GRACE,
             accept_new_hosts: first_contact,
             connect_timeout: Duration::from_secs(60),
             max_handshakes: MAX_HANDSHAKES,
             sessions: Mutex::new(HashMap::new()),
             remote: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The transport for `provider`'s nodes: its notice probe and its
+    /// grace for a refused key.
+    pub fn for_provider(self, provider: Arc<dyn Provider>) -> SshTransport {
+        let grace = provider.key_refusal_grace();
+        self.with_key_refusal_grace(grace)
+            .with_notice_probe(Arc::new(move |n: &NodeRow| provider.notice_probe(n)))
+    }
+
+    /// Reads preemption notices with `probe` (default: none are read).
+    pub fn with_notice_probe(mut self, probe: NoticeProbe) -> SshTransport {
+        self.notices = Some(probe);
+        self
+    }
+
+    /// How long a node that refuses gangway's key is asked again (default
+    /// 90 s: a cloud VM's key may arrive after its sshd). Jump hosts get
+    /// none.
+    pub fn with_key_refusal_grace(mut self, d: Duration) -> SshTransport {
+        self.denied_grace = d;
+        self
     }
 
     /// How long to keep retrying a node whose sshd does not answer yet.
@@ -232,13 +213,14 @@ impl SshTransport {
     }
 
     /// The key offered to `t` and the known_hosts file, for error hints;
-    /// `booting`: a cloud VM, whose key may arrive after its sshd.
-    fn facts(&self, t: &SshTarget, booting: bool) -> ConnectFacts {
+    /// `node`: a node (whose key may arrive after its sshd), not a jump
+    /// host (up before).
+    fn facts(&self, t: &SshTarget, node: bool) -> ConnectFacts {
         ConnectFacts {
             key: t.key.clone().unwrap_or_else(|| self.key.clone()),
             known_hosts: self.known_hosts.clone(),
-            denied_grace: if booting {
-                DENIED_GRACE
+            denied_grace: if node {
+                self.denied_grace
             } else {
                 Duration::ZERO
             },
@@ -281,7 +263,7 @@ impl SshTransport {
             .control_directory(&self.control_dir);
         if let Some(via) = via {
             b.config_file(self.proxy_config(via).map_err(|e| TransportError {
-                node: t.key_name(),
+                node: t.label(),
                 what: "cannot write the jump host's ssh configuration".into(),
                 source: e,
             })?);
@@ -356,8 +338,7 @@ impl SshTransport {
             source,
         };
         let mut c = self.ssh_command(&ctl, &t, remote);
-        let out = super::transport::output_with_input(&mut c, input)
-            .map_err(|e| err("cannot run ssh".into(), e))?;
+        let out = output_with_input(&mut c, input).map_err(|e| err("cannot run ssh".into(), e))?;
         if !out.status.success() {
             return Err(err(
                 format!("`{remote}` failed"),
@@ -499,11 +480,11 @@ async fn connect_with_retry(
                     };
                     return Err(TransportError {
                         node: who,
-                        what: format!("cannot connect to {}", t.key_name()),
+                        what: format!("cannot connect to {}", t.label()),
                         source: std::io::Error::other(why),
                     });
                 }
-                tracing::info!("waiting for sshd on {}: {said}", t.key_name());
+                tracing::info!("waiting for sshd on {}: {said}", t.label());
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(5));
             }
@@ -660,60 +641,6 @@ fn connect_hint(failure: ConnectFailure, t: &SshTarget, facts: &ConnectFacts) ->
     })
 }
 
-/// The AWS spot interruption watcher (`templates/aws-spot-watch.sh`): run
-/// with `--once` it prints the node's `spot/instance-action` notice, if
-/// IMDSv2 has one.
-pub const AWS_SPOT_WATCH: &str = include_str!("../../templates/aws-spot-watch.sh");
-/// The GCP watcher (metadata `instance/preempted`), run over SSH with `--once`.
-pub const GCP_PREEMPTED_WATCH: &str = include_str!("../../templates/gcp-preempted-watch.sh");
-
-/// What precedes a notice in a spot probe's output, so that anything else
-/// the node's shell prints is never taken for one.
-const SPOT_NOTICE_MARK: &str = "gangway-spot-notice:";
-
-/// The command that asks a node's metadata service for a spot notice, or
-/// None for nodes that have none to ask: not spot (`market` fact), or a
-/// local-provider node, whose notices are files under
-/// `env.GANGWAY_METADATA_DIR`. A node's `env.GANGWAY_IMDS_ENDPOINT` fact
-/// (tests) points the watcher at another metadata service.
-fn spot_notice_probe(node: &NodeRow) -> Option<String> {
-    let spot = node.extra.get("market").is_some_and(|m| m == "spot");
-    if !spot || node.extra.contains_key("env.GANGWAY_METADATA_DIR") {
-        return None;
-    }
-    // Exit 1 (no notice) and 2 (no metadata service) both print nothing.
-    if node.extra.get("cloud").is_some_and(|c| c == "gcp") {
-        let host = node
-            .extra
-            .get("env.GCE_METADATA_HOST")
-            .map(|h| format!("GCE_METADATA_HOST={} ", sq(h)))
-            .unwrap_or_default();
-        return Some(format!(
-            "n=$({host}sh -c {} gcp-preempted-watch --once 2>/dev/null) && \
-             printf '%s%s\\n' {SPOT_NOTICE_MARK} \"instance/preempted: $n\"; true",
-            sq(GCP_PREEMPTED_WATCH)
-        ));
-    }
-    let endpoint = node
-        .extra
-        .get("env.GANGWAY_IMDS_ENDPOINT")
-        .map(|e| format!("GANGWAY_IMDS_ENDPOINT={} ", sq(e)))
-        .unwrap_or_default();
-    Some(format!(
-        "n=$({endpoint}sh -c {} aws-spot-watch --once 2>/dev/null) && \
-         printf '%s%s\\n' {SPOT_NOTICE_MARK} \"spot/instance-action: $n\"; true",
-        sq(AWS_SPOT_WATCH)
-    ))
-}
-
-/// The notice in a spot probe's output, on one line:
-/// `spot/instance-action: {json}` or `instance/preempted: TRUE`.
-fn parse_spot_notice(out: &str) -> Option<String> {
-    let (_, notice) = out.split_once(SPOT_NOTICE_MARK)?;
-    let notice = notice.split_whitespace().collect::<Vec<_>>().join(" ");
-    (notice.split_once(": ").is_some_and(|(_, v)| !v.is_empty())).then_some(notice)
-}
-
 #[async_trait::async_trait]
 impl Transport for SshTransport {
     async fn connect(&self, nodes: &[NodeRow]) -> Result<(), TransportError> {
@@ -763,8 +690,7 @@ impl Transport for SshTransport {
             let who = name(node);
             let sem = Arc::clone(&sem);
             let deadline = self.deadline();
-            // Pool hosts were up before: a refused key is final at once.
-            let facts = self.facts(&t, !node.extra.contains_key("pool"));
+            let facts = self.facts(&t, true);
             tasks.spawn(async move {
                 let _permit = sem.acquire_owned().await;
                 connect_with_retry(b, t, who, deadline, facts).await
@@ -875,7 +801,7 @@ impl Transport for SshTransport {
         if let Ok(mut m) = self.remote.lock() {
             m.insert(id, (t.clone(), token));
         }
-        let who = t.key_name();
+        let who = t.label();
         // Started now, on the caller's runtime, not when first awaited.
         let rt = tokio::runtime::Handle::try_current().map_err(|e| {
             err(
@@ -1014,11 +940,11 @@ impl Transport for SshTransport {
     }
 
     fn preemption_notice(&self, node: &NodeRow) -> Option<String> {
-        // Machines in an ssh pool are never preempted: only AWS spot nodes
-        // are asked, and nothing else costs an SSH call. A notice check
-        // never fails the job: a probe that fails reads as no notice.
-        let remote = spot_notice_probe(node)?;
-        parse_spot_notice(&self.probe(node, &remote).ok()?)
+        // Only nodes whose provider has a command for them are asked
+        // (spot nodes of a cloud with notices): nothing else costs an SSH
+        // call. A probe that fails reads as no notice.
+        let remote = self.notices.as_ref().and_then(|probe| probe(node))?;
+        parse_notice(&self.probe(node, &remote).ok()?)
     }
 
     fn make_dir(&self, node: &NodeRow, path: &str) -> Result<(), TransportError> {
@@ -1079,71 +1005,29 @@ mod tests {
     }
 
     #[test]
-    fn only_aws_spot_nodes_are_asked_for_a_notice() {
-        for facts in [
-            &[][..],
-            &[("market", "on-demand"), ("instance_type", "p4d.24xlarge")][..],
-            // A local-provider spot node: its notices are files.
-            &[("market", "spot"), ("env.GANGWAY_METADATA_DIR", "/x/meta")][..],
-        ] {
-            let n = node_with(facts);
-            assert_eq!(spot_notice_probe(&n), None, "{facts:?}");
-        }
+    fn only_nodes_the_provider_has_a_probe_for_are_asked_for_a_notice() {
         // Not connected to anything: a probe would be an error, which also
-        // reads as no notice; the checks above show no probe is made.
+        // reads as no notice; the counter shows whether one was asked for.
         let home = tempfile::tempdir().unwrap();
-        let t = SshTransport::new(home.path(), "c", false).unwrap();
+        let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = Arc::clone(&asked);
+        let t = SshTransport::new(home.path(), "c", false)
+            .unwrap()
+            .with_notice_probe(Arc::new(move |n: &NodeRow| {
+                seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                (n.fact("market") == "spot").then(|| "true".to_string())
+            }));
         assert_eq!(
             t.preemption_notice(&node_with(&[("market", "on-demand")])),
             None
         );
         assert_eq!(t.preemption_notice(&node_with(&[("market", "spot")])), None);
-
-        let n = node_with(&[("market", "spot"), ("instance_type", "p4d.24xlarge")]);
-        let remote = spot_notice_probe(&n).expect("a spot node is asked");
-        assert!(remote.contains(&sq(AWS_SPOT_WATCH)), "{remote}");
-        assert!(remote.contains("--once") && !remote.contains("GANGWAY_IMDS_ENDPOINT="));
-        let n = node_with(&[
-            ("market", "spot"),
-            ("env.GANGWAY_IMDS_ENDPOINT", "http://127.0.0.1:9"),
-        ]);
-        let remote = spot_notice_probe(&n).unwrap();
-        assert!(remote.contains("GANGWAY_IMDS_ENDPOINT='http://127.0.0.1:9' sh -c "));
-    }
-
-    #[test]
-    fn the_embedded_watcher_is_the_template() {
-        assert!(AWS_SPOT_WATCH.starts_with("#!/bin/sh\n"));
-        assert!(AWS_SPOT_WATCH.contains("spot/instance-action"));
-    }
-
-    #[test]
-    fn a_notice_is_read_only_after_its_mark() {
-        assert_eq!(parse_spot_notice(""), None);
-        assert_eq!(parse_spot_notice("welcome to the node\n"), None);
-        assert_eq!(parse_spot_notice("gangway-spot-notice:\n"), None);
+        assert_eq!(asked.load(std::sync::atomic::Ordering::Relaxed), 2);
+        // Without a provider's probe nothing is asked.
+        let plain = SshTransport::new(home.path(), "c", false).unwrap();
         assert_eq!(
-            parse_spot_notice("gangway-spot-notice:spot/instance-action: \n"),
+            plain.preemption_notice(&node_with(&[("market", "spot")])),
             None
-        );
-        let json = r#"{"action": "terminate", "time": "2026-12-02T22:51:00Z"}"#;
-        assert_eq!(
-            parse_spot_notice(&format!(
-                "motd {{\"x\": 1}}\ngangway-spot-notice:spot/instance-action: {json}\n"
-            )),
-            Some(format!("spot/instance-action: {json}"))
-        );
-        // Spread over lines: one line in the job's events.
-        assert_eq!(
-            parse_spot_notice(
-                "gangway-spot-notice:spot/instance-action: {\n  \"action\": \"stop\"\n}\n"
-            )
-            .as_deref(),
-            Some(r#"spot/instance-action: { "action": "stop" }"#)
-        );
-        assert_eq!(
-            parse_spot_notice("gangway-spot-notice:instance/preempted: TRUE\n").as_deref(),
-            Some("instance/preempted: TRUE")
         );
     }
 
@@ -1161,7 +1045,7 @@ mod tests {
             ),
             ("", "bastion", 22, k.clone(), None)
         );
-        assert_eq!(h.key_name(), "bastion:22");
+        assert_eq!(h.label(), "bastion:22");
         let via = PathBuf::from("/ctl/master");
         let h = parse_hop("ssh://ops@10.0.0.5:2222", None, Some(&via));
         assert_eq!(

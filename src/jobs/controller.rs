@@ -35,7 +35,7 @@ use super::policy::{Choice, PolicyKind, State};
 use super::ManagedTask;
 use crate::catalog::Catalog;
 use crate::context::Context;
-use crate::gang::{self, transport_for, Transport};
+use crate::gang::{self, Transport};
 use crate::optimizer::{self, Block, Blocklist, Candidate, Options};
 use crate::provision::{self, Providers, RetryPolicy, Silent};
 use crate::state::{
@@ -927,13 +927,14 @@ async fn nodes_and_transport(
             return Ok(None);
         };
         let nodes = sh.store().nodes(&cluster)?;
-        let Some(t) = transport_for(&cloud, sh.cx.home(), &cluster) else {
+        let Some(t) = sh.cx.providers().transport(&cloud, sh.cx.home(), &cluster) else {
             return Ok(None);
         };
         m.reach = Some(Reach {
             nodes: Arc::new(nodes),
             transport: Arc::from(t),
-            connected: cloud == "local",
+            // A transport without connections answers connect at once.
+            connected: false,
             tried: None,
         });
     }

@@ -186,8 +186,15 @@ fn pool(catalog: &Catalog, spec: &ResourceSpec) -> Vec<u32> {
             .collect(),
         (None, None) => catalog.indexes_with_accelerator("").to_vec(),
     };
-    if spec.infra.cloud.as_deref() == Some("local") && accel_of(spec).is_some() {
-        out.extend_from_slice(catalog.indexes_with_accelerator(ANY_ACCELERATOR));
+    // A named cloud whose rows take any GPU name (the local cloud's fake
+    // GPUs) offers them under the task's name.
+    if let (Some(cloud), Some(_)) = (spec.infra.cloud.as_deref(), accel_of(spec)) {
+        out.extend(
+            catalog
+                .indexes_with_accelerator(ANY_ACCELERATOR)
+                .iter()
+                .filter(|i| catalog.get(**i).cloud == cloud),
+        );
     }
     out
 }
@@ -235,6 +242,7 @@ const STAGES: [Stage; 10] = [
 /// One resolved spec's constraints, ready to test offerings against.
 struct Filter<'a> {
     spec: &'a ResourceSpec,
+    catalog: &'a Catalog,
     count: Option<f32>,
     cpus: Option<Quantity>,
     spot: bool,
@@ -243,9 +251,15 @@ struct Filter<'a> {
 }
 
 impl<'a> Filter<'a> {
-    fn new(spec: &'a ResourceSpec, blocklist: &'a Blocklist, now: SystemTime) -> Self {
+    fn new(
+        spec: &'a ResourceSpec,
+        catalog: &'a Catalog,
+        blocklist: &'a Blocklist,
+        now: SystemTime,
+    ) -> Self {
         Filter {
             spec,
+            catalog,
             count: accel_of(spec).map(|a| a.1),
             cpus: spec.cpus.or_else(|| default_cpus(spec)),
             spot: spec.use_spot.unwrap_or(false),
@@ -267,8 +281,8 @@ impl<'a> Filter<'a> {
         match stage {
             Stage::Cloud => match infra.cloud.as_deref() {
                 Some(c) => o.cloud == c,
-                // The local provider runs on this machine: only when asked for.
-                None => o.cloud != "local",
+                // A cloud on the user's own machine: only when asked for.
+                None => !self.catalog.only_when_named(&o.cloud),
             },
             Stage::Count => self
                 .count
@@ -325,7 +339,7 @@ pub fn optimize(
     for (gi, group) in groups.iter().enumerate() {
         let mut hits: Vec<Hit> = Vec::new();
         for (si, spec) in group.iter().enumerate() {
-            let f = Filter::new(spec, blocklist, opts.now);
+            let f = Filter::new(spec, catalog, blocklist, opts.now);
             let before = hits.len();
             for idx in pool(catalog, spec) {
                 let o = catalog.get(idx);
@@ -504,7 +518,7 @@ pub fn explain(
             (None, None) => "the catalog has no CPU-only instance types".into(),
         };
     }
-    let f = Filter::new(spec, blocklist, now);
+    let f = Filter::new(spec, catalog, blocklist, now);
     for stage in STAGES {
         let next: Vec<&Offering> = left.iter().copied().filter(|o| f.pass(stage, o)).collect();
         if !next.is_empty() {

@@ -33,7 +33,7 @@ fn o(
 }
 
 fn catalog() -> Catalog {
-    Catalog::from_offerings(vec![
+    let mut c = Catalog::from_offerings(vec![
         o(
             "aws",
             "p5.48xlarge",
@@ -194,7 +194,10 @@ fn catalog() -> Catalog {
             Some(0.8),
             Some(0.25),
         ),
-    ])
+    ]);
+    // As the embedded catalog declares it.
+    c.offer_only_when_named("local");
+    c
 }
 
 fn plan_of(yaml: &str) -> Result<Vec<Candidate>, Infeasible> {

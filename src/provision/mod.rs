@@ -12,17 +12,49 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gangway_local::LocalProvider;
 use gangway_provider::{
     ClusterName, ErrorKind, LaunchRequest, Node, NodeState, Placement, Provider, ProviderError,
+    Registration, Setup,
 };
 use serde::Serialize;
 
+use crate::catalog::Catalog;
 use crate::gang::assign_ranks;
 use crate::optimizer::Candidate;
+use crate::spec::SpecError;
 use crate::state::{
     self, ClusterRow, ClusterStatus, JobStatus, NodeRow, OwnerLock, StateError, Store,
 };
+
+/// Every provider this build has, one line each: adding a provider is a
+/// crate exporting its [`Registration`] and a line here.
+const REGISTRY: &[Registration] = &[
+    gangway_local::REGISTRATION,
+    gangway_ssh::REGISTRATION,
+    gangway_slurm::REGISTRATION,
+    #[cfg(feature = "aws")]
+    gangway_aws::REGISTRATION,
+    #[cfg(feature = "gcp")]
+    gangway_gcp::REGISTRATION,
+];
+
+/// The names of every provider this build has, whether or not it can be
+/// used here.
+pub fn registered() -> impl Iterator<Item = &'static str> {
+    REGISTRY.iter().map(|r| r.name)
+}
+
+/// Overlays what the providers' own configuration files offer (machines
+/// in ssh pools, Slurm partitions) on `catalog`; a broken file is an
+/// error naming its line.
+pub fn offer_capacity(catalog: &mut Catalog, home: &Path) -> Result<(), SpecError> {
+    for r in REGISTRY {
+        if let Some(capacity) = (r.capacity)(home)? {
+            catalog.overlay(Catalog::from_capacity(r.name, capacity));
+        }
+    }
+    Ok(())
+}
 
 /// The providers this build can use (cheap to clone: each is shared).
 #[derive(Clone)]
@@ -69,72 +101,27 @@ impl Providers {
         Providers::build(home, &home.join("adopted").join(dir), Some(owner), false)
     }
 
-    /// The providers; AWS and GCP (with an owner only) keep their records
-    /// under `clouds`, and with `legacy` find clusters an earlier version
-    /// recorded there by the user name it tagged them with.
+    /// The providers; those that tag cloud resources (with an owner only)
+    /// keep their records under `clouds`, and with `legacy` find clusters
+    /// an earlier version recorded there by the user name it tagged them
+    /// with.
     fn build(home: &Path, clouds: &Path, owner: Option<&str>, legacy: bool) -> Providers {
-        let mut map: BTreeMap<String, Arc<dyn Provider>> = BTreeMap::new();
-        map.insert(
-            "local".into(),
-            Arc::new(LocalProvider::new(home.join("local"))),
-        );
-        // Machines you already have, when the inventory lists some (a
-        // broken inventory is reported where the catalog is loaded).
-        if let Ok(Some(inv)) = crate::inventory::load(home) {
-            map.insert(
-                "ssh".into(),
-                Arc::new(gangway_ssh::SshPools::new(
-                    home.join("ssh_pools"),
-                    inv.pools(),
-                )),
-            );
-        }
-        // Slurm clusters, when slurm.yaml lists some.
-        if let Ok(Some(s)) = crate::slurm_clusters::load(home) {
-            let slurm = gangway_slurm::SlurmProvider::new(s.clusters, home.join("ssh"));
-            let slurm = match owner {
-                Some(owner) => slurm.with_owner(owner),
-                None => slurm,
-            };
-            map.insert("slurm".into(), Arc::new(slurm));
-        }
-        #[cfg(not(any(feature = "gcp", feature = "aws")))]
-        let _ = (clouds, owner, legacy);
-        #[cfg(any(feature = "gcp", feature = "aws"))]
-        if let Some(owner) = owner {
-            // The readable name tagged next to the id (`gangway-user`).
-            let user = ["USER", "LOGNAME"]
-                .iter()
-                .find_map(|k| std::env::var(k).ok().filter(|u| !u.is_empty()))
-                .unwrap_or_else(|| "unknown".into());
-            let legacy = if legacy { user.as_str() } else { "" };
-            #[cfg(feature = "gcp")]
-            map.insert(
-                "gcp".into(),
-                Arc::new(
-                    gangway_gcp::GcpProvider::new(
-                        clouds.join("gcp"),
-                        owner,
-                        home.join("ssh").join("id_ed25519.pub"),
-                    )
-                    .with_user(&user)
-                    .with_legacy_owner(legacy),
-                ),
-            );
-            #[cfg(feature = "aws")]
-            map.insert(
-                "aws".into(),
-                Arc::new(
-                    gangway_aws::AwsProvider::new(
-                        clouds.join("aws"),
-                        owner,
-                        home.join("ssh").join("id_ed25519.pub"),
-                    )
-                    .with_user(&user)
-                    .with_legacy_owner(legacy),
-                ),
-            );
-        }
+        // The readable name tagged next to the id (`gangway-user`).
+        let user = ["USER", "LOGNAME"]
+            .iter()
+            .find_map(|k| std::env::var(k).ok().filter(|u| !u.is_empty()))
+            .unwrap_or_else(|| "unknown".into());
+        let setup = Setup {
+            home,
+            records: clouds,
+            owner,
+            user: &user,
+            legacy_owner: if legacy { user.as_str() } else { "" },
+        };
+        let map = REGISTRY
+            .iter()
+            .filter_map(|r| Some((r.name.to_string(), (r.build)(&setup)?)))
+            .collect();
         Providers { map }
     }
 
@@ -147,6 +134,31 @@ impl Providers {
     pub fn get(&self, cloud: &str) -> Option<Arc<dyn Provider>> {
         self.map.get(cloud).cloned()
     }
+
+    /// The transport for the nodes of `cloud` in `cluster`: the one its
+    /// provider brings, else SSH (host keys verified strictly) with the
+    /// provider's notice probe. `None` without such a provider.
+    pub fn transport(
+        &self,
+        cloud: &str,
+        home: &Path,
+        cluster: &str,
+    ) -> Option<Box<dyn crate::gang::Transport>> {
+        let p = self.get(cloud)?;
+        if let Some(t) = p.transport(home, cluster) {
+            return Some(t);
+        }
+        crate::gang::ssh::SshTransport::new(home, cluster, false)
+            .ok()
+            .map(|t| Box::new(t.for_provider(p)) as Box<dyn crate::gang::Transport>)
+    }
+}
+
+/// Whether `p`'s nodes are reached over SSH by the core's transport (it
+/// brings none of its own): gangway's key must exist before they are
+/// launched, and the first contact records their host keys.
+fn over_ssh(p: &dyn Provider, home: &Path, cluster: &str) -> bool {
+    p.transport(home, cluster).is_none()
 }
 
 /// Whether provisioning connects to new nodes before it returns.
@@ -307,6 +319,35 @@ struct Block {
 }
 
 impl Block {
+    /// The zone and instance type of `c`.
+    fn placement(c: &Candidate) -> Block {
+        Block {
+            cloud: c.cloud.clone(),
+            region: c.region.clone(),
+            zone: Some(c.zone.clone()),
+            instance_type: Some(c.instance_type.clone()),
+        }
+    }
+
+    /// The whole region of `c`.
+    fn region(c: &Candidate) -> Block {
+        Block {
+            zone: None,
+            instance_type: None,
+            ..Block::placement(c)
+        }
+    }
+
+    /// What an error of `kind` at `c` blocks: a quota the region, anything
+    /// else the zone and type.
+    fn after(c: &Candidate, kind: ErrorKind) -> Block {
+        if kind == ErrorKind::Quota {
+            Block::region(c)
+        } else {
+            Block::placement(c)
+        }
+    }
+
     fn covers(&self, c: &Candidate) -> bool {
         self.cloud == c.cloud
             && self.region == c.region
@@ -366,6 +407,12 @@ pub fn state_name(s: &NodeState) -> &'static str {
 
 /// Walks `plan` until a placement gives all nodes. The cluster row must be
 /// reserved (and its owner lock held) by the caller.
+///
+/// The walk: first settle what an interrupted launch left
+/// ([`resume_order`]); then, for each candidate not blocked by an earlier
+/// failure, ask its provider for the whole gang ([`Walk::attempt`]). A
+/// placement that cannot give it is blocked, whatever it created is
+/// removed, and the walk fails over to the next ([`Walk::fail_over`]).
 pub async fn provision(
     store: &Store,
     cluster: &ClusterRow,
@@ -375,82 +422,154 @@ pub async fn provision(
     retry: RetryPolicy,
     contact: Contact,
 ) -> Result<Provisioned, ProvisionError> {
-    let name = ClusterName(cluster.name.clone());
-    let config: Option<serde_json::Value> = cluster
-        .provider_config
-        .as_deref()
-        .and_then(|s| serde_json::from_str(s).ok());
-    // A launch that died half-way left nodes at its recorded placement:
-    // reuse them if that placement is still in the plan, else remove them.
-    let mut order: Vec<&Candidate> = plan.iter().collect();
-    if let Some(cloud) = &cluster.cloud {
-        let same = |c: &&Candidate| {
-            Some(&c.cloud) == cluster.cloud.as_ref()
-                && Some(&c.zone) == cluster.zone.as_ref()
-                && Some(&c.instance_type) == cluster.instance_type.as_ref()
-                && c.use_spot == cluster.use_spot
+    let mut walk = Walk {
+        store,
+        cluster,
+        name: ClusterName(cluster.name.clone()),
+        config: cluster
+            .provider_config
+            .as_deref()
+            .and_then(|s| serde_json::from_str(s).ok()),
+        reporter,
+        retry,
+        contact,
+        blocks: Vec::new(),
+        attempts: Vec::new(),
+    };
+    let order = resume_order(&walk, plan, providers).await?;
+    for c in order {
+        if walk.blocks.iter().any(|b| b.covers(c)) {
+            continue;
+        }
+        let Some(provider) = providers.get(&c.cloud) else {
+            walk.not_in_build(c);
+            continue;
         };
-        if let Some(pos) = order.iter().position(same) {
-            let c = order.remove(pos);
-            order.insert(0, c);
-        } else {
-            // Whatever the earlier launch created elsewhere goes first: the
-            // row can name only one placement.
-            let Some(p) = providers.get(cloud) else {
-                let e = ProviderError::new(
-                    ErrorKind::Fatal,
-                    cloud.clone(),
-                    cluster.region.as_deref().unwrap_or("-"),
-                    format!("the {cloud} provider is not in this build"),
-                );
-                return Err(leftover(
-                    store,
-                    &cluster.name,
-                    "an interrupted launch left nodes to remove".into(),
-                    e,
-                ));
-            };
-            if let Err(e) = remove_attempt(p.as_ref(), &name, retry).await {
-                return Err(leftover(
-                    store,
-                    &cluster.name,
-                    "an interrupted launch left nodes to remove".into(),
-                    e,
-                ));
+        match walk.attempt(c, &provider).await? {
+            Attempted::Up(done) => return Ok(done),
+            Attempted::FailOver { block, why, event } => {
+                walk.fail_over(c, provider.as_ref(), block, why, event)
+                    .await?
             }
         }
     }
-    let mut blocks: Vec<Block> = Vec::new();
-    let mut attempts: Vec<Attempt> = Vec::new();
     let nodes = plan.first().map_or(cluster.num_nodes, |c| c.nodes);
-    for c in order {
-        if blocks.iter().any(|b| b.covers(c)) {
-            continue;
-        }
-        let attempt = |outcome: String| Attempt {
+    Err(ProvisionError::Exhausted {
+        nodes,
+        attempts: walk.attempts,
+    })
+}
+
+/// The plan in the order to try it, after what an interrupted launch left
+/// at its recorded placement: that placement first if it is still in the
+/// plan (its nodes are reused), else its nodes removed before anything
+/// else is tried (the row can name only one placement).
+async fn resume_order<'p>(
+    walk: &Walk<'_>,
+    plan: &'p [Candidate],
+    providers: &Providers,
+) -> Result<Vec<&'p Candidate>, ProvisionError> {
+    let cluster = walk.cluster;
+    let mut order: Vec<&Candidate> = plan.iter().collect();
+    let Some(cloud) = &cluster.cloud else {
+        return Ok(order);
+    };
+    let same = |c: &&Candidate| {
+        Some(&c.cloud) == cluster.cloud.as_ref()
+            && Some(&c.zone) == cluster.zone.as_ref()
+            && Some(&c.instance_type) == cluster.instance_type.as_ref()
+            && c.use_spot == cluster.use_spot
+    };
+    if let Some(pos) = order.iter().position(same) {
+        let c = order.remove(pos);
+        order.insert(0, c);
+        return Ok(order);
+    }
+    let left = "an interrupted launch left nodes to remove";
+    let Some(p) = providers.get(cloud) else {
+        let e = ProviderError::new(
+            ErrorKind::Fatal,
+            cloud.clone(),
+            cluster.region.as_deref().unwrap_or("-"),
+            format!("the {cloud} provider is not in this build"),
+        );
+        return Err(leftover(walk.store, &cluster.name, left.into(), e));
+    };
+    if let Err(e) = remove_attempt(p.as_ref(), &walk.name, walk.retry).await {
+        return Err(leftover(walk.store, &cluster.name, left.into(), e));
+    }
+    Ok(order)
+}
+
+/// What one attempt at a candidate came to, when it did not stop the walk.
+enum Attempted {
+    /// The whole gang is up (and reached, where that was asked for).
+    Up(Provisioned),
+    /// This placement cannot give the gang: block `block`, remove what the
+    /// attempt created, go on. `event`: record the failover in the
+    /// cluster's events (a gang that came up but could not be reached is
+    /// reported, not recorded).
+    FailOver {
+        /// What to block.
+        block: Block,
+        /// Why, in words.
+        why: String,
+        /// Record a `failover` event.
+        event: bool,
+    },
+}
+
+/// One walk through the plan: what every attempt shares, and what the
+/// failed ones left (blocks on the rest of the plan, their outcomes).
+struct Walk<'a> {
+    store: &'a Store,
+    cluster: &'a ClusterRow,
+    name: ClusterName,
+    /// The task's `config` section, by provider.
+    config: Option<serde_json::Value>,
+    reporter: &'a dyn Reporter,
+    retry: RetryPolicy,
+    contact: Contact,
+    blocks: Vec<Block>,
+    attempts: Vec<Attempt>,
+}
+
+impl Walk<'_> {
+    /// Records `c` as tried, with its outcome.
+    fn tried(&mut self, c: &Candidate, outcome: String) {
+        self.attempts.push(Attempt {
             cloud: c.cloud.clone(),
             region: c.region.clone(),
             zone: c.zone.clone(),
             instance_type: c.instance_type.clone(),
             use_spot: c.use_spot,
             outcome,
-        };
-        let Some(provider) = providers.get(&c.cloud) else {
-            let why = format!("the {} provider is not in this build yet", c.cloud);
-            reporter.event(ProvisionEvent::Failed(c, &why));
-            attempts.push(attempt(why));
-            blocks.push(Block {
-                cloud: c.cloud.clone(),
-                region: c.region.clone(),
-                zone: None,
-                instance_type: None,
-            });
-            continue;
-        };
-        // Recorded before the provider is asked, so a crash from here on
-        // leaves a row that says where to look.
+        });
+    }
+
+    /// A candidate of a cloud this build has no provider for: its whole
+    /// region is blocked.
+    fn not_in_build(&mut self, c: &Candidate) {
+        let why = format!("the {} provider is not in this build yet", c.cloud);
+        self.reporter.event(ProvisionEvent::Failed(c, &why));
+        self.tried(c, why);
+        self.blocks.push(Block::region(c));
+    }
+
+    /// Asks `provider` for the gang at `c`: records the placement first
+    /// (a crash from then on leaves a row that says where to look), makes
+    /// sure gangway's key exists for nodes reached over SSH, launches with
+    /// retries, then brings the nodes up. Errors that stop the walk
+    /// (auth, invalid request, fatal) come back as errors, after whatever
+    /// the attempt created is removed.
+    async fn attempt(
+        &mut self,
+        c: &Candidate,
+        provider: &Arc<dyn Provider>,
+    ) -> Result<Attempted, ProvisionError> {
+        let store = self.store;
         store.set_placement(
-            &cluster.name,
+            &self.cluster.name,
             &state::Placement {
                 cloud: &c.cloud,
                 region: &c.region,
@@ -462,9 +581,61 @@ pub async fn provision(
                 price_per_hour: c.total_per_hour,
             },
         )?;
-        let req = LaunchRequest {
-            cluster: name.clone(),
-            owner: owner(store.home())?,
+        let req = self.launch_request(c)?;
+        self.reporter.event(ProvisionEvent::Trying(c));
+        // Clouds import gangway's public key into the nodes: it must exist.
+        let ssh = over_ssh(provider.as_ref(), store.home(), &self.cluster.name);
+        if ssh {
+            if let Err(e) = crate::gang::ssh::ensure_key(store.home()) {
+                return Err(ProviderError::new(
+                    ErrorKind::Fatal,
+                    c.cloud.clone(),
+                    "local",
+                    e.to_string(),
+                )
+                .into());
+            }
+        }
+        match self.launch_with_retry(c, provider.as_ref(), &req).await {
+            Ok(got)
+                if got.len() == c.nodes as usize
+                    && got.iter().all(|n| n.state == NodeState::Running) =>
+            {
+                self.bring_up(c, provider, got, ssh).await
+            }
+            Ok(got) => {
+                let running = got.iter().filter(|n| n.state == NodeState::Running).count();
+                Ok(Attempted::FailOver {
+                    block: Block::placement(c),
+                    why: format!("only {running} of {} nodes came up", c.nodes),
+                    event: true,
+                })
+            }
+            Err(e) if e.kind.fails_over() || e.kind == ErrorKind::Transient => {
+                Ok(Attempted::FailOver {
+                    block: Block::after(c, e.kind),
+                    why: format!("{}: {}", e.kind, e.message),
+                    event: true,
+                })
+            }
+            Err(e) => {
+                // Stop: but never leave a half-created gang behind.
+                store.event(&self.cluster.name, None, "provision", &e.to_string())?;
+                if let Err(cleanup) =
+                    remove_attempt(provider.as_ref(), &self.name, self.retry).await
+                {
+                    return Err(leftover(store, &self.cluster.name, e.to_string(), cleanup));
+                }
+                Err(e.into())
+            }
+        }
+    }
+
+    /// What the provider is asked for at `c`.
+    fn launch_request(&self, c: &Candidate) -> Result<LaunchRequest, ProvisionError> {
+        Ok(LaunchRequest {
+            cluster: self.name.clone(),
+            owner: owner(self.store.home())?,
             placement: Placement {
                 cloud: c.cloud.clone(),
                 region: c.region.clone(),
@@ -476,172 +647,144 @@ pub async fn provision(
             accelerator: c.accelerator.clone().map(|a| (a, c.accelerator_count)),
             disk_size_gib: c.spec.disk_size,
             image_id: c.spec.image_id.clone(),
-            client_token: cluster.client_token.clone(),
-            provider_config: config.as_ref().and_then(|v| v.get(&c.cloud)).cloned(),
+            client_token: self.cluster.client_token.clone(),
+            provider_config: self.config.as_ref().and_then(|v| v.get(&c.cloud)).cloned(),
             network_tier: c.spec.network_tier.clone(),
             max_price: c.spec.max_hourly_cost,
             ports: c.spec.ports.iter().map(|p| (p.start, p.end)).collect(),
             labels: c.spec.labels.clone(),
-        };
-        reporter.event(ProvisionEvent::Trying(c));
-        // Clouds import gangway's public key into the nodes: it must exist.
-        if crate::gang::over_ssh(&c.cloud) {
-            if let Err(e) = crate::gang::ssh::ensure_key(store.home()) {
-                return Err(ProviderError::new(
-                    ErrorKind::Fatal,
-                    c.cloud.clone(),
-                    "local",
-                    e.to_string(),
-                )
-                .into());
-            }
-        }
+        })
+    }
+
+    /// `provider.launch`, retried with backoff while it fails transiently.
+    async fn launch_with_retry(
+        &self,
+        c: &Candidate,
+        provider: &dyn Provider,
+        req: &LaunchRequest,
+    ) -> Result<Vec<Node>, ProviderError> {
         let mut tries = 0;
-        let result = loop {
+        loop {
             tries += 1;
-            match provider.launch(&req).await {
-                Err(e) if e.kind == ErrorKind::Transient && tries < retry.attempts => {
-                    let d = retry.delay(tries, noise());
-                    reporter.event(ProvisionEvent::Retrying(c, &e, d));
+            match provider.launch(req).await {
+                Err(e) if e.kind == ErrorKind::Transient && tries < self.retry.attempts => {
+                    let d = self.retry.delay(tries, noise());
+                    self.reporter.event(ProvisionEvent::Retrying(c, &e, d));
                     tokio::time::sleep(d).await;
                 }
-                other => break other,
+                other => return other,
             }
-        };
-        let failure = match result {
-            Ok(got)
-                if got.len() == c.nodes as usize
-                    && got.iter().all(|n| n.state == NodeState::Running) =>
-            {
-                let mut got = got;
-                let paths = provider.topology(&got).await.unwrap_or_default();
-                if paths.len() == got.len() {
-                    for (n, p) in got.iter_mut().zip(paths) {
-                        n.topology = p;
-                    }
-                }
-                let ranked = assign_ranks(got);
-                let mut rows = node_rows(&ranked);
-                if crate::gang::over_ssh(&c.cloud) {
-                    for r in &mut rows {
-                        r.extra.insert("gpus.discover".into(), "true".into());
-                        if contact == Contact::Later {
-                            r.extra
-                                .insert(crate::gang::ssh::FIRST_CONTACT.into(), "pending".into());
-                        }
-                    }
-                    // First contact: record host keys (verified strictly from
-                    // now on) and wait for sshd on freshly booted nodes.
-                    let reached = match contact {
-                        Contact::Now => {
-                            first_contact(store.home(), &c.cloud, &cluster.name, &rows).await
-                        }
-                        Contact::Later => Ok(()),
-                    };
-                    if let Err(e) = reached {
-                        let why = format!("cannot reach the nodes: {e}");
-                        if let Err(cleanup) = remove_attempt(provider.as_ref(), &name, retry).await
-                        {
-                            return Err(leftover(store, &cluster.name, why, cleanup));
-                        }
-                        reporter.event(ProvisionEvent::Failed(c, &why));
-                        blocks.push(Block {
-                            cloud: c.cloud.clone(),
-                            region: c.region.clone(),
-                            zone: Some(c.zone.clone()),
-                            instance_type: Some(c.instance_type.clone()),
-                        });
-                        attempts.push(attempt(why));
-                        continue;
-                    }
-                }
-                reporter.event(ProvisionEvent::Up(c, ranked.len()));
-                store.event(
-                    &cluster.name,
-                    None,
-                    "provision",
-                    &format!(
-                        "{} node(s) of {} up in {}/{}/{}",
-                        ranked.len(),
-                        c.instance_type,
-                        c.cloud,
-                        c.region,
-                        c.zone
-                    ),
-                )?;
-                return Ok(Provisioned {
-                    candidate: c.clone(),
-                    nodes: rows,
-                });
-            }
-            Ok(got) => {
-                let running = got.iter().filter(|n| n.state == NodeState::Running).count();
-                blocks.push(Block {
-                    cloud: c.cloud.clone(),
-                    region: c.region.clone(),
-                    zone: Some(c.zone.clone()),
-                    instance_type: Some(c.instance_type.clone()),
-                });
-                format!("only {running} of {} nodes came up", c.nodes)
-            }
-            Err(e) if e.kind.fails_over() || e.kind == ErrorKind::Transient => {
-                blocks.push(Block {
-                    cloud: c.cloud.clone(),
-                    region: c.region.clone(),
-                    zone: (e.kind != ErrorKind::Quota).then(|| c.zone.clone()),
-                    instance_type: (e.kind != ErrorKind::Quota).then(|| c.instance_type.clone()),
-                });
-                format!("{}: {}", e.kind, e.message)
-            }
-            Err(e) => {
-                // Stop: but never leave a half-created gang behind.
-                store.event(&cluster.name, None, "provision", &e.to_string())?;
-                if let Err(cleanup) = remove_attempt(provider.as_ref(), &name, retry).await {
-                    return Err(leftover(store, &cluster.name, e.to_string(), cleanup));
-                }
-                return Err(e.into());
-            }
-        };
-        // All or nothing: remove whatever this attempt created before the
-        // next one; if that fails the walk stops here, with the row kept at
-        // this placement, rather than move on and forget these nodes.
-        if let Err(cleanup) = remove_attempt(provider.as_ref(), &name, retry).await {
-            return Err(leftover(store, &cluster.name, failure, cleanup));
         }
-        let outcome = failure;
-        reporter.event(ProvisionEvent::Failed(c, &outcome));
-        store.event(
-            &cluster.name,
+    }
+
+    /// A whole gang came up: ranks from the provider's topology, then, for
+    /// nodes reached over SSH, the first contact (host keys recorded, sshd
+    /// waited for) unless it is left to the first command.
+    async fn bring_up(
+        &self,
+        c: &Candidate,
+        provider: &Arc<dyn Provider>,
+        mut got: Vec<Node>,
+        ssh: bool,
+    ) -> Result<Attempted, ProvisionError> {
+        let paths = provider.topology(&got).await.unwrap_or_default();
+        if paths.len() == got.len() {
+            for (n, p) in got.iter_mut().zip(paths) {
+                n.topology = p;
+            }
+        }
+        let ranked = assign_ranks(got);
+        let mut rows = node_rows(&ranked);
+        if ssh {
+            for r in &mut rows {
+                r.extra.insert("gpus.discover".into(), "true".into());
+                if self.contact == Contact::Later {
+                    r.extra
+                        .insert(crate::gang::ssh::FIRST_CONTACT.into(), "pending".into());
+                }
+            }
+            // First contact: record host keys (verified strictly from
+            // now on) and wait for sshd on freshly booted nodes.
+            let reached = match self.contact {
+                Contact::Now => {
+                    first_contact(self.store.home(), provider, &self.cluster.name, &rows).await
+                }
+                Contact::Later => Ok(()),
+            };
+            if let Err(e) = reached {
+                return Ok(Attempted::FailOver {
+                    block: Block::placement(c),
+                    why: format!("cannot reach the nodes: {e}"),
+                    event: false,
+                });
+            }
+        }
+        self.reporter.event(ProvisionEvent::Up(c, ranked.len()));
+        self.store.event(
+            &self.cluster.name,
             None,
-            "failover",
+            "provision",
             &format!(
-                "{}/{}/{} {}: {outcome}",
-                c.cloud, c.region, c.zone, c.instance_type
+                "{} node(s) of {} up in {}/{}/{}",
+                ranked.len(),
+                c.instance_type,
+                c.cloud,
+                c.region,
+                c.zone
             ),
         )?;
-        attempts.push(attempt(outcome));
+        Ok(Attempted::Up(Provisioned {
+            candidate: c.clone(),
+            nodes: rows,
+        }))
     }
-    Err(ProvisionError::Exhausted { nodes, attempts })
+
+    /// All or nothing: removes whatever the failed attempt at `c` created
+    /// before the next one, blocks what it says is blocked, and records
+    /// why. If the removal fails the walk stops here, with the row kept at
+    /// this placement, rather than move on and forget these nodes.
+    async fn fail_over(
+        &mut self,
+        c: &Candidate,
+        provider: &dyn Provider,
+        block: Block,
+        why: String,
+        event: bool,
+    ) -> Result<(), ProvisionError> {
+        self.blocks.push(block);
+        if let Err(cleanup) = remove_attempt(provider, &self.name, self.retry).await {
+            return Err(leftover(self.store, &self.cluster.name, why, cleanup));
+        }
+        self.reporter.event(ProvisionEvent::Failed(c, &why));
+        if event {
+            self.store.event(
+                &self.cluster.name,
+                None,
+                "failover",
+                &format!(
+                    "{}/{}/{} {}: {why}",
+                    c.cloud, c.region, c.zone, c.instance_type
+                ),
+            )?;
+        }
+        self.tried(c, why);
+        Ok(())
+    }
 }
 
-/// Opens the first SSH connection to new nodes, accepting their host keys.
+/// Opens the first SSH connection to new nodes, accepting their host keys,
+/// for as long as their provider says they may take to answer.
 async fn first_contact(
     home: &Path,
-    cloud: &str,
+    provider: &Arc<dyn Provider>,
     cluster: &str,
     rows: &[NodeRow],
 ) -> Result<(), String> {
     use crate::gang::Transport;
-    // Machines in a pool are up already; a fresh cloud VM boots, runs
-    // cloud-init and only then answers on port 22 (minutes on GPU images).
-    let wait = if cloud == "ssh" {
-        Duration::from_secs(60)
-    } else {
-        Duration::from_secs(600)
-    };
     let t = crate::gang::ssh::SshTransport::new(home, cluster, true)
         .map_err(|e| e.to_string())?
-        .with_connect_timeout(wait);
+        .for_provider(Arc::clone(provider))
+        .with_connect_timeout(provider.first_contact_wait());
     t.connect(rows).await.map_err(|e| e.to_string())
 }
 
@@ -729,12 +872,17 @@ pub async fn teardown(
     store.set_status(name, ClusterStatus::Terminating, None)?;
     stop_drivers(store, name).await?;
     if let Some(cloud) = &row.cloud {
+        let Some(p) = providers.get(cloud) else {
+            let e = TeardownError::NoProvider(cloud.clone());
+            store.set_teardown_failed(name, &e.to_string())?;
+            return Err(e);
+        };
         // On machines that outlive the cluster (ssh pools), whatever the
         // cluster still runs there is killed before they are released.
         // Cloud VMs go with everything on them: no connection needed.
-        if cloud == "ssh" {
+        if p.machines_outlive_clusters() {
             let nodes = store.nodes(name)?;
-            if let Some(t) = crate::gang::transport_for(cloud, store.home(), name) {
+            if let Some(t) = providers.transport(cloud, store.home(), name) {
                 if t.connect(&nodes).await.is_ok() {
                     for n in &nodes {
                         t.kill_cluster(n, name);
@@ -742,11 +890,6 @@ pub async fn teardown(
                 }
             }
         }
-        let Some(p) = providers.get(cloud) else {
-            let e = TeardownError::NoProvider(cloud.clone());
-            store.set_teardown_failed(name, &e.to_string())?;
-            return Err(e);
-        };
         if let Err(e) = remove_attempt(
             p.as_ref(),
             &ClusterName(name.to_string()),

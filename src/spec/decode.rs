@@ -268,20 +268,7 @@ fn shown(node: &Node) -> String {
 }
 
 /// The allowed name closest to `key`, if it is close enough to be a typo.
-pub fn closest<'a>(key: &str, allowed: &[&'a str]) -> Option<&'a str> {
-    let lower = key.to_ascii_lowercase();
-    allowed
-        .iter()
-        .map(|a| {
-            (
-                strsim::damerau_levenshtein(&lower, &a.to_ascii_lowercase()),
-                *a,
-            )
-        })
-        .filter(|(d, a)| *d <= 2.max(a.len() / 4))
-        .min()
-        .map(|(_, a)| a)
-}
+pub use gangway_yaml::closest;
 
 pub fn task(doc: &Node, file: &str) -> R<Task> {
     let cx = Cx { file };

@@ -8,7 +8,6 @@ pub mod model;
 mod overrides;
 pub mod yaml;
 
-use std::fmt;
 use std::path::Path;
 
 pub use model::*;
@@ -18,44 +17,9 @@ pub use overrides::{OverrideError, Overrides};
 pub const MAX_FILE_BYTES: u64 = 1 << 20;
 const SIZE_HINT: &str = "task files describe a job; put data in file_mounts or workdir instead";
 
-/// Why a task file was refused.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SpecError {
-    /// The file (or `<string>`).
-    pub file: String,
-    /// 1-based line, 0 when the error is about the whole file.
-    pub line: usize,
-    /// 1-based column, 0 when the error is about the whole file.
-    pub col: usize,
-    /// Dotted field path (`resources.accelerators`), empty at top level.
-    pub field: String,
-    /// What is wrong and what was expected.
-    pub message: String,
-    /// What to do about it.
-    pub hint: Option<String>,
-    /// Whether the input is valid but uses something gangway does not support.
-    pub unsupported: bool,
-}
-
-impl fmt::Display for SpecError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.file)?;
-        if self.line > 0 {
-            write!(f, ":{}:{}", self.line, self.col)?;
-        }
-        write!(f, ": ")?;
-        if !self.field.is_empty() {
-            write!(f, "{}: ", self.field)?;
-        }
-        write!(f, "{}", self.message)?;
-        if let Some(h) = &self.hint {
-            write!(f, "\n  hint: {h}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for SpecError {}
+/// Why a task file was refused: a located error, as for every YAML file
+/// gangway reads.
+pub use gangway_yaml::LocatedError as SpecError;
 
 fn whole_file(file: &str, message: String, hint: Option<&str>) -> SpecError {
     SpecError {
@@ -154,21 +118,6 @@ fn io_reason(e: &std::io::Error) -> String {
         std::io::ErrorKind::NotFound => "no such file".into(),
         std::io::ErrorKind::PermissionDenied => "permission denied".into(),
         _ => e.to_string(),
-    }
-}
-
-impl SpecError {
-    /// A YAML syntax error in `file`, located.
-    pub fn from_yaml(file: &str, e: yaml::YamlError) -> SpecError {
-        SpecError {
-            file: file.to_string(),
-            line: e.pos.line,
-            col: e.pos.col,
-            field: e.field,
-            message: e.message,
-            hint: e.hint,
-            unsupported: false,
-        }
     }
 }
 

@@ -329,27 +329,9 @@ pub struct ClusterRow {
     pub teardown_failures: u32,
 }
 
-/// One node row (rank order).
-#[derive(Clone, Debug, Serialize)]
-pub struct NodeRow {
-    /// Rank (0 = head).
-    pub rank: u32,
-    /// Provider id.
-    pub instance_id: String,
-    /// Address the other nodes reach it on.
-    pub private_ip: String,
-    /// Address gangway reaches it on.
-    pub public_ip: Option<String>,
-    /// Zone.
-    pub zone: String,
-    /// Topology path, `/`-joined.
-    pub topology: String,
-    /// Last known state.
-    pub state: String,
-    /// Provider facts (JSON map).
-    #[serde(skip)]
-    pub extra: std::collections::BTreeMap<String, String>,
-}
+/// One node row (rank order): the provider contract's type, which every
+/// transport is handed.
+pub use gangway_provider::NodeRow;
 
 /// One job row.
 #[derive(Clone, Debug, Serialize)]

@@ -1,5 +1,5 @@
-//! The spot watchers (`templates/aws-spot-watch.sh`,
-//! `templates/gcp-preempted-watch.sh`) against a fake metadata service on
+//! The spot watchers (`providers/aws/templates/aws-spot-watch.sh`,
+//! `providers/gcp/templates/gcp-preempted-watch.sh`) against a fake metadata service on
 //! 127.0.0.1: `--once` before and after a notice and with no metadata
 //! service, the polling mode signalling a process group, and the SSH
 //! transport's `preemption_notice` running the AWS one on a node.
@@ -228,8 +228,8 @@ enum Cloud {
 impl Cloud {
     fn script(self) -> PathBuf {
         root().join(match self {
-            Cloud::Aws => "templates/aws-spot-watch.sh",
-            Cloud::Gcp => "templates/gcp-preempted-watch.sh",
+            Cloud::Aws => "providers/aws/templates/aws-spot-watch.sh",
+            Cloud::Gcp => "providers/gcp/templates/gcp-preempted-watch.sh",
         })
     }
 
@@ -424,23 +424,17 @@ fn the_ssh_transport_reads_a_gcp_spot_nodes_preemption() {
     let spot = ssh_node(
         &sshd,
         0,
-        &[
-            ("market", "spot"),
-            ("cloud", "gcp"),
-            ("env.GCE_METADATA_HOST", &host),
-        ],
+        &[("market", "spot"), ("env.GCE_METADATA_HOST", &host)],
     );
     let on_demand = ssh_node(
         &sshd,
         1,
-        &[
-            ("market", "on-demand"),
-            ("cloud", "gcp"),
-            ("env.GCE_METADATA_HOST", &host),
-        ],
+        &[("market", "on-demand"), ("env.GCE_METADATA_HOST", &host)],
     );
     let home = tempfile::tempdir().expect("tempdir");
-    let t = SshTransport::new(home.path(), "gce", true).expect("transport");
+    let t = SshTransport::new(home.path(), "gce", true)
+        .expect("transport")
+        .with_notice_probe(std::sync::Arc::new(gangway_gcp::preempted_notice_probe));
     let nodes = [spot.clone(), on_demand.clone()];
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -510,7 +504,9 @@ fn the_ssh_transport_reads_a_spot_nodes_notice() {
         &[("market", "spot"), ("env.GANGWAY_IMDS_ENDPOINT", &closed)],
     );
     let home = tempfile::tempdir().expect("tempdir");
-    let t = SshTransport::new(home.path(), "imds", true).expect("transport");
+    let t = SshTransport::new(home.path(), "imds", true)
+        .expect("transport")
+        .with_notice_probe(std::sync::Arc::new(gangway_aws::spot_notice_probe));
     let nodes = [spot.clone(), on_demand.clone(), elsewhere.clone()];
     tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -5,10 +5,32 @@
 //! and the one error type, [`ProviderError`], whose kind tells it whether to
 //! fail over ([`ErrorKind::Capacity`], [`ErrorKind::Quota`]), retry
 //! ([`ErrorKind::Transient`]) or stop and tell the user.
+//!
+//! What differs between providers is said here and answered in each
+//! provider's crate, never by the core comparing provider names: how a
+//! node is reached ([`Provider::transport`], [`SshEndpoint`]), how long its
+//! first contact may take, how a preemption notice is read on it, whether
+//! its machines outlive a cluster, whether it can stop.
 #![deny(missing_docs)]
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+mod endpoint;
+mod registry;
+mod transport;
+
+pub use endpoint::SshEndpoint;
+pub use registry::{
+    no_capacity, Capacity, ConfigError, Offer, Registration, Setup, DEFAULT_CPUS,
+    DEFAULT_MEMORY_GIB,
+};
+pub use transport::{
+    copy_tree, merge_newest, output_with_input, shell, signal_token, NodeCommand, NodeProcess,
+    NodeRow, Transport, TransportError, KEPT_ENV, TOKEN_VAR,
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -122,9 +144,11 @@ pub struct Node {
     pub placement: Placement,
     /// Network path from the root switch down, e.g. `["spine1", "leaf2"]`.
     pub topology: Vec<String>,
-    /// Free-form provider facts (ssh port, user, work directory...). Keys
-    /// starting with `env.` are environment variables every command on the
-    /// node gets (e.g. `env.CUDA_VISIBLE_DEVICES`).
+    /// Free-form provider facts (work directory, market...), read only by
+    /// the provider and its transport, with two exceptions the core knows:
+    /// keys starting with `env.` are environment variables every command on
+    /// the node gets (e.g. `env.CUDA_VISIBLE_DEVICES`), and an
+    /// [`SshEndpoint`] is recorded here.
     pub extra: BTreeMap<String, String>,
 }
 
@@ -366,6 +390,19 @@ pub trait Provider: Send + Sync {
     /// clusters and when nothing exists.
     async fn terminate(&self, cluster: &ClusterName) -> Result<()>;
 
+    /// Whether [`Provider::prices`] asks a live price API (what `gangway
+    /// catalog refresh` offers to refresh). Say `true` where it is
+    /// implemented.
+    fn has_price_api(&self) -> bool {
+        false
+    }
+
+    /// Whether the nodes are this machine's own processes: a launch costs
+    /// nothing real, so the CLI asks no question before it.
+    fn runs_on_this_machine(&self) -> bool {
+        false
+    }
+
     /// Live prices for these instance types in these regions: the catalog
     /// refresh hook. Providers without a price API keep the default.
     async fn prices(&self, instance_types: &[String], regions: &[String]) -> Result<Prices> {
@@ -384,6 +421,51 @@ pub trait Provider: Send + Sync {
         Ok(nodes.iter().map(|n| n.topology.clone()).collect())
     }
 
+    /// The transport for this provider's nodes in `cluster`, with gangway's
+    /// state under `home`; `None` (the default): the nodes are reached over
+    /// SSH, at each node's [`SshEndpoint`], by the core's generic transport,
+    /// which runs [`Provider::notice_probe`] for preemption notices.
+    /// Nothing else about how nodes are reached is decided by name.
+    fn transport(&self, home: &Path, cluster: &str) -> Option<Box<dyn Transport>> {
+        let _ = (home, cluster);
+        None
+    }
+
+    /// For nodes reached over SSH: how long the first connection to new
+    /// nodes keeps trying. A fresh cloud VM boots, runs cloud-init and only
+    /// then answers on port 22 (minutes on GPU images): 10 minutes unless a
+    /// provider knows its machines are up already.
+    fn first_contact_wait(&self) -> Duration {
+        Duration::from_secs(600)
+    }
+
+    /// For nodes reached over SSH: how long a node that refuses gangway's
+    /// key is asked again. A fresh VM's guest agent may install the key a
+    /// little after sshd starts; machines that were up before refuse for
+    /// good at once (zero).
+    fn key_refusal_grace(&self) -> Duration {
+        Duration::from_secs(90)
+    }
+
+    /// For nodes reached over SSH: a shell command that asks the node for
+    /// the provider's advance notice of a preemption, or `None` when this
+    /// node has none to ask (not spot, or a provider without notices). The
+    /// core runs it over the node's connection; whatever it prints after
+    /// [`NOTICE_MARK`], up to the end of its output, is the notice (in the
+    /// provider's words, joined into one line); no mark, or nothing after
+    /// it, is no notice. Failing commands read as no notice.
+    fn notice_probe(&self, node: &NodeRow) -> Option<String> {
+        let _ = node;
+        None
+    }
+
+    /// Whether this provider's machines outlive the clusters placed on
+    /// them (machines in a pool), so a teardown first kills whatever the
+    /// cluster still runs there. Cloud VMs go with everything on them.
+    fn machines_outlive_clusters(&self) -> bool {
+        false
+    }
+
     /// Every cluster this provider holds resources for under gangway's
     /// tags, whoever's, found wherever the provider can look, each with its
     /// owner tag (and user tag, where there is one): the sweep that finds
@@ -394,6 +476,25 @@ pub trait Provider: Send + Sync {
     async fn clusters(&self) -> Result<Vec<TaggedCluster>> {
         Ok(Vec::new())
     }
+}
+
+/// What precedes a preemption notice in the output of a
+/// [`Provider::notice_probe`], so that nothing else a node's shell prints
+/// (a banner, a profile's echo) is ever taken for one.
+pub const NOTICE_MARK: &str = "gangway-spot-notice:";
+
+/// The notice in a notice probe's output, on one line, e.g.
+/// `spot/instance-action: {json}` or `instance/preempted: TRUE`; `None`
+/// without [`NOTICE_MARK`] or without a value after the notice's name.
+pub fn parse_notice(out: &str) -> Option<String> {
+    let (_, notice) = out.split_once(NOTICE_MARK)?;
+    let notice = notice.split_whitespace().collect::<Vec<_>>().join(" ");
+    (notice.split_once(": ").is_some_and(|(_, v)| !v.is_empty())).then_some(notice)
+}
+
+/// Quotes `s` for a POSIX shell.
+pub fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
 }
 
 /// A cluster found by gangway's tags on a provider's resources.
@@ -460,6 +561,36 @@ pub fn my_public_ip() -> std::result::Result<String, PublicIpError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_notice_is_read_only_after_its_mark() {
+        assert_eq!(parse_notice(""), None);
+        assert_eq!(parse_notice("welcome to the node\n"), None);
+        assert_eq!(parse_notice("gangway-spot-notice:\n"), None);
+        assert_eq!(
+            parse_notice("gangway-spot-notice:spot/instance-action: \n"),
+            None
+        );
+        let json = r#"{"action": "terminate", "time": "2026-12-02T22:51:00Z"}"#;
+        assert_eq!(
+            parse_notice(&format!(
+                "motd {{\"x\": 1}}\ngangway-spot-notice:spot/instance-action: {json}\n"
+            )),
+            Some(format!("spot/instance-action: {json}"))
+        );
+        // Spread over lines: one line in the job's events.
+        assert_eq!(
+            parse_notice(
+                "gangway-spot-notice:spot/instance-action: {\n  \"action\": \"stop\"\n}\n"
+            )
+            .as_deref(),
+            Some(r#"spot/instance-action: { "action": "stop" }"#)
+        );
+        assert_eq!(
+            parse_notice("gangway-spot-notice:instance/preempted: TRUE\n").as_deref(),
+            Some("instance/preempted: TRUE")
+        );
+    }
 
     #[test]
     fn owner_ids_are_told_from_user_names() {

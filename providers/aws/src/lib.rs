@@ -17,6 +17,7 @@
 
 mod config;
 mod errors;
+mod notice;
 mod record;
 
 use std::collections::{BTreeMap, HashMap};
@@ -43,6 +44,7 @@ use gangway_provider::{
 pub use config::{AwsOptions, ConfigError};
 pub use errors::classify;
 use errors::{code_of, from_sdk};
+pub use notice::{spot_notice_probe, SPOT_WATCH};
 use record::{Record, Records};
 
 /// Tag naming the cluster on every resource.
@@ -275,16 +277,12 @@ impl AwsProvider {
         } else {
             public_ip.clone()
         };
-        if let Some(host) = reach.filter(|h| !h.is_empty()) {
-            extra.insert("ssh.host".to_string(), host);
-        }
-        extra.insert(
-            "ssh.user".to_string(),
+        let mut ssh = gangway_provider::SshEndpoint::new(
+            reach.unwrap_or_default(),
             rec.ssh_user.clone().unwrap_or_else(|| "ubuntu".into()),
         );
-        if let Some(j) = &rec.ssh_jump {
-            extra.insert("ssh.jump".to_string(), j.clone());
-        }
+        ssh.jump = rec.ssh_jump.clone();
+        ssh.record(&mut extra);
         if let Some(t) = i.instance_type() {
             extra.insert("instance_type".to_string(), t.as_str().to_string());
         }
@@ -984,8 +982,30 @@ impl AwsProvider {
     }
 }
 
+/// AWS in the core's registry: on with an owner id to tag with, its
+/// records under `records/aws`.
+pub const REGISTRATION: gangway_provider::Registration = gangway_provider::Registration {
+    name: "aws",
+    build: |s| {
+        Some(std::sync::Arc::new(
+            AwsProvider::new(s.records.join("aws"), s.owner?, s.public_key())
+                .with_user(s.user)
+                .with_legacy_owner(s.legacy_owner),
+        ))
+    },
+    capacity: gangway_provider::no_capacity,
+};
+
 #[async_trait::async_trait]
 impl Provider for AwsProvider {
+    fn has_price_api(&self) -> bool {
+        true
+    }
+
+    fn notice_probe(&self, node: &gangway_provider::NodeRow) -> Option<String> {
+        spot_notice_probe(node)
+    }
+
     fn name(&self) -> &str {
         "aws"
     }

@@ -19,6 +19,7 @@
 
 mod errors;
 mod names;
+mod notice;
 mod pricing;
 mod record;
 
@@ -44,6 +45,7 @@ use record::{KeptVm, Record};
 
 pub use errors::{classify_codes, classify_http, GcpError};
 pub use names::{gpu_type, request_id, Names};
+pub use notice::{preempted_notice_probe, PREEMPTED_WATCH};
 
 /// Label naming the cluster (a sanitized name plus a hash of the exact one).
 pub const LABEL_CLUSTER: &str = "gangway-cluster";
@@ -830,12 +832,7 @@ impl GcpProvider {
         } else {
             public_ip.clone()
         };
-        if let Some(h) = host.filter(|h| !h.is_empty()) {
-            extra.insert("ssh.host".to_string(), h);
-        }
-        extra.insert("ssh.user".to_string(), opts_user.to_string());
-        // The SSH transport asks spot nodes' metadata server for a notice.
-        extra.insert("cloud".to_string(), "gcp".to_string());
+        gangway_provider::SshEndpoint::new(host.unwrap_or_default(), opts_user).record(&mut extra);
         extra.insert(
             "market".to_string(),
             if spot { "spot" } else { "on-demand" }.to_string(),
@@ -1255,8 +1252,30 @@ fn state_of(i: &model::Instance, spot: bool) -> NodeState {
     }
 }
 
+/// GCP in the core's registry: on with an owner id to tag with, its
+/// records under `records/gcp`.
+pub const REGISTRATION: gangway_provider::Registration = gangway_provider::Registration {
+    name: "gcp",
+    build: |s| {
+        Some(std::sync::Arc::new(
+            GcpProvider::new(s.records.join("gcp"), s.owner?, s.public_key())
+                .with_user(s.user)
+                .with_legacy_owner(s.legacy_owner),
+        ))
+    },
+    capacity: gangway_provider::no_capacity,
+};
+
 #[async_trait::async_trait]
 impl Provider for GcpProvider {
+    fn has_price_api(&self) -> bool {
+        true
+    }
+
+    fn notice_probe(&self, node: &gangway_provider::NodeRow) -> Option<String> {
+        preempted_notice_probe(node)
+    }
+
     fn name(&self) -> &str {
         "gcp"
     }

@@ -42,6 +42,9 @@ mod market;
 mod store;
 #[cfg(test)]
 mod tests;
+mod transport;
+
+pub use transport::LocalTransport;
 
 use std::collections::{BTreeMap, HashSet};
 use std::fs;
@@ -598,8 +601,33 @@ struct Progress {
     created: Vec<Record>,
 }
 
+/// The local cloud in the core's registry: always there, its state under
+/// `$GANGWAY_HOME/local`.
+pub const REGISTRATION: gangway_provider::Registration = gangway_provider::Registration {
+    name: NAME,
+    build: |s| {
+        Some(std::sync::Arc::new(LocalProvider::new(
+            s.home.join("local"),
+        )))
+    },
+    capacity: gangway_provider::no_capacity,
+};
+
 #[async_trait::async_trait]
 impl Provider for LocalProvider {
+    fn runs_on_this_machine(&self) -> bool {
+        true
+    }
+
+    /// Local nodes are process groups on this machine, not SSH hosts.
+    fn transport(
+        &self,
+        _home: &Path,
+        _cluster: &str,
+    ) -> Option<Box<dyn gangway_provider::Transport>> {
+        Some(Box::new(LocalTransport))
+    }
+
     fn name(&self) -> &str {
         NAME
     }

@@ -15,7 +15,11 @@
 //! client commands and a `SLURM_CONF` for the cluster).
 #![deny(missing_docs)]
 
+pub mod clusters;
 pub mod parse;
+mod transport;
+
+pub use transport::SlurmTransport;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -643,10 +647,36 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
     Some(Duration::from_secs(secs))
 }
 
+/// The Slurm provider in the core's registry: there when
+/// `$GANGWAY_HOME/slurm.yaml` lists clusters (a broken file is reported
+/// where the catalog is loaded).
+pub const REGISTRATION: gangway_provider::Registration = gangway_provider::Registration {
+    name: NAME,
+    build: |s| {
+        let file = clusters::load(s.home).ok()??;
+        let slurm = SlurmProvider::new(file.clusters, s.ssh_dir());
+        Some(std::sync::Arc::new(match s.owner {
+            Some(owner) => slurm.with_owner(owner),
+            None => slurm,
+        }))
+    },
+    capacity: |home| Ok(clusters::load(home)?.map(|c| c.capacity())),
+};
+
 #[async_trait::async_trait]
 impl Provider for SlurmProvider {
     fn name(&self) -> &str {
         NAME
+    }
+
+    /// Commands on the nodes are job steps of the allocation, started
+    /// with `srun` here or on the cluster's login node.
+    fn transport(
+        &self,
+        home: &std::path::Path,
+        _cluster: &str,
+    ) -> Option<Box<dyn gangway_provider::Transport>> {
+        Some(Box::new(SlurmTransport::new(home)))
     }
 
     async fn check(&self) -> Result<CheckReport> {

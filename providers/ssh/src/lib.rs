@@ -29,6 +29,7 @@
 //! thread of their own, never on the caller's executor.
 #![deny(missing_docs)]
 
+pub mod inventory;
 mod probe;
 mod store;
 #[cfg(test)]
@@ -41,7 +42,7 @@ use std::sync::Arc;
 
 use gangway_provider::{
     CheckReport, ClusterName, ErrorKind, InstanceId, LaunchRequest, Node, NodeState, Placement,
-    Provider, ProviderError, Result,
+    Provider, ProviderError, Result, SshEndpoint,
 };
 use serde::{Deserialize, Serialize};
 
@@ -475,15 +476,14 @@ fn zone_of(pool: &Pool, h: &Host) -> String {
 fn node(pool: &Pool, h: &Host) -> Node {
     let ty = SshPools::instance_type(&pool.name, h);
     let mut extra = BTreeMap::new();
-    extra.insert("ssh.host".to_string(), h.address.clone());
-    extra.insert("ssh.port".to_string(), h.port.to_string());
-    extra.insert("ssh.user".to_string(), h.user.clone());
-    if let Some(k) = &h.key {
-        extra.insert("ssh.key".to_string(), k.clone());
+    SshEndpoint {
+        host: h.address.clone(),
+        port: h.port,
+        user: h.user.clone(),
+        key: h.key.as_ref().map(PathBuf::from),
+        jump: h.jump.clone(),
     }
-    if let Some(j) = &h.jump {
-        extra.insert("ssh.jump".to_string(), j.clone());
-    }
+    .record(&mut extra);
     let gpus = h.gpu.as_ref().map_or(0, |g| g.1);
     extra.insert("gpus".to_string(), gpus.to_string());
     extra.insert("instance_type".to_string(), ty);
@@ -506,7 +506,7 @@ fn node(pool: &Pool, h: &Host) -> Node {
 /// A host still allocated but gone from the inventory, from its record.
 fn terminated(a: &Alloc) -> Node {
     let mut extra = BTreeMap::new();
-    extra.insert("ssh.host".to_string(), a.address.clone());
+    SshEndpoint::new(a.address.clone(), "").record(&mut extra);
     extra.insert("instance_type".to_string(), a.instance_type.clone());
     extra.insert("pool".to_string(), a.pool.clone());
     Node {
@@ -543,8 +543,41 @@ fn error(kind: ErrorKind, location: &str, message: String) -> ProviderError {
 const NOT_STOPPED: &str =
     "machines in an ssh pool are not stopped or started by gangway; use down to release them";
 
+/// The ssh pools in the core's registry: there when
+/// `$GANGWAY_HOME/ssh_pools.yaml` lists machines (a broken file is
+/// reported where the catalog is loaded), allocations recorded under
+/// `$GANGWAY_HOME/ssh_pools`.
+pub const REGISTRATION: gangway_provider::Registration = gangway_provider::Registration {
+    name: NAME,
+    build: |s| {
+        let inv = inventory::load(s.home).ok()??;
+        Some(Arc::new(SshPools::new(
+            s.home.join("ssh_pools"),
+            inv.pools(),
+        )))
+    },
+    capacity: |home| Ok(inventory::load(home)?.map(|inv| inv.capacity())),
+};
+
 #[async_trait::async_trait]
 impl Provider for SshPools {
+    /// Pool machines were up before the cluster: the first contact waits a
+    /// minute, not a VM's boot.
+    fn first_contact_wait(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(60)
+    }
+
+    /// A pool machine that refuses gangway's key refuses for good.
+    fn key_refusal_grace(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+
+    /// Pool machines stay after a cluster: a teardown kills what the
+    /// cluster still runs on them before they are released.
+    fn machines_outlive_clusters(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         NAME
     }

@@ -1,14 +1,58 @@
 //! How gangway runs commands on nodes and copies files to them.
 //!
-//! The gang logic only sees [`Transport`]; the local provider's nodes use
-//! [`LocalTransport`] (real processes in their own process groups), SSH
-//! nodes get their own transport with the same contract.
+//! The gang logic only sees [`Transport`]. Nodes whose provider answers
+//! [`crate::Provider::transport`] with `None` are reached over SSH, at
+//! their [`SshEndpoint`], by the core's generic transport; a provider whose
+//! nodes are something else (the local cloud's process groups, Slurm's job
+//! steps) implements this trait in its own crate and returns it there.
 
 use std::io::PipeWriter;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 
-use crate::state::NodeRow;
+use serde::Serialize;
+
+/// One node of a cluster as gangway recorded it, in rank order: what every
+/// transport is handed.
+#[derive(Clone, Debug, Serialize)]
+pub struct NodeRow {
+    /// Rank (0 = head).
+    pub rank: u32,
+    /// Provider id.
+    pub instance_id: String,
+    /// Address the other nodes reach it on.
+    pub private_ip: String,
+    /// Address gangway reaches it on.
+    pub public_ip: Option<String>,
+    /// Zone.
+    pub zone: String,
+    /// Topology path, `/`-joined.
+    pub topology: String,
+    /// Last known state.
+    pub state: String,
+    /// Provider facts (JSON map), as in [`crate::Node::extra`].
+    #[serde(skip)]
+    pub extra: std::collections::BTreeMap<String, String>,
+}
+
+impl NodeRow {
+    /// The fact `key`, or `""`.
+    pub fn fact(&self, key: &str) -> &str {
+        self.extra.get(key).map(String::as_str).unwrap_or("")
+    }
+
+    /// `rank N (private address)`, how errors name a node.
+    pub fn label(&self) -> String {
+        format!("rank {} ({})", self.rank, self.private_ip)
+    }
+
+    /// The variables every command on the node gets (its `env.*` facts).
+    pub fn env(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.extra
+            .iter()
+            .filter_map(|(k, v)| k.strip_prefix("env.").map(|n| (n, v.as_str())))
+    }
+}
 
 /// A command for one node.
 #[derive(Clone, Debug)]
@@ -128,7 +172,11 @@ pub trait Transport: Send + Sync {
     fn write_file(&self, node: &NodeRow, path: &str, data: &[u8]) -> Result<(), TransportError>;
 
     /// The provider's advance notice of a preemption, if the node has one
-    /// (GCP's `preempted`, AWS's `spot/instance-action`), in its words.
+    /// (GCP's `preempted`, AWS's `spot/instance-action`), in its words. The
+    /// core's SSH transport runs the provider's
+    /// [`crate::Provider::notice_probe`] over the connection; a provider's
+    /// own transport answers for itself. A check that fails reads as no
+    /// notice: it never fails a job.
     fn preemption_notice(&self, node: &NodeRow) -> Option<String>;
 
     /// Whether [`Transport::preemption_notice`] only reads this machine's
@@ -164,7 +212,7 @@ pub trait Transport: Send + Sync {
 /// Runs `c` to its end with `input` on its stdin, written from a thread
 /// (a command that answers before it has read everything cannot deadlock
 /// on full pipes); its status and output.
-pub(crate) fn output_with_input(
+pub fn output_with_input(
     c: &mut std::process::Command,
     input: Option<&[u8]>,
 ) -> std::io::Result<std::process::Output> {
@@ -186,23 +234,14 @@ pub(crate) fn output_with_input(
     child.wait_with_output()
 }
 
-/// Commands as local processes in the node's directory.
-#[derive(Debug, Default)]
-pub struct LocalTransport;
+/// Variables a node's commands keep from the launching machine when a
+/// transport builds their environment from scratch (local processes, Slurm
+/// steps); everything else is left behind, as on a fresh cloud node (so no
+/// credentials leak).
+pub const KEPT_ENV: &[&str] = &["PATH", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME", "TMPDIR"];
 
-fn node_name(node: &NodeRow) -> String {
-    format!("rank {} ({})", node.rank, node.private_ip)
-}
-
-pub(crate) fn extra<'a>(node: &'a NodeRow, key: &str) -> &'a str {
-    node.extra.get(key).map(String::as_str).unwrap_or("")
-}
-
-/// Variables a node's commands keep from the launching machine; everything
-/// else is left behind, as on a fresh cloud node (so no credentials leak).
-pub(crate) const KEPT_ENV: &[&str] = &["PATH", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME", "TMPDIR"];
-
-pub(crate) fn shell() -> &'static str {
+/// The shell commands run with here: bash where there is one.
+pub fn shell() -> &'static str {
     if Path::new("/bin/bash").exists() {
         "/bin/bash"
     } else {
@@ -210,174 +249,21 @@ pub(crate) fn shell() -> &'static str {
     }
 }
 
-#[async_trait::async_trait]
-impl Transport for LocalTransport {
-    fn spawn(
-        &self,
-        node: &NodeRow,
-        cmd: &NodeCommand,
-        output: PipeWriter,
-    ) -> Result<NodeProcess, TransportError> {
-        let err = |what: &str, source| TransportError {
-            node: node_name(node),
-            what: what.to_string(),
-            source,
-        };
-        let home = extra(node, "home");
-        let cwd = self.node_path(node, &cmd.cwd);
-        let cwd = if Path::new(&cwd).is_dir() {
-            cwd
-        } else {
-            home.to_string()
-        };
-        let mut c = tokio::process::Command::new(shell());
-        c.arg("-c").arg(&cmd.script);
-        c.env_clear();
-        for k in KEPT_ENV {
-            if let Some(v) = std::env::var_os(k) {
-                c.env(k, v);
-            }
-        }
-        c.env("HOME", home);
-        c.env("SHELL", shell());
-        for (k, v) in &node.extra {
-            if let Some(name) = k.strip_prefix("env.") {
-                c.env(name, v);
-            }
-        }
-        for (k, v) in &cmd.env {
-            c.env(k, v);
-        }
-        c.current_dir(&cwd);
-        let out2 = output
-            .try_clone()
-            .map_err(|e| err("cannot duplicate the output pipe", e))?;
-        c.stdin(Stdio::null()).stdout(out2).stderr(output);
-        c.process_group(0);
-        c.kill_on_drop(false);
-        let child = c.spawn().map_err(|e| err("cannot start the command", e))?;
-        if let Some(pid) = child.id() {
-            // Registered so that terminate, stop and preemption kill it.
-            let procs = Path::new(extra(node, "procs"));
-            if !procs.as_os_str().is_empty() {
-                let _ = std::fs::write(procs.join(pid.to_string()), b"");
-            }
-        }
-        Ok(NodeProcess::from_child(child))
-    }
+/// The variable naming a command's processes on its node. The shell that
+/// sets it by `export` does not carry it in `/proc/PID/environ` (that is
+/// the environment a process was started with), so only the command's own
+/// processes match, never the wrapper that waits for them.
+pub const TOKEN_VAR: &str = "GANGWAY_TOKEN";
 
-    fn signal(&self, _node: &NodeRow, pgid: u32, signal: i32) {
-        if pgid > 1 {
-            // SAFETY: signalling a process group this transport created.
-            unsafe {
-                libc::kill(-(pgid as i32), signal);
-            }
-        }
-    }
-
-    fn signal_job(&self, node: &NodeRow, pgid: u32, job: i64, signal: i32) {
-        // The group leader carries the job's environment.
-        let Ok(env) = std::fs::read(format!("/proc/{pgid}/environ")) else {
-            return;
-        };
-        let want = format!("GANGWAY_RUN={job}");
-        if env.split(|b| *b == 0).any(|kv| kv == want.as_bytes()) {
-            self.signal(node, pgid, signal);
-        }
-    }
-
-    fn reaped(&self, node: &NodeRow, pgid: u32) {
-        let procs = Path::new(extra(node, "procs"));
-        if !procs.as_os_str().is_empty() {
-            let _ = std::fs::remove_file(procs.join(pgid.to_string()));
-        }
-    }
-
-    fn upload(&self, node: &NodeRow, local: &Path, dest: &str) -> Result<(), TransportError> {
-        let dest = PathBuf::from(self.node_path(node, dest));
-        copy_tree(local, &dest).map_err(|source| TransportError {
-            node: node_name(node),
-            what: format!("cannot copy {} to {}", local.display(), dest.display()),
-            source,
-        })
-    }
-
-    fn make_dir(&self, node: &NodeRow, path: &str) -> Result<(), TransportError> {
-        std::fs::create_dir_all(path).map_err(|source| TransportError {
-            node: node_name(node),
-            what: format!("cannot create {path}"),
-            source,
-        })
-    }
-
-    fn download(&self, node: &NodeRow, path: &str, dest: &Path) -> Result<(), TransportError> {
-        if !Path::new(path).exists() {
-            return Ok(());
-        }
-        merge_newest(Path::new(path), dest).map_err(|source| TransportError {
-            node: node_name(node),
-            what: format!("cannot copy {path} to {}", dest.display()),
-            source,
-        })
-    }
-
-    fn write_file(&self, node: &NodeRow, path: &str, data: &[u8]) -> Result<(), TransportError> {
-        let tmp = format!("{path}.tmp");
-        std::fs::write(&tmp, data)
-            .and_then(|()| std::fs::rename(&tmp, path))
-            .map_err(|source| TransportError {
-                node: node_name(node),
-                what: format!("cannot write {path}"),
-                source,
-            })
-    }
-
-    fn probe(&self, node: &NodeRow, script: &str) -> Result<String, TransportError> {
-        let out = std::process::Command::new(shell())
-            .arg("-c")
-            .arg(script)
-            .current_dir(extra(node, "home"))
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|source| TransportError {
-                node: node_name(node),
-                what: "cannot run a probe".into(),
-                source,
-            })?;
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-
-    fn kill_cluster(&self, _node: &NodeRow, _cluster: &str) {
-        // The local provider kills what is registered with the node.
-    }
-
-    fn notice_is_local(&self) -> bool {
-        true
-    }
-
-    fn preemption_notice(&self, node: &NodeRow) -> Option<String> {
-        let dir = Path::new(node.extra.get("env.GANGWAY_METADATA_DIR")?);
-        if let Ok(action) = std::fs::read_to_string(dir.join("spot-instance-action")) {
-            return Some(format!("spot/instance-action: {}", action.trim()));
-        }
-        let preempted = std::fs::read_to_string(dir.join("preempted")).ok()?;
-        (preempted.trim() == "TRUE").then(|| "instance/preempted: TRUE".to_string())
-    }
-
-    fn node_path(&self, node: &NodeRow, path: &str) -> String {
-        let home = extra(node, "home");
-        if path == "~" {
-            home.to_string()
-        } else if let Some(rest) = path.strip_prefix("~/") {
-            format!("{home}/{rest}")
-        } else if let Some(rest) = path.strip_prefix('/') {
-            // A local node has no root of its own: absolute paths live
-            // under the node's directory.
-            format!("{}/root/{rest}", extra(node, "dir"))
-        } else {
-            format!("{home}/{path}")
-        }
-    }
+/// The remote command that sends `signal` to the processes started with
+/// `token`: the group of each (the command's `setsid` made its first
+/// process a group leader), else the process alone.
+pub fn signal_token(token: &str, signal: i32) -> String {
+    format!(
+        "for p in $(grep -lzx {TOKEN_VAR}={token} /proc/[0-9]*/environ 2>/dev/null); do \
+         p=${{p#/proc/}}; p=${{p%/environ}}; \
+         kill -{signal} -- -$p 2>/dev/null || kill -{signal} $p 2>/dev/null; done; true"
+    )
 }
 
 /// Copies `src` (file or directory) to `dest`, skipping files whose size

@@ -1,5 +1,5 @@
 //! The Slurm clusters gangway may use, `$GANGWAY_HOME/slurm.yaml`, and the
-//! catalog rows they give the optimizer (cloud `slurm`, region = cluster,
+//! capacity they offer the optimizer (cloud `slurm`, region = cluster,
 //! zone = partition, on-demand only, at the price per GPU-hour you set).
 //!
 //! ```yaml
@@ -24,12 +24,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gangway_slurm::{Cluster, Partition};
+use gangway_provider::{Capacity, Offer, DEFAULT_CPUS, DEFAULT_MEMORY_GIB};
+use gangway_yaml::{self as yaml, expand_home, Cx, Kind, LocatedError as SpecError};
 
-use crate::catalog::{Catalog, Date, Offering, Source};
-use crate::inventory::{expand_home, unknown, Cx};
-use crate::spec::yaml::{self, Kind};
-use crate::spec::SpecError;
+use crate::{Cluster, Partition};
 
 /// The parsed file.
 #[derive(Clone, Debug, Default)]
@@ -96,7 +94,7 @@ pub fn parse(text: &str, file: &str) -> Result<SlurmClusters, SpecError> {
     for (k, v) in cx.map(root, "")? {
         let key = cx.key(k, "")?;
         if key != "clusters" {
-            return Err(unknown(&cx, k, "", &key, &["clusters"]));
+            return Err(cx.unknown(k, "", &key, &["clusters"]));
         }
         for (ck, cv) in cx.map(v, "clusters")? {
             let name = cx.key(ck, "clusters")?;
@@ -115,7 +113,7 @@ pub fn parse(text: &str, file: &str) -> Result<SlurmClusters, SpecError> {
                 partitions: Vec::new(),
             };
             let mut has_partitions = false;
-            let mut login: Option<gangway_slurm::Login> = None;
+            let mut login: Option<crate::Login> = None;
             let mut login_key = None;
             let mut login_jump = None;
             for (fk, fv) in cx.map(cv, &cf)? {
@@ -132,7 +130,7 @@ pub fn parse(text: &str, file: &str) -> Result<SlurmClusters, SpecError> {
                     "login" => {
                         let text = cx.text(fv, &field)?;
                         if text != "local" {
-                            let Some(l) = gangway_slurm::Login::parse(&text) else {
+                            let Some(l) = crate::Login::parse(&text) else {
                                 return Err(cx.err(
                                     fv,
                                     &field,
@@ -154,7 +152,7 @@ pub fn parse(text: &str, file: &str) -> Result<SlurmClusters, SpecError> {
                     "work_dir" => c.work_dir = cx.text(fv, &field)?,
                     "max_queue_wait" => {
                         let t = cx.text(fv, &field)?;
-                        c.max_queue_wait = gangway_slurm::parse_duration(&t).ok_or_else(|| {
+                        c.max_queue_wait = crate::parse_duration(&t).ok_or_else(|| {
                             cx.err(
                                 fv,
                                 &field,
@@ -163,7 +161,7 @@ pub fn parse(text: &str, file: &str) -> Result<SlurmClusters, SpecError> {
                             )
                         })?;
                     }
-                    other => return Err(unknown(&cx, fk, &cf, other, CLUSTER_KEYS)),
+                    other => return Err(cx.unknown(fk, &cf, other, CLUSTER_KEYS)),
                 }
             }
             if let Some(mut l) = login {
@@ -195,7 +193,7 @@ pub fn parse(text: &str, file: &str) -> Result<SlurmClusters, SpecError> {
 fn partition(
     cx: &Cx<'_>,
     name: &str,
-    v: &crate::spec::yaml::Node,
+    v: &yaml::Node,
     parent: &str,
 ) -> Result<Partition, SpecError> {
     let pf = format!("{parent}.{name}");
@@ -203,8 +201,8 @@ fn partition(
         name: name.to_string(),
         gpu: None,
         gres_type: None,
-        cpus: crate::inventory::DEFAULT_CPUS,
-        memory_gib: crate::inventory::DEFAULT_MEMORY_GIB,
+        cpus: DEFAULT_CPUS,
+        memory_gib: DEFAULT_MEMORY_GIB,
         max_nodes: u32::MAX,
         price_per_gpu_hour: 0.0,
         exclusive: false,
@@ -262,7 +260,7 @@ fn partition(
                     }
                 }
             }
-            other => return Err(unknown(cx, k, &pf, other, PARTITION_KEYS)),
+            other => return Err(cx.unknown(k, &pf, other, PARTITION_KEYS)),
         }
     }
     Ok(p)
@@ -278,11 +276,11 @@ pub fn load(home: &Path) -> Result<Option<SlurmClusters>, SpecError> {
 }
 
 impl SlurmClusters {
-    /// On-demand offerings per (cluster, partition): a GPU partition is
+    /// On-demand offers per (cluster, partition): a GPU partition is
     /// offered with every GPU count up to its nodes' (Slurm allocates
     /// `--gpus-per-node=k` of them), priced per GPU-hour.
-    pub fn catalog(&self) -> Catalog {
-        let mut offerings = Vec::new();
+    pub fn capacity(&self) -> Capacity {
+        let mut offers = Vec::new();
         for c in &self.clusters {
             for p in &c.partitions {
                 let counts: Vec<u32> = match &p.gpu {
@@ -290,33 +288,23 @@ impl SlurmClusters {
                     None => vec![0],
                 };
                 for k in counts {
-                    offerings.push(Offering {
-                        cloud: "slurm".into(),
+                    offers.push(Offer {
                         instance_type: instance_type(&p.name, k),
                         accelerator: p.gpu.as_ref().map(|g| g.0.clone()),
                         accelerator_count: k as f32,
-                        accelerator_memory_gib: None,
                         vcpus: p.cpus,
                         memory_gib: p.memory_gib,
                         region: c.name.clone(),
                         zone: p.name.clone(),
-                        price: Some(p.price_per_gpu_hour * k as f64),
-                        spot_price: None,
-                        placement: false,
-                        efa: false,
+                        price: p.price_per_gpu_hour * k as f64,
                     });
                 }
             }
         }
-        let rows = offerings.len();
-        let mut cat = Catalog::from_offerings(offerings);
-        cat.sources.push(Source {
-            cloud: "slurm".into(),
+        Capacity {
             origin: self.path.display().to_string(),
-            taken: Some(Date::today()),
-            rows,
-        });
-        cat
+            offers,
+        }
     }
 }
 
@@ -333,14 +321,14 @@ mod tests {
         assert_eq!(c.account.as_deref(), Some("proj"));
         assert_eq!(c.max_queue_wait, Duration::from_secs(120));
         assert_eq!(c.partitions[0].gres_type.as_deref(), Some("a100"));
-        let cat = s.catalog();
-        let o: Vec<_> = cat.offerings().iter().collect();
+        let cap = s.capacity();
+        let o: Vec<_> = cap.offers.iter().collect();
         assert_eq!(o.len(), 9);
         let full = o.iter().find(|o| o.accelerator_count == 8.0).unwrap();
         assert_eq!(full.instance_type, "slurm-gpu-8gpu");
-        assert_eq!(full.price, Some(4.0));
+        assert_eq!(full.price, 4.0);
         let one = o.iter().find(|o| o.accelerator_count == 1.0).unwrap();
-        assert_eq!(one.price, Some(0.5));
+        assert_eq!(one.price, 0.5);
         assert!(o
             .iter()
             .any(|o| o.instance_type == "slurm-cpu" && o.accelerator.is_none()));
@@ -378,7 +366,8 @@ mod tests {
     }
 
     /// Found by the `slurm_clusters` fuzz target: the catalog offers every
-    /// GPU count up to a node's, so this file made `catalog()` allocate
+    /// GPU count up to a node's, so this file made `catalog()` (now
+    /// `capacity()`) allocate
     /// 8.5 million offerings (2.5 GB) on every launch.
     #[test]
     fn a_node_with_millions_of_gpus_is_refused() {
@@ -395,7 +384,7 @@ mod tests {
             "slurm.yaml",
         )
         .unwrap();
-        assert_eq!(s.catalog().offerings().len(), 64);
+        assert_eq!(s.capacity().offers.len(), 64);
     }
 
     /// Found by the `slurm_clusters` fuzz target: minutes overflowed a u64

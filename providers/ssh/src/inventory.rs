@@ -24,16 +24,10 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use gangway_ssh::{Host, Pool};
+use gangway_provider::{Capacity, Offer, DEFAULT_CPUS, DEFAULT_MEMORY_GIB};
+use gangway_yaml::{self as yaml, expand_home, Cx, Kind, LocatedError as SpecError, Node};
 
-use crate::catalog::{Catalog, Date, Offering, Source};
-use crate::spec::yaml::{self, Kind, Node};
-use crate::spec::SpecError;
-
-/// vCPUs assumed for a host that does not say.
-pub const DEFAULT_CPUS: f32 = 8.0;
-/// Memory (GiB) assumed for a host that does not say.
-pub const DEFAULT_MEMORY_GIB: f32 = 32.0;
+use crate::{Host, Pool};
 
 /// A host with the sizes the optimizer needs.
 #[derive(Clone, Debug)]
@@ -60,63 +54,6 @@ pub fn path(home: &Path) -> PathBuf {
     home.join("ssh_pools.yaml")
 }
 
-/// Located errors for the YAML files beside the task files (also slurm.yaml).
-pub(crate) struct Cx<'a> {
-    pub(crate) file: &'a str,
-}
-
-impl Cx<'_> {
-    pub(crate) fn err(
-        &self,
-        n: &Node,
-        field: &str,
-        message: impl Into<String>,
-        hint: Option<&str>,
-    ) -> SpecError {
-        SpecError {
-            file: self.file.to_string(),
-            line: n.pos.line,
-            col: n.pos.col,
-            field: field.to_string(),
-            message: message.into(),
-            hint: hint.map(str::to_string),
-            unsupported: false,
-        }
-    }
-
-    pub(crate) fn map<'n>(
-        &self,
-        n: &'n Node,
-        field: &str,
-    ) -> Result<&'n [(Node, Node)], SpecError> {
-        match &n.kind {
-            Kind::Map(m) => Ok(m),
-            _ => Err(self.err(
-                n,
-                field,
-                format!("expected a mapping, found {}", n.describe()),
-                None,
-            )),
-        }
-    }
-
-    pub(crate) fn text(&self, n: &Node, field: &str) -> Result<String, SpecError> {
-        match &n.kind {
-            Kind::Scalar { text, .. } => Ok(text.clone()),
-            _ => Err(self.err(
-                n,
-                field,
-                format!("expected a value, found {}", n.describe()),
-                None,
-            )),
-        }
-    }
-
-    pub(crate) fn key(&self, k: &Node, field: &str) -> Result<String, SpecError> {
-        self.text(k, field)
-    }
-}
-
 #[derive(Clone, Default)]
 struct Defaults {
     user: Option<String>,
@@ -133,13 +70,6 @@ struct Defaults {
 const HOST_KEYS: &[&str] = &[
     "address", "name", "port", "user", "key", "jump", "gpus", "cpus", "memory", "topology", "zone",
 ];
-
-pub(crate) fn expand_home(p: &str) -> String {
-    match (p.strip_prefix("~/"), std::env::var_os("HOME")) {
-        (Some(rest), Some(h)) => Path::new(&h).join(rest).display().to_string(),
-        _ => p.to_string(),
-    }
-}
 
 fn apply(cx: &Cx<'_>, d: &mut Defaults, key: &str, v: &Node, field: &str) -> Result<(), SpecError> {
     let text = cx.text(v, field)?;
@@ -193,22 +123,6 @@ fn apply(cx: &Cx<'_>, d: &mut Defaults, key: &str, v: &Node, field: &str) -> Res
     Ok(())
 }
 
-pub(crate) fn unknown(
-    cx: &Cx<'_>,
-    k: &Node,
-    field: &str,
-    key: &str,
-    allowed: &[&str],
-) -> SpecError {
-    let hint = crate::spec::closest_name(key, allowed).map(|c| format!("did you mean '{c}'?"));
-    cx.err(
-        k,
-        field,
-        format!("unknown field '{key}'"),
-        Some(&hint.unwrap_or_else(|| format!("expected one of {}", allowed.join(", ")))),
-    )
-}
-
 /// Parses inventory text.
 pub fn parse(text: &str, file: &str) -> Result<Inventory, SpecError> {
     let cx = Cx { file };
@@ -226,7 +140,7 @@ pub fn parse(text: &str, file: &str) -> Result<Inventory, SpecError> {
     for (k, v) in cx.map(root, "")? {
         let key = cx.key(k, "")?;
         if key != "pools" {
-            return Err(unknown(&cx, k, "", &key, &["pools"]));
+            return Err(cx.unknown(k, "", &key, &["pools"]));
         }
         for (pk, pv) in cx.map(v, "pools")? {
             let pool = cx.key(pk, "pools")?;
@@ -247,13 +161,13 @@ pub fn parse(text: &str, file: &str) -> Result<Inventory, SpecError> {
                                 || key == "name"
                                 || !HOST_KEYS.contains(&key.as_str())
                             {
-                                return Err(unknown(&cx, dk, &field, &key, &HOST_KEYS[2..]));
+                                return Err(cx.unknown(dk, &field, &key, &HOST_KEYS[2..]));
                             }
                             apply(&cx, &mut defaults, &key, dv, &field)?;
                         }
                     }
                     "hosts" => hosts_node = Some(fv),
-                    other => return Err(unknown(&cx, fk, &pfield, other, &["defaults", "hosts"])),
+                    other => return Err(cx.unknown(fk, &pfield, other, &["defaults", "hosts"])),
                 }
             }
             let Some(hn) = hosts_node else {
@@ -287,7 +201,7 @@ pub fn parse(text: &str, file: &str) -> Result<Inventory, SpecError> {
                                 "address" => address = Some(cx.text(hv, &f)?),
                                 "name" => name = Some(cx.text(hv, &f)?),
                                 k if HOST_KEYS.contains(&k) => apply(&cx, &mut d, k, hv, &f)?,
-                                k => return Err(unknown(&cx, hk, &field, k, HOST_KEYS)),
+                                k => return Err(cx.unknown(hk, &field, k, HOST_KEYS)),
                             }
                         }
                         let Some(address) = address else {
@@ -364,46 +278,36 @@ impl Inventory {
             .collect()
     }
 
-    /// One offering per (pool, zone, instance type), at no cost, on-demand
-    /// only: a catalog for the `ssh` cloud.
-    pub fn catalog(&self) -> Catalog {
-        let mut offerings: Vec<Offering> = Vec::new();
+    /// One offer per (pool, zone, instance type), at no cost, on-demand
+    /// only: what the `ssh` cloud gives the catalog.
+    pub fn capacity(&self) -> Capacity {
+        let mut offers: Vec<Offer> = Vec::new();
         // (pool, zone, type) offered so far: a set, as a scan of the
         // offerings per host made 38,000 hosts in as many zones take minutes.
         let mut offered: HashSet<(&str, String, String)> = HashSet::new();
         for (pool, hosts) in &self.pools {
             for h in hosts {
-                let ty = gangway_ssh::SshPools::instance_type(pool, &h.host);
+                let ty = crate::SshPools::instance_type(pool, &h.host);
                 let zone = h.host.zone.clone().unwrap_or_else(|| pool.clone());
                 if !offered.insert((pool.as_str(), zone.clone(), ty.clone())) {
                     continue;
                 }
-                offerings.push(Offering {
-                    cloud: "ssh".into(),
+                offers.push(Offer {
                     instance_type: ty,
                     accelerator: h.host.gpu.as_ref().map(|g| g.0.clone()),
                     accelerator_count: h.host.gpu.as_ref().map_or(0.0, |g| g.1 as f32),
-                    accelerator_memory_gib: None,
                     vcpus: h.cpus,
                     memory_gib: h.memory_gib,
                     region: pool.clone(),
                     zone,
-                    price: Some(0.0),
-                    spot_price: None,
-                    placement: false,
-                    efa: false,
+                    price: 0.0,
                 });
             }
         }
-        let rows = offerings.len();
-        let mut c = Catalog::from_offerings(offerings);
-        c.sources.push(Source {
-            cloud: "ssh".into(),
+        Capacity {
             origin: self.path.display().to_string(),
-            taken: Some(Date::today()),
-            rows,
-        });
-        c
+            offers,
+        }
     }
 }
 
@@ -431,12 +335,11 @@ mod tests {
 
     #[test]
     fn the_catalog_offers_pool_hosts_for_free_on_demand() {
-        let c = parse(INV, "ssh_pools.yaml").unwrap().catalog();
-        let offers = c.offerings();
+        let c = parse(INV, "ssh_pools.yaml").unwrap().capacity();
+        let offers = &c.offers;
         assert_eq!(offers.len(), 3, "{offers:?}");
-        assert!(offers
-            .iter()
-            .all(|o| o.price == Some(0.0) && o.spot_price.is_none()));
+        assert_eq!(c.origin, "ssh_pools.yaml");
+        assert!(offers.iter().all(|o| o.price == 0.0));
         assert!(offers
             .iter()
             .any(|o| o.region == "lab" && o.zone == "rack1" && o.accelerator_count == 8.0));
@@ -481,7 +384,7 @@ mod tests {
         }
         let start = std::time::Instant::now();
         let inv = parse(&text, "p.yaml").unwrap();
-        assert_eq!(inv.catalog().offerings().len(), n);
+        assert_eq!(inv.capacity().offers.len(), n);
         let took = start.elapsed();
         // Linear: well under a second in a release build, a few in debug.
         assert!(took < std::time::Duration::from_secs(10), "{took:?}");

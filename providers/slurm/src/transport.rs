@@ -13,13 +13,16 @@ use std::path::Path;
 use std::process::Stdio;
 use std::sync::Mutex;
 
-use gangway_slurm::{keys, remote_command, sh_quote, Login};
-
-use super::ssh::{signal_token, TOKEN_VAR};
-use super::transport::{
-    extra, shell, NodeCommand, NodeProcess, Transport, TransportError, KEPT_ENV,
+use gangway_provider::{
+    merge_newest, output_with_input, shell, signal_token, NodeCommand, NodeProcess, NodeRow,
+    Transport, TransportError, KEPT_ENV, TOKEN_VAR,
 };
-use crate::state::NodeRow;
+
+use crate::{keys, remote_command, sh_quote, Login};
+
+fn extra<'a>(node: &'a NodeRow, key: &str) -> &'a str {
+    node.fact(key)
+}
 
 /// The Slurm transport.
 #[derive(Debug, Default)]
@@ -151,8 +154,7 @@ fn run(
     input: Option<&[u8]>,
 ) -> Result<Vec<u8>, TransportError> {
     let mut c = t.slurm_command(node, "srun", &srun_args(node, script));
-    let out = super::transport::output_with_input(&mut c, input)
-        .map_err(|e| fail(node, "cannot run srun", e))?;
+    let out = output_with_input(&mut c, input).map_err(|e| fail(node, "cannot run srun", e))?;
     if out.status.success() {
         Ok(out.stdout)
     } else {
@@ -381,7 +383,7 @@ impl Transport for SlurmTransport {
             .wait_with_output()
             .map_err(|e| fail(node, "cannot run tar", e))?;
         let merged = if out.status.success() {
-            super::transport::merge_newest(&tmp, dest)
+            merge_newest(&tmp, dest)
         } else {
             Err(std::io::Error::other(
                 String::from_utf8_lossy(&out.stderr).trim().to_string(),
@@ -417,7 +419,7 @@ impl Transport for SlurmTransport {
         );
         let out = c.stdin(Stdio::null()).stderr(Stdio::null()).output().ok()?;
         let text = String::from_utf8_lossy(&out.stdout);
-        let f = gangway_slurm::parse::fields(text.lines().next()?);
+        let f = crate::parse::fields(text.lines().next()?);
         let preempt = f.get("PreemptTime").copied().unwrap_or("None");
         let state = f.get("JobState").copied().unwrap_or("");
         let restarts = f.get("Restarts").copied().unwrap_or("0");
@@ -448,7 +450,10 @@ fn tempdir_in(dest: &Path) -> std::io::Result<std::path::PathBuf> {
         let p = parent.join(format!(
             ".gangway-download-{}-{}",
             std::process::id(),
-            crate::state::now_ms() as u64 + u64::from(i)
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64)
+                + u64::from(i)
         ));
         if std::fs::create_dir(&p).is_ok() {
             return Ok(p);

@@ -1,0 +1,103 @@
+//! How a provider is built and what its own configuration offers the
+//! catalog: one [`Registration`] per provider crate, listed once by the
+//! core.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::Provider;
+
+/// vCPUs assumed for a machine whose configuration does not say.
+pub const DEFAULT_CPUS: f32 = 8.0;
+/// Memory (GiB) assumed for a machine whose configuration does not say.
+pub const DEFAULT_MEMORY_GIB: f32 = 32.0;
+
+/// One kind of node a provider's configuration lists, offered on demand at
+/// a fixed price: the catalog row of machines you already have.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Offer {
+    /// Instance type (the provider's own name for the shape).
+    pub instance_type: String,
+    /// GPU name, if any.
+    pub accelerator: Option<String>,
+    /// GPUs per node.
+    pub accelerator_count: f32,
+    /// vCPUs per node.
+    pub vcpus: f32,
+    /// Memory per node, GiB.
+    pub memory_gib: f32,
+    /// Region (a pool, a Slurm cluster).
+    pub region: String,
+    /// Zone (a rack, a partition).
+    pub zone: String,
+    /// USD per node-hour (0 for machines already paid for).
+    pub price: f64,
+}
+
+/// What a provider's configuration file offers the catalog.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Capacity {
+    /// The file it was read from (the catalog names it as the source).
+    pub origin: String,
+    /// The offers, in file order.
+    pub offers: Vec<Offer>,
+}
+
+/// What every provider is built from.
+#[derive(Clone, Copy, Debug)]
+pub struct Setup<'a> {
+    /// `$GANGWAY_HOME`: configuration files, local state, gangway's key.
+    pub home: &'a Path,
+    /// Where providers that tag cloud resources keep their records:
+    /// `home`, or `home/adopted/<owner>` when acting for another owner.
+    pub records: &'a Path,
+    /// The owner id (or an earlier version's user name) resources are
+    /// tagged with; `None` when it cannot be kept, and providers that tag
+    /// resources then stay off rather than tag with an id no later sweep
+    /// would know.
+    pub owner: Option<&'a str>,
+    /// The launching user's readable name, tagged next to the owner.
+    pub user: &'a str,
+    /// A user name earlier versions tagged with, whose clusters are still
+    /// found by it; empty: none.
+    pub legacy_owner: &'a str,
+}
+
+impl Setup<'_> {
+    /// gangway's ssh directory (`home/ssh`): its key pair, known hosts and
+    /// control sockets.
+    pub fn ssh_dir(&self) -> PathBuf {
+        self.home.join("ssh")
+    }
+
+    /// The public half of gangway's key, which clouds install on nodes.
+    pub fn public_key(&self) -> PathBuf {
+        self.ssh_dir().join("id_ed25519.pub")
+    }
+}
+
+/// Why a provider's configuration file was refused: located, like a task
+/// file's errors.
+pub type ConfigError = gangway_yaml::LocatedError;
+
+/// A provider as the core's registry lists it: adding a provider is a new
+/// crate exporting one of these, and one line in the registry.
+#[derive(Clone, Copy, Debug)]
+pub struct Registration {
+    /// The name tasks use in `infra:`, and the catalog's cloud.
+    pub name: &'static str,
+    /// Builds the provider; `None` when it cannot be used at all here (no
+    /// configuration file lists machines, no owner id to tag with). A
+    /// broken configuration file is `None` here and an error from
+    /// `capacity`, where the catalog is loaded.
+    pub build: fn(&Setup<'_>) -> Option<Arc<dyn Provider>>,
+    /// What the provider's configuration under `home` offers the catalog;
+    /// `Ok(None)` for providers whose offers come from the shipped
+    /// catalogs, or without such a file.
+    pub capacity: fn(home: &Path) -> Result<Option<Capacity>, ConfigError>,
+}
+
+/// For [`Registration::capacity`]: nothing beyond the shipped catalogs.
+pub fn no_capacity(_home: &Path) -> Result<Option<Capacity>, ConfigError> {
+    Ok(None)
+}

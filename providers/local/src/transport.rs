@@ -1,0 +1,184 @@
+//! The local cloud's transport: commands as process groups on this
+//! machine, in each node's directory, registered with the node so that
+//! terminate, stop and preemption kill them.
+
+use std::io::PipeWriter;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use gangway_provider::{
+    copy_tree, merge_newest, shell, NodeCommand, NodeProcess, NodeRow, Transport, TransportError,
+    KEPT_ENV,
+};
+
+/// Commands as local processes in the node's directory.
+#[derive(Debug, Default)]
+pub struct LocalTransport;
+
+#[async_trait::async_trait]
+impl Transport for LocalTransport {
+    fn spawn(
+        &self,
+        node: &NodeRow,
+        cmd: &NodeCommand,
+        output: PipeWriter,
+    ) -> Result<NodeProcess, TransportError> {
+        let err = |what: &str, source| TransportError {
+            node: node.label(),
+            what: what.to_string(),
+            source,
+        };
+        let home = node.fact("home");
+        let cwd = self.node_path(node, &cmd.cwd);
+        let cwd = if Path::new(&cwd).is_dir() {
+            cwd
+        } else {
+            home.to_string()
+        };
+        let mut c = tokio::process::Command::new(shell());
+        c.arg("-c").arg(&cmd.script);
+        c.env_clear();
+        for k in KEPT_ENV {
+            if let Some(v) = std::env::var_os(k) {
+                c.env(k, v);
+            }
+        }
+        c.env("HOME", home);
+        c.env("SHELL", shell());
+        for (name, v) in node.env() {
+            c.env(name, v);
+        }
+        for (k, v) in &cmd.env {
+            c.env(k, v);
+        }
+        c.current_dir(&cwd);
+        let out2 = output
+            .try_clone()
+            .map_err(|e| err("cannot duplicate the output pipe", e))?;
+        c.stdin(Stdio::null()).stdout(out2).stderr(output);
+        c.process_group(0);
+        c.kill_on_drop(false);
+        let child = c.spawn().map_err(|e| err("cannot start the command", e))?;
+        if let Some(pid) = child.id() {
+            // Registered so that terminate, stop and preemption kill it.
+            let procs = Path::new(node.fact("procs"));
+            if !procs.as_os_str().is_empty() {
+                let _ = std::fs::write(procs.join(pid.to_string()), b"");
+            }
+        }
+        Ok(NodeProcess::from_child(child))
+    }
+
+    fn signal(&self, _node: &NodeRow, pgid: u32, signal: i32) {
+        if pgid > 1 {
+            // SAFETY: signalling a process group this transport created.
+            unsafe {
+                libc::kill(-(pgid as i32), signal);
+            }
+        }
+    }
+
+    fn signal_job(&self, node: &NodeRow, pgid: u32, job: i64, signal: i32) {
+        // The group leader carries the job's environment.
+        let Ok(env) = std::fs::read(format!("/proc/{pgid}/environ")) else {
+            return;
+        };
+        let want = format!("GANGWAY_RUN={job}");
+        if env.split(|b| *b == 0).any(|kv| kv == want.as_bytes()) {
+            self.signal(node, pgid, signal);
+        }
+    }
+
+    fn reaped(&self, node: &NodeRow, pgid: u32) {
+        let procs = Path::new(node.fact("procs"));
+        if !procs.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(procs.join(pgid.to_string()));
+        }
+    }
+
+    fn upload(&self, node: &NodeRow, local: &Path, dest: &str) -> Result<(), TransportError> {
+        let dest = PathBuf::from(self.node_path(node, dest));
+        copy_tree(local, &dest).map_err(|source| TransportError {
+            node: node.label(),
+            what: format!("cannot copy {} to {}", local.display(), dest.display()),
+            source,
+        })
+    }
+
+    fn make_dir(&self, node: &NodeRow, path: &str) -> Result<(), TransportError> {
+        std::fs::create_dir_all(path).map_err(|source| TransportError {
+            node: node.label(),
+            what: format!("cannot create {path}"),
+            source,
+        })
+    }
+
+    fn download(&self, node: &NodeRow, path: &str, dest: &Path) -> Result<(), TransportError> {
+        if !Path::new(path).exists() {
+            return Ok(());
+        }
+        merge_newest(Path::new(path), dest).map_err(|source| TransportError {
+            node: node.label(),
+            what: format!("cannot copy {path} to {}", dest.display()),
+            source,
+        })
+    }
+
+    fn write_file(&self, node: &NodeRow, path: &str, data: &[u8]) -> Result<(), TransportError> {
+        let tmp = format!("{path}.tmp");
+        std::fs::write(&tmp, data)
+            .and_then(|()| std::fs::rename(&tmp, path))
+            .map_err(|source| TransportError {
+                node: node.label(),
+                what: format!("cannot write {path}"),
+                source,
+            })
+    }
+
+    fn probe(&self, node: &NodeRow, script: &str) -> Result<String, TransportError> {
+        let out = std::process::Command::new(shell())
+            .arg("-c")
+            .arg(script)
+            .current_dir(node.fact("home"))
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|source| TransportError {
+                node: node.label(),
+                what: "cannot run a probe".into(),
+                source,
+            })?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    fn kill_cluster(&self, _node: &NodeRow, _cluster: &str) {
+        // The local provider kills what is registered with the node.
+    }
+
+    fn notice_is_local(&self) -> bool {
+        true
+    }
+
+    fn preemption_notice(&self, node: &NodeRow) -> Option<String> {
+        let dir = Path::new(node.extra.get("env.GANGWAY_METADATA_DIR")?);
+        if let Ok(action) = std::fs::read_to_string(dir.join("spot-instance-action")) {
+            return Some(format!("spot/instance-action: {}", action.trim()));
+        }
+        let preempted = std::fs::read_to_string(dir.join("preempted")).ok()?;
+        (preempted.trim() == "TRUE").then(|| "instance/preempted: TRUE".to_string())
+    }
+
+    fn node_path(&self, node: &NodeRow, path: &str) -> String {
+        let home = node.fact("home");
+        if path == "~" {
+            home.to_string()
+        } else if let Some(rest) = path.strip_prefix("~/") {
+            format!("{home}/{rest}")
+        } else if let Some(rest) = path.strip_prefix('/') {
+            // A local node has no root of its own: absolute paths live
+            // under the node's directory.
+            format!("{}/root/{rest}", node.fact("dir"))
+        } else {
+            format!("{home}/{path}")
+        }
+    }
+}

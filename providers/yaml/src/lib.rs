@@ -1,0 +1,160 @@
+//! Located YAML: a small tree that remembers where every node came from,
+//! and the helpers that turn it into precise errors (`file:line:col:
+//! field.path: message`, with a did-you-mean hint). The task parser and the
+//! providers' configuration files (ssh pools, Slurm clusters) share it.
+#![deny(missing_docs)]
+
+use std::fmt;
+use std::path::Path;
+
+mod tree;
+
+pub use tree::*;
+
+/// Why a YAML file (a task, a provider's configuration) was refused:
+/// where, which field, what is wrong, and what to do.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocatedError {
+    /// The file (or `<string>`).
+    pub file: String,
+    /// 1-based line, 0 when the error is about the whole file.
+    pub line: usize,
+    /// 1-based column, 0 when the error is about the whole file.
+    pub col: usize,
+    /// Dotted field path (`resources.accelerators`), empty at top level.
+    pub field: String,
+    /// What is wrong and what was expected.
+    pub message: String,
+    /// What to do about it.
+    pub hint: Option<String>,
+    /// Whether the input is valid but uses something gangway does not support.
+    pub unsupported: bool,
+}
+
+impl fmt::Display for LocatedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file)?;
+        if self.line > 0 {
+            write!(f, ":{}:{}", self.line, self.col)?;
+        }
+        write!(f, ": ")?;
+        if !self.field.is_empty() {
+            write!(f, "{}: ", self.field)?;
+        }
+        write!(f, "{}", self.message)?;
+        if let Some(h) = &self.hint {
+            write!(f, "\n  hint: {h}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for LocatedError {}
+
+impl LocatedError {
+    /// A YAML syntax error in `file`, located.
+    pub fn from_yaml(file: &str, e: YamlError) -> LocatedError {
+        LocatedError {
+            file: file.to_string(),
+            line: e.pos.line,
+            col: e.pos.col,
+            field: e.field,
+            message: e.message,
+            hint: e.hint,
+            unsupported: false,
+        }
+    }
+}
+
+/// Located errors for one file.
+pub struct Cx<'a> {
+    /// The file, as errors name it.
+    pub file: &'a str,
+}
+
+impl Cx<'_> {
+    /// An error at `n`, about `field`.
+    pub fn err(
+        &self,
+        n: &Node,
+        field: &str,
+        message: impl Into<String>,
+        hint: Option<&str>,
+    ) -> LocatedError {
+        LocatedError {
+            file: self.file.to_string(),
+            line: n.pos.line,
+            col: n.pos.col,
+            field: field.to_string(),
+            message: message.into(),
+            hint: hint.map(str::to_string),
+            unsupported: false,
+        }
+    }
+
+    /// `n`'s entries, or an error if it is not a mapping.
+    pub fn map<'n>(&self, n: &'n Node, field: &str) -> Result<&'n [(Node, Node)], LocatedError> {
+        match &n.kind {
+            Kind::Map(m) => Ok(m),
+            _ => Err(self.err(
+                n,
+                field,
+                format!("expected a mapping, found {}", n.describe()),
+                None,
+            )),
+        }
+    }
+
+    /// `n`'s text, or an error if it is not a scalar.
+    pub fn text(&self, n: &Node, field: &str) -> Result<String, LocatedError> {
+        match &n.kind {
+            Kind::Scalar { text, .. } => Ok(text.clone()),
+            _ => Err(self.err(
+                n,
+                field,
+                format!("expected a value, found {}", n.describe()),
+                None,
+            )),
+        }
+    }
+
+    /// A mapping key's text.
+    pub fn key(&self, k: &Node, field: &str) -> Result<String, LocatedError> {
+        self.text(k, field)
+    }
+
+    /// An unknown key `key` at `k`, with the closest allowed name as a hint.
+    pub fn unknown(&self, k: &Node, field: &str, key: &str, allowed: &[&str]) -> LocatedError {
+        let hint = closest(key, allowed).map(|c| format!("did you mean '{c}'?"));
+        self.err(
+            k,
+            field,
+            format!("unknown field '{key}'"),
+            Some(&hint.unwrap_or_else(|| format!("expected one of {}", allowed.join(", ")))),
+        )
+    }
+}
+
+/// The allowed name closest to `key`, if close enough to be a typo.
+pub fn closest<'a>(key: &str, allowed: &[&'a str]) -> Option<&'a str> {
+    let lower = key.to_ascii_lowercase();
+    allowed
+        .iter()
+        .map(|a| {
+            (
+                strsim::damerau_levenshtein(&lower, &a.to_ascii_lowercase()),
+                *a,
+            )
+        })
+        .filter(|(d, a)| *d <= 2.max(a.len() / 4))
+        .min()
+        .map(|(_, a)| a)
+}
+
+/// `~/x` under `$HOME`; anything else as written.
+pub fn expand_home(p: &str) -> String {
+    match (p.strip_prefix("~/"), std::env::var_os("HOME")) {
+        (Some(rest), Some(h)) => Path::new(&h).join(rest).display().to_string(),
+        _ => p.to_string(),
+    }
+}
