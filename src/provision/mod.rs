@@ -20,7 +20,7 @@ use serde::Serialize;
 
 use crate::catalog::Catalog;
 use crate::gang::assign_ranks;
-use crate::optimizer::Candidate;
+use crate::optimizer::{Block, Candidate};
 use crate::spec::SpecError;
 use crate::state::{
     self, ClusterRow, ClusterStatus, JobStatus, NodeRow, OwnerLock, StateError, Store,
@@ -309,54 +309,34 @@ impl RetryPolicy {
     }
 }
 
-/// A block on part of the plan, from a failed attempt.
-#[derive(Debug)]
-struct Block {
-    cloud: String,
-    region: String,
-    zone: Option<String>,
-    instance_type: Option<String>,
+/// What a failed attempt blocks for the rest of the walk: the optimizer's
+/// one [`Block`] type, without an expiry that matters within a walk.
+fn walk_block(c: &Candidate, whole_region: bool) -> Block {
+    Block {
+        cloud: c.cloud.clone(),
+        region: Some(c.region.clone()),
+        zone: (!whole_region).then(|| c.zone.clone()),
+        instance_type: (!whole_region).then(|| c.instance_type.clone()),
+        at_ms: crate::state::now_ms(),
+        until: std::time::SystemTime::now() + Duration::from_secs(24 * 3600),
+        reason: String::new(),
+    }
 }
 
-impl Block {
-    /// The zone and instance type of `c`.
-    fn placement(c: &Candidate) -> Block {
-        Block {
-            cloud: c.cloud.clone(),
-            region: c.region.clone(),
-            zone: Some(c.zone.clone()),
-            instance_type: Some(c.instance_type.clone()),
-        }
-    }
+/// The zone and instance type of `c`.
+fn placement_block(c: &Candidate) -> Block {
+    walk_block(c, false)
+}
 
-    /// The whole region of `c`.
-    fn region(c: &Candidate) -> Block {
-        Block {
-            zone: None,
-            instance_type: None,
-            ..Block::placement(c)
-        }
-    }
+/// The whole region of `c`.
+fn region_block(c: &Candidate) -> Block {
+    walk_block(c, true)
+}
 
-    /// What an error of `kind` at `c` blocks: a quota the region, anything
-    /// else the zone and type.
-    fn after(c: &Candidate, kind: ErrorKind) -> Block {
-        if kind == ErrorKind::Quota {
-            Block::region(c)
-        } else {
-            Block::placement(c)
-        }
-    }
-
-    fn covers(&self, c: &Candidate) -> bool {
-        self.cloud == c.cloud
-            && self.region == c.region
-            && self.zone.as_ref().is_none_or(|z| *z == c.zone)
-            && self
-                .instance_type
-                .as_ref()
-                .is_none_or(|t| *t == c.instance_type)
-    }
+/// What an error of `kind` at `c` blocks: a quota the region, anything else
+/// the zone and type.
+fn block_after(c: &Candidate, kind: ErrorKind) -> Block {
+    walk_block(c, kind == ErrorKind::Quota)
 }
 
 /// A provisioned cluster.
@@ -553,7 +533,7 @@ impl Walk<'_> {
         let why = format!("the {} provider is not in this build yet", c.cloud);
         self.reporter.event(ProvisionEvent::Failed(c, &why));
         self.tried(c, why);
-        self.blocks.push(Block::region(c));
+        self.blocks.push(region_block(c));
     }
 
     /// Asks `provider` for the gang at `c`: records the placement first
@@ -606,14 +586,14 @@ impl Walk<'_> {
             Ok(got) => {
                 let running = got.iter().filter(|n| n.state == NodeState::Running).count();
                 Ok(Attempted::FailOver {
-                    block: Block::placement(c),
+                    block: placement_block(c),
                     why: format!("only {running} of {} nodes came up", c.nodes),
                     event: true,
                 })
             }
             Err(e) if e.kind.fails_over() || e.kind == ErrorKind::Transient => {
                 Ok(Attempted::FailOver {
-                    block: Block::after(c, e.kind),
+                    block: block_after(c, e.kind),
                     why: format!("{}: {}", e.kind, e.message),
                     event: true,
                 })
@@ -713,7 +693,7 @@ impl Walk<'_> {
             };
             if let Err(e) = reached {
                 return Ok(Attempted::FailOver {
-                    block: Block::placement(c),
+                    block: placement_block(c),
                     why: format!("cannot reach the nodes: {e}"),
                     event: false,
                 });
