@@ -759,13 +759,21 @@ async fn first_contact(
     provider: &Arc<dyn Provider>,
     cluster: &str,
     rows: &[NodeRow],
-) -> Result<(), String> {
+) -> Result<(), ContactError> {
     use crate::gang::Transport;
-    let t = crate::gang::ssh::SshTransport::new(home, cluster, true)
-        .map_err(|e| e.to_string())?
+    let t = crate::gang::ssh::SshTransport::new(home, cluster, true)?
         .for_provider(Arc::clone(provider))
         .with_connect_timeout(provider.first_contact_wait());
-    t.connect(rows).await.map_err(|e| e.to_string())
+    Ok(t.connect(rows).await?)
+}
+
+/// Why the first connection to new nodes failed.
+#[derive(Debug, thiserror::Error)]
+enum ContactError {
+    #[error(transparent)]
+    Key(#[from] crate::gang::ssh::KeyError),
+    #[error(transparent)]
+    Transport(#[from] crate::gang::TransportError),
 }
 
 /// The file in `$GANGWAY_HOME` that keeps the installation's owner id.
