@@ -2,7 +2,6 @@
 //! the state store, the providers and the catalog, each built one way, so
 //! that what one of them plans with is what the others would.
 
-use std::cell::OnceCell;
 use std::path::{Path, PathBuf};
 
 use crate::catalog::Catalog;
@@ -33,25 +32,22 @@ pub fn load_catalog(home: Option<&Path>, dir: Option<&Path>) -> Result<Catalog, 
     Ok(c)
 }
 
-/// What a command works with, for one `$GANGWAY_HOME`.
+/// What a command works with, for one `$GANGWAY_HOME`: its state store and
+/// providers. The catalog is [`load_catalog`]'s, with the caller's
+/// `--catalog` (the controller keeps one per job's directory).
 pub struct Context {
     home: PathBuf,
-    catalog_dir: Option<PathBuf>,
     store: Store,
     providers: Providers,
-    catalog: OnceCell<Catalog>,
 }
 
 impl Context {
-    /// Opens the state under `home` and builds the providers; the catalog
-    /// (`catalog_dir` overlaid) is loaded on first use.
-    pub fn open(home: &Path, catalog_dir: Option<&Path>) -> Result<Context, StateError> {
+    /// Opens the state under `home` and builds the providers.
+    pub fn open(home: &Path) -> Result<Context, StateError> {
         Ok(Context {
             home: home.to_path_buf(),
-            catalog_dir: catalog_dir.map(Path::to_path_buf),
             store: Store::open(home)?,
             providers: Providers::new(home),
-            catalog: OnceCell::new(),
         })
     }
 
@@ -68,14 +64,5 @@ impl Context {
     /// Every provider of this build.
     pub fn providers(&self) -> &Providers {
         &self.providers
-    }
-
-    /// The catalog ([`load_catalog`]), loaded once.
-    pub fn catalog(&self) -> Result<&Catalog, Error> {
-        if let Some(c) = self.catalog.get() {
-            return Ok(c);
-        }
-        let c = load_catalog(Some(&self.home), self.catalog_dir.as_deref())?;
-        Ok(self.catalog.get_or_init(|| c))
     }
 }

@@ -174,7 +174,7 @@ pub async fn drive(
     job_id: i64,
     secrets: Vec<(String, String)>,
 ) -> Result<JobStatus, DriveError> {
-    let cx = Context::open(home, None)?;
+    let cx = Context::open(home)?;
     let store = cx.store();
     let lock_path = store.job_lock_path(job_id);
     let Some(_lock) = OwnerLock::acquire(&lock_path, Duration::from_secs(10))? else {

@@ -208,7 +208,7 @@ enum SyncError {
 impl Controller {
     /// A controller for `home`.
     pub fn new(home: &Path) -> Result<Controller, crate::Error> {
-        let cx = Context::open(home, None)?;
+        let cx = Context::open(home)?;
         let (_, log_path) = controller_paths(home);
         if let Some(d) = log_path.parent() {
             std::fs::create_dir_all(d)?;
