@@ -23,6 +23,8 @@ import sys
 import tempfile
 import time
 
+import benchlib
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "target/release/gangway")
 TRIALS = int(os.environ.get("TRIALS", "7"))
@@ -37,12 +39,7 @@ run: "true"
 
 
 def gw(home, *args, check=True):
-    env = dict(os.environ, GANGWAY_HOME=home)
-    env.pop("GANGWAY_CATALOG_DIR", None)
-    p = subprocess.run([BIN, *args], cwd=ROOT, env=env, capture_output=True, text=True)
-    if check and p.returncode != 0:
-        sys.exit(f"gangway {' '.join(args)} exited {p.returncode}: {p.stderr}")
-    return p
+    return benchlib.gw(BIN, home, *args, check=check)
 
 
 def pct(xs, q):

@@ -29,10 +29,11 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+
+import benchlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "target/release/gangway")
@@ -75,31 +76,15 @@ run: |
 
 
 def gw(home, *args, check=True):
-    env = dict(os.environ, GANGWAY_HOME=home)
-    env.pop("GANGWAY_CATALOG_DIR", None)
-    p = subprocess.run([BIN, *args], cwd=ROOT, env=env, capture_output=True, text=True)
-    if check and p.returncode != 0:
-        sys.exit(f"gangway {' '.join(args)} exited {p.returncode}: {p.stderr}")
-    return p
+    return benchlib.gw(BIN, home, *args, check=check)
 
 
 def queue(home):
     return json.loads(gw(home, "jobs", "queue", "-o", "json").stdout)["jobs"]
 
 
-def proc_status(pid):
-    out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            k, _, v = line.partition(":")
-            out[k] = v.strip()
-    return out
-
-
-def cpu_ticks(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
+proc_status = benchlib.proc_status
+cpu_ticks = benchlib.cpu_ticks
 
 
 def kib(text):

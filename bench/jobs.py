@@ -19,10 +19,11 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+
+import benchlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "target/release/gangway")
@@ -43,12 +44,7 @@ run: sleep 600
 
 
 def gw(home, *args, check=True):
-    env = dict(os.environ, GANGWAY_HOME=home)
-    env.pop("GANGWAY_CATALOG_DIR", None)
-    p = subprocess.run([BIN, *args], cwd=ROOT, env=env, capture_output=True, text=True)
-    if check and p.returncode != 0:
-        sys.exit(f"gangway {' '.join(args)} exited {p.returncode}: {p.stderr}")
-    return p
+    return benchlib.gw(BIN, home, *args, check=check)
 
 
 def events(home, job):
@@ -116,21 +112,10 @@ def controller_memory():
     pid = int(open(os.path.join(home, "locks/controller.lock")).read().strip())
     time.sleep(3)
 
-    def status():
-        out = {}
-        for line in open(f"/proc/{pid}/status"):
-            k, _, v = line.partition(":")
-            out[k] = v.strip()
-        return out
-
-    def cpu_ticks():
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])
-
-    t0, c0 = time.time(), cpu_ticks()
+    t0, c0 = time.time(), benchlib.cpu_ticks(pid)
     time.sleep(5)
-    t1, c1 = time.time(), cpu_ticks()
-    st = status()
+    t1, c1 = time.time(), benchlib.cpu_ticks(pid)
+    st = benchlib.proc_status(pid)
     hz = os.sysconf("SC_CLK_TCK")
     print(f"\ncontroller watching {JOBS} running managed jobs (pid {pid})")
     print(f"  VmRSS {st['VmRSS']}, peak VmHWM {st['VmHWM']}")
