@@ -291,13 +291,9 @@ fn finish_output(
 /// Whether a controller has work: live jobs, or ended ones whose cluster
 /// is still there (it was killed before the teardown, or the teardown
 /// failed and is retried).
+/// The same query the controller watches.
 fn needs_controller(store: &Store) -> Result<bool, Error> {
-    let clusters: std::collections::HashSet<String> =
-        store.clusters()?.into_iter().map(|c| c.name).collect();
-    Ok(store
-        .managed_all()?
-        .iter()
-        .any(|j| !j.state.is_terminal() || clusters.contains(&j.cluster)))
+    Ok(!store.managed_watch()?.is_empty())
 }
 
 /// After a managed job ended: waits (a minute at most) for its controller
