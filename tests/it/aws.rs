@@ -491,3 +491,53 @@ fn commands_racing_on_a_fresh_home_agree_on_one_owner_id() {
     let names = crate::common::dir_names(aws.home.path());
     assert!(!names.iter().any(|n| n.contains(".owner.")), "{names:?}");
 }
+
+/// `docs/aws.md`'s first command, on the example file as shipped: two
+/// spot 8xA100 nodes on the default Deep Learning AMI in one placement
+/// group, and `down` removes all of it.
+#[test]
+fn the_documented_example_provisions_as_shipped_and_down_leaves_nothing() {
+    let Some(aws) = Aws::new() else { return };
+    let example = crate::common::root().join("examples/aws-a100.yaml");
+    let example = example.to_str().expect("utf-8 path");
+    // What docs/aws.md runs, less the run itself (no machines here).
+    let (code, out, err) = aws.launch("gw-example", example);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let c = aws.status("gw-example");
+    assert_eq!(c["status"], "UP", "{c}");
+    assert_eq!(c["cloud"], "aws", "{c}");
+    let left = aws.left("gw-example");
+    let instances: Vec<&String> = left
+        .iter()
+        .filter(|l| l.contains("DescribeInstances"))
+        .collect();
+    assert_eq!(instances.len(), 2, "{left:?}");
+    assert_eq!(
+        left.iter()
+            .filter(|l| l.contains("DescribePlacementGroups"))
+            .count(),
+        1,
+        "{left:?}"
+    );
+    let region = instances[0].split(' ').next().expect("region");
+    let id = instances[0].rsplit(' ').next().expect("id");
+    let (s, xml) = aws.emu.call(
+        region,
+        &[("Action", "DescribeInstances"), ("InstanceId.1", id)],
+    );
+    assert_eq!(s, 200, "{xml}");
+    for (tag, want) in [
+        ("instanceType", "p4d.24xlarge"),
+        ("imageId", "ami-0d1a0b1e2c3d4e5f6"),
+        ("instanceLifecycle", "spot"),
+    ] {
+        let got = xml
+            .split(&format!("<{tag}>"))
+            .nth(1)
+            .and_then(|r| r.split('<').next());
+        assert_eq!(got, Some(want), "{tag} in {xml}");
+    }
+    let (code, out, err) = parts(&aws.run(&["down", "-y", "gw-example"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(aws.left("gw-example"), Vec::<String>::new());
+}

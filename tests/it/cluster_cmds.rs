@@ -412,6 +412,36 @@ fn autostop_down_tears_down_an_idle_cluster() {
 }
 
 #[test]
+fn autostop_cancel_keeps_the_cluster_after_its_job_ends() {
+    let home = TestHome::new();
+    let (t, flag) = task(&home, 2, &wait_for_flag_then("cancel-kept"));
+    launch_detached(&home, &t, "kept");
+    home.wait_job_status("kept", "RUNNING");
+    let out = run_ok(&home, &["autostop", "kept", "-i", "0", "--down"]);
+    assert!(out.contains("'kept' will be torn down"), "{out}");
+    let out = run_ok(&home, &["autostop", "kept", "--cancel"]);
+    assert!(out.contains("Autostop off for 'kept'"), "{out}");
+    let c = home.cluster_opt("kept").expect("the cluster");
+    assert!(c["autostop_idle_min"].is_null(), "{c}");
+    assert_eq!(c["autostop_down"], false, "{c}");
+    // The job ends; a watcher that missed the cancel would now tear the
+    // idle cluster down. Watch it stay for longer than a watcher's poll.
+    std::fs::write(&flag, "").unwrap();
+    home.wait_job_status("kept", "SUCCEEDED");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(4);
+    while std::time::Instant::now() < until {
+        let c = home
+            .cluster_opt("kept")
+            .expect("autostop --cancel was ignored: the cluster is gone");
+        assert_eq!(c["status"], "UP", "{c}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    run_ok(&home, &["down", "-y", "kept"]);
+    assert!(home.instance_records().is_empty());
+    assert_no_marker_procs(&home.marker, "autostop --cancel then down");
+}
+
+#[test]
 fn autostop_waits_for_the_running_job() {
     let home = TestHome::new();
     let (t, flag) = task(&home, 2, &wait_for_flag_then("autostop-waited"));

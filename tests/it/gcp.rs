@@ -710,3 +710,52 @@ fn a_refused_placement_policy_never_ends_a_gcp_launch() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(leftovers(&gce), Vec::<String>::new());
 }
+
+/// `docs/gcp.md`'s first command, on the example file as shipped: two
+/// Spot a2-highgpu-8g VMs that are deleted when reclaimed, in one compact
+/// placement policy, and `down` removes all of it.
+#[test]
+fn the_documented_gcp_example_provisions_as_shipped_and_down_leaves_nothing() {
+    let Some(gce) = GceFake::start() else { return };
+    let home = TestHome::new();
+    let example = crate::common::root().join("examples/gcp-a100.yaml");
+    // What docs/gcp.md runs, less the run itself (no machines here).
+    let (code, out, err) = parts(&run(
+        &gce,
+        &home,
+        &[
+            "launch",
+            example.to_str().unwrap(),
+            "--provision-only",
+            "-c",
+            "ex",
+            "-y",
+        ],
+    ));
+    assert_eq!(code, 0, "{out}\n{err}");
+    let vms = gce.named("instances", "gw-");
+    assert_eq!(vms.len(), 2, "{vms:?}");
+    for vm in &vms {
+        let ty = vm["machineType"].as_str().unwrap_or_default();
+        assert!(ty.ends_with("/a2-highgpu-8g"), "{vm}");
+        assert_eq!(vm["scheduling"]["provisioningModel"], "SPOT", "{vm}");
+        assert_eq!(
+            vm["scheduling"]["instanceTerminationAction"], "DELETE",
+            "{vm}"
+        );
+        assert_eq!(
+            vm["disks"][0]["diskSizeGb"].to_string().trim_matches('"'),
+            "256",
+            "{vm}"
+        );
+    }
+    assert_eq!(
+        gce.named("resourcePolicies", "gw-").len(),
+        1,
+        "{:?}",
+        leftovers(&gce)
+    );
+    let (code, out, err) = parts(&run(&gce, &home, &["down", "-y", "ex"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(leftovers(&gce), Vec::<String>::new());
+}

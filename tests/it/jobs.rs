@@ -333,10 +333,13 @@ fn no_capacity_for_the_first_launch_is_failed_no_resource() {
 fn wait_runs_the_controller_in_the_foreground() {
     let home = TestHome::new();
     let t = task(&home, "run: echo in-the-foreground\n");
-    let (code, out, err) = parts(&home.run(["jobs", "launch", &t, "--wait", "-o", "json"]));
+    let (code, out, err) = parts(&home.run([
+        "jobs", "launch", &t, "--wait", "--name", "fg-job", "-o", "json",
+    ]));
     assert_eq!(code, 0, "{err}");
     let doc = json_doc(&out);
     assert_eq!(doc["state"], "SUCCEEDED", "{doc}");
+    assert_eq!(doc["name"], "fg-job", "--name names the job: {doc}");
     // No controller was left behind to run detached.
     assert!(
         !crate::common::procs_with_env(&format!("GANGWAY_HOME={}", home.path().display()))

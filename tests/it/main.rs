@@ -7,6 +7,7 @@ mod cloud_sweep;
 mod cluster_cmds;
 mod common;
 mod compat;
+mod docs;
 mod gcp;
 mod imds;
 mod jobs;

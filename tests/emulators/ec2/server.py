@@ -946,6 +946,37 @@ class KillPointLayer:
             return reply(400, {"error": str(err)})
 
 
+# The image gangway picks by default for GPU types: the Deep Learning AMI,
+# by name pattern, owned by "amazon". moto's bundled images predate its
+# current naming, so the emulator adds one image of that shape to every
+# region (moto builds each region's images from this list on first use).
+DEEP_LEARNING_AMI = {
+    "ami_id": "ami-0d1a0b1e2c3d4e5f6",
+    "state": "available",
+    "public": True,
+    "owner_id": "898082745236",
+    "image_location": "amazon/deep-learning",
+    "sriov": "simple",
+    "root_device_type": "ebs",
+    "root_device_name": "/dev/sda1",
+    "description": "Deep Learning AMI for NVIDIA GPUs with PyTorch (emulator)",
+    "image_type": "machine",
+    "platform": None,
+    "architecture": "x86_64",
+    "name": "Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.5.1 (Ubuntu 22.04) 20250101",
+    "virtualization_type": "hvm",
+    "hypervisor": "xen",
+    "creation_date": "2025-01-01T00:00:00.000Z",
+}
+
+
+def seed_deep_learning_ami():
+    from moto.ec2.models import amis
+
+    if not any(a["ami_id"] == DEEP_LEARNING_AMI["ami_id"] for a in amis.AMIS):
+        amis.AMIS.append(dict(DEEP_LEARNING_AMI))
+
+
 def pinned_moto_version():
     try:
         with open(os.path.join(HERE, "requirements.txt")) as f:
@@ -1001,6 +1032,7 @@ def main():
     )
     ec2_utils.filter_dict_attribute_mapping.setdefault("instance-lifecycle", "lifecycle")
 
+    seed_deep_learning_ami()
     app = Emulator(DomainDispatcherApplication(create_backend_app))
     extra = {"request_handler": MotoRequestHandler} if MotoRequestHandler else {}
     server = make_server(args.host, args.port, KillPointLayer(app), threaded=True, **extra)
