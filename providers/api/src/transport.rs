@@ -259,11 +259,32 @@ pub const TOKEN_VAR: &str = "GANGWAY_TOKEN";
 /// `token`: the group of each (the command's `setsid` made its first
 /// process a group leader), else the process alone.
 pub fn signal_token(token: &str, signal: i32) -> String {
+    let sig = kill_option(signal);
     format!(
         "for p in $(grep -lzx {TOKEN_VAR}={token} /proc/[0-9]*/environ 2>/dev/null); do \
          p=${{p#/proc/}}; p=${{p%/environ}}; \
-         kill -{signal} -- -$p 2>/dev/null || kill -{signal} $p 2>/dev/null; done; true"
+         kill {sig} -- -$p 2>/dev/null || kill {sig} $p 2>/dev/null; done; true"
     )
+}
+
+/// `kill`'s option for `signal` (a number of this machine's) in a command
+/// run on a node: the signal's name, `-s USR1`, since the numbers differ
+/// between the laptop and the node (SIGUSR1 is 30 on macOS, 10 on Linux;
+/// 30 on Linux is SIGPWR). A signal without a name here goes as its number.
+pub fn kill_option(signal: i32) -> String {
+    let name = match signal {
+        libc::SIGTERM => "TERM",
+        libc::SIGKILL => "KILL",
+        libc::SIGINT => "INT",
+        libc::SIGHUP => "HUP",
+        libc::SIGQUIT => "QUIT",
+        libc::SIGUSR1 => "USR1",
+        libc::SIGUSR2 => "USR2",
+        libc::SIGCONT => "CONT",
+        libc::SIGSTOP => "STOP",
+        other => return format!("-{other}"),
+    };
+    format!("-s {name}")
 }
 
 /// Copies `src` (file or directory) to `dest`, skipping files whose size
