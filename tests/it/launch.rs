@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use gangway::gang::ring_hops;
 
 use crate::common::{
-    assert_no_marker_procs, command_in, ip_num, json_doc, parts, root, wait_for, Running, TestHome,
-    DEADLINE,
+    assert_no_marker_procs, command_in, json_doc, parts, root, single_address, wait_for, Running,
+    TestHome, DEADLINE,
 };
 
 /// Runs `gangway launch TASK -c NAME ARGS...`; (exit code, stdout, stderr).
@@ -63,7 +63,9 @@ fn hello_runs_on_two_nodes_and_down_removes_everything() {
     assert_eq!(nodes.len(), 2, "{c}");
     assert_eq!(nodes.iter().map(|n| n.rank).collect::<Vec<_>>(), vec![0, 1]);
     let (ip0, ip1) = (&nodes[0].ip, &nodes[1].ip);
-    assert_ne!(ip0, ip1, "{c}");
+    // Each node its own address, or (single-address mode) its own ports.
+    assert_ne!(nodes[0].key(), nodes[1].key(), "{c}");
+    assert_eq!(ip0 == ip1, single_address(), "{c}");
     for n in &nodes {
         assert!(
             n.ip.starts_with("127.") && n.ip.parse::<std::net::Ipv4Addr>().is_ok(),
@@ -147,7 +149,23 @@ fn every_rank_gets_the_gang_environment_and_nothing_else() {
         }
         assert_eq!(get("MASTER_ADDR"), Some(ips[0]), "{ctx}");
         assert_eq!(get("GANGWAY_HEAD_IP"), Some(ips[0]), "{ctx}");
-        assert_eq!(get("MASTER_PORT"), Some("29500"), "{ctx}");
+        if single_address() {
+            // Told apart by port: rank 0 listens on its first one.
+            let firsts: Vec<String> = nodes
+                .iter()
+                .map(|n| n.first_port().expect("a port range").to_string())
+                .collect();
+            assert_eq!(get("MASTER_PORT"), Some(firsts[0].as_str()), "{ctx}");
+            assert_eq!(get("GANGWAY_PORT_RANGE"), n.ports.as_deref(), "{ctx}");
+            assert_eq!(
+                get("GANGWAY_NODE_PORTS").map(|p| p.lines().collect::<Vec<_>>()),
+                Some(firsts.iter().map(String::as_str).collect()),
+                "{ctx}"
+            );
+        } else {
+            assert_eq!(get("MASTER_PORT"), Some("29500"), "{ctx}");
+            assert_eq!(get("GANGWAY_PORT_RANGE"), None, "{ctx}");
+        }
         assert_eq!(get("CUDA_VISIBLE_DEVICES"), Some("0,1"), "{ctx}");
         assert_eq!(get("GANGWAY_NUM_GPUS_PER_NODE"), Some("2"), "{ctx}");
         assert_eq!(get("SKYPILOT_NUM_GPUS_PER_NODE"), Some("2"), "{ctx}");
@@ -293,10 +311,12 @@ fn topology_example_ranks_by_switch_path() {
     for (n, (r, ip, path)) in nodes.iter().zip(&ranks) {
         assert_eq!((n.rank, &n.ip, &n.topology), (*r, ip, path));
     }
-    // Sorted by (path, address as a number).
-    let keys: Vec<(String, u32)> = ranks
+    // Sorted by (path, address as a number, then first port where the
+    // nodes share an address).
+    let key = |r: u32| nodes[r as usize].key();
+    let keys: Vec<(String, (u32, u16))> = ranks
         .iter()
-        .map(|(_, ip, path)| (path.clone(), ip_num(ip)))
+        .map(|(r, _, path)| (path.clone(), key(*r)))
         .collect();
     let mut sorted = keys.clone();
     sorted.sort();
@@ -317,7 +337,7 @@ fn topology_example_ranks_by_switch_path() {
     }
     // The seeded shuffle means address order is not rank order.
     let mut by_ip = ranks.clone();
-    by_ip.sort_by_key(|r| ip_num(&r.1));
+    by_ip.sort_by_key(|r| key(r.0));
     assert_ne!(
         by_ip.iter().map(|r| r.0).collect::<Vec<_>>(),
         (0..8).collect::<Vec<u32>>(),
@@ -506,7 +526,12 @@ fn four_launches_at_once_get_distinct_addresses() {
     for n in names {
         let c = home.cluster(n);
         assert_eq!(c["status"], "UP", "{c}");
-        ips.extend(home.nodes(n).into_iter().map(|n| n.ip));
+        // An address each, or (single-address mode) a port range each.
+        ips.extend(
+            home.nodes(n)
+                .into_iter()
+                .map(|n| format!("{} {}", n.ip, n.ports.unwrap_or_default())),
+        );
     }
     assert_eq!(ips.len(), 8);
     let mut unique = ips.clone();

@@ -30,9 +30,26 @@ pub struct NodeRow {
     pub topology: String,
     /// Last known state.
     pub state: String,
-    /// Provider facts (JSON map), as in [`crate::Node::extra`].
-    #[serde(skip)]
+    /// Provider facts (JSON map), as in [`crate::Node::extra`]. Only the
+    /// node's own port range is shown (as `ports`, where nodes share an
+    /// address); the rest is the provider's business.
+    #[serde(
+        rename = "ports",
+        serialize_with = "port_range_only",
+        skip_serializing_if = "no_port_range"
+    )]
     pub extra: std::collections::BTreeMap<String, String>,
+}
+
+fn no_port_range(extra: &std::collections::BTreeMap<String, String>) -> bool {
+    !extra.contains_key(crate::PORT_RANGE_FACT)
+}
+
+fn port_range_only<S: serde::Serializer>(
+    extra: &std::collections::BTreeMap<String, String>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.serialize_str(extra.get(crate::PORT_RANGE_FACT).map_or("", String::as_str))
 }
 
 impl NodeRow {
@@ -43,7 +60,16 @@ impl NodeRow {
 
     /// `rank N (private address)`, how errors name a node.
     pub fn label(&self) -> String {
-        format!("rank {} ({})", self.rank, self.private_ip)
+        format!("rank {} ({})", self.rank, self.address())
+    }
+
+    /// The private address, with the node's own port range where nodes
+    /// share one address: `127.0.0.1 ports 20100-20149`.
+    pub fn address(&self) -> String {
+        match self.extra.get(crate::PORT_RANGE_FACT) {
+            Some(ports) => format!("{} ports {ports}", self.private_ip),
+            None => self.private_ip.clone(),
+        }
     }
 
     /// The variables every command on the node gets (its `env.*` facts).
