@@ -107,7 +107,7 @@ fn every_rank_gets_the_gang_environment_and_nothing_else() {
     let t = home.file(
         "task.yaml",
         &format!(
-            "num_nodes: 3\nworkdir: {}\nresources:\n  infra: local\n  accelerators: A100:2\n\
+            "num_nodes: 3\nworkdir: {}\nresources:\n  infra: local\n  accelerators: A100:2\n  ports: [8080, 9000-9001]\n\
              envs:\n  GW_TEST_MARKER: {}\n  MY_SETTING: forty-two\n\
              setup: env -0 > ~/env-setup\n\
              run: |\n  env -0 > ~/env-run\n  pwd > ~/pwd-run\n  cat synced.txt > ~/synced-run\n",
@@ -157,6 +157,16 @@ fn every_rank_gets_the_gang_environment_and_nothing_else() {
                 .collect();
             assert_eq!(get("MASTER_PORT"), Some(firsts[0].as_str()), "{ctx}");
             assert_eq!(get("GANGWAY_PORT_RANGE"), n.ports.as_deref(), "{ctx}");
+            // The task's ports, moved into the node's own range.
+            let first = n.first_port().expect("a port range");
+            for (i, p) in [8080, 9000, 9001].iter().enumerate() {
+                let want = (first + 1 + i as u16).to_string();
+                assert_eq!(
+                    get(&format!("GANGWAY_PORT_{p}")),
+                    Some(want.as_str()),
+                    "{ctx}"
+                );
+            }
             assert_eq!(
                 get("GANGWAY_NODE_PORTS").map(|p| p.lines().collect::<Vec<_>>()),
                 Some(firsts.iter().map(String::as_str).collect()),
@@ -165,6 +175,9 @@ fn every_rank_gets_the_gang_environment_and_nothing_else() {
         } else {
             assert_eq!(get("MASTER_PORT"), Some("29500"), "{ctx}");
             assert_eq!(get("GANGWAY_PORT_RANGE"), None, "{ctx}");
+            for p in ["8080", "9000", "9001"] {
+                assert_eq!(get(&format!("GANGWAY_PORT_{p}")), Some(p), "{ctx}");
+            }
         }
         assert_eq!(get("CUDA_VISIBLE_DEVICES"), Some("0,1"), "{ctx}");
         assert_eq!(get("GANGWAY_NUM_GPUS_PER_NODE"), Some("2"), "{ctx}");
