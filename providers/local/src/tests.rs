@@ -1159,3 +1159,67 @@ async fn records_of_an_earlier_layout_are_moved_into_their_clusters_directory() 
     p.terminate(&cluster("old")).await.unwrap();
     assert!(dir_names(&root.join("instances")).is_empty());
 }
+
+/// The row the core keeps for a node, as the transport is handed it.
+fn row(n: &Node, rank: u32) -> gangway_provider::NodeRow {
+    gangway_provider::NodeRow {
+        rank,
+        instance_id: n.id.0.clone(),
+        private_ip: n.private_ip.clone(),
+        public_ip: None,
+        zone: n.placement.zone.clone(),
+        topology: n.topology.join("/"),
+        state: "running".into(),
+        extra: n.extra.clone(),
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_job_is_signalled_only_while_its_own_group_lives() {
+    use gangway_provider::{NodeCommand, Transport};
+    let (_tmp, p) = fresh();
+    let nodes = p
+        .launch(&req("sig", "local-a", "local.cpu", 1, None))
+        .await
+        .unwrap();
+    let node = row(&nodes[0], 0);
+    let t = crate::LocalTransport;
+    let (_out, w) = std::io::pipe().unwrap();
+    let cmd = NodeCommand {
+        script: "sleep 1000 & wait".into(),
+        env: vec![("GANGWAY_RUN".into(), "5".into())],
+        cwd: "~".into(),
+    };
+    let proc_ = t.spawn(&node, &cmd, w).unwrap();
+    let pgid = proc_.id();
+    let reg = PathBuf::from(&nodes[0].extra["procs"]).join(pgid.to_string());
+    assert_eq!(fs::read_to_string(&reg).unwrap(), "GANGWAY_RUN=5\n");
+    // Another job's id: left alone.
+    t.signal_job(&node, pgid, 6, libc::SIGTERM);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        unsafe { libc::kill(-(pgid as i32), 0) },
+        0,
+        "group {pgid} was hit"
+    );
+    // Its own: the whole group gets the signal.
+    t.signal_job(&node, pgid, 5, libc::SIGTERM);
+    let status = tokio::time::timeout(PATIENCE, proc_.wait())
+        .await
+        .expect("the job ended")
+        .unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGTERM));
+    assert!(poll(PATIENCE, || !crate::held::is_held(&reg)));
+
+    // A group id the system handed to someone else after the job's group
+    // ended: the registration is still there (its driver died before it
+    // could forget it) but nothing holds its lock, so nothing is signalled.
+    let mut stranger = Sleeper::start();
+    let stale = PathBuf::from(&nodes[0].extra["procs"]).join(stranger.child.id().to_string());
+    fs::write(&stale, "GANGWAY_RUN=7\n").unwrap();
+    t.signal_job(&node, stranger.child.id(), 7, libc::SIGKILL);
+    thread::sleep(Duration::from_millis(200));
+    assert!(stranger.exited().is_none(), "a stranger's group was killed");
+    fs::remove_file(&stale).unwrap();
+    p.terminate(&cluster("sig")).await.unwrap();
+}
