@@ -291,6 +291,19 @@ fn ddp_rendezvous_example_adds_up() {
         let want = format!("rank {} at {}: rank 0 says the sum is 6", n.rank, n.ip);
         assert!(out.contains(&want), "{want:?} not in:\n{out}");
     }
+    // Rank 0 heard every rank: from its address, or (one address for all)
+    // from the last port of its own range.
+    let heard = out
+        .lines()
+        .find(|l| l.contains("rank 0 heard from"))
+        .unwrap_or_else(|| panic!("no 'heard from' line in:\n{out}"));
+    for n in &nodes {
+        let from = match &n.ports {
+            Some(range) => format!("'{}:{}'", n.ip, range.split('-').nth(1).unwrap()),
+            None => format!("'{}'", n.ip),
+        };
+        assert!(heard.contains(&from), "{from} not in {heard}");
+    }
 }
 
 #[test]
