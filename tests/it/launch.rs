@@ -713,3 +713,46 @@ fn bad_input_exits_2() {
     assert!(err.contains("'bad/name' is not valid"), "{err}");
     assert!(home.clusters().is_empty(), "{:?}", home.clusters());
 }
+
+#[test]
+fn config_local_addresses_picks_the_mode_whatever_the_machine_answers() {
+    let home = TestHome::new();
+    for (mode, name) in [("single", "one"), ("per-node", "many")] {
+        let t = task(
+            &home,
+            2,
+            &format!(
+                "config:\n  local:\n    addresses: {mode}\n\
+                 run: echo \"$NODE_RANK at $MASTER_ADDR:$MASTER_PORT ${{GANGWAY_PORT_RANGE:-own}}\"\n"
+            ),
+        );
+        let (code, out, err) = launch(&home, &t, name, &[]);
+        assert_eq!(code, 0, "{mode}: stdout:\n{out}\nstderr:\n{err}");
+        let nodes = home.nodes(name);
+        let single = mode == "single";
+        assert_eq!(nodes[0].ip == "127.0.0.1", single, "{mode}");
+        assert_eq!(nodes[1].ip == nodes[0].ip, single, "{mode}");
+        assert!(nodes.iter().all(|n| n.ports.is_some() == single), "{mode}");
+        let port = nodes[0].first_port().map_or(29500, u32::from);
+        for n in &nodes {
+            let own = n.ports.as_deref().unwrap_or("own");
+            let want = format!("{} at {}:{port} {own}", n.rank, nodes[0].ip);
+            assert!(out.contains(&want), "{mode}: {want:?} not in:\n{out}");
+        }
+        // The table shows the ports where nodes share an address.
+        let (_, table, _) = parts(&home.run(["status", name]));
+        assert_eq!(table.contains("127.0.0.1 ports "), single, "{table}");
+    }
+    let (code, _, err) = launch(
+        &home,
+        &task(
+            &home,
+            1,
+            "config:\n  local:\n    addresses: many\nrun: true\n",
+        ),
+        "bad",
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("config.local.addresses"), "{err}");
+}
