@@ -12,6 +12,8 @@ pub mod error;
 pub mod gang;
 pub mod jobs;
 #[cfg(test)]
+mod laptop_portable;
+#[cfg(test)]
 mod no_provider_names;
 pub mod optimizer;
 pub mod provision;

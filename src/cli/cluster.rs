@@ -364,7 +364,7 @@ pub fn status(a: &StatusArgs, out: Output) -> Result<ExitCode, Error> {
                     vec![
                         n.rank.to_string(),
                         n.instance_id.clone(),
-                        n.private_ip.clone(),
+                        n.address(),
                         n.zone.clone(),
                         if n.topology.is_empty() {
                             "-".into()

@@ -135,6 +135,13 @@ pub fn job_spec(
         gpus_per_node: 0,
         checkpoint_dir: task.checkpoint.as_ref().and_then(|c| c.path.clone()),
         down_after,
+        ports: task
+            .resources
+            .base
+            .ports
+            .iter()
+            .map(|p| (p.start, p.end))
+            .collect(),
         ..JobSpec::default()
     })
 }

@@ -66,6 +66,9 @@ pub struct JobSpec {
     /// before setup.
     #[serde(default)]
     pub restore_from: Option<PathBuf>,
+    /// The task's `ports` (inclusive ranges), for `GANGWAY_PORT_<p>`.
+    #[serde(default)]
+    pub ports: Vec<(u16, u16)>,
 }
 
 /// Which phase a command belongs to.
@@ -156,12 +159,33 @@ pub fn node_env(phase: Phase, g: &GangInfo<'_>, rank: usize) -> Vec<(String, Str
             set(&mut env, "SKYPILOT_SETUP_NODE_IPS", ips);
         }
         Phase::Run => {
-            let port = spec
-                .envs
-                .iter()
-                .find(|(k, _)| k == "MASTER_PORT")
-                .map(|(_, v)| v.clone())
-                .unwrap_or_else(|| DEFAULT_MASTER_PORT.to_string());
+            // Nodes that share one address (the local provider where only
+            // 127.0.0.1 answers) each own a port range: rank 0 listens on
+            // the first port of its own, whatever the task asked for.
+            let port = match nodes.first().and_then(node_ports) {
+                Some((first, _)) => first.to_string(),
+                None => spec
+                    .envs
+                    .iter()
+                    .find(|(k, _)| k == "MASTER_PORT")
+                    .map(|(_, v)| v.clone())
+                    .unwrap_or_else(|| DEFAULT_MASTER_PORT.to_string()),
+            };
+            if let Some((first, last)) = node_ports(&nodes[rank]) {
+                set(&mut env, "GANGWAY_PORT_RANGE", format!("{first}-{last}"));
+                let firsts: Vec<String> = nodes
+                    .iter()
+                    .map(|n| node_ports(n).map_or(String::new(), |p| p.0.to_string()))
+                    .collect();
+                set(&mut env, "GANGWAY_NODE_PORTS", firsts.join("\n"));
+            }
+            for (task_port, here) in task_ports(&spec.ports, node_ports(&nodes[rank])) {
+                set(
+                    &mut env,
+                    &format!("GANGWAY_PORT_{task_port}"),
+                    here.to_string(),
+                );
+            }
             set(&mut env, "GANGWAY_NODE_RANK", rank.to_string());
             set(&mut env, "GANGWAY_NODE_IPS", ips.clone());
             set(&mut env, "GANGWAY_HEAD_IP", head.clone());
@@ -179,6 +203,33 @@ pub fn node_env(phase: Phase, g: &GangInfo<'_>, rank: usize) -> Vec<(String, Str
         }
     }
     env
+}
+
+/// The node's own port range, where it shares its address with others
+/// ([`gangway_provider::PORT_RANGE_FACT`]).
+fn node_ports(node: &NodeRow) -> Option<(u16, u16)> {
+    node.extra
+        .get(gangway_provider::PORT_RANGE_FACT)
+        .and_then(|r| gangway_provider::parse_port_range(r))
+}
+
+/// Where each of the task's ports is on a node: itself on a node with an
+/// address of its own; on a node with a port range `(first, last)`, the
+/// next ports after `first` (which is `MASTER_PORT`'s), in the order the
+/// task lists them. Ports beyond the range get none (the local provider
+/// refuses such a launch).
+fn task_ports(ports: &[(u16, u16)], range: Option<(u16, u16)>) -> Vec<(u16, u16)> {
+    let wanted = ports
+        .iter()
+        .flat_map(|(a, b)| *a..=*b)
+        .collect::<std::collections::BTreeSet<u16>>();
+    match range {
+        None => wanted.into_iter().map(|p| (p, p)).collect(),
+        Some((first, last)) => wanted
+            .into_iter()
+            .zip(first.saturating_add(1)..=last)
+            .collect(),
+    }
 }
 
 /// Stores a job on `cluster` and starts its driver (`gangway __drive`,
@@ -437,5 +488,48 @@ mod tests {
         assert_eq!(get(&setup, "GANGWAY_NODE_RANK"), None);
         let run = node_env(Phase::Run, &g, 0);
         assert_eq!(get(&run, "MASTER_PORT"), Some("12345"));
+    }
+
+    #[test]
+    fn nodes_sharing_an_address_are_told_apart_by_port() {
+        let spec = JobSpec {
+            envs: vec![("MASTER_PORT".into(), "12345".into())],
+            ports: vec![(8080, 8081), (9000, 9000)],
+            ..JobSpec::default()
+        };
+        let mut nodes = [node(0, "127.0.0.1", ""), node(1, "127.0.0.1", "")];
+        for (n, range) in nodes.iter_mut().zip(["20100-20149", "20150-20199"]) {
+            n.extra
+                .insert(gangway_provider::PORT_RANGE_FACT.into(), range.into());
+        }
+        let g = GangInfo {
+            spec: &spec,
+            secrets: &[],
+            nodes: &nodes,
+            cluster: "c",
+            job_id: 1,
+            checkpoint_dirs: vec!["/ck".into(); 2],
+        };
+        let run = node_env(Phase::Run, &g, 1);
+        // Every rank meets rank 0 on the head's first port, not the task's.
+        assert_eq!(get(&run, "MASTER_ADDR"), Some("127.0.0.1"));
+        assert_eq!(get(&run, "MASTER_PORT"), Some("20100"));
+        assert_eq!(get(&run, "GANGWAY_PORT_RANGE"), Some("20150-20199"));
+        assert_eq!(get(&run, "GANGWAY_NODE_PORTS"), Some("20100\n20150"));
+        assert_eq!(get(&run, "GANGWAY_PORT_8080"), Some("20151"));
+        assert_eq!(get(&run, "GANGWAY_PORT_8081"), Some("20152"));
+        assert_eq!(get(&run, "GANGWAY_PORT_9000"), Some("20153"));
+        let head = node_env(Phase::Run, &g, 0);
+        assert_eq!(get(&head, "MASTER_PORT"), Some("20100"));
+        assert_eq!(get(&head, "GANGWAY_PORT_8080"), Some("20101"));
+
+        // With addresses of their own, a task's port is itself.
+        let plain = [node(0, "10.0.0.1", ""), node(1, "10.0.0.2", "")];
+        let g = GangInfo { nodes: &plain, ..g };
+        let run = node_env(Phase::Run, &g, 1);
+        assert_eq!(get(&run, "MASTER_PORT"), Some("12345"));
+        assert_eq!(get(&run, "GANGWAY_PORT_8081"), Some("8081"));
+        assert_eq!(get(&run, "GANGWAY_PORT_RANGE"), None);
+        assert_eq!(get(&run, "GANGWAY_NODE_PORTS"), None);
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! Ranks follow the topology path (so nodes under the same leaf switch get
 //! neighbouring ranks, leaves under the same spine come next), then the
-//! private address as a number. Rank 0 is the head. Ring and tree
+//! private address as a number (then, where nodes share one address, the
+//! first port of each one's range). Rank 0 is the head. Ring and tree
 //! collectives that walk ranks in order then cross as few switches as the
 //! layout allows.
 
@@ -15,8 +16,18 @@ use gangway_provider::Node;
 pub fn assign_ranks(mut nodes: Vec<Node>) -> Vec<Node> {
     nodes.sort_by(|a, b| {
         by_topology_then_ip(&a.topology, &a.private_ip, &b.topology, &b.private_ip)
+            .then_with(|| first_port(a).cmp(&first_port(b)))
     });
     nodes
+}
+
+/// Where nodes share an address, the first port of each one's range
+/// breaks the tie the address leaves.
+fn first_port(n: &Node) -> Option<u16> {
+    n.extra
+        .get(gangway_provider::PORT_RANGE_FACT)
+        .and_then(|r| gangway_provider::parse_port_range(r))
+        .map(|r| r.0)
 }
 
 fn ip_key(ip: &str) -> (u8, u128, &str) {

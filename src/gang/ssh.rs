@@ -858,7 +858,8 @@ impl Transport for SshTransport {
         // Another process started these: find them by their environment.
         let remote = format!(
             "for p in /proc/[0-9]*; do grep -qxz 'GANGWAY_RUN={job}' $p/environ 2>/dev/null && \
-             kill -{signal} ${{p#/proc/}} 2>/dev/null; done; true"
+             kill {sig} ${{p#/proc/}} 2>/dev/null; done; true",
+            sig = gangway_provider::kill_option(signal)
         );
         let _ = self.run(node, &remote, None);
     }

@@ -434,6 +434,7 @@ impl TestHome {
                 id: n["instance_id"].as_str().expect("instance_id").to_string(),
                 zone: n["zone"].as_str().expect("zone").to_string(),
                 topology: n["topology"].as_str().unwrap_or("").to_string(),
+                ports: n["ports"].as_str().map(str::to_string),
             })
             .collect()
     }
@@ -583,6 +584,9 @@ pub struct NodeInfo {
     pub zone: String,
     /// Topology path, `/`-joined.
     pub topology: String,
+    /// The node's own port range, `FIRST-LAST`, where nodes share one
+    /// address (the local provider's single-address mode).
+    pub ports: Option<String>,
 }
 
 /// Parses stdout as exactly one JSON document.
@@ -610,4 +614,26 @@ pub fn ip_num(ip: &str) -> u32 {
         ip.parse::<std::net::Ipv4Addr>()
             .unwrap_or_else(|e| panic!("{ip:?} is not an IPv4 address: {e}")),
     )
+}
+
+impl NodeInfo {
+    /// The first port of the node's own range, where nodes share an address.
+    pub fn first_port(&self) -> Option<u16> {
+        let ports = self.ports.as_deref()?;
+        ports.split('-').next()?.parse().ok()
+    }
+
+    /// What tells the node apart from the others, and orders ranks after
+    /// the topology: its address as a number, then its first port.
+    pub fn key(&self) -> (u32, u16) {
+        (ip_num(&self.ip), self.first_port().unwrap_or(0))
+    }
+}
+
+/// Whether the local provider runs in single-address mode in this test
+/// run (every node on 127.0.0.1, told apart by port): where
+/// `GANGWAY_LOCAL_ADDRESSES=single` (CI's second pass of the local suite)
+/// or where only 127.0.0.1 answers (macOS).
+pub fn single_address() -> bool {
+    gangway_local::single_address(None, std::net::Ipv4Addr::new(127, 0, 10, 1))
 }

@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use gangway::gang::ring_hops;
 
 use crate::common::{
-    assert_no_marker_procs, command_in, ip_num, json_doc, parts, root, wait_for, Running, TestHome,
-    DEADLINE,
+    assert_no_marker_procs, command_in, json_doc, parts, root, single_address, wait_for, Running,
+    TestHome, DEADLINE,
 };
 
 /// Runs `gangway launch TASK -c NAME ARGS...`; (exit code, stdout, stderr).
@@ -63,7 +63,9 @@ fn hello_runs_on_two_nodes_and_down_removes_everything() {
     assert_eq!(nodes.len(), 2, "{c}");
     assert_eq!(nodes.iter().map(|n| n.rank).collect::<Vec<_>>(), vec![0, 1]);
     let (ip0, ip1) = (&nodes[0].ip, &nodes[1].ip);
-    assert_ne!(ip0, ip1, "{c}");
+    // Each node its own address, or (single-address mode) its own ports.
+    assert_ne!(nodes[0].key(), nodes[1].key(), "{c}");
+    assert_eq!(ip0 == ip1, single_address(), "{c}");
     for n in &nodes {
         assert!(
             n.ip.starts_with("127.") && n.ip.parse::<std::net::Ipv4Addr>().is_ok(),
@@ -105,7 +107,7 @@ fn every_rank_gets_the_gang_environment_and_nothing_else() {
     let t = home.file(
         "task.yaml",
         &format!(
-            "num_nodes: 3\nworkdir: {}\nresources:\n  infra: local\n  accelerators: A100:2\n\
+            "num_nodes: 3\nworkdir: {}\nresources:\n  infra: local\n  accelerators: A100:2\n  ports: [8080, 9000-9001]\n\
              envs:\n  GW_TEST_MARKER: {}\n  MY_SETTING: forty-two\n\
              setup: env -0 > ~/env-setup\n\
              run: |\n  env -0 > ~/env-run\n  pwd > ~/pwd-run\n  cat synced.txt > ~/synced-run\n",
@@ -147,7 +149,36 @@ fn every_rank_gets_the_gang_environment_and_nothing_else() {
         }
         assert_eq!(get("MASTER_ADDR"), Some(ips[0]), "{ctx}");
         assert_eq!(get("GANGWAY_HEAD_IP"), Some(ips[0]), "{ctx}");
-        assert_eq!(get("MASTER_PORT"), Some("29500"), "{ctx}");
+        if single_address() {
+            // Told apart by port: rank 0 listens on its first one.
+            let firsts: Vec<String> = nodes
+                .iter()
+                .map(|n| n.first_port().expect("a port range").to_string())
+                .collect();
+            assert_eq!(get("MASTER_PORT"), Some(firsts[0].as_str()), "{ctx}");
+            assert_eq!(get("GANGWAY_PORT_RANGE"), n.ports.as_deref(), "{ctx}");
+            // The task's ports, moved into the node's own range.
+            let first = n.first_port().expect("a port range");
+            for (i, p) in [8080, 9000, 9001].iter().enumerate() {
+                let want = (first + 1 + i as u16).to_string();
+                assert_eq!(
+                    get(&format!("GANGWAY_PORT_{p}")),
+                    Some(want.as_str()),
+                    "{ctx}"
+                );
+            }
+            assert_eq!(
+                get("GANGWAY_NODE_PORTS").map(|p| p.lines().collect::<Vec<_>>()),
+                Some(firsts.iter().map(String::as_str).collect()),
+                "{ctx}"
+            );
+        } else {
+            assert_eq!(get("MASTER_PORT"), Some("29500"), "{ctx}");
+            assert_eq!(get("GANGWAY_PORT_RANGE"), None, "{ctx}");
+            for p in ["8080", "9000", "9001"] {
+                assert_eq!(get(&format!("GANGWAY_PORT_{p}")), Some(p), "{ctx}");
+            }
+        }
         assert_eq!(get("CUDA_VISIBLE_DEVICES"), Some("0,1"), "{ctx}");
         assert_eq!(get("GANGWAY_NUM_GPUS_PER_NODE"), Some("2"), "{ctx}");
         assert_eq!(get("SKYPILOT_NUM_GPUS_PER_NODE"), Some("2"), "{ctx}");
@@ -260,6 +291,19 @@ fn ddp_rendezvous_example_adds_up() {
         let want = format!("rank {} at {}: rank 0 says the sum is 6", n.rank, n.ip);
         assert!(out.contains(&want), "{want:?} not in:\n{out}");
     }
+    // Rank 0 heard every rank: from its address, or (one address for all)
+    // from the last port of its own range.
+    let heard = out
+        .lines()
+        .find(|l| l.contains("rank 0 heard from"))
+        .unwrap_or_else(|| panic!("no 'heard from' line in:\n{out}"));
+    for n in &nodes {
+        let from = match &n.ports {
+            Some(range) => format!("'{}:{}'", n.ip, range.split('-').nth(1).unwrap()),
+            None => format!("'{}'", n.ip),
+        };
+        assert!(heard.contains(&from), "{from} not in {heard}");
+    }
 }
 
 #[test]
@@ -293,10 +337,12 @@ fn topology_example_ranks_by_switch_path() {
     for (n, (r, ip, path)) in nodes.iter().zip(&ranks) {
         assert_eq!((n.rank, &n.ip, &n.topology), (*r, ip, path));
     }
-    // Sorted by (path, address as a number).
-    let keys: Vec<(String, u32)> = ranks
+    // Sorted by (path, address as a number, then first port where the
+    // nodes share an address).
+    let key = |r: u32| nodes[r as usize].key();
+    let keys: Vec<(String, (u32, u16))> = ranks
         .iter()
-        .map(|(_, ip, path)| (path.clone(), ip_num(ip)))
+        .map(|(r, _, path)| (path.clone(), key(*r)))
         .collect();
     let mut sorted = keys.clone();
     sorted.sort();
@@ -317,7 +363,7 @@ fn topology_example_ranks_by_switch_path() {
     }
     // The seeded shuffle means address order is not rank order.
     let mut by_ip = ranks.clone();
-    by_ip.sort_by_key(|r| ip_num(&r.1));
+    by_ip.sort_by_key(|r| key(r.0));
     assert_ne!(
         by_ip.iter().map(|r| r.0).collect::<Vec<_>>(),
         (0..8).collect::<Vec<u32>>(),
@@ -506,7 +552,12 @@ fn four_launches_at_once_get_distinct_addresses() {
     for n in names {
         let c = home.cluster(n);
         assert_eq!(c["status"], "UP", "{c}");
-        ips.extend(home.nodes(n).into_iter().map(|n| n.ip));
+        // An address each, or (single-address mode) a port range each.
+        ips.extend(
+            home.nodes(n)
+                .into_iter()
+                .map(|n| format!("{} {}", n.ip, n.ports.unwrap_or_default())),
+        );
     }
     assert_eq!(ips.len(), 8);
     let mut unique = ips.clone();
@@ -661,4 +712,47 @@ fn bad_input_exits_2() {
     assert_eq!(code, 2, "stdout:\n{out}\nstderr:\n{err}");
     assert!(err.contains("'bad/name' is not valid"), "{err}");
     assert!(home.clusters().is_empty(), "{:?}", home.clusters());
+}
+
+#[test]
+fn config_local_addresses_picks_the_mode_whatever_the_machine_answers() {
+    let home = TestHome::new();
+    for (mode, name) in [("single", "one"), ("per-node", "many")] {
+        let t = task(
+            &home,
+            2,
+            &format!(
+                "config:\n  local:\n    addresses: {mode}\n\
+                 run: echo \"$NODE_RANK at $MASTER_ADDR:$MASTER_PORT ${{GANGWAY_PORT_RANGE:-own}}\"\n"
+            ),
+        );
+        let (code, out, err) = launch(&home, &t, name, &[]);
+        assert_eq!(code, 0, "{mode}: stdout:\n{out}\nstderr:\n{err}");
+        let nodes = home.nodes(name);
+        let single = mode == "single";
+        assert_eq!(nodes[0].ip == "127.0.0.1", single, "{mode}");
+        assert_eq!(nodes[1].ip == nodes[0].ip, single, "{mode}");
+        assert!(nodes.iter().all(|n| n.ports.is_some() == single), "{mode}");
+        let port = nodes[0].first_port().map_or(29500, u32::from);
+        for n in &nodes {
+            let own = n.ports.as_deref().unwrap_or("own");
+            let want = format!("{} at {}:{port} {own}", n.rank, nodes[0].ip);
+            assert!(out.contains(&want), "{mode}: {want:?} not in:\n{out}");
+        }
+        // The table shows the ports where nodes share an address.
+        let (_, table, _) = parts(&home.run(["status", name]));
+        assert_eq!(table.contains("127.0.0.1 ports "), single, "{table}");
+    }
+    let (code, _, err) = launch(
+        &home,
+        &task(
+            &home,
+            1,
+            "config:\n  local:\n    addresses: many\nrun: true\n",
+        ),
+        "bad",
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("config.local.addresses"), "{err}");
 }

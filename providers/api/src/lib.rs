@@ -28,8 +28,8 @@ pub use registry::{
     DEFAULT_MEMORY_GIB,
 };
 pub use transport::{
-    copy_tree, merge_newest, output_with_input, shell, signal_token, NodeCommand, NodeProcess,
-    NodeRow, Transport, TransportError, KEPT_ENV, TOKEN_VAR,
+    copy_tree, kill_option, merge_newest, output_with_input, shell, signal_token, NodeCommand,
+    NodeProcess, NodeRow, Transport, TransportError, KEPT_ENV, TOKEN_VAR,
 };
 
 use serde::{Deserialize, Serialize};
@@ -145,11 +145,26 @@ pub struct Node {
     /// Network path from the root switch down, e.g. `["spine1", "leaf2"]`.
     pub topology: Vec<String>,
     /// Free-form provider facts (work directory, market...), read only by
-    /// the provider and its transport, with two exceptions the core knows:
+    /// the provider and its transport, with three exceptions the core knows:
     /// keys starting with `env.` are environment variables every command on
-    /// the node gets (e.g. `env.CUDA_VISIBLE_DEVICES`), and an
-    /// [`SshEndpoint`] is recorded here.
+    /// the node gets (e.g. `env.CUDA_VISIBLE_DEVICES`), an [`SshEndpoint`]
+    /// is recorded here, and [`PORT_RANGE_FACT`] gives a node that shares
+    /// its address with others the ports that are its own.
     pub extra: BTreeMap<String, String>,
+}
+
+/// The [`Node::extra`] key of a node's own port range, `FIRST-LAST`, where
+/// nodes share one address (the local provider on a machine that answers
+/// only on 127.0.0.1): the gang puts the head's first port in
+/// `MASTER_PORT` and the task's `ports` into each node's range, so ranks
+/// are told apart by port instead of address.
+pub const PORT_RANGE_FACT: &str = "port_range";
+
+/// Parses a [`PORT_RANGE_FACT`] value, `FIRST-LAST` with FIRST <= LAST.
+pub fn parse_port_range(text: &str) -> Option<(u16, u16)> {
+    let (a, b) = text.trim().split_once('-')?;
+    let (a, b) = (a.parse::<u16>().ok()?, b.parse::<u16>().ok()?);
+    (a <= b).then_some((a, b))
 }
 
 /// What kind of failure a provider hit; decides what the failover loop does.
@@ -560,6 +575,26 @@ pub fn my_public_ip() -> std::result::Result<String, PublicIpError> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn signals_reach_nodes_by_name_not_by_this_machines_number() {
+        assert_eq!(super::kill_option(libc::SIGUSR1), "-s USR1");
+        assert_eq!(super::kill_option(libc::SIGTERM), "-s TERM");
+        assert_eq!(super::kill_option(libc::SIGKILL), "-s KILL");
+        assert_eq!(super::kill_option(77), "-77");
+        let script = super::signal_token("t1", libc::SIGUSR2);
+        assert!(script.contains("kill -s USR2 -- -$p"), "{script}");
+        assert!(!script.contains(&format!("-{}", libc::SIGUSR2)), "{script}");
+    }
+
+    #[test]
+    fn port_ranges_parse() {
+        assert_eq!(super::parse_port_range("20100-20149"), Some((20100, 20149)));
+        assert_eq!(super::parse_port_range("7-7"), Some((7, 7)));
+        for bad in ["", "1", "2-1", "a-b", "1-70000", "-5"] {
+            assert_eq!(super::parse_port_range(bad), None, "{bad}");
+        }
+    }
+
     use super::*;
 
     #[test]

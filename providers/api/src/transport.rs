@@ -30,9 +30,26 @@ pub struct NodeRow {
     pub topology: String,
     /// Last known state.
     pub state: String,
-    /// Provider facts (JSON map), as in [`crate::Node::extra`].
-    #[serde(skip)]
+    /// Provider facts (JSON map), as in [`crate::Node::extra`]. Only the
+    /// node's own port range is shown (as `ports`, where nodes share an
+    /// address); the rest is the provider's business.
+    #[serde(
+        rename = "ports",
+        serialize_with = "port_range_only",
+        skip_serializing_if = "no_port_range"
+    )]
     pub extra: std::collections::BTreeMap<String, String>,
+}
+
+fn no_port_range(extra: &std::collections::BTreeMap<String, String>) -> bool {
+    !extra.contains_key(crate::PORT_RANGE_FACT)
+}
+
+fn port_range_only<S: serde::Serializer>(
+    extra: &std::collections::BTreeMap<String, String>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.serialize_str(extra.get(crate::PORT_RANGE_FACT).map_or("", String::as_str))
 }
 
 impl NodeRow {
@@ -43,7 +60,16 @@ impl NodeRow {
 
     /// `rank N (private address)`, how errors name a node.
     pub fn label(&self) -> String {
-        format!("rank {} ({})", self.rank, self.private_ip)
+        format!("rank {} ({})", self.rank, self.address())
+    }
+
+    /// The private address, with the node's own port range where nodes
+    /// share one address: `127.0.0.1 ports 20100-20149`.
+    pub fn address(&self) -> String {
+        match self.extra.get(crate::PORT_RANGE_FACT) {
+            Some(ports) => format!("{} ports {ports}", self.private_ip),
+            None => self.private_ip.clone(),
+        }
     }
 
     /// The variables every command on the node gets (its `env.*` facts).
@@ -259,11 +285,32 @@ pub const TOKEN_VAR: &str = "GANGWAY_TOKEN";
 /// `token`: the group of each (the command's `setsid` made its first
 /// process a group leader), else the process alone.
 pub fn signal_token(token: &str, signal: i32) -> String {
+    let sig = kill_option(signal);
     format!(
         "for p in $(grep -lzx {TOKEN_VAR}={token} /proc/[0-9]*/environ 2>/dev/null); do \
          p=${{p#/proc/}}; p=${{p%/environ}}; \
-         kill -{signal} -- -$p 2>/dev/null || kill -{signal} $p 2>/dev/null; done; true"
+         kill {sig} -- -$p 2>/dev/null || kill {sig} $p 2>/dev/null; done; true"
     )
+}
+
+/// `kill`'s option for `signal` (a number of this machine's) in a command
+/// run on a node: the signal's name, `-s USR1`, since the numbers differ
+/// between the laptop and the node (SIGUSR1 is 30 on macOS, 10 on Linux;
+/// 30 on Linux is SIGPWR). A signal without a name here goes as its number.
+pub fn kill_option(signal: i32) -> String {
+    let name = match signal {
+        libc::SIGTERM => "TERM",
+        libc::SIGKILL => "KILL",
+        libc::SIGINT => "INT",
+        libc::SIGHUP => "HUP",
+        libc::SIGQUIT => "QUIT",
+        libc::SIGUSR1 => "USR1",
+        libc::SIGUSR2 => "USR2",
+        libc::SIGCONT => "CONT",
+        libc::SIGSTOP => "STOP",
+        other => return format!("-{other}"),
+    };
+    format!("-s {name}")
 }
 
 /// Copies `src` (file or directory) to `dest`, skipping files whose size

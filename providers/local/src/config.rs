@@ -78,7 +78,37 @@ pub(crate) const KNOWN_KEYS: &[&str] = &[
     "notice_s",
     "boot_s",
     "preemptions",
+    "addresses",
 ];
+
+/// The variable that picks [`Addresses`] where a task's `config.local`
+/// does not (a CI pass runs the whole local suite in single-address mode
+/// with it); the same values as `config.local.addresses`.
+pub const ADDRESSES_ENV: &str = "GANGWAY_LOCAL_ADDRESSES";
+
+/// How nodes are told apart on the network.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Addresses {
+    /// `per-node` where this machine answers on the whole of 127.0.0.0/8
+    /// (Linux), else `single` (macOS without aliases).
+    Auto,
+    /// Each node its own loopback address in 127.0.0.0/8.
+    PerNode,
+    /// Every node on 127.0.0.1 with a port range of its own.
+    Single,
+}
+
+impl Addresses {
+    /// `single`, `per-node` or `auto`.
+    pub fn parse(text: &str) -> Option<Addresses> {
+        match text {
+            "auto" => Some(Addresses::Auto),
+            "per-node" => Some(Addresses::PerNode),
+            "single" => Some(Addresses::Single),
+            _ => None,
+        }
+    }
+}
 
 /// How many running nodes each zone takes.
 #[derive(Clone, Debug, PartialEq)]
@@ -107,6 +137,8 @@ pub(crate) struct LocalConfig {
     /// `preemptions`: `(after_s, notice_s)` for the 1st, 2nd, ... launch of
     /// a cluster name (spot only); later launches are not preempted.
     pub preemptions: Option<Vec<(f64, f64)>>,
+    /// `addresses`: `None` when the task does not say.
+    pub addresses: Option<Addresses>,
 }
 
 impl Default for LocalConfig {
@@ -119,6 +151,7 @@ impl Default for LocalConfig {
             notice_s: 0.0,
             boot_s: 0.0,
             preemptions: None,
+            addresses: None,
         }
     }
 }
@@ -157,6 +190,19 @@ impl LocalConfig {
                 "notice_s" => cfg.notice_s = seconds("notice_s", v)?,
                 "boot_s" => cfg.boot_s = seconds("boot_s", v)?,
                 "preemptions" => cfg.preemptions = Some(parse_preemptions(v)?),
+                "addresses" => {
+                    cfg.addresses =
+                        Some(v.as_str().and_then(Addresses::parse).ok_or_else(|| {
+                            invalid(
+                                "addresses",
+                                "single, per-node or auto",
+                                Some(match v {
+                                    Value::String(s) => format!("{s:?}"),
+                                    other => kind_of(other).to_owned(),
+                                }),
+                            )
+                        })?)
+                }
                 other => return Err(ConfigError::UnknownKey { key: other.into() }),
             }
         }
@@ -311,6 +357,9 @@ mod tests {
         assert_eq!(c.seed, Some(7));
         assert_eq!(c.preempt_after_s, Some(1.0));
         assert_eq!(c.notice_s, 0.5);
+        assert_eq!(c.addresses, None);
+        let c = LocalConfig::parse(Some(&json!({"addresses": "single"}))).unwrap();
+        assert_eq!(c.addresses, Some(Addresses::Single));
         let c = LocalConfig::parse(Some(&json!({"capacity": 3}))).unwrap();
         assert_eq!(c.capacity("local-c"), 3);
     }
@@ -338,6 +387,8 @@ mod tests {
             (json!({"notice_s": "soon"}), "config.local.notice_s"),
             (json!({"capactiy": 1}), "config.local.capactiy"),
             (json!([1]), "config.local must be a mapping"),
+            (json!({"addresses": "many"}), "config.local.addresses"),
+            (json!({"addresses": 1}), "config.local.addresses"),
         ] {
             let e = LocalConfig::parse(Some(&v)).unwrap_err().to_string();
             assert!(e.contains(needle), "{v}: {e}");

@@ -1,4 +1,5 @@
-//! The embedded `local` cloud: a small cloud on this Linux machine, so the
+//! The embedded `local` cloud: a small cloud on this machine (Linux or
+//! macOS: nothing here reads `/proc` or needs more than 127.0.0.1), so the
 //! code paths gangway uses against a real cloud (failover on capacity,
 //! idempotent relaunch, rank assignment from topology, spot preemption)
 //! can be exercised without one.
@@ -11,9 +12,12 @@
 //!   through `env.CUDA_VISIBLE_DEVICES`).
 //! - A node is a directory, `root/nodes/<id>/`, with `home/` (where commands
 //!   run), `procs/` (the caller registers every process group it starts on
-//!   the node there, as an empty file named by the pgid) and `metadata/`
+//!   the node there, as a file named by the pgid that names its run and
+//!   whose `flock` the group holds while it lives) and `metadata/`
 //!   (where preemption notices appear, as on a cloud's metadata server),
-//!   plus its own loopback address in 127.0.0.0/8.
+//!   plus its own loopback address in 127.0.0.0/8, or, in single-address
+//!   mode (`config.local.addresses`; a machine that answers only on
+//!   127.0.0.1, as macOS does), 127.0.0.1 and a range of ports of its own.
 //! - Instances are JSON records under `root/instances/<cluster>/` (so a
 //!   describe reads one cluster's records, not every cluster's), each written
 //!   atomically; every mutating call holds an exclusive `flock` on
@@ -38,6 +42,7 @@
 #![deny(missing_docs)]
 
 mod config;
+mod held;
 mod market;
 mod store;
 #[cfg(test)]
@@ -59,7 +64,12 @@ use gangway_provider::{
 
 use config::{split_path, LocalConfig};
 use serde_json::Value;
-use store::{allocate_addresses_from, first_address, now_ms, Layout, RecState, Record, Rng};
+use store::{
+    allocate_addresses_from, allocate_ports_from, answers_on, first_address, first_port, now_ms,
+    port_free, Layout, RecState, Record, Rng, PORTS_PER_NODE, PORT_RANGES, SINGLE_ADDR,
+};
+
+pub use config::{Addresses, ADDRESSES_ENV};
 
 /// Provider name, region and cloud of every placement.
 const NAME: &str = "local";
@@ -230,13 +240,56 @@ impl LocalProvider {
             .filter_map(|r| r.ip.parse().ok())
             .collect();
         let first = first_address(&self.layout.root);
-        let mut addrs = allocate_addresses_from(first, &used, n_new).ok_or_else(|| {
-            error(
-                ErrorKind::Capacity,
-                &loc,
-                "no free address left in 127.0.0.0/8".to_string(),
-            )
-        })?;
+        let single = single_address(cfg.addresses, first);
+        let mut addrs: Vec<(Ipv4Addr, Option<u16>)> = if single {
+            let asked_ports: u32 = req
+                .ports
+                .iter()
+                .map(|(a, b)| u32::from(b.saturating_sub(*a)) + 1)
+                .sum();
+            if asked_ports >= u32::from(PORTS_PER_NODE) {
+                return Err(invalid(format!(
+                    "the task's ports ({asked_ports} of them) do not fit a node's range of \
+                     {PORTS_PER_NODE} ports in single-address mode (config.local.addresses: \
+                     single, or a machine that answers only on 127.0.0.1); ask for at most {}",
+                    PORTS_PER_NODE - 1
+                )));
+            }
+            let used: HashSet<u16> = all
+                .iter()
+                .filter(|r| !gone_ids.contains(r.id.as_str()))
+                .filter_map(|r| r.ports)
+                .collect();
+            let first = first_port(&self.layout.root);
+            allocate_ports_from(first, &used, n_new, port_free)
+                .ok_or_else(|| {
+                    error(
+                        ErrorKind::Capacity,
+                        &loc,
+                        format!(
+                            "no free range of {PORTS_PER_NODE} ports left in {}-{} on 127.0.0.1 \
+                             (single-address mode)",
+                            PORT_RANGES.start,
+                            PORT_RANGES.end - 1
+                        ),
+                    )
+                })?
+                .into_iter()
+                .map(|p| (SINGLE_ADDR, Some(p)))
+                .collect()
+        } else {
+            allocate_addresses_from(first, &used, n_new)
+                .ok_or_else(|| {
+                    error(
+                        ErrorKind::Capacity,
+                        &loc,
+                        "no free address left in 127.0.0.0/8".to_string(),
+                    )
+                })?
+                .into_iter()
+                .map(|a| (a, None))
+                .collect()
+        };
         // Two streams, so that the order nodes come back in depends only on
         // the seed and the nodes, not on how many addresses were drawn.
         if let Some(seed) = cfg.seed {
@@ -324,7 +377,7 @@ impl LocalProvider {
         stopped: &[&Record],
         new_indices: &[u32],
         topology: Vec<Vec<String>>,
-        addrs: &[Ipv4Addr],
+        addrs: &[(Ipv4Addr, Option<u16>)],
         timing: Option<(u64, u64)>,
         progress: &mut Progress,
     ) -> io::Result<()> {
@@ -371,7 +424,7 @@ impl LocalProvider {
                 zone: req.placement.zone.clone(),
                 instance_type: req.instance_type.clone(),
                 use_spot: req.use_spot,
-                ip: addrs[j].to_string(),
+                ip: addrs[j].0.to_string(),
                 topology: path,
                 state: RecState::Running,
                 gpus,
@@ -380,6 +433,7 @@ impl LocalProvider {
                 preempt_at_ms: timing.map(|t| t.1),
                 notice_at_ms: timing.map(|t| t.0),
                 market_pid,
+                ports: addrs[j].1,
             };
             self.layout.write_record(&rec)?;
             progress.created.push(rec);
@@ -564,6 +618,14 @@ impl LocalProvider {
         extra.insert("gpus".to_string(), r.gpus.to_string());
         extra.insert("instance_type".to_string(), r.instance_type.clone());
         extra.insert("launch_index".to_string(), r.launch_index.to_string());
+        if let Some(first) = r.ports {
+            // Read by the gang's environment: MASTER_PORT, the task's ports
+            // and GANGWAY_PORT_RANGE come from the node's range.
+            extra.insert(
+                gangway_provider::PORT_RANGE_FACT.to_string(),
+                format!("{first}-{}", first + (PORTS_PER_NODE - 1)),
+            );
+        }
         if r.gpus > 0 {
             let devices: Vec<String> = (0..r.gpus).map(|i| i.to_string()).collect();
             extra.insert("env.CUDA_VISIBLE_DEVICES".to_string(), devices.join(","));
@@ -895,6 +957,25 @@ pub(crate) fn kill_group(pgid: i64) {
             return;
         }
         libc::kill(-pgid, libc::SIGKILL);
+    }
+}
+
+/// Whether a launch puts its nodes on 127.0.0.1 with a port range each:
+/// the task's `config.local.addresses`, else [`ADDRESSES_ENV`], else
+/// whether this machine answers on `probe` (the first address this root
+/// would hand out). Linux answers on all of 127.0.0.0/8; macOS only on
+/// 127.0.0.1 unless aliases were added, so it gets single-address mode
+/// with no configuration. The same probe, and the same code, on both.
+pub fn single_address(configured: Option<Addresses>, probe: Ipv4Addr) -> bool {
+    let from_env = || {
+        std::env::var(ADDRESSES_ENV)
+            .ok()
+            .and_then(|v| Addresses::parse(v.trim()))
+    };
+    match configured.or_else(from_env).unwrap_or(Addresses::Auto) {
+        Addresses::Single => true,
+        Addresses::PerNode => false,
+        Addresses::Auto => !answers_on(probe),
     }
 }
 

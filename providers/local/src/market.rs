@@ -3,13 +3,19 @@
 //! everything registered on the nodes, as a cloud reclaiming capacity would.
 
 use std::fs;
-use std::io;
+use std::io::{self, Write};
+use std::os::unix::io::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-/// `$0` of the market shell; how a live market is told from a reused pid.
+/// `$0` of the market shell, so `ps` names it.
 const MARKER: &str = "gangway-local-market";
+
+/// The file in each node's directory whose lock the node's market holds
+/// while it lives, and which names its pid: how a live market is told from
+/// a reused pid, without `/proc`.
+const LOCK_FILE: &str = "market.lock";
 
 /// Arguments: notice delay (s), delay from notice to preemption (s),
 /// RFC 3339 preemption time, whether to post a notice at all (`1`/`0`: a
@@ -55,7 +61,21 @@ pub(crate) fn spawn(
     let now_ms = crate::store::now_ms();
     let notice_in = notice_at_ms.saturating_sub(now_ms);
     let kill_after = preempt_at_ms.saturating_sub(notice_at_ms.max(now_ms));
-    let child = Command::new("/bin/sh")
+    // The market holds the lock of `market.lock` in every node's directory
+    // (one file, hard-linked into each, so one descriptor) while it lives.
+    let Some(first) = node_dirs.first() else {
+        return Err(io::Error::other("a market needs at least one node"));
+    };
+    let lock_path = first.join(LOCK_FILE);
+    let lock = crate::held::create(&lock_path, b"")?;
+    for d in &node_dirs[1..] {
+        let link = d.join(LOCK_FILE);
+        let _ = fs::remove_file(&link);
+        fs::hard_link(&lock_path, &link)?;
+    }
+    let mut cmd = Command::new("/bin/sh");
+    crate::held::inherit(&mut cmd, lock.as_raw_fd());
+    let child = cmd
         .arg("-c")
         .arg(SCRIPT)
         .arg(MARKER)
@@ -74,6 +94,10 @@ pub(crate) fn spawn(
         .stderr(Stdio::null())
         .spawn()?;
     let pid = child.id();
+    // Which group the lock's holder is (read back by `kill`).
+    let mut lock = lock;
+    lock.write_all(pid.to_string().as_bytes())?;
+    drop(lock);
     reap_later(child);
     Ok(pid)
 }
@@ -91,17 +115,14 @@ fn reap_later(child: std::process::Child) {
 }
 
 /// Kills the market process group `pid` if it is still the market of the
-/// node at `node_dir` (so a recycled pid is never killed).
+/// node at `node_dir` (so a recycled pid is never killed): the node's
+/// `market.lock` names that pid and the market still holds its lock.
 pub(crate) fn kill(pid: u32, node_dir: &Path) {
-    let Ok(cmdline) = fs::read(format!("/proc/{pid}/cmdline")) else {
+    let lock = node_dir.join(LOCK_FILE);
+    let Ok(text) = fs::read_to_string(&lock) else {
         return;
     };
-    let dir = node_dir.as_os_str().as_encoded_bytes();
-    let is_ours = cmdline
-        .split(|b| *b == 0)
-        .any(|arg| arg == MARKER.as_bytes())
-        && cmdline.split(|b| *b == 0).any(|arg| arg == dir);
-    if is_ours {
+    if text.trim() == pid.to_string() && crate::held::is_held(&lock) {
         crate::kill_group(pid as i64);
     }
 }

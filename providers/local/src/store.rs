@@ -45,6 +45,11 @@ pub(crate) struct Record {
     pub preempt_at_ms: Option<u64>,
     pub notice_at_ms: Option<u64>,
     pub market_pid: Option<u32>,
+    /// The first of the node's [`PORTS_PER_NODE`] ports in single-address
+    /// mode (every node on 127.0.0.1); `None` for a node with an address
+    /// of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ports: Option<u16>,
 }
 
 impl Record {
@@ -367,8 +372,8 @@ const LAST_ADDR: Ipv4Addr = Ipv4Addr::new(127, 255, 255, 254);
 /// ending in .0 or .255; `None` when 127.0.0.0/8 is full.
 ///
 /// Linux answers on every address of 127.0.0.0/8, so each node gets its own.
-/// macOS only has 127.0.0.1 on its loopback interface; the fallback there
-/// (every node on 127.0.0.1 with distinct port ranges) is not built yet.
+/// macOS only has 127.0.0.1 on its loopback interface; there every node is
+/// on 127.0.0.1 with a port range of its own ([`allocate_ports_from`]).
 #[cfg(test)]
 pub(crate) fn allocate_addresses(used: &HashSet<Ipv4Addr>, n: usize) -> Option<Vec<Ipv4Addr>> {
     allocate_addresses_from(FIRST_ADDR, used, n)
@@ -385,6 +390,63 @@ pub(crate) fn first_address(root: &Path) -> Ipv4Addr {
     }
     let h = splitmix64(h);
     Ipv4Addr::new(127, 1 + (h % 254) as u8, (h >> 8) as u8, 1)
+}
+
+/// The address every node has in single-address mode.
+pub(crate) const SINGLE_ADDR: Ipv4Addr = Ipv4Addr::LOCALHOST;
+/// Ports each node owns in single-address mode: the first is where its
+/// `MASTER_PORT` is when it is the head, the next ones the task's `ports`.
+pub(crate) const PORTS_PER_NODE: u16 = 50;
+/// The ports node ranges are carved from: below both Linux's
+/// (32768-60999) and macOS's (49152-65535) ephemeral ranges, so no
+/// outgoing connection takes one, and above the well-known services.
+pub(crate) const PORT_RANGES: std::ops::Range<u16> = 10_000..32_750;
+
+/// Whether this machine answers on `addr` (a probe with a UDP socket bound
+/// there): true for all of 127.0.0.0/8 on Linux, false beyond 127.0.0.1
+/// on macOS unless aliases were added.
+pub(crate) fn answers_on(addr: Ipv4Addr) -> bool {
+    std::net::UdpSocket::bind((addr, 0)).is_ok()
+}
+
+/// The first port of this root's first range: each gangway home starts at
+/// its own place (a hash of its path), as [`first_address`] does.
+pub(crate) fn first_port(root: &Path) -> u16 {
+    let mut h: u64 = 0x84_2225_cbf2_9ce4;
+    for b in root.as_os_str().as_encoded_bytes() {
+        h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+    }
+    let blocks = (PORT_RANGES.end - PORT_RANGES.start) / PORTS_PER_NODE;
+    PORT_RANGES.start + (splitmix64(h) % u64::from(blocks)) as u16 * PORTS_PER_NODE
+}
+
+/// `n` port ranges (their first ports) not in `used`, ascending from
+/// `first` and wrapping around [`PORT_RANGES`], skipping any whose first
+/// port `free` says is taken on 127.0.0.1 (another program, another
+/// gangway home); `None` when too few are left.
+pub(crate) fn allocate_ports_from(
+    first: u16,
+    used: &HashSet<u16>,
+    n: usize,
+    free: impl Fn(u16) -> bool,
+) -> Option<Vec<u16>> {
+    let starts: Vec<u16> = PORT_RANGES.step_by(PORTS_PER_NODE as usize).collect();
+    let at = starts.iter().position(|p| *p >= first).unwrap_or(0);
+    let mut out = Vec::with_capacity(n);
+    for p in starts[at..].iter().chain(&starts[..at]) {
+        if out.len() == n {
+            break;
+        }
+        if !used.contains(p) && free(*p) {
+            out.push(*p);
+        }
+    }
+    (out.len() == n).then_some(out)
+}
+
+/// Whether a TCP listener can take `port` on 127.0.0.1 now.
+pub(crate) fn port_free(port: u16) -> bool {
+    std::net::TcpListener::bind((SINGLE_ADDR, port)).is_ok()
 }
 
 /// Like [`allocate_addresses`], starting at `first` and wrapping around.
@@ -482,6 +544,24 @@ mod tests {
     }
 
     #[test]
+    fn port_ranges_skip_used_and_taken_and_wrap() {
+        let all = |_| true;
+        let a = allocate_ports_from(10_100, &HashSet::new(), 3, all).unwrap();
+        assert_eq!(a, vec![10_100, 10_150, 10_200]);
+        let used: HashSet<u16> = [10_100, 10_200].into();
+        let a = allocate_ports_from(10_100, &used, 2, |p| p != 10_150).unwrap();
+        assert_eq!(a, vec![10_250, 10_300]);
+        let last = PORT_RANGES.end - PORTS_PER_NODE;
+        let a = allocate_ports_from(last, &HashSet::new(), 2, all).unwrap();
+        assert_eq!(a, vec![last, PORT_RANGES.start]);
+        let blocks = usize::from((PORT_RANGES.end - PORT_RANGES.start) / PORTS_PER_NODE);
+        assert!(allocate_ports_from(10_000, &HashSet::new(), blocks + 1, all).is_none());
+        let p = first_port(Path::new("/home/a/.gangway/local"));
+        assert!(PORT_RANGES.contains(&p) && (p - PORT_RANGES.start).is_multiple_of(PORTS_PER_NODE));
+        assert!(p + PORTS_PER_NODE <= PORT_RANGES.end);
+    }
+
+    #[test]
     fn shuffle_is_deterministic_and_a_permutation() {
         let mut a: Vec<u32> = (0..10).collect();
         let mut b = a.clone();
@@ -517,8 +597,11 @@ mod tests {
             preempt_at_ms: None,
             notice_at_ms: None,
             market_pid: None,
+            ports: None,
         };
         let v = serde_json::to_value(&r).unwrap();
+        // A record of a version before single-address mode reads the same.
+        assert!(v.get("ports").is_none());
         assert_eq!(v["state"], "stopped");
         assert_eq!(serde_json::from_value::<Record>(v).unwrap(), r);
     }

@@ -185,6 +185,115 @@ fn fresh() -> (tempfile::TempDir, LocalProvider) {
     (tmp, p)
 }
 
+/// A node's own port range in single-address mode.
+fn port_range(n: &Node) -> (u16, u16) {
+    gangway_provider::parse_port_range(&n.extra[gangway_provider::PORT_RANGE_FACT]).unwrap()
+}
+
+#[tokio::test]
+async fn single_address_mode_gives_every_node_127_0_0_1_and_its_own_ports() {
+    let (_tmp, p) = fresh();
+    let single = || Some(json!({"addresses": "single"}));
+    let nodes = p
+        .launch(&req("c", "local-a", "local.gpu1", 3, single()))
+        .await
+        .unwrap();
+    assert_eq!(ips(&nodes), vec!["127.0.0.1"; 3]);
+    let ranges: Vec<(u16, u16)> = nodes.iter().map(port_range).collect();
+    // Launch order, ranges ascending from this home's first one (wrapping
+    // at the end of the ports ranges come from), never overlapping.
+    let first = crate::store::first_port(p.root());
+    assert_eq!(ranges[0].0, first);
+    for (a, b) in ranges.iter().zip(&ranges[1..]) {
+        assert_eq!(a.1 - a.0 + 1, crate::store::PORTS_PER_NODE);
+        assert!(a.1 < b.0 || b.1 < a.0, "{ranges:?}");
+    }
+    // A second cluster in the same home gets ranges of its own.
+    let other = p
+        .launch(&req("d", "local-b", "local.cpu", 2, single()))
+        .await
+        .unwrap();
+    let mut all: Vec<(u16, u16)> = ranges.clone();
+    all.extend(other.iter().map(port_range));
+    let starts: HashSet<u16> = all.iter().map(|r| r.0).collect();
+    assert_eq!(starts.len(), 5, "{all:?}");
+    // Stop and start keep each node's range; a relaunch returns the same.
+    p.stop(&cluster("c")).await.unwrap();
+    let started = p.start(&cluster("c"), None).await.unwrap();
+    assert_eq!(started.iter().map(port_range).collect::<Vec<_>>(), ranges);
+    let again = p
+        .launch(&req("c", "local-a", "local.gpu1", 3, single()))
+        .await
+        .unwrap();
+    assert_eq!(again.iter().map(port_range).collect::<Vec<_>>(), ranges);
+    // A range whose first port another program holds is skipped.
+    p.terminate(&cluster("d")).await.unwrap();
+    let taken = std::net::TcpListener::bind((
+        "127.0.0.1",
+        other[0].extra[gangway_provider::PORT_RANGE_FACT]
+            .split('-')
+            .next()
+            .unwrap()
+            .parse::<u16>()
+            .unwrap(),
+    ));
+    let e = p
+        .launch(&req("e", "local-b", "local.cpu", 1, single()))
+        .await
+        .unwrap();
+    if taken.is_ok() {
+        assert_ne!(port_range(&e[0]), port_range(&other[0]));
+    }
+    // More task ports than a range holds: refused, naming the option.
+    let mut r = req("f", "local-c", "local.cpu", 1, single());
+    r.ports = vec![(8000, 8000 + crate::store::PORTS_PER_NODE)];
+    expect_err(
+        p.launch(&r).await,
+        ErrorKind::InvalidRequest,
+        "config.local.addresses",
+    );
+    assert!(p.describe(&cluster("f")).await.unwrap().is_empty());
+    // A node with its own address carries no range.
+    let own = p
+        .launch(&req(
+            "g",
+            "local-c",
+            "local.cpu",
+            1,
+            Some(json!({"addresses": "per-node"})),
+        ))
+        .await
+        .unwrap();
+    assert_ne!(own[0].private_ip, "127.0.0.1");
+    assert!(!own[0].extra.contains_key(gangway_provider::PORT_RANGE_FACT));
+    for c in ["c", "e", "g"] {
+        p.terminate(&cluster(c)).await.unwrap();
+    }
+    assert!(records(&p).is_empty());
+}
+
+#[test]
+fn auto_picks_single_address_where_only_127_0_0_1_answers() {
+    use crate::{single_address, Addresses};
+    let loopback = std::net::Ipv4Addr::new(127, 0, 10, 1);
+    // 192.0.2.1 (TEST-NET-1) is on no interface of this machine, as
+    // 127.0.10.1 is on none of a Mac's: the probe a macOS build makes
+    // fails there and the launch goes single-address.
+    let nowhere = std::net::Ipv4Addr::new(192, 0, 2, 1);
+    assert!(single_address(Some(Addresses::Auto), nowhere));
+    assert_eq!(
+        single_address(Some(Addresses::Auto), loopback),
+        !crate::store::answers_on(loopback)
+    );
+    if cfg!(target_os = "linux") {
+        // Linux answers on the whole of 127.0.0.0/8.
+        assert!(!single_address(Some(Addresses::Auto), loopback));
+    }
+    // The task's choice wins over the probe either way.
+    assert!(single_address(Some(Addresses::Single), loopback));
+    assert!(!single_address(Some(Addresses::PerNode), nowhere));
+}
+
 #[tokio::test]
 async fn check_is_ok_with_one_region() {
     let (_tmp, p) = fresh();
@@ -198,8 +307,9 @@ async fn check_is_ok_with_one_region() {
 #[tokio::test]
 async fn launch_gives_distinct_addresses_dirs_and_extras() {
     let (_tmp, p) = fresh();
+    let per_node = Some(json!({"addresses": "per-node"}));
     let nodes = p
-        .launch(&req("c", "local-b", "local.gpu2", 3, None))
+        .launch(&req("c", "local-b", "local.gpu2", 3, per_node))
         .await
         .unwrap();
     assert_eq!(nodes.len(), 3);
@@ -272,7 +382,13 @@ async fn launch_gives_distinct_addresses_dirs_and_extras() {
 
     // A CPU node announces no GPUs, and its address is the next free one.
     let cpu = p
-        .launch(&req("cpu", "local-a", "local.cpu", 1, None))
+        .launch(&req(
+            "cpu",
+            "local-a",
+            "local.cpu",
+            1,
+            Some(json!({"addresses": "per-node"})),
+        ))
         .await
         .unwrap();
     assert_eq!(cpu[0].extra["gpus"], "0");
@@ -498,7 +614,7 @@ async fn seed_shuffles_order_and_addresses_deterministically() {
                 "local-a",
                 "local.gpu1",
                 6,
-                Some(json!({"seed": SEED})),
+                Some(json!({"seed": SEED, "addresses": "per-node"})),
             ))
             .await
             .unwrap();
@@ -524,7 +640,7 @@ async fn seed_shuffles_order_and_addresses_deterministically() {
                 "local-a",
                 "local.gpu1",
                 6,
-                Some(json!({"seed": SEED})),
+                Some(json!({"seed": SEED, "addresses": "per-node"})),
             ))
             .await
             .unwrap();
@@ -1042,4 +1158,68 @@ async fn records_of_an_earlier_layout_are_moved_into_their_clusters_directory() 
     assert!(p.describe(&cluster("other")).await.unwrap().is_empty());
     p.terminate(&cluster("old")).await.unwrap();
     assert!(dir_names(&root.join("instances")).is_empty());
+}
+
+/// The row the core keeps for a node, as the transport is handed it.
+fn row(n: &Node, rank: u32) -> gangway_provider::NodeRow {
+    gangway_provider::NodeRow {
+        rank,
+        instance_id: n.id.0.clone(),
+        private_ip: n.private_ip.clone(),
+        public_ip: None,
+        zone: n.placement.zone.clone(),
+        topology: n.topology.join("/"),
+        state: "running".into(),
+        extra: n.extra.clone(),
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_job_is_signalled_only_while_its_own_group_lives() {
+    use gangway_provider::{NodeCommand, Transport};
+    let (_tmp, p) = fresh();
+    let nodes = p
+        .launch(&req("sig", "local-a", "local.cpu", 1, None))
+        .await
+        .unwrap();
+    let node = row(&nodes[0], 0);
+    let t = crate::LocalTransport;
+    let (_out, w) = std::io::pipe().unwrap();
+    let cmd = NodeCommand {
+        script: "sleep 1000 & wait".into(),
+        env: vec![("GANGWAY_RUN".into(), "5".into())],
+        cwd: "~".into(),
+    };
+    let proc_ = t.spawn(&node, &cmd, w).unwrap();
+    let pgid = proc_.id();
+    let reg = PathBuf::from(&nodes[0].extra["procs"]).join(pgid.to_string());
+    assert_eq!(fs::read_to_string(&reg).unwrap(), "GANGWAY_RUN=5\n");
+    // Another job's id: left alone.
+    t.signal_job(&node, pgid, 6, libc::SIGTERM);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        unsafe { libc::kill(-(pgid as i32), 0) },
+        0,
+        "group {pgid} was hit"
+    );
+    // Its own: the whole group gets the signal.
+    t.signal_job(&node, pgid, 5, libc::SIGTERM);
+    let status = tokio::time::timeout(PATIENCE, proc_.wait())
+        .await
+        .expect("the job ended")
+        .unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGTERM));
+    assert!(poll(PATIENCE, || !crate::held::is_held(&reg)));
+
+    // A group id the system handed to someone else after the job's group
+    // ended: the registration is still there (its driver died before it
+    // could forget it) but nothing holds its lock, so nothing is signalled.
+    let mut stranger = Sleeper::start();
+    let stale = PathBuf::from(&nodes[0].extra["procs"]).join(stranger.child.id().to_string());
+    fs::write(&stale, "GANGWAY_RUN=7\n").unwrap();
+    t.signal_job(&node, stranger.child.id(), 7, libc::SIGKILL);
+    thread::sleep(Duration::from_millis(200));
+    assert!(stranger.exited().is_none(), "a stranger's group was killed");
+    fs::remove_file(&stale).unwrap();
+    p.terminate(&cluster("sig")).await.unwrap();
 }

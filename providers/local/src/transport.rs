@@ -3,13 +3,25 @@
 //! terminate, stop and preemption kill them.
 
 use std::io::PipeWriter;
+use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use gangway_provider::{
     copy_tree, merge_newest, shell, NodeCommand, NodeProcess, NodeRow, Transport, TransportError,
     KEPT_ENV,
 };
+
+/// The variable naming the cluster job a command belongs to (the gang sets
+/// it on every setup and run).
+const RUN_VAR: &str = "GANGWAY_RUN";
+
+/// A number no other registration this process makes has.
+fn next_serial() -> u64 {
+    static SERIAL: AtomicU64 = AtomicU64::new(0);
+    SERIAL.fetch_add(1, Ordering::Relaxed)
+}
 
 /// Commands as local processes in the node's directory.
 #[derive(Debug, Default)]
@@ -58,14 +70,42 @@ impl Transport for LocalTransport {
         c.stdin(Stdio::null()).stdout(out2).stderr(output);
         c.process_group(0);
         c.kill_on_drop(false);
-        let child = c.spawn().map_err(|e| err("cannot start the command", e))?;
-        if let Some(pid) = child.id() {
-            // Registered so that terminate, stop and preemption kill it.
-            let procs = Path::new(node.fact("procs"));
-            if !procs.as_os_str().is_empty() {
-                let _ = std::fs::write(procs.join(pid.to_string()), b"");
+        // Registered so that terminate, stop and preemption kill it: a file
+        // named by its process group, naming its run, whose lock the
+        // command's processes hold while any of them lives (crate::held).
+        let procs = Path::new(node.fact("procs"));
+        let hold = if procs.as_os_str().is_empty() {
+            None
+        } else {
+            let run = cmd
+                .env
+                .iter()
+                .find(|(k, _)| k == RUN_VAR)
+                .map_or(String::new(), |(_, v)| format!("{RUN_VAR}={v}\n"));
+            let tmp = procs.join(format!(".new-{}-{}", std::process::id(), next_serial()));
+            let file = crate::held::create(&tmp, run.as_bytes())
+                .map_err(|e| err("cannot register the command with its node", e))?;
+            crate::held::inherit_tokio(&mut c, file.as_raw_fd());
+            Some((tmp, file))
+        };
+        let child = c.spawn();
+        let child = match (child, hold) {
+            (Ok(child), Some((tmp, file))) => {
+                if let Some(pid) = child.id() {
+                    let _ = std::fs::rename(&tmp, procs.join(pid.to_string()));
+                }
+                // The child's copy holds the lock from here on.
+                drop(file);
+                child
             }
-        }
+            (Ok(child), None) => child,
+            (Err(e), hold) => {
+                if let Some((tmp, _)) = hold {
+                    let _ = std::fs::remove_file(tmp);
+                }
+                return Err(err("cannot start the command", e));
+            }
+        };
         Ok(NodeProcess::from_child(child))
     }
 
@@ -79,12 +119,19 @@ impl Transport for LocalTransport {
     }
 
     fn signal_job(&self, node: &NodeRow, pgid: u32, job: i64, signal: i32) {
-        // The group leader carries the job's environment.
-        let Ok(env) = std::fs::read(format!("/proc/{pgid}/environ")) else {
+        // The group's registration names its run, and its lock is held
+        // while any process of the group that started it lives: a group id
+        // the system reused for someone else holds no lock.
+        let procs = Path::new(node.fact("procs"));
+        if procs.as_os_str().is_empty() {
+            return;
+        }
+        let reg = procs.join(pgid.to_string());
+        let Ok(text) = std::fs::read_to_string(&reg) else {
             return;
         };
-        let want = format!("GANGWAY_RUN={job}");
-        if env.split(|b| *b == 0).any(|kv| kv == want.as_bytes()) {
+        let want = format!("{RUN_VAR}={job}");
+        if text.lines().any(|l| l == want) && crate::held::is_held(&reg) {
             self.signal(node, pgid, signal);
         }
     }

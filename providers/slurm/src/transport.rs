@@ -278,8 +278,9 @@ impl Transport for SlurmTransport {
         let script = format!(
             "for p in /proc/[0-9]*; do grep -qxz 'GANGWAY_RUN={job}' $p/environ 2>/dev/null && \
              grep -qxz 'SLURM_JOB_ID={}' $p/environ 2>/dev/null && \
-             kill -{signal} ${{p#/proc/}} 2>/dev/null; done; true",
-            extra(node, keys::JOB)
+             kill {sig} ${{p#/proc/}} 2>/dev/null; done; true",
+            extra(node, keys::JOB),
+            sig = gangway_provider::kill_option(signal)
         );
         let _ = run(self, node, &script, None);
     }
