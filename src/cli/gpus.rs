@@ -54,8 +54,8 @@ fn better(cur: &mut Option<Cheapest>, price: Option<f64>, o: &Offering) {
         if cur.as_ref().is_none_or(|c| p < c.price) {
             *cur = Some(Cheapest {
                 price: p,
-                instance_type: o.instance_type.clone(),
-                region: o.region.clone(),
+                instance_type: o.instance_type.to_string(),
+                region: o.region.to_string(),
             });
         }
     }
@@ -77,13 +77,13 @@ pub fn gpu_rows(offerings: &[Offering], name: Option<&str>, cloud: Option<&str>)
         let key = (
             acc.to_string(),
             (o.accelerator_count * 100.0) as u32,
-            o.cloud.clone(),
+            o.cloud.to_string(),
         );
         let row = rows.entry(key).or_insert_with(|| GpuRow {
             accelerator: acc.to_string(),
             count: o.accelerator_count,
             memory_gib: o.accelerator_memory_gib,
-            cloud: o.cloud.clone(),
+            cloud: o.cloud.to_string(),
             on_demand: None,
             spot: None,
         });

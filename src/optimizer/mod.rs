@@ -365,17 +365,17 @@ pub fn optimize(
             let spec = &specs[h.spec as usize];
             let accelerator = match (&o.accelerator, accel_of(spec)) {
                 (Some(a), Some((asked, _))) if a == ANY_ACCELERATOR => Some(asked.to_string()),
-                (a, _) => a.clone(),
+                (a, _) => a.as_ref().map(|a| a.to_string()),
             };
             // The same placement can come from two alternatives; keep the first.
             if !seen.insert((h.idx, h.spot, accelerator.clone())) {
                 continue;
             }
             plan.push(Candidate {
-                cloud: o.cloud.clone(),
-                region: o.region.clone(),
-                zone: o.zone.clone(),
-                instance_type: o.instance_type.clone(),
+                cloud: o.cloud.to_string(),
+                region: o.region.to_string(),
+                zone: o.zone.to_string(),
+                instance_type: o.instance_type.to_string(),
                 accelerator,
                 accelerator_count: o.accelerator_count,
                 use_spot: h.spot,
@@ -525,7 +525,7 @@ pub fn explain(
             left = next;
             continue;
         }
-        let clouds = list(left.iter().map(|o| o.cloud.clone()));
+        let clouds = list(left.iter().map(|o| o.cloud.to_string()));
         return match stage {
             Stage::Count => format!(
                 "{what} is not offered; {} comes with {} per instance",
@@ -544,7 +544,7 @@ pub fn explain(
                 Some(cloud) => format!(
                     "{what} on {cloud} is not offered in region {} (regions: {})",
                     spec.infra.region.as_deref().unwrap_or(""),
-                    list(left.iter().map(|o| o.region.clone()))
+                    list(left.iter().map(|o| o.region.to_string()))
                 ),
                 None => format!(
                     "{what} is offered only on {clouds}; none of them in region {}",
@@ -554,12 +554,12 @@ pub fn explain(
             Stage::Zone => format!(
                 "{what} is not offered in zone {} (zones: {})",
                 spec.infra.zone.as_deref().unwrap_or(""),
-                list(left.iter().map(|o| o.zone.clone()))
+                list(left.iter().map(|o| o.zone.to_string()))
             ),
             Stage::InstanceType => format!(
                 "{what} is not offered as instance type {} (types: {})",
                 spec.instance_type.as_deref().unwrap_or(""),
-                list(left.iter().map(|o| o.instance_type.clone()))
+                list(left.iter().map(|o| o.instance_type.to_string()))
             ),
             Stage::Cpus => format!(
                 "no {what} offering has cpus {} (offered: {})",

@@ -18,7 +18,7 @@ fn o(
     Offering {
         cloud: cloud.into(),
         instance_type: it.into(),
-        accelerator: acc.map(|a| a.0.to_string()),
+        accelerator: acc.map(|a| a.0.into()),
         accelerator_count: acc.map_or(0.0, |a| a.1),
         accelerator_memory_gib: None,
         vcpus,
