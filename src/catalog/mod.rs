@@ -736,6 +736,9 @@ fn rank_order(raw: &[[u32; 5]], ranks: [&[u32]; 4]) -> Vec<u32> {
 /// hashing of text), then by text for copies not seen before.
 #[derive(Default)]
 struct Ids {
+    /// The last address looked up and its id: rows come in runs of one
+    /// cloud, region and zone.
+    last: Option<(usize, u32)>,
     by_addr: HashMap<usize, u32, BuildHasherDefault<AddrHasher>>,
     by_text: HashMap<Name, u32>,
     texts: Vec<Name>,
@@ -743,8 +746,14 @@ struct Ids {
 
 impl Ids {
     fn id(&mut self, n: &Name) -> u32 {
-        if let Some(id) = self.by_addr.get(&n.addr()) {
-            return *id;
+        let addr = n.addr();
+        match self.last {
+            Some((a, id)) if a == addr => return id,
+            _ => {}
+        }
+        if let Some(id) = self.by_addr.get(&addr).copied() {
+            self.last = Some((addr, id));
+            return id;
         }
         let next = self.texts.len() as u32;
         let id = *self.by_text.entry(n.clone()).or_insert(next);
@@ -753,7 +762,8 @@ impl Ids {
         }
         // Callers pass names that all stay alive while the table is used,
         // so an address stands for one text.
-        self.by_addr.insert(n.addr(), id);
+        self.by_addr.insert(addr, id);
+        self.last = Some((addr, id));
         id
     }
 
