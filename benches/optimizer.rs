@@ -56,6 +56,7 @@ fn generated(rows: usize) -> Catalog {
             spot_price: (!i.is_multiple_of(3)).then_some(base * jitter * 0.4),
             placement: true,
             efa: false,
+            estimated: Default::default(),
         });
     }
     Catalog::from_offerings(v)

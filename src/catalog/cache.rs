@@ -13,10 +13,10 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use super::{Date, Interner, Name, Offering};
+use super::{Date, Estimated, Interner, Name, Offering};
 
 /// Bump when the parsers or this layout change what an entry means.
-const FORMAT: u32 = 1;
+const FORMAT: u32 = 2;
 const MAGIC: &[u8; 8] = b"GWCATBIN";
 const NONE: u32 = u32::MAX;
 
@@ -281,7 +281,12 @@ fn encode(key: &Key, p: &Parsed) -> Vec<u8> {
         put32(&mut out, o.memory_gib.to_bits());
         put64(&mut out, o.price.unwrap_or(f64::NAN).to_bits());
         put64(&mut out, o.spot_price.unwrap_or(f64::NAN).to_bits());
-        out.push(u8::from(o.placement) | (u8::from(o.efa) << 1));
+        out.push(
+            u8::from(o.placement)
+                | (u8::from(o.efa) << 1)
+                | (u8::from(o.estimated.price) << 2)
+                | (u8::from(o.estimated.spot) << 3),
+        );
     }
     out
 }
@@ -395,6 +400,10 @@ fn decode(r: &mut Reader, rows: &mut Vec<Offering>) -> Option<(Option<Date>, Vec
             spot_price,
             placement: flags & 1 != 0,
             efa: flags & 2 != 0,
+            estimated: Estimated {
+                price: flags & 4 != 0,
+                spot: flags & 8 != 0,
+            },
         });
     }
     Some((taken, warnings))

@@ -23,8 +23,15 @@ pub use skypilot::load_skypilot_csv;
 /// Accelerator name meaning "whatever GPU the task asks for" (local provider).
 pub const ANY_ACCELERATOR: &str = "*";
 
-/// Prices older than this many days earn a warning.
+/// Prices the user fetched (a refresh, a `--catalog` directory) older than
+/// this many days earn a warning.
 pub const STALE_AFTER_DAYS: i64 = 90;
+
+/// The prices shipped inside the binary earn a warning after this many
+/// days: they are the release's snapshot, which a new user can only
+/// replace by refreshing, and list prices change a few times a year (what
+/// is estimated in them is marked so, whatever its age).
+pub const EMBEDDED_STALE_AFTER_DAYS: i64 = 365;
 
 /// One instance type in one zone, with its prices.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -55,6 +62,54 @@ pub struct Offering {
     pub placement: bool,
     /// Supports EFA.
     pub efa: bool,
+    /// Which of the prices are estimates rather than published figures.
+    pub estimated: Estimated,
+}
+
+/// Which of an offering's prices are estimated (derived by a rule, such as
+/// a regional ratio or a share of on-demand) rather than published by the
+/// provider. Commands say "est." next to such a figure.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Estimated {
+    /// The on-demand price is an estimate.
+    pub price: bool,
+    /// The spot price is an estimate.
+    pub spot: bool,
+}
+
+impl Estimated {
+    /// Parses the `estimated` column: empty, `price`, `spot` or
+    /// `price+spot`.
+    pub fn parse(s: &str) -> Option<Estimated> {
+        let mut e = Estimated::default();
+        for part in s.split('+').map(str::trim).filter(|p| !p.is_empty()) {
+            match part {
+                "price" => e.price = true,
+                "spot" => e.spot = true,
+                _ => return None,
+            }
+        }
+        Some(e)
+    }
+
+    /// The column's text (see [`Estimated::parse`]).
+    pub fn as_column(&self) -> &'static str {
+        match (self.price, self.spot) {
+            (false, false) => "",
+            (true, false) => "price",
+            (false, true) => "spot",
+            (true, true) => "price+spot",
+        }
+    }
+
+    /// Whether the price of one market is estimated.
+    pub fn market(&self, spot: bool) -> bool {
+        if spot {
+            self.spot
+        } else {
+            self.price
+        }
+    }
 }
 
 /// Integer keys of one offering, for fast ranking and pruning.
@@ -383,6 +438,7 @@ impl Catalog {
                 spot_price: None,
                 placement: false,
                 efa: false,
+                estimated: Estimated::default(),
             })
             .collect();
         let rows = offerings.len();
@@ -579,6 +635,12 @@ impl Catalog {
                 row.zone = zone;
                 row.price = q.price.or(row.price);
                 row.spot_price = q.spot_price.or(old.and_then(|x| x.spot_price));
+                // A quoted price is the provider's own figure.
+                row.estimated.price &= q.price.is_none();
+                row.estimated.spot = match q.spot_price {
+                    Some(_) => false,
+                    None => old.is_some_and(|x| x.estimated.spot),
+                };
                 if row.price.is_some() || row.spot_price.is_some() {
                     out.push(row);
                 }
@@ -593,11 +655,11 @@ impl Catalog {
         let num = |v: Option<f64>| v.map(|p| format!("{p}")).unwrap_or_default();
         let mut out = format!(
             "# taken: {taken}\n# {note}\n\
-             instance_type,accelerator,accelerator_count,accelerator_memory_gib,vcpus,memory_gib,region,zone,price,spot_price,placement,efa\n"
+             instance_type,accelerator,accelerator_count,accelerator_memory_gib,vcpus,memory_gib,region,zone,price,spot_price,placement,efa,estimated\n"
         );
         for o in offerings {
             out.push_str(&format!(
-                "{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                "{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
                 o.instance_type,
                 o.accelerator.as_deref().unwrap_or(""),
                 o.accelerator_count,
@@ -611,7 +673,8 @@ impl Catalog {
                 num(o.price),
                 num(o.spot_price),
                 if o.placement { "cluster" } else { "" },
-                o.efa
+                o.efa,
+                o.estimated.as_column()
             ));
         }
         out
@@ -643,12 +706,19 @@ impl Catalog {
         names
     }
 
-    /// Sources whose prices are older than [`STALE_AFTER_DAYS`] on `today`.
+    /// Sources whose prices are older than [`STALE_AFTER_DAYS`] on `today`
+    /// ([`EMBEDDED_STALE_AFTER_DAYS`] for the embedded ones).
     pub fn stale_sources(&self, today: Date) -> Vec<(&Source, i64)> {
         self.sources
             .iter()
             .filter_map(|s| s.taken.map(|t| (s, today.days() - t.days())))
-            .filter(|(_, age)| *age > STALE_AFTER_DAYS)
+            .filter(|(s, age)| {
+                *age > if s.origin == "embedded" {
+                    EMBEDDED_STALE_AFTER_DAYS
+                } else {
+                    STALE_AFTER_DAYS
+                }
+            })
             .collect()
     }
 }
@@ -841,8 +911,10 @@ fn parse_own(cloud: &str, text: &str, shown: &str) -> (Vec<Offering>, Option<Dat
 /// names the file and line).
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 enum RowError {
-    #[error("expected 12 fields, found {0}")]
+    #[error("expected 12 or 13 fields, found {0}")]
     Fields(usize),
+    #[error("estimated: '{0}' is not one of price, spot, price+spot")]
+    Estimated(String),
     #[error("{field}: '{value}' is not a number")]
     NotANumber { field: &'static str, value: String },
     #[error("instance_type, region and zone are required")]
@@ -855,9 +927,13 @@ enum RowError {
 
 fn parse_own_row(cloud: &Name, line: &str, names: &mut Interner) -> Result<Offering, RowError> {
     let f: Vec<&str> = line.split(',').map(str::trim).collect();
-    if f.len() != 12 {
+    if f.len() != 12 && f.len() != 13 {
         return Err(RowError::Fields(f.len()));
     }
+    let estimated = match f.get(12) {
+        Some(e) => Estimated::parse(e).ok_or_else(|| RowError::Estimated(e.to_string()))?,
+        None => Estimated::default(),
+    };
     let num = |i: usize, field: &'static str| -> Result<Option<f64>, RowError> {
         if f[i].is_empty() {
             return Ok(None);
@@ -898,6 +974,7 @@ fn parse_own_row(cloud: &Name, line: &str, names: &mut Interner) -> Result<Offer
         spot_price,
         placement: !f[10].is_empty(),
         efa: f[11].eq_ignore_ascii_case("true"),
+        estimated,
     })
 }
 
@@ -921,6 +998,7 @@ mod tests {
             spot_price: spot,
             placement: true,
             efa: true,
+            estimated: Estimated::default(),
         };
         let c = Catalog::from_offerings(vec![
             row("us-east-1a", Some(12.0)),
@@ -980,6 +1058,7 @@ mod tests {
             spot_price: None,
             placement: true,
             efa: false,
+            estimated: Estimated::default(),
         };
         let mut four = row("T4", "us-central1-a", 2.0);
         four.accelerator_count = 4.0;
@@ -1109,7 +1188,7 @@ mod tests {
             warnings[0]
         );
         assert!(
-            warnings[1].starts_with("t.csv:5: expected 12 fields"),
+            warnings[1].starts_with("t.csv:5: expected 12 or 13 fields"),
             "{}",
             warnings[1]
         );

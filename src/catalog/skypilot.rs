@@ -173,6 +173,8 @@ fn row(
         spot_price,
         placement: layout.is_some_and(|l| l.gpus_take_placement_groups) && count > 0.0,
         efa: layout.is_some_and(|l| l.efa_families.contains(&family)),
+        // Published catalogs carry the provider's figures.
+        estimated: super::Estimated::default(),
     }))
 }
 

@@ -7,7 +7,7 @@ use clap::Args;
 use serde::Serialize;
 use serde_json::json;
 
-use super::{load_catalog, print_json, table, Output};
+use super::{load_catalog_for, print_json, table, Output};
 use crate::catalog::{Offering, ANY_ACCELERATOR};
 use crate::{Error, ExitCode};
 
@@ -30,6 +30,8 @@ pub struct Cheapest {
     pub instance_type: String,
     /// Region.
     pub region: String,
+    /// The price is the catalog's estimate, not a published figure.
+    pub estimated: bool,
 }
 
 /// One row: a GPU, a count, a cloud.
@@ -49,13 +51,14 @@ pub struct GpuRow {
     pub spot: Option<Cheapest>,
 }
 
-fn better(cur: &mut Option<Cheapest>, price: Option<f64>, o: &Offering) {
+fn better(cur: &mut Option<Cheapest>, price: Option<f64>, estimated: bool, o: &Offering) {
     if let Some(p) = price {
         if cur.as_ref().is_none_or(|c| p < c.price) {
             *cur = Some(Cheapest {
                 price: p,
                 instance_type: o.instance_type.to_string(),
                 region: o.region.to_string(),
+                estimated,
             });
         }
     }
@@ -87,8 +90,8 @@ pub fn gpu_rows(offerings: &[Offering], name: Option<&str>, cloud: Option<&str>)
             on_demand: None,
             spot: None,
         });
-        better(&mut row.on_demand, o.price, o);
-        better(&mut row.spot, o.spot_price, o);
+        better(&mut row.on_demand, o.price, o.estimated.price, o);
+        better(&mut row.spot, o.spot_price, o.estimated.spot, o);
     }
     rows.into_values().collect()
 }
@@ -99,7 +102,8 @@ pub fn show_gpus(
     catalog_dir: Option<&Path>,
     out: Output,
 ) -> Result<ExitCode, Error> {
-    let catalog = load_catalog(catalog_dir)?;
+    // Stale prices matter only for the clouds the listing shows.
+    let catalog = load_catalog_for(catalog_dir, |c| a.cloud.as_deref().is_none_or(|x| x == c))?;
     let rows = gpu_rows(catalog.offerings(), a.name.as_deref(), a.cloud.as_deref());
     if rows.is_empty() {
         let names = catalog.accelerator_names();
@@ -127,7 +131,13 @@ pub fn show_gpus(
         return Ok(ExitCode::Ok);
     }
     let price = |c: &Option<Cheapest>| match c {
-        Some(c) => format!("{:.2} ({}, {})", c.price, c.instance_type, c.region),
+        Some(c) => format!(
+            "{:.2}{} ({}, {})",
+            c.price,
+            super::est(c.estimated),
+            c.instance_type,
+            c.region
+        ),
         None => "-".into(),
     };
     let table_rows: Vec<Vec<String>> = rows
@@ -156,5 +166,12 @@ pub fn show_gpus(
         ],
         &table_rows,
     )?;
+    let estimated = |c: &Option<Cheapest>| c.as_ref().is_some_and(|c| c.estimated);
+    if rows
+        .iter()
+        .any(|r| estimated(&r.on_demand) || estimated(&r.spot))
+    {
+        println!("{}", super::EST_NOTE);
+    }
     Ok(ExitCode::Ok)
 }

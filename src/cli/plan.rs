@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use serde_json::json;
 
-use super::{load_catalog_for, print_json, table, OptimizeArgs, Output};
+use super::{est, load_catalog_for, print_json, table, OptimizeArgs, Output};
 use crate::optimizer::{self, Blocklist, Candidate, Options};
 use crate::spec::{self, Choice, OverrideError, Overrides, ResourceSpec, Task};
 use crate::{Error, ExitCode};
@@ -255,8 +255,8 @@ pub fn render(
                     None => "-".into(),
                 },
                 if c.use_spot { "yes" } else { "no" }.into(),
-                format!("{:.4}", c.price_per_node_hour),
-                format!("{:.4}", c.total_per_hour),
+                format!("{:.4}{}", c.price_per_node_hour, est(c.price_estimated)),
+                format!("{:.4}{}", c.total_per_hour, est(c.price_estimated)),
             ]
         })
         .collect();
@@ -275,6 +275,9 @@ pub fn render(
     )?;
     if shown < plan.len() {
         println!("... and {} more (--limit 0 shows all)", plan.len() - shown);
+    }
+    if plan[..shown].iter().any(|c| c.price_estimated) {
+        println!("{}", super::EST_NOTE);
     }
     Ok(())
 }

@@ -1554,6 +1554,7 @@ mod tests {
             nodes: 1,
             price_per_node_hour: 1.0,
             total_per_hour: 1.0,
+            price_estimated: false,
             vcpus: 1.0,
             memory_gib: 1.0,
             group: 0,

@@ -42,6 +42,8 @@ pub struct Candidate {
     pub price_per_node_hour: f64,
     /// USD per hour for all nodes.
     pub total_per_hour: f64,
+    /// The price is the catalog's estimate, not a published figure.
+    pub price_estimated: bool,
     /// vCPUs per node.
     #[serde(skip)]
     pub vcpus: f32,
@@ -382,6 +384,7 @@ pub fn optimize(
                 nodes,
                 price_per_node_hour: h.price,
                 total_per_hour: h.total,
+                price_estimated: o.estimated.market(h.spot),
                 vcpus: o.vcpus,
                 memory_gib: o.memory_gib,
                 group: gi,

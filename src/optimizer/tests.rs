@@ -29,6 +29,7 @@ fn o(
         spot_price: spot,
         placement: false,
         efa: false,
+        estimated: Default::default(),
     }
 }
 
