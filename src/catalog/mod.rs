@@ -7,6 +7,7 @@
 
 mod cache;
 mod name;
+pub mod risk;
 mod skypilot;
 
 use std::collections::HashMap;
@@ -218,6 +219,8 @@ pub struct Catalog {
     pub warnings: Vec<String>,
     /// Clouds offered only to tasks that name them.
     only_when_named: Vec<String>,
+    /// Spot interruption buckets.
+    risk: risk::RiskTable,
 }
 
 /// Why a catalog could not be loaded at all.
@@ -253,7 +256,10 @@ const EMBEDDED: &[(&str, &str, bool)] = &[
 impl Catalog {
     /// The catalog compiled into the binary.
     pub fn embedded() -> Catalog {
-        let mut c = Catalog::default();
+        let mut c = Catalog {
+            risk: risk::RiskTable::embedded(),
+            ..Catalog::default()
+        };
         for (cloud, text, only_when_named) in EMBEDDED {
             if *only_when_named {
                 c.offer_only_when_named(cloud);
@@ -552,6 +558,12 @@ impl Catalog {
             0
         };
         self.keys = keys;
+    }
+
+    /// How often `o` is interrupted on spot (see [`risk`]).
+    pub fn interruption(&self, o: &Offering) -> risk::Interruption {
+        self.risk
+            .interruption(&o.cloud, &o.region, &o.instance_type)
     }
 
     /// Integer keys of offering `i` (see [`Keys`]).

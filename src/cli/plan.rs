@@ -242,10 +242,11 @@ pub fn render(
     } else {
         limit.min(plan.len())
     };
+    let spot = plan[..shown].iter().any(|c| c.use_spot);
     let rows: Vec<Vec<String>> = plan[..shown]
         .iter()
         .map(|c| {
-            vec![
+            let mut row = vec![
                 c.cloud.clone(),
                 c.region.clone(),
                 c.zone.clone(),
@@ -257,22 +258,33 @@ pub fn render(
                 if c.use_spot { "yes" } else { "no" }.into(),
                 format!("{:.4}{}", c.price_per_node_hour, est(c.price_estimated)),
                 format!("{:.4}{}", c.total_per_hour, est(c.price_estimated)),
-            ]
+            ];
+            if spot {
+                row.push(c.interruption.clone().unwrap_or_else(|| "-".into()));
+                row.push(
+                    c.expected_cost_per_node_hour
+                        .map_or_else(|| "-".into(), |e| format!("{e:.4}")),
+                );
+            }
+            row
         })
         .collect();
-    table::print(
-        &[
-            "CLOUD",
-            "REGION",
-            "ZONE",
-            "INSTANCE TYPE",
-            "GPUS",
-            "SPOT",
-            "$/H PER NODE",
-            "$/H TOTAL",
-        ],
-        &rows,
-    )?;
+    let mut headers = vec![
+        "CLOUD",
+        "REGION",
+        "ZONE",
+        "INSTANCE TYPE",
+        "GPUS",
+        "SPOT",
+        "$/H PER NODE",
+        "$/H TOTAL",
+    ];
+    if spot {
+        // Interrupted share per month (AWS Spot Advisor; `?`: a default),
+        // and the expected cost of a node's useful hour.
+        headers.extend(["INTERRUPTED/MO", "EXPECTED $/H"]);
+    }
+    table::print(&headers, &rows)?;
     if shown < plan.len() {
         println!("... and {} more (--limit 0 shows all)", plan.len() - shown);
     }

@@ -1555,6 +1555,8 @@ mod tests {
             price_per_node_hour: 1.0,
             total_per_hour: 1.0,
             price_estimated: false,
+            interruption: None,
+            expected_cost_per_node_hour: None,
             vcpus: 1.0,
             memory_gib: 1.0,
             group: 0,

@@ -36,6 +36,8 @@ fn optimize_json_is_the_documented_shape_cheapest_first() {
         "price_per_node_hour",
         "total_per_hour",
         "price_estimated",
+        "interruption",
+        "expected_cost_per_node_hour",
     ];
     let mut last = 0.0;
     for row in plan {
