@@ -6,6 +6,7 @@ use clap::Args;
 use serde_json::json;
 
 use super::{est, load_catalog_for, print_json, table, OptimizeArgs, Output};
+use crate::catalog::Catalog;
 use crate::optimizer::{self, Blocklist, Candidate, Options};
 use crate::spec::{self, Choice, OverrideError, Overrides, ResourceSpec, Task};
 use crate::{Error, ExitCode};
@@ -154,6 +155,15 @@ pub fn plan(
     catalog_dir: Option<&Path>,
     types_per_region: usize,
 ) -> Result<(Task, Vec<Candidate>), Error> {
+    plan_with_catalog(args, catalog_dir, types_per_region).map(|(t, p, _)| (t, p))
+}
+
+/// [`plan`], handing back the catalog it planned with.
+fn plan_with_catalog(
+    args: &TaskArgs,
+    catalog_dir: Option<&Path>,
+    types_per_region: usize,
+) -> Result<(Task, Vec<Candidate>, Catalog), Error> {
     let task = args.load()?;
     // Stale prices matter only for the clouds the task may land on.
     let pinned = pinned_clouds(&task);
@@ -180,7 +190,7 @@ pub fn plan(
         task: task.display_name(&args.task),
         why,
     })?;
-    Ok((task, plan))
+    Ok((task, plan, catalog))
 }
 
 /// `gangway optimize`.
@@ -190,7 +200,11 @@ pub fn optimize(
     out: Output,
     limit: usize,
 ) -> Result<ExitCode, Error> {
-    let (task, plan) = plan(&a.task, catalog_dir, a.types_per_region)?;
+    let (task, plan, catalog) = plan_with_catalog(&a.task, catalog_dir, a.types_per_region)?;
+    // The process ends after this command: freeing a 90,000-row catalog
+    // row by row cost 2 ms of a 25 ms `optimize --catalog`; the kernel
+    // reclaims it at exit in one go.
+    std::mem::forget(catalog);
     render(&task, &a.task.task, &plan, out, limit)?;
     Ok(ExitCode::Ok)
 }
