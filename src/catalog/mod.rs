@@ -1119,6 +1119,56 @@ mod tests {
     }
 
     #[test]
+    fn integer_keys_follow_the_text_order_whatever_copies_the_names_are() {
+        // Rows from two sources: names interned in one, fresh copies in
+        // the other (a capacity overlay), one type in both.
+        let mut rows = Catalog::embedded().offerings().to_vec();
+        let fresh = |s: &str| Name::from(s.to_string());
+        for (i, zone) in ["z-b", "z-a", "z-c", "z-a"].iter().enumerate() {
+            let mut o = rows[i].clone();
+            o.cloud = fresh("zzz");
+            o.region = fresh(if i % 2 == 0 { "r2" } else { "r1" });
+            o.zone = fresh(zone);
+            o.instance_type = fresh(&rows[0].instance_type);
+            rows.push(o);
+        }
+        let c = Catalog::from_offerings(rows);
+        let n = c.offerings().len() as u32;
+        let text = |i: u32| {
+            let o = c.get(i);
+            (
+                o.cloud.to_string(),
+                o.region.to_string(),
+                o.zone.to_string(),
+                o.instance_type.to_string(),
+            )
+        };
+        let mut order: Vec<u32> = (0..n).collect();
+        order.sort_by_key(|i| text(*i));
+        for w in order.windows(2) {
+            let (a, b) = (c.keys(w[0]), c.keys(w[1]));
+            // Ranks follow the text order (ties in any order).
+            if text(w[0]) != text(w[1]) {
+                assert!(a.rank < b.rank, "{:?} {:?}", text(w[0]), text(w[1]));
+            }
+        }
+        // Ids are equal exactly when the texts are.
+        let texts: Vec<_> = (0..n).map(text).collect();
+        for i in 0..n {
+            for j in 0..n {
+                let (a, b) = (c.keys(i), c.keys(j));
+                let (x, y) = (&texts[i as usize], &texts[j as usize]);
+                assert_eq!(a.region == b.region, (&x.0, &x.1) == (&y.0, &y.1));
+                assert_eq!(a.ty == b.ty, x.3 == y.3);
+            }
+        }
+        let regions: std::collections::HashSet<_> =
+            (0..n).map(|i| (text(i).0, text(i).1)).collect();
+        assert_eq!(c.region_count(), regions.len());
+        assert!((0..n).all(|i| (c.keys(i).region as usize) < c.region_count()));
+    }
+
+    #[test]
     fn dates_round_trip_and_age() {
         let d = Date::parse("2026-11-30").unwrap();
         assert_eq!(Date::from_days(d.days()), d);
