@@ -39,23 +39,24 @@ fn generated(rows: usize) -> Catalog {
         let zone = format!("{region}-{}", (i / 200) % 4);
         let gpu = (i / 800) % (GPUS.len() as u64 + 3);
         let (accelerator, count, base) = match GPUS.get(gpu as usize) {
-            Some((n, c, p)) => (Some(n.to_string()), *c, *p),
+            Some((n, c, p)) => (Some((*n).into()), *c, *p),
             None => (None, 0.0, 0.1 * (gpu as f64)),
         };
         v.push(Offering {
             cloud: cloud.into(),
-            instance_type: format!("{cloud}-t{}-{}", gpu, (i / 4000) % 30),
+            instance_type: format!("{cloud}-t{}-{}", gpu, (i / 4000) % 30).into(),
             accelerator,
             accelerator_count: count,
             accelerator_memory_gib: None,
             vcpus: 8.0 * (1 + (i % 12)) as f32,
             memory_gib: 32.0 * (1 + (i % 12)) as f32,
-            region,
-            zone,
+            region: region.into(),
+            zone: zone.into(),
             price: Some(base * jitter),
             spot_price: (!i.is_multiple_of(3)).then_some(base * jitter * 0.4),
             placement: true,
             efa: false,
+            estimated: Default::default(),
         });
     }
     Catalog::from_offerings(v)

@@ -14,17 +14,19 @@ use crate::Error;
 /// `$GANGWAY_HOME/catalog`, then a `--catalog DIR` (or
 /// `GANGWAY_CATALOG_DIR`), then the machines the user already has (SSH
 /// pools, Slurm clusters), offered at no cost. Each overlay replaces only
-/// the clouds it holds.
+/// the clouds it holds. Catalog files are parsed once per content: their
+/// parse is cached under `$GANGWAY_HOME/cache/catalog`.
 pub fn load_catalog(home: Option<&Path>, dir: Option<&Path>) -> Result<Catalog, Error> {
     let mut c = Catalog::embedded();
+    let cache = home.map(|h| h.join("cache").join("catalog"));
     if let Some(home) = home {
         let refreshed = home.join("catalog");
         if refreshed.is_dir() {
-            c.overlay(Catalog::load_dir(&refreshed)?);
+            c.overlay_dir(&refreshed, cache.as_deref())?;
         }
     }
     if let Some(dir) = dir {
-        c.overlay(Catalog::load_dir(dir)?);
+        c.overlay_dir(dir, cache.as_deref())?;
     }
     if let Some(home) = home {
         crate::provision::offer_capacity(&mut c, home)?;

@@ -5,32 +5,44 @@
 //! (`<cloud>/vms.csv`) or gangway's own (`<cloud>.csv`) and overlays it by
 //! cloud. Both end up as [`Offering`]s: one instance type in one zone.
 
+mod cache;
+mod name;
+pub mod risk;
 mod skypilot;
 
 use std::collections::HashMap;
 use std::fmt;
+use std::hash::BuildHasherDefault;
 use std::path::Path;
 
 use gangway_provider::PriceQuote;
 use serde::Serialize;
 
+pub use name::{Interner, Name};
 pub use skypilot::load_skypilot_csv;
 
 /// Accelerator name meaning "whatever GPU the task asks for" (local provider).
 pub const ANY_ACCELERATOR: &str = "*";
 
-/// Prices older than this many days earn a warning.
+/// Prices the user fetched (a refresh, a `--catalog` directory) older than
+/// this many days earn a warning.
 pub const STALE_AFTER_DAYS: i64 = 90;
+
+/// The prices shipped inside the binary earn a warning after this many
+/// days: they are the release's snapshot, which a new user can only
+/// replace by refreshing, and list prices change a few times a year (what
+/// is estimated in them is marked so, whatever its age).
+pub const EMBEDDED_STALE_AFTER_DAYS: i64 = 365;
 
 /// One instance type in one zone, with its prices.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Offering {
     /// `aws`, `gcp`, ...
-    pub cloud: String,
+    pub cloud: Name,
     /// Provider instance type (GCP N1 hosts keep their bare name).
-    pub instance_type: String,
+    pub instance_type: Name,
     /// Canonical GPU name; `None` for CPU-only types.
-    pub accelerator: Option<String>,
+    pub accelerator: Option<Name>,
     /// GPUs per instance.
     pub accelerator_count: f32,
     /// Memory per GPU, GiB.
@@ -40,9 +52,9 @@ pub struct Offering {
     /// Memory, GiB.
     pub memory_gib: f32,
     /// Region.
-    pub region: String,
+    pub region: Name,
     /// Zone (AWS rows from SkyPilot catalogs carry zone ids such as `use1-az2`).
-    pub zone: String,
+    pub zone: Name,
     /// On-demand USD/hour.
     pub price: Option<f64>,
     /// Spot USD/hour.
@@ -51,6 +63,54 @@ pub struct Offering {
     pub placement: bool,
     /// Supports EFA.
     pub efa: bool,
+    /// Which of the prices are estimates rather than published figures.
+    pub estimated: Estimated,
+}
+
+/// Which of an offering's prices are estimated (derived by a rule, such as
+/// a regional ratio or a share of on-demand) rather than published by the
+/// provider. Commands say "est." next to such a figure.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Estimated {
+    /// The on-demand price is an estimate.
+    pub price: bool,
+    /// The spot price is an estimate.
+    pub spot: bool,
+}
+
+impl Estimated {
+    /// Parses the `estimated` column: empty, `price`, `spot` or
+    /// `price+spot`.
+    pub fn parse(s: &str) -> Option<Estimated> {
+        let mut e = Estimated::default();
+        for part in s.split('+').map(str::trim).filter(|p| !p.is_empty()) {
+            match part {
+                "price" => e.price = true,
+                "spot" => e.spot = true,
+                _ => return None,
+            }
+        }
+        Some(e)
+    }
+
+    /// The column's text (see [`Estimated::parse`]).
+    pub fn as_column(&self) -> &'static str {
+        match (self.price, self.spot) {
+            (false, false) => "",
+            (true, false) => "price",
+            (false, true) => "spot",
+            (true, true) => "price+spot",
+        }
+    }
+
+    /// Whether the price of one market is estimated.
+    pub fn market(&self, spot: bool) -> bool {
+        if spot {
+            self.spot
+        } else {
+            self.price
+        }
+    }
 }
 
 /// Integer keys of one offering, for fast ranking and pruning.
@@ -159,6 +219,8 @@ pub struct Catalog {
     pub warnings: Vec<String>,
     /// Clouds offered only to tasks that name them.
     only_when_named: Vec<String>,
+    /// Spot interruption buckets.
+    risk: risk::RiskTable,
 }
 
 /// Why a catalog could not be loaded at all.
@@ -194,7 +256,10 @@ const EMBEDDED: &[(&str, &str, bool)] = &[
 impl Catalog {
     /// The catalog compiled into the binary.
     pub fn embedded() -> Catalog {
-        let mut c = Catalog::default();
+        let mut c = Catalog {
+            risk: risk::RiskTable::embedded(),
+            ..Catalog::default()
+        };
         for (cloud, text, only_when_named) in EMBEDDED {
             if *only_when_named {
                 c.offer_only_when_named(cloud);
@@ -230,9 +295,19 @@ impl Catalog {
             self.offer_only_when_named(&c);
         }
         let clouds: Vec<String> = other.sources.iter().map(|s| s.cloud.clone()).collect();
-        self.offerings.retain(|o| !clouds.contains(&o.cloud));
+        self.offerings
+            .retain(|o| !clouds.iter().any(|c| o.cloud == *c));
         self.sources.retain(|s| !clouds.contains(&s.cloud));
-        self.offerings.extend(other.offerings);
+        if other.offerings.len() > self.offerings.len() {
+            // A large overlay (a --catalog directory) keeps its vector and
+            // takes the few rows kept from below after its own (ranks do
+            // not depend on the order): copying 90,000 rows once more cost
+            // their size again in memory and most of the load time.
+            let below = std::mem::replace(&mut self.offerings, other.offerings);
+            self.offerings.extend(below);
+        } else {
+            self.offerings.extend(other.offerings);
+        }
         self.sources.extend(other.sources);
         self.warnings.extend(other.warnings);
         self.reindex();
@@ -241,6 +316,28 @@ impl Catalog {
     /// Loads a directory of `<cloud>/vms.csv` (SkyPilot v8) and/or
     /// `<cloud>.csv` (gangway's format) files.
     pub fn load_dir(dir: &Path) -> Result<Catalog, CatalogError> {
+        Catalog::load_dir_cached(dir, None)
+    }
+
+    /// [`Catalog::load_dir`], keeping each file's parse in `cache` (a
+    /// directory, created if missing; see the `cache` module): a file
+    /// whose size, mtime and content are unchanged is not parsed again.
+    pub fn load_dir_cached(dir: &Path, cache: Option<&Path>) -> Result<Catalog, CatalogError> {
+        let mut c = Catalog::load_rows(dir, cache)?;
+        c.reindex();
+        Ok(c)
+    }
+
+    /// Overlays the catalog in `dir` ([`Catalog::load_dir_cached`] and
+    /// [`Catalog::overlay`], indexing the result once).
+    pub fn overlay_dir(&mut self, dir: &Path, cache: Option<&Path>) -> Result<(), CatalogError> {
+        let other = Catalog::load_rows(dir, cache)?;
+        self.overlay(other);
+        Ok(())
+    }
+
+    /// The rows of `dir`'s files, not yet indexed.
+    fn load_rows(dir: &Path, cache: Option<&Path>) -> Result<Catalog, CatalogError> {
         let io = |path: &Path, e: std::io::Error| CatalogError::Io {
             path: path.display().to_string(),
             reason: e.to_string(),
@@ -252,6 +349,7 @@ impl Catalog {
             .collect();
         entries.sort();
         let mut c = Catalog::default();
+        let mut files = Vec::new();
         for path in entries {
             let (cloud, file) = if path.is_dir() {
                 let f = path.join("vms.csv");
@@ -269,22 +367,52 @@ impl Catalog {
             } else {
                 continue;
             };
-            let text = std::fs::read_to_string(&file).map_err(|e| io(&file, e))?;
             let shown = file.display().to_string();
-            let first = text.lines().find(|l| !l.starts_with('#')).unwrap_or("");
-            let (rows, taken, warnings) = if first.starts_with("instance_type,") {
-                parse_own(&cloud, &text, &shown)
-            } else {
-                let (rows, warnings) = load_skypilot_csv(&cloud, &text, &shown)?;
-                (rows, None, warnings)
+            let got = match cache {
+                None => Got::Parsed(parse_file(&cloud, &file, &shown)?),
+                Some(cache) => {
+                    let key = cache::Key::of(&file).map_err(|e| io(&file, e))?;
+                    let entry = cache::entry_path(cache, &shown);
+                    match cache::read(&entry, &key) {
+                        Some(e) => Got::Cached(e, entry, key),
+                        None => {
+                            let p = parse_file(&cloud, &file, &shown)?;
+                            save(&entry, &key, &p);
+                            Got::Parsed(p)
+                        }
+                    }
+                }
+            };
+            files.push((cloud, file, shown, got));
+        }
+        // One vector for every row, sized once (with room for the rows an
+        // overlay keeps from below: see [`Catalog::overlay`]); cached rows
+        // are decoded straight into it.
+        let total: usize = files.iter().map(|f| f.3.rows()).sum();
+        c.offerings.reserve_exact(total + 1024);
+        for (cloud, file, shown, got) in files {
+            let before = c.offerings.len();
+            let (taken, warnings) = match got {
+                Got::Parsed(p) => {
+                    c.offerings.extend(p.rows);
+                    (p.taken, p.warnings)
+                }
+                Got::Cached(e, entry, key) => match e.decode_into(&mut c.offerings) {
+                    Some(tw) => tw,
+                    None => {
+                        let p = parse_file(&cloud, &file, &shown)?;
+                        save(&entry, &key, &p);
+                        c.offerings.extend(p.rows);
+                        (p.taken, p.warnings)
+                    }
+                },
             };
             c.sources.push(Source {
-                cloud: cloud.clone(),
+                cloud,
                 origin: shown,
                 taken,
-                rows: rows.len(),
+                rows: c.offerings.len() - before,
             });
-            c.offerings.extend(rows);
             c.warnings.extend(warnings);
         }
         if c.sources.is_empty() {
@@ -293,7 +421,6 @@ impl Catalog {
                 reason: "no catalog files found (expected <cloud>/vms.csv or <cloud>.csv)".into(),
             });
         }
-        c.reindex();
         Ok(c)
     }
 
@@ -304,19 +431,20 @@ impl Catalog {
             .offers
             .into_iter()
             .map(|o| Offering {
-                cloud: cloud.to_string(),
-                instance_type: o.instance_type,
-                accelerator: o.accelerator,
+                cloud: cloud.into(),
+                instance_type: o.instance_type.into(),
+                accelerator: o.accelerator.map(Name::from),
                 accelerator_count: o.accelerator_count,
                 accelerator_memory_gib: None,
                 vcpus: o.vcpus,
                 memory_gib: o.memory_gib,
-                region: o.region,
-                zone: o.zone,
+                region: o.region.into(),
+                zone: o.zone.into(),
                 price: Some(o.price),
                 spot_price: None,
                 placement: false,
                 efa: false,
+                estimated: Estimated::default(),
             })
             .collect();
         let rows = offerings.len();
@@ -344,39 +472,98 @@ impl Catalog {
     }
 
     fn reindex(&mut self) {
-        self.by_accel.clear();
-        for (i, o) in self.offerings.iter().enumerate() {
-            let key = o.accelerator.as_deref().unwrap_or("").to_ascii_lowercase();
-            self.by_accel.entry(key).or_default().push(i as u32);
+        // Names are shared copies (see [`Name`]): each distinct copy is
+        // looked up once by address, so 90,000 rows cost a few thousand
+        // string hashes, and ranks compare integers.
+        let n = self.offerings.len();
+        let mut clouds = Ids::default();
+        let mut regions = Ids::default();
+        let mut zones = Ids::default();
+        let mut types = Ids::default();
+        let mut accels = Ids::default();
+        let mut raw: Vec<[u32; 5]> = Vec::with_capacity(n);
+        for o in &self.offerings {
+            raw.push([
+                clouds.id(&o.cloud),
+                regions.id(&o.region),
+                zones.id(&o.zone),
+                types.id(&o.instance_type),
+                o.accelerator.as_ref().map_or(u32::MAX, |a| accels.id(a)),
+            ]);
         }
-        let mut order: Vec<u32> = (0..self.offerings.len() as u32).collect();
-        let offerings = &self.offerings;
-        order.sort_by(|a, b| {
-            let (a, b) = (&offerings[*a as usize], &offerings[*b as usize]);
-            (&a.cloud, &a.region, &a.zone, &a.instance_type).cmp(&(
-                &b.cloud,
-                &b.region,
-                &b.zone,
-                &b.instance_type,
-            ))
-        });
-        let mut regions: HashMap<(&str, &str), u32> = HashMap::new();
-        let mut types: HashMap<&str, u32> = HashMap::new();
-        let mut keys = vec![Keys::default(); offerings.len()];
+        // By accelerator, case-insensitively; CPU-only under "".
+        let mut lower: HashMap<String, u32> = HashMap::new();
+        let accel_group: Vec<u32> = accels
+            .texts
+            .iter()
+            .map(|t| {
+                let next = lower.len() as u32;
+                *lower.entry(t.to_ascii_lowercase()).or_insert(next)
+            })
+            .collect();
+        let cpu_group = {
+            let next = lower.len() as u32;
+            *lower.entry(String::new()).or_insert(next)
+        };
+        let mut groups: Vec<Vec<u32>> = vec![Vec::new(); lower.len()];
+        for (i, r) in raw.iter().enumerate() {
+            let g = match r[4] {
+                u32::MAX => cpu_group,
+                a => accel_group[a as usize],
+            };
+            groups[g as usize].push(i as u32);
+        }
+        self.by_accel = lower
+            .into_iter()
+            .map(|(k, g)| (k, std::mem::take(&mut groups[g as usize])))
+            .filter(|(_, v)| !v.is_empty())
+            .collect();
+        // Rank in (cloud, region, zone, instance type) order: each name's
+        // id becomes its place in sorted order, then rows sort by integers.
+        let (c, r, z, t) = (
+            clouds.sorted_ranks(),
+            regions.sorted_ranks(),
+            zones.sorted_ranks(),
+            types.sorted_ranks(),
+        );
+        let order = rank_order(&raw, [&c, &r, &z, &t]);
+        // Region ids number (cloud, region) pairs in rank order (rows of
+        // one pair are adjacent in it); type ids number types in rank order.
+        let mut regions = 0u32;
+        let mut last: Option<(u32, u32)> = None;
+        let mut type_ids: Vec<u32> = vec![u32::MAX; t.len()];
+        let mut next_type = 0;
+        let mut keys = vec![Keys::default(); n];
         for (rank, i) in order.iter().enumerate() {
-            let o = &offerings[*i as usize];
-            let next = regions.len() as u32;
-            let region = *regions.entry((&o.cloud, &o.region)).or_insert(next);
-            let next = types.len() as u32;
-            let ty = *types.entry(&o.instance_type).or_insert(next);
+            let x = &raw[*i as usize];
+            if last.is_some_and(|l| l != (x[0], x[1])) {
+                regions += 1;
+            }
+            last = Some((x[0], x[1]));
+            let region = regions;
+            let ty = &mut type_ids[x[3] as usize];
+            if *ty == u32::MAX {
+                *ty = next_type;
+                next_type += 1;
+            }
             keys[*i as usize] = Keys {
                 rank: rank as u32,
                 region,
-                ty,
+                ty: *ty,
             };
         }
-        self.regions = regions.len();
+        self.regions = if last.is_some() {
+            regions as usize + 1
+        } else {
+            0
+        };
         self.keys = keys;
+    }
+
+    /// How often `o` is interrupted on spot (see [`risk`]).
+    pub fn interruption(&self, o: &Offering) -> risk::Interruption {
+        self.risk
+            .interruption(&o.cloud, &o.region, &o.instance_type)
     }
 
     /// Integer keys of offering `i` (see [`Keys`]).
@@ -420,7 +607,7 @@ impl Catalog {
         let mut seen: std::collections::HashSet<(&str, Option<&str>, u32, &str)> =
             Default::default();
         for o in self.offerings.iter().filter(|o| o.cloud == cloud) {
-            if !regions.contains(&o.region) {
+            if !regions.iter().any(|r| o.region == *r) {
                 out.push(o.clone());
                 continue;
             }
@@ -430,7 +617,7 @@ impl Catalog {
                 continue;
             }
             let template = o;
-            let mut zones_done: Vec<String> = Vec::new();
+            let mut zones_done: Vec<Name> = Vec::new();
             for q in quotes.iter().filter(|q| {
                 q.is_for(
                     &template.instance_type,
@@ -439,7 +626,10 @@ impl Catalog {
                     &template.region,
                 )
             }) {
-                let zone = q.zone.clone().unwrap_or_else(|| template.zone.clone());
+                let zone = q
+                    .zone
+                    .as_deref()
+                    .map_or_else(|| template.zone.clone(), Name::from);
                 // One row per zone: the first quote for it wins.
                 if zones_done.contains(&zone) {
                     continue;
@@ -457,6 +647,12 @@ impl Catalog {
                 row.zone = zone;
                 row.price = q.price.or(row.price);
                 row.spot_price = q.spot_price.or(old.and_then(|x| x.spot_price));
+                // A quoted price is the provider's own figure.
+                row.estimated.price &= q.price.is_none();
+                row.estimated.spot = match q.spot_price {
+                    Some(_) => false,
+                    None => old.is_some_and(|x| x.estimated.spot),
+                };
                 if row.price.is_some() || row.spot_price.is_some() {
                     out.push(row);
                 }
@@ -471,11 +667,11 @@ impl Catalog {
         let num = |v: Option<f64>| v.map(|p| format!("{p}")).unwrap_or_default();
         let mut out = format!(
             "# taken: {taken}\n# {note}\n\
-             instance_type,accelerator,accelerator_count,accelerator_memory_gib,vcpus,memory_gib,region,zone,price,spot_price,placement,efa\n"
+             instance_type,accelerator,accelerator_count,accelerator_memory_gib,vcpus,memory_gib,region,zone,price,spot_price,placement,efa,estimated\n"
         );
         for o in offerings {
             out.push_str(&format!(
-                "{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                "{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
                 o.instance_type,
                 o.accelerator.as_deref().unwrap_or(""),
                 o.accelerator_count,
@@ -489,7 +685,8 @@ impl Catalog {
                 num(o.price),
                 num(o.spot_price),
                 if o.placement { "cluster" } else { "" },
-                o.efa
+                o.efa,
+                o.estimated.as_column()
             ));
         }
         out
@@ -514,19 +711,173 @@ impl Catalog {
             .by_accel
             .values()
             .filter_map(|v| self.offerings[v[0] as usize].accelerator.clone())
+            .map(String::from)
             .filter(|n| n != ANY_ACCELERATOR)
             .collect();
         names.sort();
         names
     }
 
-    /// Sources whose prices are older than [`STALE_AFTER_DAYS`] on `today`.
+    /// Sources whose prices are older than [`STALE_AFTER_DAYS`] on `today`
+    /// ([`EMBEDDED_STALE_AFTER_DAYS`] for the embedded ones).
     pub fn stale_sources(&self, today: Date) -> Vec<(&Source, i64)> {
         self.sources
             .iter()
             .filter_map(|s| s.taken.map(|t| (s, today.days() - t.days())))
-            .filter(|(_, age)| *age > STALE_AFTER_DAYS)
+            .filter(|(s, age)| {
+                *age > if s.origin == "embedded" {
+                    EMBEDDED_STALE_AFTER_DAYS
+                } else {
+                    STALE_AFTER_DAYS
+                }
+            })
             .collect()
+    }
+}
+
+/// A catalog file's rows: parsed now, or a cache entry to decode.
+enum Got {
+    Parsed(cache::Parsed),
+    Cached(cache::Entry, std::path::PathBuf, cache::Key),
+}
+
+impl Got {
+    fn rows(&self) -> usize {
+        match self {
+            Got::Parsed(p) => p.rows.len(),
+            Got::Cached(e, ..) => e.rows(),
+        }
+    }
+}
+
+/// Writes a cache entry; a failure costs only the next parse.
+fn save(entry: &Path, key: &cache::Key, p: &cache::Parsed) {
+    if let Err(e) = cache::write(entry, key, p) {
+        tracing::debug!("catalog cache {}: not written: {e}", entry.display());
+    }
+}
+
+/// Parses one catalog file, in gangway's format or SkyPilot's.
+fn parse_file(cloud: &str, file: &Path, shown: &str) -> Result<cache::Parsed, CatalogError> {
+    let text = std::fs::read_to_string(file).map_err(|e| CatalogError::Io {
+        path: shown.to_string(),
+        reason: e.to_string(),
+    })?;
+    let first = text.lines().find(|l| !l.starts_with('#')).unwrap_or("");
+    let (rows, taken, warnings) = if first.starts_with("instance_type,") {
+        parse_own(cloud, &text, shown)
+    } else {
+        let (rows, warnings) = load_skypilot_csv(cloud, &text, shown)?;
+        (rows, None, warnings)
+    };
+    Ok(cache::Parsed {
+        rows,
+        taken,
+        warnings,
+    })
+}
+
+/// Row indexes sorted by the ranks of their first four ids (cloud, region,
+/// zone, type), each id mapped through its `ranks` table. The four ranks
+/// and the index are packed into one integer where they fit in 64 bits
+/// (they do for every published catalog: a few thousand names), so the
+/// sort compares single words; otherwise into 128 bits.
+fn rank_order(raw: &[[u32; 5]], ranks: [&[u32]; 4]) -> Vec<u32> {
+    let bits = |n: usize| usize::BITS - n.leading_zeros();
+    let widths = ranks.map(|r| bits(r.len()));
+    let index_bits = bits(raw.len());
+    let total: u32 = widths.iter().sum::<u32>() + index_bits;
+    let pack = |x: &[u32; 5]| -> u128 {
+        let mut k: u128 = 0;
+        for f in 0..4 {
+            k = (k << widths[f]) | u128::from(ranks[f][x[f] as usize]);
+        }
+        k
+    };
+    if total <= 64 {
+        let mask = (1u64 << index_bits) - 1;
+        let mut keys: Vec<u64> = raw
+            .iter()
+            .enumerate()
+            .map(|(i, x)| ((pack(x) as u64) << index_bits) | i as u64)
+            .collect();
+        keys.sort_unstable();
+        keys.into_iter().map(|k| (k & mask) as u32).collect()
+    } else {
+        let mut keys: Vec<(u128, u32)> = raw
+            .iter()
+            .enumerate()
+            .map(|(i, x)| (pack(x), i as u32))
+            .collect();
+        keys.sort_unstable();
+        keys.into_iter().map(|(_, i)| i).collect()
+    }
+}
+
+/// Numbers distinct names: by the address of a shared copy first (no
+/// hashing of text), then by text for copies not seen before.
+#[derive(Default)]
+struct Ids {
+    /// The last address looked up and its id: rows come in runs of one
+    /// cloud, region and zone.
+    last: Option<(usize, u32)>,
+    by_addr: HashMap<usize, u32, BuildHasherDefault<AddrHasher>>,
+    by_text: HashMap<Name, u32>,
+    texts: Vec<Name>,
+}
+
+impl Ids {
+    fn id(&mut self, n: &Name) -> u32 {
+        let addr = n.addr();
+        match self.last {
+            Some((a, id)) if a == addr => return id,
+            _ => {}
+        }
+        if let Some(id) = self.by_addr.get(&addr).copied() {
+            self.last = Some((addr, id));
+            return id;
+        }
+        let next = self.texts.len() as u32;
+        let id = *self.by_text.entry(n.clone()).or_insert(next);
+        if id == next {
+            self.texts.push(n.clone());
+        }
+        // Callers pass names that all stay alive while the table is used,
+        // so an address stands for one text.
+        self.by_addr.insert(addr, id);
+        self.last = Some((addr, id));
+        id
+    }
+
+    /// Per id, its place among all the names sorted by text.
+    fn sorted_ranks(&self) -> Vec<u32> {
+        let mut idx: Vec<u32> = (0..self.texts.len() as u32).collect();
+        idx.sort_unstable_by(|a, b| self.texts[*a as usize].cmp(&self.texts[*b as usize]));
+        let mut rank = vec![0; idx.len()];
+        for (r, i) in idx.iter().enumerate() {
+            rank[*i as usize] = r as u32;
+        }
+        rank
+    }
+}
+
+/// Hasher for addresses: one multiply (they are already unique).
+#[derive(Default)]
+struct AddrHasher(u64);
+
+impl std::hash::Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (n as u64)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .rotate_left(26);
     }
 }
 
@@ -538,6 +889,8 @@ fn name_of(p: &Path) -> String {
 
 /// Parses gangway's own catalog format. Returns rows, taken date, warnings.
 fn parse_own(cloud: &str, text: &str, shown: &str) -> (Vec<Offering>, Option<Date>, Vec<String>) {
+    let mut names = Interner::default();
+    let cloud = names.get(cloud);
     let mut taken = None;
     let mut rows = Vec::new();
     let mut warnings = Vec::new();
@@ -558,7 +911,7 @@ fn parse_own(cloud: &str, text: &str, shown: &str) -> (Vec<Offering>, Option<Dat
             header_seen = true;
             continue;
         }
-        match parse_own_row(cloud, line) {
+        match parse_own_row(&cloud, line, &mut names) {
             Ok(o) => rows.push(o),
             Err(e) => warnings.push(format!("{shown}:{lineno}: {e}")),
         }
@@ -570,8 +923,10 @@ fn parse_own(cloud: &str, text: &str, shown: &str) -> (Vec<Offering>, Option<Dat
 /// names the file and line).
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 enum RowError {
-    #[error("expected 12 fields, found {0}")]
+    #[error("expected 12 or 13 fields, found {0}")]
     Fields(usize),
+    #[error("estimated: '{0}' is not one of price, spot, price+spot")]
+    Estimated(String),
     #[error("{field}: '{value}' is not a number")]
     NotANumber { field: &'static str, value: String },
     #[error("instance_type, region and zone are required")]
@@ -582,11 +937,15 @@ enum RowError {
     NoPrice,
 }
 
-fn parse_own_row(cloud: &str, line: &str) -> Result<Offering, RowError> {
+fn parse_own_row(cloud: &Name, line: &str, names: &mut Interner) -> Result<Offering, RowError> {
     let f: Vec<&str> = line.split(',').map(str::trim).collect();
-    if f.len() != 12 {
+    if f.len() != 12 && f.len() != 13 {
         return Err(RowError::Fields(f.len()));
     }
+    let estimated = match f.get(12) {
+        Some(e) => Estimated::parse(e).ok_or_else(|| RowError::Estimated(e.to_string()))?,
+        None => Estimated::default(),
+    };
     let num = |i: usize, field: &'static str| -> Result<Option<f64>, RowError> {
         if f[i].is_empty() {
             return Ok(None);
@@ -603,7 +962,7 @@ fn parse_own_row(cloud: &str, line: &str) -> Result<Offering, RowError> {
     if f[0].is_empty() || f[6].is_empty() || f[7].is_empty() {
         return Err(RowError::Missing);
     }
-    let accelerator = (!f[1].is_empty()).then(|| f[1].to_string());
+    let accelerator = (!f[1].is_empty()).then(|| names.get(f[1]));
     let count = num(2, "accelerator_count")?.unwrap_or(0.0) as f32;
     if accelerator.is_some() && count <= 0.0 {
         return Err(RowError::NoAcceleratorCount);
@@ -614,19 +973,20 @@ fn parse_own_row(cloud: &str, line: &str) -> Result<Offering, RowError> {
         return Err(RowError::NoPrice);
     }
     Ok(Offering {
-        cloud: cloud.to_string(),
-        instance_type: f[0].to_string(),
+        cloud: cloud.clone(),
+        instance_type: names.get(f[0]),
         accelerator,
         accelerator_count: count,
         accelerator_memory_gib: num(3, "accelerator_memory_gib")?.map(|v| v as f32),
         vcpus: num(4, "vcpus")?.unwrap_or(0.0) as f32,
         memory_gib: num(5, "memory_gib")?.unwrap_or(0.0) as f32,
-        region: f[6].to_string(),
-        zone: f[7].to_string(),
+        region: names.get(f[6]),
+        zone: names.get(f[7]),
         price,
         spot_price,
         placement: !f[10].is_empty(),
         efa: f[11].eq_ignore_ascii_case("true"),
+        estimated,
     })
 }
 
@@ -644,12 +1004,13 @@ mod tests {
             accelerator_memory_gib: Some(40.0),
             vcpus: 96.0,
             memory_gib: 1152.0,
-            region: zone[..zone.len() - 1].to_string(),
+            region: zone[..zone.len() - 1].into(),
             zone: zone.into(),
             price: Some(32.77),
             spot_price: spot,
             placement: true,
             efa: true,
+            estimated: Estimated::default(),
         };
         let c = Catalog::from_offerings(vec![
             row("us-east-1a", Some(12.0)),
@@ -709,6 +1070,7 @@ mod tests {
             spot_price: None,
             placement: true,
             efa: false,
+            estimated: Estimated::default(),
         };
         let mut four = row("T4", "us-central1-a", 2.0);
         four.accelerator_count = 4.0;
@@ -754,6 +1116,56 @@ mod tests {
         let got = c.refreshed("gcp", &["us-central1".to_string()], &wide);
         assert_eq!(got.len(), 3, "{got:?}");
         assert!(got.iter().all(|o| o.zone == "us-central1-c"));
+    }
+
+    #[test]
+    fn integer_keys_follow_the_text_order_whatever_copies_the_names_are() {
+        // Rows from two sources: names interned in one, fresh copies in
+        // the other (a capacity overlay), one type in both.
+        let mut rows = Catalog::embedded().offerings().to_vec();
+        let fresh = |s: &str| Name::from(s.to_string());
+        for (i, zone) in ["z-b", "z-a", "z-c", "z-a"].iter().enumerate() {
+            let mut o = rows[i].clone();
+            o.cloud = fresh("zzz");
+            o.region = fresh(if i % 2 == 0 { "r2" } else { "r1" });
+            o.zone = fresh(zone);
+            o.instance_type = fresh(&rows[0].instance_type);
+            rows.push(o);
+        }
+        let c = Catalog::from_offerings(rows);
+        let n = c.offerings().len() as u32;
+        let text = |i: u32| {
+            let o = c.get(i);
+            (
+                o.cloud.to_string(),
+                o.region.to_string(),
+                o.zone.to_string(),
+                o.instance_type.to_string(),
+            )
+        };
+        let mut order: Vec<u32> = (0..n).collect();
+        order.sort_by_key(|i| text(*i));
+        for w in order.windows(2) {
+            let (a, b) = (c.keys(w[0]), c.keys(w[1]));
+            // Ranks follow the text order (ties in any order).
+            if text(w[0]) != text(w[1]) {
+                assert!(a.rank < b.rank, "{:?} {:?}", text(w[0]), text(w[1]));
+            }
+        }
+        // Ids are equal exactly when the texts are.
+        let texts: Vec<_> = (0..n).map(text).collect();
+        for i in 0..n {
+            for j in 0..n {
+                let (a, b) = (c.keys(i), c.keys(j));
+                let (x, y) = (&texts[i as usize], &texts[j as usize]);
+                assert_eq!(a.region == b.region, (&x.0, &x.1) == (&y.0, &y.1));
+                assert_eq!(a.ty == b.ty, x.3 == y.3);
+            }
+        }
+        let regions: std::collections::HashSet<_> =
+            (0..n).map(|i| (text(i).0, text(i).1)).collect();
+        assert_eq!(c.region_count(), regions.len());
+        assert!((0..n).all(|i| (c.keys(i).region as usize) < c.region_count()));
     }
 
     #[test]
@@ -838,7 +1250,7 @@ mod tests {
             warnings[0]
         );
         assert!(
-            warnings[1].starts_with("t.csv:5: expected 12 fields"),
+            warnings[1].starts_with("t.csv:5: expected 12 or 13 fields"),
             "{}",
             warnings[1]
         );

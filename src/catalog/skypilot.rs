@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::{CatalogError, Offering};
+use super::{CatalogError, Interner, Offering};
 
 struct Cols {
     instance_type: usize,
@@ -65,6 +65,8 @@ pub fn load_skypilot_csv(
     let mut gpus: Vec<(Offering, usize)> = Vec::new();
     let mut warnings = Vec::new();
     let mut record = csv::StringRecord::new();
+    let mut names = Interner::default();
+    let cloud_name = names.get(cloud);
     loop {
         match rdr.read_record(&mut record) {
             Ok(false) => break,
@@ -76,7 +78,7 @@ pub fn load_skypilot_csv(
             }
         }
         let line = record.position().map_or(0, |p| p.line()) as usize;
-        match row(cloud, &record, &cols) {
+        match row(&cloud_name, &record, &cols, &mut names) {
             Ok(Some(o)) if o.instance_type.is_empty() => gpus.push((o, line)),
             Ok(Some(o)) => hosts.push(o),
             Ok(None) => {}
@@ -108,7 +110,12 @@ const LAYOUT: &[Layout] = &[Layout {
     gpus_take_placement_groups: true,
     efa_families: &["p4d", "p4de", "p5", "p5e", "p5en", "p6"],
 }];
-fn row(cloud: &str, r: &csv::StringRecord, c: &Cols) -> Result<Option<Offering>, String> {
+fn row(
+    cloud: &super::Name,
+    r: &csv::StringRecord,
+    c: &Cols,
+    names: &mut Interner,
+) -> Result<Option<Offering>, String> {
     let get = |i: Option<usize>| i.and_then(|i| r.get(i)).map(str::trim).unwrap_or("");
     let num = |i: Option<usize>, name: &str| -> Result<Option<f64>, String> {
         let s = get(i);
@@ -128,7 +135,7 @@ fn row(cloud: &str, r: &csv::StringRecord, c: &Cols) -> Result<Option<Offering>,
         "" => None,
         // TPUs are not GPUs and need their own provisioning path.
         a if a.starts_with("tpu-") => return Ok(None),
-        a => Some(a.to_string()),
+        a => Some(names.get(a)),
     };
     let count = num(c.accel_count, "AcceleratorCount")?.unwrap_or(0.0) as f32;
     if accelerator.is_some() && count <= 0.0 {
@@ -151,21 +158,23 @@ fn row(cloud: &str, r: &csv::StringRecord, c: &Cols) -> Result<Option<Offering>,
     let gpu_mem = gpu_memory_gib(get(c.gpu_info));
     let instance_type = get(Some(c.instance_type));
     let family = instance_type.split('.').next().unwrap_or("");
-    let layout = LAYOUT.iter().find(|l| l.cloud == cloud);
+    let layout = LAYOUT.iter().find(|l| *cloud == l.cloud);
     Ok(Some(Offering {
-        cloud: cloud.to_string(),
-        instance_type: instance_type.to_string(),
+        cloud: cloud.clone(),
+        instance_type: names.get(instance_type),
         accelerator,
         accelerator_count: count,
         accelerator_memory_gib: gpu_mem,
         vcpus: num(c.vcpus, "vCPUs")?.unwrap_or(0.0) as f32,
         memory_gib: num(c.memory, "MemoryGiB")?.unwrap_or(0.0) as f32,
-        region: region.to_string(),
-        zone: zone.to_string(),
+        region: names.get(region),
+        zone: names.get(zone),
         price,
         spot_price,
         placement: layout.is_some_and(|l| l.gpus_take_placement_groups) && count > 0.0,
         efa: layout.is_some_and(|l| l.efa_families.contains(&family)),
+        // Published catalogs carry the provider's figures.
+        estimated: super::Estimated::default(),
     }))
 }
 
@@ -268,7 +277,7 @@ fn attach_gpus(
             by_zone.entry(h.zone.as_str()).or_default().push(h);
         }
     }
-    let mut gpu_seen: HashSet<(String, u32, String)> = HashSet::new();
+    let mut gpu_seen: HashSet<(super::Name, u32, super::Name)> = HashSet::new();
     let mut out = Vec::new();
     for (g, line) in gpus {
         let Some(name) = g.accelerator.as_deref() else {
@@ -278,7 +287,7 @@ fn attach_gpus(
             continue;
         };
         let key = (
-            name.to_string(),
+            g.accelerator.clone().unwrap_or_default(),
             g.accelerator_count.to_bits(),
             g.zone.clone(),
         );

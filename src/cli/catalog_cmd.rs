@@ -121,7 +121,7 @@ fn refresh(
             .offerings()
             .iter()
             .filter(|o| o.cloud == c)
-            .map(|o| o.region.clone())
+            .map(|o| o.region.to_string())
             .collect();
         known.sort();
         known.dedup();
@@ -141,8 +141,8 @@ fn refresh(
         let mut types: Vec<String> = base
             .offerings()
             .iter()
-            .filter(|o| o.cloud == c && wanted.contains(&o.region))
-            .map(|o| o.instance_type.clone())
+            .filter(|o| o.cloud == c && wanted.iter().any(|r| o.region == *r))
+            .map(|o| o.instance_type.to_string())
             .collect();
         types.sort();
         types.dedup();

@@ -7,8 +7,10 @@ use clap::Args;
 use serde::Serialize;
 use serde_json::json;
 
-use super::{load_catalog, print_json, table, Output};
-use crate::catalog::{Offering, ANY_ACCELERATOR};
+use super::{load_catalog_for, print_json, table, Output};
+use crate::catalog::risk::expected_cost;
+use crate::catalog::{Catalog, Offering, ANY_ACCELERATOR};
+use crate::spec::SpotRisk;
 use crate::{Error, ExitCode};
 
 /// `gangway show-gpus [NAME]`.
@@ -30,6 +32,13 @@ pub struct Cheapest {
     pub instance_type: String,
     /// Region.
     pub region: String,
+    /// The price is the catalog's estimate, not a published figure.
+    pub estimated: bool,
+    /// Spot only: the offer's interruption bucket (see `optimize`).
+    pub interruption: Option<String>,
+    /// Spot only: expected cost of an hour of useful work, with the
+    /// default restart overhead and checkpoint interval (see `optimize`).
+    pub expected_cost: Option<f64>,
 }
 
 /// One row: a GPU, a count, a cloud.
@@ -49,20 +58,30 @@ pub struct GpuRow {
     pub spot: Option<Cheapest>,
 }
 
-fn better(cur: &mut Option<Cheapest>, price: Option<f64>, o: &Offering) {
+fn better(
+    cur: &mut Option<Cheapest>,
+    price: Option<f64>,
+    estimated: bool,
+    risk: Option<(String, Option<f64>)>,
+    o: &Offering,
+) {
     if let Some(p) = price {
         if cur.as_ref().is_none_or(|c| p < c.price) {
             *cur = Some(Cheapest {
                 price: p,
-                instance_type: o.instance_type.clone(),
-                region: o.region.clone(),
+                instance_type: o.instance_type.to_string(),
+                region: o.region.to_string(),
+                estimated,
+                interruption: risk.as_ref().map(|r| r.0.clone()),
+                expected_cost: risk.and_then(|r| r.1),
             });
         }
     }
 }
 
 /// Groups the catalog by (GPU, count, cloud) with the cheapest prices.
-pub fn gpu_rows(offerings: &[Offering], name: Option<&str>, cloud: Option<&str>) -> Vec<GpuRow> {
+pub fn gpu_rows(catalog: &Catalog, name: Option<&str>, cloud: Option<&str>) -> Vec<GpuRow> {
+    let offerings = catalog.offerings();
     let mut rows: BTreeMap<(String, u32, String), GpuRow> = BTreeMap::new();
     for o in offerings {
         let Some(acc) = o.accelerator.as_deref() else {
@@ -77,18 +96,28 @@ pub fn gpu_rows(offerings: &[Offering], name: Option<&str>, cloud: Option<&str>)
         let key = (
             acc.to_string(),
             (o.accelerator_count * 100.0) as u32,
-            o.cloud.clone(),
+            o.cloud.to_string(),
         );
         let row = rows.entry(key).or_insert_with(|| GpuRow {
             accelerator: acc.to_string(),
             count: o.accelerator_count,
             memory_gib: o.accelerator_memory_gib,
-            cloud: o.cloud.clone(),
+            cloud: o.cloud.to_string(),
             on_demand: None,
             spot: None,
         });
-        better(&mut row.on_demand, o.price, o);
-        better(&mut row.spot, o.spot_price, o);
+        better(&mut row.on_demand, o.price, o.estimated.price, None, o);
+        if let Some(spot) = o.spot_price {
+            let i = catalog.interruption(o);
+            let expected = expected_cost(
+                spot,
+                i.hourly_rate(),
+                SpotRisk::DEFAULT_RESTART_MINUTES / 60.0,
+                SpotRisk::DEFAULT_CHECKPOINT_MINUTES / 60.0,
+            );
+            let risk = Some((i.label(), expected));
+            better(&mut row.spot, o.spot_price, o.estimated.spot, risk, o);
+        }
     }
     rows.into_values().collect()
 }
@@ -99,8 +128,9 @@ pub fn show_gpus(
     catalog_dir: Option<&Path>,
     out: Output,
 ) -> Result<ExitCode, Error> {
-    let catalog = load_catalog(catalog_dir)?;
-    let rows = gpu_rows(catalog.offerings(), a.name.as_deref(), a.cloud.as_deref());
+    // Stale prices matter only for the clouds the listing shows.
+    let catalog = load_catalog_for(catalog_dir, |c| a.cloud.as_deref().is_none_or(|x| x == c))?;
+    let rows = gpu_rows(&catalog, a.name.as_deref(), a.cloud.as_deref());
     if rows.is_empty() {
         let names = catalog.accelerator_names();
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
@@ -127,7 +157,18 @@ pub fn show_gpus(
         return Ok(ExitCode::Ok);
     }
     let price = |c: &Option<Cheapest>| match c {
-        Some(c) => format!("{:.2} ({}, {})", c.price, c.instance_type, c.region),
+        Some(c) => format!(
+            "{:.2}{} ({}, {}{})",
+            c.price,
+            super::est(c.estimated),
+            c.instance_type,
+            c.region,
+            match (&c.interruption, c.expected_cost) {
+                (Some(i), Some(e)) => format!(", interrupted {i}/mo, expected {e:.2}"),
+                (Some(i), None) => format!(", interrupted {i}/mo"),
+                _ => String::new(),
+            }
+        ),
         None => "-".into(),
     };
     let table_rows: Vec<Vec<String>> = rows
@@ -156,5 +197,12 @@ pub fn show_gpus(
         ],
         &table_rows,
     )?;
+    let estimated = |c: &Option<Cheapest>| c.as_ref().is_some_and(|c| c.estimated);
+    if rows
+        .iter()
+        .any(|r| estimated(&r.on_demand) || estimated(&r.spot))
+    {
+        println!("{}", super::EST_NOTE);
+    }
     Ok(ExitCode::Ok)
 }

@@ -209,8 +209,16 @@ pub fn load_catalog_for(
 ) -> Result<Catalog, Error> {
     let home = launch::gangway_home().ok();
     let c = crate::context::load_catalog(home.as_deref(), dir)?;
-    for (s, age) in c.stale_sources(Date::today()) {
-        if !relevant(&s.cloud) {
+    let today = Date::today();
+    let stale: Vec<_> = c
+        .stale_sources(today)
+        .into_iter()
+        .filter(|(s, _)| relevant(&s.cloud))
+        .collect();
+    let clouds: Vec<&str> = stale.iter().map(|(s, _)| s.cloud.as_str()).collect();
+    let due = stale_warnings_due(home.as_deref(), &clouds, today);
+    for (s, age) in stale {
+        if !due.iter().any(|c| *c == s.cloud) {
             continue;
         }
         eprintln!(
@@ -232,7 +240,61 @@ pub fn load_catalog_for(
     Ok(c)
 }
 
-/// Writes a JSON document to stdout.
+/// Of `clouds` (whose prices are stale), those not yet warned about today
+/// in this `$GANGWAY_HOME`, recording them as warned: each cloud's warning
+/// comes at most once a day (per cloud, so a command that touches another
+/// cloud still hears about it). Without a home, or one that cannot be
+/// written, every warning is due.
+fn stale_warnings_due<'a>(
+    home: Option<&std::path::Path>,
+    clouds: &[&'a str],
+    today: Date,
+) -> Vec<&'a str> {
+    let Some(home) = home.filter(|_| !clouds.is_empty()) else {
+        return clouds.to_vec();
+    };
+    let file = home.join("cache").join("stale-warned");
+    let text = std::fs::read_to_string(&file).unwrap_or_default();
+    // One `cloud YYYY-MM-DD` line per cloud warned about.
+    let mut warned: Vec<(String, String)> = text
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(c, d)| (c.to_string(), d.trim().to_string()))
+        .collect();
+    let today_s = today.to_string();
+    let due: Vec<&str> = clouds
+        .iter()
+        .copied()
+        .filter(|c| !warned.iter().any(|(w, d)| w == c && *d == today_s))
+        .collect();
+    if due.is_empty() {
+        return due;
+    }
+    warned.retain(|(c, _)| !due.contains(&c.as_str()));
+    warned.extend(due.iter().map(|c| (c.to_string(), today_s.clone())));
+    let body: String = warned.iter().map(|(c, d)| format!("{c} {d}\n")).collect();
+    let saved =
+        std::fs::create_dir_all(home.join("cache")).and_then(|_| std::fs::write(&file, body));
+    if let Err(e) = saved {
+        tracing::debug!("{}: {e}", file.display());
+    }
+    due
+}
+
+/// What the mark means, printed under a table that has one.
+pub(crate) const EST_NOTE: &str = "est. = an estimate, not a published price \
+     (src/catalog/data/SOURCES.md says how; `gangway catalog refresh` replaces it)";
+
+/// The mark after an estimated price in tables (see
+/// [`crate::catalog::Estimated`]).
+pub(crate) fn est(estimated: bool) -> &'static str {
+    if estimated {
+        " est."
+    } else {
+        ""
+    }
+}
+
 /// A moment as `HH:MM:SS UTC`, with how far away it is.
 pub fn clock_time(ms: i64) -> String {
     let secs = ms.div_euclid(1000);

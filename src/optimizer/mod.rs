@@ -13,8 +13,9 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
+use crate::catalog::risk::expected_cost;
 use crate::catalog::{Catalog, Offering, ANY_ACCELERATOR};
-use crate::spec::{Accelerators, Quantity, ResourceSpec, Task};
+use crate::spec::{Accelerators, Quantity, ResourceSpec, SpotRank, SpotRisk, Task};
 
 /// How many instance types to keep per (group, cloud, region).
 pub const DEFAULT_TYPES_PER_REGION: usize = 3;
@@ -42,6 +43,16 @@ pub struct Candidate {
     pub price_per_node_hour: f64,
     /// USD per hour for all nodes.
     pub total_per_hour: f64,
+    /// The price is the catalog's estimate, not a published figure.
+    pub price_estimated: bool,
+    /// Spot only: how often the offer is interrupted (the advisor's
+    /// bucket; `?` after it when it is the default for want of one).
+    pub interruption: Option<String>,
+    /// Spot only: the expected cost of a node's hour of useful work, given
+    /// the interruption rate and the task's `spot_risk` restart overhead
+    /// and checkpoint interval (or their defaults); `None` on demand or
+    /// when interruptions would leave no progress.
+    pub expected_cost_per_node_hour: Option<f64>,
     /// vCPUs per node.
     #[serde(skip)]
     pub vcpus: f32,
@@ -318,6 +329,10 @@ impl<'a> Filter<'a> {
 struct Hit {
     price: f64,
     total: f64,
+    /// What the hit is ranked by: `total`, or for spot with
+    /// `spot_risk: expected_cost`, the expected cost of the nodes' useful
+    /// hour.
+    key: f64,
     spot: bool,
     rank: u32,
     idx: u32,
@@ -344,10 +359,27 @@ pub fn optimize(
             for idx in pool(catalog, spec) {
                 let o = catalog.get(idx);
                 if f.feasible(o) {
-                    let price = f.price(o).expect("the market stage checked the price");
+                    let Some(price) = f.price(o) else {
+                        continue;
+                    };
+                    let total = price * nodes as f64;
+                    let key = match spec.spot_risk {
+                        Some(r) if f.spot && r.rank == SpotRank::ExpectedCost => {
+                            let i = catalog.interruption(o);
+                            expected_cost(
+                                price,
+                                i.hourly_rate(),
+                                r.restart_minutes / 60.0,
+                                r.checkpoint_minutes / 60.0,
+                            )
+                            .map_or(f64::INFINITY, |e| e * nodes as f64)
+                        }
+                        _ => total,
+                    };
                     hits.push(Hit {
                         price,
-                        total: price * nodes as f64,
+                        total,
+                        key,
                         spot: f.spot,
                         rank: catalog.keys(idx).rank,
                         idx,
@@ -365,23 +397,40 @@ pub fn optimize(
             let spec = &specs[h.spec as usize];
             let accelerator = match (&o.accelerator, accel_of(spec)) {
                 (Some(a), Some((asked, _))) if a == ANY_ACCELERATOR => Some(asked.to_string()),
-                (a, _) => a.clone(),
+                (a, _) => a.as_ref().map(|a| a.to_string()),
             };
             // The same placement can come from two alternatives; keep the first.
             if !seen.insert((h.idx, h.spot, accelerator.clone())) {
                 continue;
             }
             plan.push(Candidate {
-                cloud: o.cloud.clone(),
-                region: o.region.clone(),
-                zone: o.zone.clone(),
-                instance_type: o.instance_type.clone(),
+                cloud: o.cloud.to_string(),
+                region: o.region.to_string(),
+                zone: o.zone.to_string(),
+                instance_type: o.instance_type.to_string(),
                 accelerator,
                 accelerator_count: o.accelerator_count,
                 use_spot: h.spot,
                 nodes,
                 price_per_node_hour: h.price,
                 total_per_hour: h.total,
+                price_estimated: o.estimated.market(h.spot),
+                interruption: h.spot.then(|| catalog.interruption(o).label()),
+                expected_cost_per_node_hour: if h.spot {
+                    let r = spec.spot_risk.unwrap_or(SpotRisk {
+                        rank: SpotRank::Price,
+                        restart_minutes: SpotRisk::DEFAULT_RESTART_MINUTES,
+                        checkpoint_minutes: SpotRisk::DEFAULT_CHECKPOINT_MINUTES,
+                    });
+                    expected_cost(
+                        h.price,
+                        catalog.interruption(o).hourly_rate(),
+                        r.restart_minutes / 60.0,
+                        r.checkpoint_minutes / 60.0,
+                    )
+                } else {
+                    None
+                },
                 vcpus: o.vcpus,
                 memory_gib: o.memory_gib,
                 group: gi,
@@ -399,8 +448,8 @@ pub fn optimize(
 /// Ranking order: cheapest first; spot before on-demand at equal price;
 /// then (cloud, region, zone, type) order; then the user's item order.
 fn by_rank(a: &Hit, b: &Hit) -> std::cmp::Ordering {
-    a.total
-        .total_cmp(&b.total)
+    a.key
+        .total_cmp(&b.key)
         .then(b.spot.cmp(&a.spot))
         .then(a.rank.cmp(&b.rank))
         .then(a.spec.cmp(&b.spec))
@@ -525,7 +574,7 @@ pub fn explain(
             left = next;
             continue;
         }
-        let clouds = list(left.iter().map(|o| o.cloud.clone()));
+        let clouds = list(left.iter().map(|o| o.cloud.to_string()));
         return match stage {
             Stage::Count => format!(
                 "{what} is not offered; {} comes with {} per instance",
@@ -544,7 +593,7 @@ pub fn explain(
                 Some(cloud) => format!(
                     "{what} on {cloud} is not offered in region {} (regions: {})",
                     spec.infra.region.as_deref().unwrap_or(""),
-                    list(left.iter().map(|o| o.region.clone()))
+                    list(left.iter().map(|o| o.region.to_string()))
                 ),
                 None => format!(
                     "{what} is offered only on {clouds}; none of them in region {}",
@@ -554,12 +603,12 @@ pub fn explain(
             Stage::Zone => format!(
                 "{what} is not offered in zone {} (zones: {})",
                 spec.infra.zone.as_deref().unwrap_or(""),
-                list(left.iter().map(|o| o.zone.clone()))
+                list(left.iter().map(|o| o.zone.to_string()))
             ),
             Stage::InstanceType => format!(
                 "{what} is not offered as instance type {} (types: {})",
                 spec.instance_type.as_deref().unwrap_or(""),
-                list(left.iter().map(|o| o.instance_type.clone()))
+                list(left.iter().map(|o| o.instance_type.to_string()))
             ),
             Stage::Cpus => format!(
                 "no {what} offering has cpus {} (offered: {})",

@@ -18,7 +18,7 @@ fn o(
     Offering {
         cloud: cloud.into(),
         instance_type: it.into(),
-        accelerator: acc.map(|a| a.0.to_string()),
+        accelerator: acc.map(|a| a.0.into()),
         accelerator_count: acc.map_or(0.0, |a| a.1),
         accelerator_memory_gib: None,
         vcpus,
@@ -29,6 +29,7 @@ fn o(
         spot_price: spot,
         placement: false,
         efa: false,
+        estimated: Default::default(),
     }
 }
 
@@ -479,4 +480,69 @@ fn infeasible_says_which_constraint_removed_what() {
 fn fractional_and_case_insensitive_names_match() {
     let p = plan_of("resources:\n  accelerators: a10g:1\nrun: x\n").unwrap();
     assert_eq!(p[0].accelerator.as_deref(), Some("A10G"));
+}
+
+#[test]
+fn spot_risk_expected_cost_ranks_by_the_cost_of_useful_hours() {
+    // The shipped catalog: AWS A100 spot offers carry the advisor's
+    // buckets (p4d is ">20%" in us-east-1), GCP's the default.
+    let catalog = Catalog::embedded();
+    let plan = |risk: &str| {
+        let yaml = format!(
+            "resources:\n  accelerators: A100:8\n  use_spot: true\n  spot_risk: {risk}\nrun: x\n"
+        );
+        let task = parse_str(&yaml, "t.yaml").expect("valid task");
+        optimize(&task, &catalog, &Blocklist::default(), &Options::default()).expect("a plan")
+    };
+    let by_price = plan("price");
+    let by_risk = plan("{rank: expected_cost, restart_minutes: 10, checkpoint_minutes: 60}");
+    let sorted = |v: Vec<f64>| v.windows(2).all(|w| w[0] <= w[1] + 1e-9);
+    assert!(sorted(by_price.iter().map(|c| c.total_per_hour).collect()));
+    let expected: Vec<f64> = by_risk
+        .iter()
+        .map(|c| {
+            c.expected_cost_per_node_hour
+                .expect("spot has an expected cost")
+        })
+        .collect();
+    assert!(sorted(expected.clone()), "{expected:?}");
+    // Every spot candidate says its bucket, and costs more than its price
+    // once interruptions are counted.
+    for c in &by_risk {
+        assert!(c.interruption.is_some());
+        assert!(c.expected_cost_per_node_hour.unwrap() > c.price_per_node_hour);
+    }
+    // The rankings differ: a riskier offer that is cheapest by price is
+    // not first by expected cost.
+    let key = |c: &Candidate| (c.cloud.clone(), c.zone.clone(), c.instance_type.clone());
+    let a: Vec<_> = by_price.iter().map(key).collect();
+    let b: Vec<_> = by_risk.iter().map(key).collect();
+    assert_ne!(a, b);
+    // The default stays price, as SkyPilot's.
+    let task = parse_str(
+        "resources:\n  accelerators: A100:8\n  use_spot: true\nrun: x\n",
+        "t.yaml",
+    )
+    .unwrap();
+    let default = optimize(&task, &catalog, &Blocklist::default(), &Options::default()).unwrap();
+    assert_eq!(default.iter().map(key).collect::<Vec<_>>(), a);
+}
+
+#[test]
+fn spot_risk_values_are_checked() {
+    for (yaml, want) in [
+        ("spot_risk: cheapest", "unknown spot_risk 'cheapest'"),
+        (
+            "spot_risk: {rank: price, restart: 5}",
+            "unknown field 'restart'",
+        ),
+        (
+            "spot_risk: {restart_minutes: -1}",
+            "expected minutes at or above 0",
+        ),
+    ] {
+        let text = format!("resources:\n  {yaml}\nrun: x\n");
+        let e = parse_str(&text, "t.yaml").unwrap_err().to_string();
+        assert!(e.contains(want), "{yaml}: {e}");
+    }
 }

@@ -83,6 +83,7 @@ const RESOURCE_FIELDS: &[&str] = &[
     "labels",
     "autostop",
     "max_hourly_cost",
+    "spot_risk",
     "any_of",
     "ordered",
     "job_recovery",
@@ -866,6 +867,7 @@ fn resource_spec(cx: &Cx, fields: &[(&str, &Node, &Node)], parent: &str) -> R<Re
                 }
                 s.max_hourly_cost = Some(c);
             }
+            "spot_risk" => s.spot_risk = spot_risk(cx, v, &path)?,
             // Accepted for compatibility; they do not change placement.
             "accelerator_args" | "autostop" => {}
             _ => {}
@@ -1295,4 +1297,57 @@ pub fn flag(flag: &str, text: &str) -> Result<ResourceSpec, SpecError> {
         _ => unreachable!("unknown override flag {flag}"),
     }
     Ok(s)
+}
+
+/// `spot_risk: price | expected_cost`, or `{rank: expected_cost,
+/// restart_minutes: N, checkpoint_minutes: N}`.
+fn spot_risk(cx: &Cx, v: &Node, path: &str) -> R<Option<SpotRisk>> {
+    let hint = "write price or expected_cost, or {rank: expected_cost, restart_minutes: 5, checkpoint_minutes: 30}";
+    let rank = |node: &Node, field: &str| -> R<SpotRank> {
+        match cx.string(node, field)?.as_str() {
+            "price" => Ok(SpotRank::Price),
+            "expected_cost" => Ok(SpotRank::ExpectedCost),
+            other => Err(cx.err(
+                node,
+                field,
+                format!("unknown spot_risk '{other}'"),
+                "expected price or expected_cost",
+            )),
+        }
+    };
+    let mut r = SpotRisk {
+        rank: SpotRank::Price,
+        restart_minutes: SpotRisk::DEFAULT_RESTART_MINUTES,
+        checkpoint_minutes: SpotRisk::DEFAULT_CHECKPOINT_MINUTES,
+    };
+    match &v.kind {
+        Kind::Null => return Ok(None),
+        Kind::Scalar { .. } => r.rank = rank(v, path)?,
+        _ => {
+            let allowed = ["rank", "restart_minutes", "checkpoint_minutes"];
+            for (key, _, node) in cx.fields(v, path, &allowed, hint)? {
+                let field = format!("{path}.{key}");
+                match key {
+                    "rank" => r.rank = rank(node, &field)?,
+                    _ => {
+                        let m = cx.number(node, &field, "minutes, e.g. 5")?;
+                        if m < 0.0 {
+                            return Err(cx.err(
+                                node,
+                                &field,
+                                format!("expected minutes at or above 0, found {}", shown(node)),
+                                "minutes, e.g. 5",
+                            ));
+                        }
+                        if key == "restart_minutes" {
+                            r.restart_minutes = m;
+                        } else {
+                            r.checkpoint_minutes = m;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(Some(r))
 }

@@ -232,6 +232,41 @@ pub struct ResourceSpec {
     pub labels: BTreeMap<String, String>,
     /// gangway extension: most to pay per node-hour, USD.
     pub max_hourly_cost: Option<f64>,
+    /// gangway extension: how spot offers are ranked (`spot_risk:`).
+    pub spot_risk: Option<SpotRisk>,
+}
+
+/// `resources.spot_risk` (a gangway extension): rank spot offers by their
+/// price (the default, as SkyPilot does) or by the expected cost of an
+/// hour of useful work, given how often each is interrupted.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct SpotRisk {
+    /// What spot offers are ranked by.
+    pub rank: SpotRank,
+    /// Minutes billed without progress after each interruption (a new
+    /// instance's boot, setup and checkpoint restore).
+    pub restart_minutes: f64,
+    /// Minutes between checkpoints: an interruption loses half of it on
+    /// average.
+    pub checkpoint_minutes: f64,
+}
+
+impl SpotRisk {
+    /// Restart overhead when the task gives none: the simulator's default
+    /// (`gangway sim --restart-hours 0.05`).
+    pub const DEFAULT_RESTART_MINUTES: f64 = 3.0;
+    /// Checkpoint interval when the task gives none.
+    pub const DEFAULT_CHECKPOINT_MINUTES: f64 = 30.0;
+}
+
+/// What spot offers are ranked by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpotRank {
+    /// The spot price.
+    Price,
+    /// The expected cost per hour of useful work.
+    ExpectedCost,
 }
 
 impl ResourceSpec {
@@ -265,6 +300,7 @@ impl ResourceSpec {
             },
             labels,
             max_hourly_cost: pick(&self.max_hourly_cost, &base.max_hourly_cost),
+            spot_risk: pick(&self.spot_risk, &base.spot_risk),
         }
     }
 }

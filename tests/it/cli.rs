@@ -35,6 +35,9 @@ fn optimize_json_is_the_documented_shape_cheapest_first() {
         "nodes",
         "price_per_node_hour",
         "total_per_hour",
+        "price_estimated",
+        "interruption",
+        "expected_cost_per_node_hour",
     ];
     let mut last = 0.0;
     for row in plan {
@@ -380,22 +383,26 @@ fn verbose_logs_go_to_stderr_only() {
 #[test]
 fn stale_prices_and_bad_catalog_dirs_are_reported() {
     let d = tempfile::tempdir().unwrap();
+    let home = TestHome::new();
     let t = task(
         &d,
         "resources:\n  accelerators: A10G\n  infra: aws\nrun: x\n",
     );
-    let (code, _, err) = parts(&gangway([
-        "optimize",
-        &t,
-        "--catalog",
-        "tests/fixtures/stale",
-    ]));
+    let stale = ["optimize", &t, "--catalog", "tests/fixtures/stale"];
+    let (code, _, err) = parts(&home.run(stale));
     assert_eq!(code, 0, "{err}");
     assert!(
         err.contains("aws prices from tests/fixtures/stale/aws.csv were taken on 2020-01-15"),
         "{err}"
     );
     assert!(err.contains("days ago"), "{err}");
+    // Once a day per home: the next command is quiet about it ...
+    let (code, _, err) = parts(&home.run(stale));
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("prices from"), "warned twice: {err}");
+    // ... another home is told again.
+    let (_, _, err) = parts(&TestHome::new().run(stale));
+    assert!(err.contains("aws prices from"), "{err}");
     let (code, _, err) = parts(&gangway([
         "optimize",
         &t,
@@ -417,6 +424,86 @@ fn stale_prices_and_bad_catalog_dirs_are_reported() {
     ]));
     assert_eq!(code, 2);
     assert!(err.contains("no catalog files found"), "{err}");
+}
+
+#[test]
+fn stale_warnings_only_name_clouds_the_command_touches_and_never_reach_stdout() {
+    let d = tempfile::tempdir().unwrap();
+    let local = task(&d, "resources:\n  infra: local\nrun: x\n");
+    // The fixture's AWS prices are years old: a task pinned to local and a
+    // listing of GCP's GPUs do not hear about them.
+    let home = TestHome::new();
+    let (code, _, err) =
+        parts(&home.run(["optimize", &local, "--catalog", "tests/fixtures/stale"]));
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("prices from"), "{err}");
+    let (code, _, err) = parts(&home.run([
+        "show-gpus",
+        "--cloud",
+        "gcp",
+        "--catalog",
+        "tests/fixtures/stale",
+    ]));
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("prices from"), "{err}");
+    // With -o json the warning stays on stderr; stdout is one document.
+    let (code, out, err) = parts(&home.run([
+        "show-gpus",
+        "--cloud",
+        "aws",
+        "--catalog",
+        "tests/fixtures/stale",
+        "-o",
+        "json",
+    ]));
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("aws prices from"), "{err}");
+    json(&out);
+}
+
+#[test]
+fn a_new_user_sees_no_stale_price_warning_with_the_shipped_catalog() {
+    let home = TestHome::new();
+    for args in [
+        &["optimize", "examples/train.yaml"][..],
+        &["show-gpus"][..],
+        &["optimize", "examples/train-any-of.yaml", "-o", "json"][..],
+    ] {
+        let (code, _, err) = parts(&home.run(args));
+        assert_eq!(code, 0, "{args:?}: {err}");
+        assert!(!err.contains("warning"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn estimated_prices_are_marked_in_tables_and_json() {
+    let home = TestHome::new();
+    // The shipped p5en spot prices are estimates (SOURCES.md); p4d's are
+    // published.
+    let (code, out, err) = parts(&home.run(["show-gpus", "H200", "--cloud", "aws", "-o", "json"]));
+    assert_eq!(code, 0, "{err}");
+    let v = json(&out);
+    let row = &v["gpus"][0];
+    assert_eq!(row["spot"]["instance_type"], "p5en.48xlarge", "{v}");
+    assert_eq!(row["spot"]["estimated"], true, "{v}");
+    assert_eq!(row["on_demand"]["estimated"], false, "{v}");
+    let (code, out, err) = parts(&home.run(["show-gpus", "H200", "--cloud", "aws"]));
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(" est. (p5en.48xlarge"), "{out}");
+    assert!(out.contains("est. = an estimate"), "{out}");
+    let d = tempfile::tempdir().unwrap();
+    let t = task(
+        &d,
+        "resources:\n  accelerators: A100:8\n  infra: aws\n  use_spot: true\nrun: x\n",
+    );
+    let (code, out, err) = parts(&home.run(["optimize", &t, "-o", "json"]));
+    assert_eq!(code, 0, "{err}");
+    let v = json(&out);
+    let plan = v["plan"].as_array().unwrap();
+    assert!(plan.iter().all(|c| c["price_estimated"] == false), "{v}");
+    let (code, out, err) = parts(&home.run(["optimize", &t]));
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains("est."), "{out}");
 }
 
 #[test]

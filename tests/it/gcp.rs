@@ -182,7 +182,7 @@ fn sku_price(gce: &GceFake, description: &str, region: &str) -> f64 {
 fn rows(csv: &str, ty: &str, gpu: &str, count: &str) -> Vec<(String, Option<f64>, Option<f64>)> {
     csv.lines()
         .map(|l| l.split(',').collect::<Vec<_>>())
-        .filter(|f| f.len() == 12 && f[0] == ty && f[1] == gpu && f[2] == count)
+        .filter(|f| f.len() == 13 && f[0] == ty && f[1] == gpu && f[2] == count)
         .map(|f| (f[7].to_string(), f[8].parse().ok(), f[9].parse().ok()))
         .collect()
 }
