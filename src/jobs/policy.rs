@@ -254,11 +254,16 @@ impl Policy for Greedy {
 /// With `w` the work done, `t` the elapsed time and `d` the restart
 /// overhead, at each tick, in order:
 /// 1. Committed (safety net fired earlier): on-demand, to the end.
-/// 2. Hysteresis: on on-demand, stay there unless spot is available and
-///    `w >= C(t + 2d)`. On-demand is left only for spot, and only once the
-///    job is ahead of the line by two restart overheads' worth, so it never
-///    flaps between on-demand and idle around the line (each flap would
-///    pay another restart).
+/// 2. Hysteresis: on on-demand, stay there unless spot is available,
+///    `w >= C(t + 2d)` and more than `d` of work is left. On-demand is left
+///    only for spot, and only once the job is ahead of the line by two
+///    restart overheads' worth, so it never flaps between on-demand and
+///    idle around the line (each flap would pay another restart). Near the
+///    end (`C` is capped at the job length, so any `w` is "ahead" there)
+///    a move would pay a whole restart to save at most `d`: it stays. (Not
+///    in the paper, whose ticks are long; a managed job's checkpoint can
+///    show all the work done while the on-demand run is still exiting, and
+///    leaving then killed a finishing run to restart it on spot.)
 /// 3. Exploitation, taking risks: spot available: spot (stay on a running
 ///    spot instance; start one even while behind the line).
 /// 4. Uniform progress: no spot and `w < C(t)`: on-demand.
@@ -290,7 +295,9 @@ impl Policy for UniformProgress {
         }
         let w = s.work_done;
         let wish = if s.running == Choice::OnDemand
-            && (!s.spot_available || w < s.expected_progress(s.elapsed + 2.0 * s.restart_overhead))
+            && (!s.spot_available
+                || w < s.expected_progress(s.elapsed + 2.0 * s.restart_overhead)
+                || s.remaining_work() <= s.restart_overhead)
         {
             Choice::OnDemand
         } else if s.spot_available {
@@ -434,6 +441,11 @@ mod tests {
         assert_eq!(p.decide(&on_od(3.0, 2.7, true)), Choice::Spot);
         assert_eq!(p.decide(&on_od(3.0, 2.7, false)), Choice::OnDemand);
         assert_eq!(p.decide(&on_od(3.0, 9.0, false)), Choice::OnDemand);
+        // Near the end, finishing costs less than a restart: kept, spot or
+        // not (job length 10 h, d = 0.5 h).
+        assert_eq!(p.decide(&on_od(9.0, 9.6, true)), Choice::OnDemand);
+        assert_eq!(p.decide(&on_od(9.0, 10.0, true)), Choice::OnDemand);
+        assert_eq!(p.decide(&on_od(8.0, 9.4, true)), Choice::Spot);
         // Idle and ahead: stays idle.
         assert_eq!(p.decide(&state(3.0, 2.7, false)), Choice::Idle);
     }
