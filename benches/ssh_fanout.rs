@@ -8,8 +8,8 @@ use std::io::Read;
 use std::time::{Duration, Instant};
 
 use gangway::gang::ssh::SshTransport;
-use gangway::gang::{NodeCommand, Transport};
-use gangway::state::NodeRow;
+use gangway_provider::NodeRow;
+use gangway_provider::{NodeCommand, Transport};
 
 fn env(k: &str) -> Option<String> {
     std::env::var(k).ok().filter(|v| !v.is_empty())

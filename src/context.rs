@@ -16,7 +16,7 @@ use crate::Error;
 /// pools, Slurm clusters), offered at no cost. Each overlay replaces only
 /// the clouds it holds. Catalog files are parsed once per content: their
 /// parse is cached under `$GANGWAY_HOME/cache/catalog`.
-pub fn load_catalog(home: Option<&Path>, dir: Option<&Path>) -> Result<Catalog, Error> {
+pub(crate) fn load_catalog(home: Option<&Path>, dir: Option<&Path>) -> Result<Catalog, Error> {
     let mut c = Catalog::embedded();
     let cache = home.map(|h| h.join("cache").join("catalog"));
     if let Some(home) = home {
@@ -37,7 +37,7 @@ pub fn load_catalog(home: Option<&Path>, dir: Option<&Path>) -> Result<Catalog, 
 /// What a command works with, for one `$GANGWAY_HOME`: its state store and
 /// providers. The catalog is [`load_catalog`]'s, with the caller's
 /// `--catalog` (the controller keeps one per job's directory).
-pub struct Context {
+pub(crate) struct Context {
     home: PathBuf,
     store: Store,
     providers: Providers,
@@ -45,7 +45,7 @@ pub struct Context {
 
 impl Context {
     /// Opens the state under `home` and builds the providers.
-    pub fn open(home: &Path) -> Result<Context, StateError> {
+    pub(crate) fn open(home: &Path) -> Result<Context, StateError> {
         Ok(Context {
             home: home.to_path_buf(),
             store: Store::open(home)?,
@@ -54,17 +54,17 @@ impl Context {
     }
 
     /// `$GANGWAY_HOME`.
-    pub fn home(&self) -> &Path {
+    pub(crate) fn home(&self) -> &Path {
         &self.home
     }
 
     /// The state store.
-    pub fn store(&self) -> &Store {
+    pub(crate) fn store(&self) -> &Store {
         &self.store
     }
 
     /// Every provider of this build.
-    pub fn providers(&self) -> &Providers {
+    pub(crate) fn providers(&self) -> &Providers {
         &self.providers
     }
 }

@@ -187,7 +187,7 @@ impl Error {
 
     /// A teardown of `cluster` that did not finish, with what its row says
     /// may still be running.
-    pub fn leftover(
+    pub(crate) fn leftover(
         store: &crate::state::Store,
         cluster: &str,
         reason: impl std::fmt::Display,
@@ -204,7 +204,7 @@ impl Error {
     }
 
     /// Shorthand for a usage error.
-    pub fn usage(message: impl Into<String>, hint: Option<&str>) -> Error {
+    pub(crate) fn usage(message: impl Into<String>, hint: Option<&str>) -> Error {
         Error::Usage {
             message: message.into(),
             hint: hint.map(str::to_string),

@@ -22,18 +22,18 @@ const NONE: u32 = u32::MAX;
 
 /// What one catalog file parses to.
 #[derive(Debug, PartialEq)]
-pub struct Parsed {
+pub(crate) struct Parsed {
     /// Offerings.
-    pub rows: Vec<Offering>,
+    pub(crate) rows: Vec<Offering>,
     /// `# taken:` date, if the file has one.
-    pub taken: Option<Date>,
+    pub(crate) taken: Option<Date>,
     /// Rows that could not be used, as `file:line: reason`.
-    pub warnings: Vec<String>,
+    pub(crate) warnings: Vec<String>,
 }
 
 /// Size, mtime and content hash of a catalog file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Key {
+pub(crate) struct Key {
     size: u64,
     mtime_ns: u128,
     hash: u64,
@@ -41,7 +41,7 @@ pub struct Key {
 
 impl Key {
     /// Stats and hashes `path` (streamed: the file is not held in memory).
-    pub fn of(path: &Path) -> std::io::Result<Key> {
+    pub(crate) fn of(path: &Path) -> std::io::Result<Key> {
         let mut f = std::fs::File::open(path)?;
         let meta = f.metadata()?;
         let mtime_ns = meta
@@ -138,7 +138,7 @@ impl Hasher {
 
 /// Where the entry for the file shown as `shown` (the path its warnings
 /// name) lives under `dir`: named by a hash of that path.
-pub fn entry_path(dir: &Path, shown: &str) -> PathBuf {
+pub(crate) fn entry_path(dir: &Path, shown: &str) -> PathBuf {
     let mut h = Hasher::default();
     h.write(shown.as_bytes());
     dir.join(format!("{:016x}.bin", h.finish()))
@@ -146,21 +146,24 @@ pub fn entry_path(dir: &Path, shown: &str) -> PathBuf {
 
 /// A cache entry whose header matched the file's key; [`Entry::decode_into`]
 /// streams its rows (the entry is never held whole in memory).
-pub struct Entry {
+pub(crate) struct Entry {
     r: Reader,
     rows: usize,
 }
 
 impl Entry {
     /// How many offerings the entry holds (to size a vector once).
-    pub fn rows(&self) -> usize {
+    pub(crate) fn rows(&self) -> usize {
         self.rows
     }
 
     /// Appends the entry's offerings to `out`, returning the file's taken
     /// date and warnings; `None` (with `out` as it was) if the entry is
     /// malformed.
-    pub fn decode_into(mut self, out: &mut Vec<Offering>) -> Option<(Option<Date>, Vec<String>)> {
+    pub(crate) fn decode_into(
+        mut self,
+        out: &mut Vec<Offering>,
+    ) -> Option<(Option<Date>, Vec<String>)> {
         let before = out.len();
         let got = decode(&mut self.r, out);
         if got.is_none() {
@@ -171,7 +174,7 @@ impl Entry {
 }
 
 /// The entry at `entry` if it holds the parse of a file with key `key`.
-pub fn read(entry: &Path, key: &Key) -> Option<Entry> {
+pub(crate) fn read(entry: &Path, key: &Key) -> Option<Entry> {
     let f = std::fs::File::open(entry).ok()?;
     let left = f.metadata().ok()?.len();
     let mut r = Reader {
@@ -198,7 +201,7 @@ fn header(r: &mut Reader, key: &Key) -> Option<usize> {
 
 /// Saves `parsed` for a file with key `key` (write to a temporary file,
 /// then rename: a reader never sees half an entry).
-pub fn write(entry: &Path, key: &Key, parsed: &Parsed) -> std::io::Result<()> {
+pub(crate) fn write(entry: &Path, key: &Key, parsed: &Parsed) -> std::io::Result<()> {
     if let Some(dir) = entry.parent() {
         std::fs::create_dir_all(dir)?;
     }

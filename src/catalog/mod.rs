@@ -7,7 +7,7 @@
 
 mod cache;
 mod name;
-pub mod risk;
+pub(crate) mod risk;
 mod skypilot;
 
 use std::collections::HashMap;
@@ -18,21 +18,22 @@ use std::path::Path;
 use gangway_provider::PriceQuote;
 use serde::Serialize;
 
-pub use name::{Interner, Name};
+pub(crate) use name::Interner;
+pub use name::Name;
 pub use skypilot::load_skypilot_csv;
 
 /// Accelerator name meaning "whatever GPU the task asks for" (local provider).
-pub const ANY_ACCELERATOR: &str = "*";
+pub(crate) const ANY_ACCELERATOR: &str = "*";
 
 /// Prices the user fetched (a refresh, a `--catalog` directory) older than
 /// this many days earn a warning.
-pub const STALE_AFTER_DAYS: i64 = 90;
+pub(crate) const STALE_AFTER_DAYS: i64 = 90;
 
 /// The prices shipped inside the binary earn a warning after this many
 /// days: they are the release's snapshot, which a new user can only
 /// replace by refreshing, and list prices change a few times a year (what
 /// is estimated in them is marked so, whatever its age).
-pub const EMBEDDED_STALE_AFTER_DAYS: i64 = 365;
+pub(crate) const EMBEDDED_STALE_AFTER_DAYS: i64 = 365;
 
 /// One instance type in one zone, with its prices.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -81,7 +82,7 @@ pub struct Estimated {
 impl Estimated {
     /// Parses the `estimated` column: empty, `price`, `spot` or
     /// `price+spot`.
-    pub fn parse(s: &str) -> Option<Estimated> {
+    pub(crate) fn parse(s: &str) -> Option<Estimated> {
         let mut e = Estimated::default();
         for part in s.split('+').map(str::trim).filter(|p| !p.is_empty()) {
             match part {
@@ -94,7 +95,7 @@ impl Estimated {
     }
 
     /// The column's text (see [`Estimated::parse`]).
-    pub fn as_column(&self) -> &'static str {
+    pub(crate) fn as_column(&self) -> &'static str {
         match (self.price, self.spot) {
             (false, false) => "",
             (true, false) => "price",
@@ -104,7 +105,7 @@ impl Estimated {
     }
 
     /// Whether the price of one market is estimated.
-    pub fn market(&self, spot: bool) -> bool {
+    pub(crate) fn market(&self, spot: bool) -> bool {
         if spot {
             self.spot
         } else {
@@ -115,29 +116,29 @@ impl Estimated {
 
 /// Integer keys of one offering, for fast ranking and pruning.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Keys {
+pub(crate) struct Keys {
     /// Rank in (cloud, region, zone, instance type) order.
-    pub rank: u32,
+    pub(crate) rank: u32,
     /// Id of its (cloud, region).
-    pub region: u32,
+    pub(crate) region: u32,
     /// Id of its instance type.
-    pub ty: u32,
+    pub(crate) ty: u32,
 }
 
 /// A calendar date (prices' "taken" date).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-pub struct Date {
+pub(crate) struct Date {
     /// Year.
-    pub y: i32,
+    pub(crate) y: i32,
     /// Month 1-12.
-    pub m: u32,
+    pub(crate) m: u32,
     /// Day 1-31.
-    pub d: u32,
+    pub(crate) d: u32,
 }
 
 impl Date {
     /// Parses `YYYY-MM-DD`.
-    pub fn parse(s: &str) -> Option<Date> {
+    pub(crate) fn parse(s: &str) -> Option<Date> {
         let mut it = s.trim().splitn(3, '-');
         let y = it.next()?.parse().ok()?;
         let m = it.next()?.parse().ok()?;
@@ -146,7 +147,7 @@ impl Date {
     }
 
     /// Days since 1970-01-01 (proleptic Gregorian).
-    pub fn days(&self) -> i64 {
+    pub(crate) fn days(&self) -> i64 {
         let (y, m) = if self.m <= 2 {
             (self.y as i64 - 1, self.m as i64 + 9)
         } else {
@@ -160,7 +161,7 @@ impl Date {
     }
 
     /// Today, from the system clock (UTC).
-    pub fn today() -> Date {
+    pub(crate) fn today() -> Date {
         let secs = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs() as i64)
@@ -169,7 +170,7 @@ impl Date {
     }
 
     /// Inverse of [`Date::days`].
-    pub fn from_days(z: i64) -> Date {
+    pub(crate) fn from_days(z: i64) -> Date {
         let z = z + 719_468;
         let era = z.div_euclid(146_097);
         let doe = z - era * 146_097;
@@ -191,15 +192,15 @@ impl fmt::Display for Date {
 
 /// Where one cloud's offerings came from.
 #[derive(Clone, Debug, Serialize)]
-pub struct Source {
+pub(crate) struct Source {
     /// Cloud.
-    pub cloud: String,
+    pub(crate) cloud: String,
     /// `embedded` or a file path.
-    pub origin: String,
+    pub(crate) origin: String,
     /// When the prices were taken, if known.
-    pub taken: Option<Date>,
+    pub(crate) taken: Option<Date>,
     /// Rows loaded.
-    pub rows: usize,
+    pub(crate) rows: usize,
 }
 
 /// All offerings, with an index by accelerator for fast lookups.
@@ -214,9 +215,9 @@ pub struct Catalog {
     keys: Vec<Keys>,
     regions: usize,
     /// Where each cloud came from.
-    pub sources: Vec<Source>,
+    pub(crate) sources: Vec<Source>,
     /// Rows that could not be used, as `file:line: reason`.
-    pub warnings: Vec<String>,
+    pub(crate) warnings: Vec<String>,
     /// Clouds offered only to tasks that name them.
     only_when_named: Vec<String>,
     /// Spot interruption buckets.
@@ -290,7 +291,7 @@ impl Catalog {
     }
 
     /// Replaces every offering of the clouds in `other` with `other`'s.
-    pub fn overlay(&mut self, other: Catalog) {
+    pub(crate) fn overlay(&mut self, other: Catalog) {
         for c in other.only_when_named {
             self.offer_only_when_named(&c);
         }
@@ -315,14 +316,19 @@ impl Catalog {
 
     /// Loads a directory of `<cloud>/vms.csv` (SkyPilot v8) and/or
     /// `<cloud>.csv` (gangway's format) files.
-    pub fn load_dir(dir: &Path) -> Result<Catalog, CatalogError> {
+    #[cfg(test)]
+    pub(crate) fn load_dir(dir: &Path) -> Result<Catalog, CatalogError> {
         Catalog::load_dir_cached(dir, None)
     }
 
     /// [`Catalog::load_dir`], keeping each file's parse in `cache` (a
     /// directory, created if missing; see the `cache` module): a file
     /// whose size, mtime and content are unchanged is not parsed again.
-    pub fn load_dir_cached(dir: &Path, cache: Option<&Path>) -> Result<Catalog, CatalogError> {
+    #[cfg(test)]
+    pub(crate) fn load_dir_cached(
+        dir: &Path,
+        cache: Option<&Path>,
+    ) -> Result<Catalog, CatalogError> {
         let mut c = Catalog::load_rows(dir, cache)?;
         c.reindex();
         Ok(c)
@@ -330,7 +336,11 @@ impl Catalog {
 
     /// Overlays the catalog in `dir` ([`Catalog::load_dir_cached`] and
     /// [`Catalog::overlay`], indexing the result once).
-    pub fn overlay_dir(&mut self, dir: &Path, cache: Option<&Path>) -> Result<(), CatalogError> {
+    pub(crate) fn overlay_dir(
+        &mut self,
+        dir: &Path,
+        cache: Option<&Path>,
+    ) -> Result<(), CatalogError> {
         let other = Catalog::load_rows(dir, cache)?;
         self.overlay(other);
         Ok(())
@@ -426,7 +436,7 @@ impl Catalog {
 
     /// The catalog of what a provider's configuration file offers: on
     /// demand only, taken today.
-    pub fn from_capacity(cloud: &str, capacity: gangway_provider::Capacity) -> Catalog {
+    pub(crate) fn from_capacity(cloud: &str, capacity: gangway_provider::Capacity) -> Catalog {
         let offerings: Vec<Offering> = capacity
             .offers
             .into_iter()
@@ -460,14 +470,14 @@ impl Catalog {
 
     /// Offers `cloud`'s rows only to tasks that name it (`infra:`),
     /// whichever overlay its rows come from.
-    pub fn offer_only_when_named(&mut self, cloud: &str) {
+    pub(crate) fn offer_only_when_named(&mut self, cloud: &str) {
         if !self.only_when_named(cloud) {
             self.only_when_named.push(cloud.to_string());
         }
     }
 
     /// Whether `cloud` is offered only to tasks that name it.
-    pub fn only_when_named(&self, cloud: &str) -> bool {
+    pub(crate) fn only_when_named(&self, cloud: &str) -> bool {
         self.only_when_named.iter().any(|c| c == cloud)
     }
 
@@ -561,29 +571,30 @@ impl Catalog {
     }
 
     /// How often `o` is interrupted on spot (see [`risk`]).
-    pub fn interruption(&self, o: &Offering) -> risk::Interruption {
+    pub(crate) fn interruption(&self, o: &Offering) -> risk::Interruption {
         self.risk
             .interruption(&o.cloud, &o.region, &o.instance_type)
     }
 
     /// Integer keys of offering `i` (see [`Keys`]).
-    pub fn keys(&self, i: u32) -> Keys {
+    pub(crate) fn keys(&self, i: u32) -> Keys {
         self.keys[i as usize]
     }
 
     /// Number of distinct (cloud, region) pairs; region ids are below it.
-    pub fn region_count(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn region_count(&self) -> usize {
         self.regions
     }
 
     /// Offering by index.
-    pub fn get(&self, i: u32) -> &Offering {
+    pub(crate) fn get(&self, i: u32) -> &Offering {
         &self.offerings[i as usize]
     }
 
     /// Indexes of offerings whose accelerator is `name` (case-insensitive),
     /// or of CPU-only ones for `""`.
-    pub fn indexes_with_accelerator(&self, name: &str) -> &[u32] {
+    pub(crate) fn indexes_with_accelerator(&self, name: &str) -> &[u32] {
         self.by_accel
             .get(&name.to_ascii_lowercase())
             .map_or(&[], Vec::as_slice)
@@ -597,7 +608,7 @@ impl Catalog {
     /// longer sold there. Rows of one type that differ by accelerator
     /// (GCP's N1 hosts with T4 or V100 attached) are kept apart. Other
     /// regions stay as they were.
-    pub fn refreshed(
+    pub(crate) fn refreshed(
         &self,
         cloud: &str,
         regions: &[String],
@@ -663,7 +674,7 @@ impl Catalog {
 
     /// `cloud`'s offerings in gangway's own CSV format, dated `taken`, with
     /// `note` as a comment line (what [`Catalog::load_dir`] reads back).
-    pub fn to_own_csv(offerings: &[&Offering], taken: Date, note: &str) -> String {
+    pub(crate) fn to_own_csv(offerings: &[&Offering], taken: Date, note: &str) -> String {
         let num = |v: Option<f64>| v.map(|p| format!("{p}")).unwrap_or_default();
         let mut out = format!(
             "# taken: {taken}\n# {note}\n\
@@ -699,14 +710,15 @@ impl Catalog {
 
     /// Offerings whose accelerator is `name` (case-insensitive), or CPU-only
     /// ones for `""`. Local wildcard offerings are not included.
-    pub fn with_accelerator(&self, name: &str) -> impl Iterator<Item = &Offering> {
+    #[cfg(test)]
+    pub(crate) fn with_accelerator(&self, name: &str) -> impl Iterator<Item = &Offering> {
         self.indexes_with_accelerator(name)
             .iter()
             .map(|i| &self.offerings[*i as usize])
     }
 
     /// Distinct accelerator names, in their catalog spelling, sorted.
-    pub fn accelerator_names(&self) -> Vec<String> {
+    pub(crate) fn accelerator_names(&self) -> Vec<String> {
         let mut names: Vec<String> = self
             .by_accel
             .values()
@@ -720,7 +732,7 @@ impl Catalog {
 
     /// Sources whose prices are older than [`STALE_AFTER_DAYS`] on `today`
     /// ([`EMBEDDED_STALE_AFTER_DAYS`] for the embedded ones).
-    pub fn stale_sources(&self, today: Date) -> Vec<(&Source, i64)> {
+    pub(crate) fn stale_sources(&self, today: Date) -> Vec<(&Source, i64)> {
         self.sources
             .iter()
             .filter_map(|s| s.taken.map(|t| (s, today.days() - t.days())))

@@ -22,7 +22,7 @@ pub struct Name(Rc<str>);
 
 impl Name {
     /// The text.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 
@@ -139,13 +139,13 @@ impl Serialize for Name {
 /// Hands out one shared copy per distinct text, so rows parsed from one
 /// file share their names.
 #[derive(Default)]
-pub struct Interner {
+pub(crate) struct Interner {
     names: std::collections::HashSet<Name>,
 }
 
 impl Interner {
     /// The shared copy of `s`.
-    pub fn get(&mut self, s: &str) -> Name {
+    pub(crate) fn get(&mut self, s: &str) -> Name {
         if let Some(n) = self.names.get(s) {
             return n.clone();
         }

@@ -22,28 +22,28 @@
 use std::collections::HashMap;
 
 /// The advisor's bucket labels, by bucket.
-pub const BUCKETS: [&str; 5] = ["<5%", "5-10%", "10-15%", "15-20%", ">20%"];
+pub(crate) const BUCKETS: [&str; 5] = ["<5%", "5-10%", "10-15%", "15-20%", ">20%"];
 
 /// Interruptions per spot-instance hour assumed for each bucket (see the
 /// module docs for where they come from).
-pub const HOURLY_RATE: [f64; 5] = [0.042, 0.125, 0.208, 0.292, 0.5];
+pub(crate) const HOURLY_RATE: [f64; 5] = [0.042, 0.125, 0.208, 0.292, 0.5];
 
 /// The bucket of offers with no published one (GCP, other clouds, AWS
 /// types the feed does not list): the middle one.
-pub const DEFAULT_BUCKET: u8 = 2;
+pub(crate) const DEFAULT_BUCKET: u8 = 2;
 
 /// An offer's interruption bucket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct Interruption {
+pub(crate) struct Interruption {
     /// 0 (`<5%`) to 4 (`>20%`).
-    pub bucket: u8,
+    pub(crate) bucket: u8,
     /// Whether it is [`DEFAULT_BUCKET`] for want of a published one.
-    pub default: bool,
+    pub(crate) default: bool,
 }
 
 impl Interruption {
     /// The bucket's label, with `default` marked.
-    pub fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         let l = BUCKETS[self.bucket.min(4) as usize];
         if self.default {
             format!("{l}?")
@@ -53,7 +53,7 @@ impl Interruption {
     }
 
     /// Interruptions per hour.
-    pub fn hourly_rate(&self) -> f64 {
+    pub(crate) fn hourly_rate(&self) -> f64 {
         HOURLY_RATE[self.bucket.min(4) as usize]
     }
 }
@@ -61,24 +61,29 @@ impl Interruption {
 /// The expected cost of one hour of useful work at `price` per hour, with
 /// `rate` interruptions per hour, each losing `restart_h` plus half of
 /// `checkpoint_h`. `None` when interruptions would leave no progress.
-pub fn expected_cost(price: f64, rate: f64, restart_h: f64, checkpoint_h: f64) -> Option<f64> {
+pub(crate) fn expected_cost(
+    price: f64,
+    rate: f64,
+    restart_h: f64,
+    checkpoint_h: f64,
+) -> Option<f64> {
     let lost = rate * (restart_h + checkpoint_h / 2.0);
     (lost < 1.0).then(|| price / (1.0 - lost))
 }
 
 /// Interruption buckets by (cloud, region, instance type).
 #[derive(Clone, Debug, Default)]
-pub struct RiskTable {
+pub(crate) struct RiskTable {
     buckets: HashMap<(String, String, String), u8>,
     /// When the shipped buckets were taken.
-    pub taken: Option<super::Date>,
+    pub(crate) taken: Option<super::Date>,
 }
 
 const EMBEDDED_AWS: &str = include_str!("data/aws-interruption.csv");
 
 impl RiskTable {
     /// The shipped table.
-    pub fn embedded() -> RiskTable {
+    pub(crate) fn embedded() -> RiskTable {
         let mut t = RiskTable::default();
         for line in EMBEDDED_AWS.lines() {
             if let Some(d) = line.strip_prefix("# taken:") {
@@ -99,7 +104,7 @@ impl RiskTable {
     }
 
     /// The bucket of `ty` in `cloud`/`region`.
-    pub fn interruption(&self, cloud: &str, region: &str, ty: &str) -> Interruption {
+    pub(crate) fn interruption(&self, cloud: &str, region: &str, ty: &str) -> Interruption {
         match self
             .buckets
             .get(&(cloud.to_string(), region.to_string(), ty.to_string()))

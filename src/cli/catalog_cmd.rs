@@ -11,7 +11,7 @@ use crate::{Error, ExitCode};
 
 /// Catalog actions.
 #[derive(Debug, Subcommand)]
-pub enum CatalogAction {
+pub(crate) enum CatalogAction {
     /// Where each cloud's prices come from, when they were taken, rows and warnings.
     Show,
     /// Replace prices with live ones from the providers' APIs.
@@ -27,7 +27,11 @@ pub enum CatalogAction {
 }
 
 /// Runs a catalog action.
-pub fn run(action: CatalogAction, dir: Option<&Path>, out: Output) -> Result<ExitCode, Error> {
+pub(crate) fn run(
+    action: CatalogAction,
+    dir: Option<&Path>,
+    out: Output,
+) -> Result<ExitCode, Error> {
     match action {
         CatalogAction::Refresh { cloud, regions } => refresh(cloud.as_deref(), &regions, dir, out),
         CatalogAction::Show => {

@@ -13,9 +13,9 @@ use crate::{Error, ExitCode};
 
 /// `gangway check`.
 #[derive(Debug, Args)]
-pub struct CheckArgs {
+pub(crate) struct CheckArgs {
     /// Only these clouds (default: every provider in this build).
-    pub clouds: Vec<String>,
+    pub(crate) clouds: Vec<String>,
 }
 
 /// How long one provider may take to answer.
@@ -23,7 +23,7 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Runs `gangway check`. Exit 0 when every cloud asked about is usable,
 /// 4 (credentials) otherwise.
-pub fn check(a: &CheckArgs, out: Output) -> Result<ExitCode, Error> {
+pub(crate) fn check(a: &CheckArgs, out: Output) -> Result<ExitCode, Error> {
     let home = gangway_home()?;
     let providers = Providers::new(&home);
     let known: Vec<&str> = providers.all().map(|(n, _)| n).collect();

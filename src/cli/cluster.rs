@@ -21,54 +21,54 @@ use gangway_provider::ClusterName;
 
 /// `gangway status`.
 #[derive(Debug, Args)]
-pub struct StatusArgs {
+pub(crate) struct StatusArgs {
     /// Only these clusters (shows their nodes too).
-    pub clusters: Vec<String>,
+    pub(crate) clusters: Vec<String>,
     /// Ask the providers for the nodes' current states (preemptions, nodes
     /// gone) instead of showing the last recorded ones.
     #[arg(long, short = 'r')]
-    pub refresh: bool,
+    pub(crate) refresh: bool,
 }
 
 /// `gangway queue`.
 #[derive(Debug, Args)]
-pub struct QueueArgs {
+pub(crate) struct QueueArgs {
     /// The cluster.
-    pub cluster: String,
+    pub(crate) cluster: String,
 }
 
 /// `gangway logs`.
 #[derive(Debug, Args)]
-pub struct LogsArgs {
+pub(crate) struct LogsArgs {
     /// The cluster.
-    pub cluster: String,
+    pub(crate) cluster: String,
     /// The job (default: the latest).
-    pub job: Option<i64>,
+    pub(crate) job: Option<i64>,
     /// Print what is there and return, even if the job is still running.
     #[arg(long)]
-    pub no_follow: bool,
+    pub(crate) no_follow: bool,
     /// Only this rank's output, without prefixes.
     #[arg(long)]
-    pub rank: Option<u32>,
+    pub(crate) rank: Option<u32>,
 }
 
 /// `gangway cancel`.
 #[derive(Debug, Args)]
-pub struct CancelArgs {
+pub(crate) struct CancelArgs {
     /// The cluster.
-    pub cluster: String,
+    pub(crate) cluster: String,
     /// Jobs to cancel (default: the latest live one).
-    pub jobs: Vec<i64>,
+    pub(crate) jobs: Vec<i64>,
     /// Every live job on the cluster.
     #[arg(long)]
-    pub all: bool,
+    pub(crate) all: bool,
 }
 
 /// `gangway exec`.
 #[derive(Debug, Args)]
-pub struct ExecArgs {
+pub(crate) struct ExecArgs {
     /// The cluster.
-    pub cluster: String,
+    pub(crate) cluster: String,
     /// A task file, or a command to run on every node.
     #[arg(
         required = true,
@@ -76,72 +76,72 @@ pub struct ExecArgs {
         allow_hyphen_values = true,
         value_name = "TASK.yaml|COMMAND"
     )]
-    pub target: Vec<String>,
+    pub(crate) target: Vec<String>,
     /// Set an env value: KEY=VALUE (repeatable).
     #[arg(long = "env", value_name = "KEY=VALUE")]
-    pub env: Vec<String>,
+    pub(crate) env: Vec<String>,
     /// Set a secret: KEY=VALUE, or KEY alone to take it from gangway's own
     /// environment (repeatable; never printed).
     #[arg(long = "secret", value_name = "KEY[=VALUE]")]
-    pub secret: Vec<String>,
+    pub(crate) secret: Vec<String>,
     /// Read secrets from a file of KEY=VALUE lines.
     #[arg(long, value_name = "FILE")]
-    pub secret_file: Option<PathBuf>,
+    pub(crate) secret_file: Option<PathBuf>,
     /// Nodes to run on (default: the task's, or every node for a command).
     #[arg(long)]
-    pub num_nodes: Option<u32>,
+    pub(crate) num_nodes: Option<u32>,
     /// Return once the job is submitted.
     #[arg(short = 'd', long)]
-    pub detach: bool,
+    pub(crate) detach: bool,
 }
 
 /// `gangway down`.
 #[derive(Debug, Args)]
-pub struct DownArgs {
+pub(crate) struct DownArgs {
     /// Clusters to tear down.
-    pub clusters: Vec<String>,
+    pub(crate) clusters: Vec<String>,
     /// Every cluster.
     #[arg(long, short = 'a')]
-    pub all: bool,
+    pub(crate) all: bool,
     /// Also ask the clouds for clusters tagged with this installation's
     /// owner id (`$GANGWAY_HOME/owner`) that its state does not know (a lost
     /// state database), and tear those down too. Other installations'
     /// clusters are never touched; those tagged by earlier versions (a user
     /// name as owner) are listed, not torn down.
     #[arg(long)]
-    pub orphans: bool,
+    pub(crate) orphans: bool,
     /// With --orphans: sweep this owner's clusters instead (another
     /// installation's id, or an earlier version's user name as listed):
     /// adopts them and tears them down.
     #[arg(long, requires = "orphans", value_name = "ID")]
-    pub owner: Option<String>,
+    pub(crate) owner: Option<String>,
     /// Do not ask for confirmation.
     #[arg(short = 'y', long)]
-    pub yes: bool,
+    pub(crate) yes: bool,
 }
 
 /// `gangway stop` / `gangway start`.
 #[derive(Debug, Args)]
-pub struct NamesArgs {
+pub(crate) struct NamesArgs {
     /// Clusters.
     #[arg(required = true)]
-    pub clusters: Vec<String>,
+    pub(crate) clusters: Vec<String>,
 }
 
 /// `gangway autostop`.
 #[derive(Debug, Args)]
-pub struct AutostopArgs {
+pub(crate) struct AutostopArgs {
     /// The cluster.
-    pub cluster: String,
+    pub(crate) cluster: String,
     /// Idle minutes before stopping (0: as soon as it is idle).
     #[arg(short = 'i', long = "idle-minutes", required_unless_present = "cancel")]
-    pub idle_minutes: Option<u32>,
+    pub(crate) idle_minutes: Option<u32>,
     /// Tear down instead of stopping.
     #[arg(long)]
-    pub down: bool,
+    pub(crate) down: bool,
     /// Turn autostop off.
     #[arg(long, conflicts_with_all = ["idle_minutes", "down"])]
-    pub cancel: bool,
+    pub(crate) cancel: bool,
 }
 
 fn open() -> Result<(PathBuf, Store), Error> {
@@ -190,7 +190,7 @@ fn shown_status(store: &Store, c: &ClusterRow) -> String {
 }
 
 /// `gangway status`.
-pub fn status(a: &StatusArgs, out: Output) -> Result<ExitCode, Error> {
+pub(crate) fn status(a: &StatusArgs, out: Output) -> Result<ExitCode, Error> {
     let (_, store) = open()?;
     crate::gang::reap(&store)?;
     let mut clusters = store.clusters()?;
@@ -469,7 +469,7 @@ fn job_rows(jobs: &[JobRow]) -> Vec<Vec<String>> {
 }
 
 /// `gangway queue`.
-pub fn queue(a: &QueueArgs, out: Output) -> Result<ExitCode, Error> {
+pub(crate) fn queue(a: &QueueArgs, out: Output) -> Result<ExitCode, Error> {
     let (_, store) = open()?;
     cluster_row(&store, &a.cluster)?;
     crate::gang::reap(&store)?;
@@ -505,7 +505,7 @@ fn pick_job(store: &Store, cluster: &str, job: Option<i64>) -> Result<JobRow, Er
 }
 
 /// `gangway logs`.
-pub fn logs(a: &LogsArgs) -> Result<ExitCode, Error> {
+pub(crate) fn logs(a: &LogsArgs) -> Result<ExitCode, Error> {
     let (_, store) = open()?;
     if store.cluster(&a.cluster)?.is_none() {
         // Logs outlive their cluster: `logs NAME JOB` still replays them.
@@ -555,7 +555,7 @@ pub fn logs(a: &LogsArgs) -> Result<ExitCode, Error> {
 }
 
 /// `gangway cancel`.
-pub fn cancel(a: &CancelArgs, out: Output) -> Result<ExitCode, Error> {
+pub(crate) fn cancel(a: &CancelArgs, out: Output) -> Result<ExitCode, Error> {
     let (_, store) = open()?;
     cluster_row(&store, &a.cluster)?;
     crate::gang::reap(&store)?;
@@ -632,7 +632,7 @@ fn signal_driver(store: &Store, j: &JobRow, sig: i32) {
 }
 
 /// `gangway exec`.
-pub fn exec(a: &ExecArgs, out: Output) -> Result<ExitCode, Error> {
+pub(crate) fn exec(a: &ExecArgs, out: Output) -> Result<ExitCode, Error> {
     let (home, store) = open()?;
     check_name(&a.cluster)?;
     let row = cluster_row(&store, &a.cluster)?;
@@ -724,7 +724,7 @@ fn confirm_names(what: &str, names: &[String], yes: bool) -> Result<bool, Error>
 }
 
 /// `gangway down`.
-pub fn down(a: &DownArgs, out: Output) -> Result<ExitCode, Error> {
+pub(crate) fn down(a: &DownArgs, out: Output) -> Result<ExitCode, Error> {
     let (home, store) = open()?;
     if a.orphans {
         let code = down_orphans(&home, &store, a.yes, out, a.owner.as_deref())?;
@@ -906,7 +906,7 @@ fn down_orphans(
 }
 
 /// `gangway stop`.
-pub fn stop(a: &NamesArgs, out: Output) -> Result<ExitCode, Error> {
+pub(crate) fn stop(a: &NamesArgs, out: Output) -> Result<ExitCode, Error> {
     let (home, store) = open()?;
     let providers = Providers::new(&home);
     let rt = runtime()?;
@@ -932,7 +932,7 @@ pub fn stop(a: &NamesArgs, out: Output) -> Result<ExitCode, Error> {
 }
 
 /// `gangway start`.
-pub fn start(a: &NamesArgs, out: Output) -> Result<ExitCode, Error> {
+pub(crate) fn start(a: &NamesArgs, out: Output) -> Result<ExitCode, Error> {
     let (home, store) = open()?;
     let providers = Providers::new(&home);
     let rt = runtime()?;
@@ -969,7 +969,7 @@ pub fn start(a: &NamesArgs, out: Output) -> Result<ExitCode, Error> {
 }
 
 /// `gangway autostop`.
-pub fn autostop(a: &AutostopArgs, out: Output) -> Result<ExitCode, Error> {
+pub(crate) fn autostop(a: &AutostopArgs, out: Output) -> Result<ExitCode, Error> {
     let (home, store) = open()?;
     let row = cluster_row(&store, &a.cluster)?;
     if a.cancel {
@@ -1024,7 +1024,7 @@ pub fn autostop(a: &AutostopArgs, out: Output) -> Result<ExitCode, Error> {
 
 /// `gangway __autostop CLUSTER`: waits until the cluster has been idle long
 /// enough, then stops or tears it down.
-pub fn autostop_watch(cluster: &str) -> Result<ExitCode, Error> {
+pub(crate) fn autostop_watch(cluster: &str) -> Result<ExitCode, Error> {
     let (home, store) = open()?;
     let lock_path = home.join("locks").join(format!("autostop-{cluster}.lock"));
     let Some(_lock) = OwnerLock::try_acquire(&lock_path)? else {

@@ -15,47 +15,47 @@ use crate::{Error, ExitCode};
 
 /// `gangway show-gpus [NAME]`.
 #[derive(Debug, Args)]
-pub struct ShowGpusArgs {
+pub(crate) struct ShowGpusArgs {
     /// Only this GPU (case-insensitive), e.g. H100.
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
     /// Only this cloud.
     #[arg(long)]
-    pub cloud: Option<String>,
+    pub(crate) cloud: Option<String>,
 }
 
 /// The cheapest place for one market.
 #[derive(Debug, Serialize, Clone)]
-pub struct Cheapest {
+pub(crate) struct Cheapest {
     /// USD per instance-hour.
-    pub price: f64,
+    pub(crate) price: f64,
     /// Instance type.
-    pub instance_type: String,
+    pub(crate) instance_type: String,
     /// Region.
-    pub region: String,
+    pub(crate) region: String,
     /// The price is the catalog's estimate, not a published figure.
-    pub estimated: bool,
+    pub(crate) estimated: bool,
     /// Spot only: the offer's interruption bucket (see `optimize`).
-    pub interruption: Option<String>,
+    pub(crate) interruption: Option<String>,
     /// Spot only: expected cost of an hour of useful work, with the
     /// default restart overhead and checkpoint interval (see `optimize`).
-    pub expected_cost: Option<f64>,
+    pub(crate) expected_cost: Option<f64>,
 }
 
 /// One row: a GPU, a count, a cloud.
 #[derive(Debug, Serialize)]
-pub struct GpuRow {
+pub(crate) struct GpuRow {
     /// GPU name.
-    pub accelerator: String,
+    pub(crate) accelerator: String,
     /// GPUs per instance.
-    pub count: f32,
+    pub(crate) count: f32,
     /// Memory per GPU, GiB.
-    pub memory_gib: Option<f32>,
+    pub(crate) memory_gib: Option<f32>,
     /// Cloud.
-    pub cloud: String,
+    pub(crate) cloud: String,
     /// Cheapest on-demand.
-    pub on_demand: Option<Cheapest>,
+    pub(crate) on_demand: Option<Cheapest>,
     /// Cheapest spot.
-    pub spot: Option<Cheapest>,
+    pub(crate) spot: Option<Cheapest>,
 }
 
 fn better(
@@ -80,7 +80,7 @@ fn better(
 }
 
 /// Groups the catalog by (GPU, count, cloud) with the cheapest prices.
-pub fn gpu_rows(catalog: &Catalog, name: Option<&str>, cloud: Option<&str>) -> Vec<GpuRow> {
+pub(crate) fn gpu_rows(catalog: &Catalog, name: Option<&str>, cloud: Option<&str>) -> Vec<GpuRow> {
     let offerings = catalog.offerings();
     let mut rows: BTreeMap<(String, u32, String), GpuRow> = BTreeMap::new();
     for o in offerings {
@@ -123,7 +123,7 @@ pub fn gpu_rows(catalog: &Catalog, name: Option<&str>, cloud: Option<&str>) -> V
 }
 
 /// `gangway show-gpus`.
-pub fn show_gpus(
+pub(crate) fn show_gpus(
     a: &ShowGpusArgs,
     catalog_dir: Option<&Path>,
     out: Output,

@@ -13,7 +13,7 @@ extern "C" fn on_interrupt(_: libc::c_int) {
 }
 
 /// Installs the SIGINT handler (once).
-pub fn install() {
+pub(crate) fn install() {
     INSTALL.call_once(|| {
         // SAFETY: installs a handler that only touches an atomic.
         unsafe {
@@ -27,6 +27,6 @@ pub fn install() {
 }
 
 /// Ctrl-C presses so far.
-pub fn count() -> usize {
+pub(crate) fn count() -> usize {
     COUNT.load(Ordering::SeqCst)
 }

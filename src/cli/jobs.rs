@@ -18,7 +18,7 @@ use crate::{Error, ExitCode};
 
 /// Managed-job commands.
 #[derive(Debug, Subcommand)]
-pub enum JobsCommand {
+pub(crate) enum JobsCommand {
     /// Launch a managed job: recovered from preemptions until it ends.
     Launch(Box<JobsLaunchArgs>),
     /// Managed jobs: state, restarts, preemptions, cost, placement.
@@ -36,50 +36,54 @@ pub enum JobsCommand {
 
 /// `gangway jobs launch`.
 #[derive(Debug, Args)]
-pub struct JobsLaunchArgs {
+pub(crate) struct JobsLaunchArgs {
     /// The task and overrides.
     #[command(flatten)]
-    pub task: TaskArgs,
+    pub(crate) task: TaskArgs,
     /// Job name (default: the task's).
     #[arg(long)]
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
     /// Do not ask for confirmation.
     #[arg(short = 'y', long)]
-    pub yes: bool,
+    pub(crate) yes: bool,
     /// Return once the job is submitted.
     #[arg(short = 'd', long, conflicts_with = "wait")]
-    pub detach: bool,
+    pub(crate) detach: bool,
     /// Run the controller in this process until the job ends (for CI,
     /// where background processes do not outlive the step).
     #[arg(long)]
-    pub wait: bool,
+    pub(crate) wait: bool,
 }
 
 /// `gangway jobs logs`.
 #[derive(Debug, Args)]
-pub struct JobsLogsArgs {
+pub(crate) struct JobsLogsArgs {
     /// Job id.
-    pub id: i64,
+    pub(crate) id: i64,
     /// Keep following across recoveries until the job ends.
     #[arg(long, short = 'f')]
-    pub follow: bool,
+    pub(crate) follow: bool,
     /// The controller's log instead of the job's output.
     #[arg(long)]
-    pub controller: bool,
+    pub(crate) controller: bool,
 }
 
 /// `gangway jobs cancel`.
 #[derive(Debug, Args)]
-pub struct JobsCancelArgs {
+pub(crate) struct JobsCancelArgs {
     /// Job ids.
-    pub ids: Vec<i64>,
+    pub(crate) ids: Vec<i64>,
     /// Every live managed job.
     #[arg(long)]
-    pub all: bool,
+    pub(crate) all: bool,
 }
 
 /// Runs a `jobs` subcommand.
-pub fn run(cmd: JobsCommand, catalog: Option<&Path>, out: Output) -> Result<ExitCode, Error> {
+pub(crate) fn run(
+    cmd: JobsCommand,
+    catalog: Option<&Path>,
+    out: Output,
+) -> Result<ExitCode, Error> {
     match cmd {
         JobsCommand::Launch(a) => launch(&a, catalog, out),
         JobsCommand::Queue => queue(out),
@@ -103,7 +107,7 @@ fn managed(store: &Store, id: i64) -> Result<ManagedJob, Error> {
 }
 
 /// Starts a detached controller unless one runs already.
-pub fn ensure_controller(home: &Path) -> Result<(), Error> {
+pub(crate) fn ensure_controller(home: &Path) -> Result<(), Error> {
     let (lock, _) = controller_paths(home);
     if OwnerLock::is_held(&lock) {
         return Ok(());
@@ -120,7 +124,7 @@ pub fn ensure_controller(home: &Path) -> Result<(), Error> {
 }
 
 /// `gangway __jobs-controller`: runs until no managed job is left.
-pub fn controller_main() -> Result<ExitCode, Error> {
+pub(crate) fn controller_main() -> Result<ExitCode, Error> {
     let home = gangway_home()?;
     let (lock_path, _) = controller_paths(&home);
     let rt = Controller::runtime()?;

@@ -17,7 +17,7 @@ use crate::state::{ClusterStatus, JobStatus, NewCluster, OwnerLock, Reserved, St
 use crate::{Error, ExitCode};
 
 /// `$GANGWAY_HOME`, or `~/.gangway`.
-pub fn gangway_home() -> Result<PathBuf, Error> {
+pub(crate) fn gangway_home() -> Result<PathBuf, Error> {
     if let Some(h) = std::env::var_os("GANGWAY_HOME").filter(|h| !h.is_empty()) {
         return Ok(PathBuf::from(h));
     }
@@ -31,7 +31,7 @@ pub fn gangway_home() -> Result<PathBuf, Error> {
 }
 
 /// Checks a cluster name: letters, digits, `-`, `_`, `.`; starts with a letter.
-pub fn check_name(name: &str) -> Result<(), Error> {
+pub(crate) fn check_name(name: &str) -> Result<(), Error> {
     let ok = name.len() <= 63
         && name.starts_with(|c: char| c.is_ascii_alphabetic())
         && name
@@ -65,7 +65,7 @@ fn local_path(p: &str) -> PathBuf {
 }
 
 /// What a task runs, ready to store with a job.
-pub fn job_spec(
+pub(crate) fn job_spec(
     task: &Task,
     task_file: &Path,
     setup: bool,
@@ -147,7 +147,7 @@ pub fn job_spec(
 }
 
 /// Secret values of a task, for the driver's pipe.
-pub fn secrets_of(task: &Task) -> Vec<(String, String)> {
+pub(crate) fn secrets_of(task: &Task) -> Vec<(String, String)> {
     task.secrets
         .iter()
         .filter_map(|(k, v)| v.as_ref().map(|v| (k.clone(), v.expose().to_string())))
@@ -174,7 +174,11 @@ fn confirm(question: &str) -> Result<bool, Error> {
 }
 
 /// `gangway launch`.
-pub fn launch(a: &LaunchArgs, catalog_dir: Option<&Path>, out: Output) -> Result<ExitCode, Error> {
+pub(crate) fn launch(
+    a: &LaunchArgs,
+    catalog_dir: Option<&Path>,
+    out: Output,
+) -> Result<ExitCode, Error> {
     let (task, plan) =
         super::plan::plan(&a.task, catalog_dir, optimizer::DEFAULT_TYPES_PER_REGION)?;
     super::plan::require_values(&task, &a.task.task)?;
@@ -431,7 +435,7 @@ async fn lost_nodes(
 
 /// Stores the job, starts its driver, and follows it unless `detach`.
 #[allow(clippy::too_many_arguments)]
-pub fn submit(
+pub(crate) fn submit(
     store: &Store,
     home: &Path,
     cluster: &str,
@@ -477,7 +481,7 @@ pub fn submit(
 }
 
 /// The exit code for a job's ending.
-pub fn exit_for(s: JobStatus) -> ExitCode {
+pub(crate) fn exit_for(s: JobStatus) -> ExitCode {
     match s {
         JobStatus::Succeeded => ExitCode::Ok,
         JobStatus::Cancelled => ExitCode::Interrupted,
@@ -488,7 +492,12 @@ pub fn exit_for(s: JobStatus) -> ExitCode {
 /// Copies a job's log to stdout until the job ends and its driver exits.
 /// Ctrl-C once asks the driver to stop the job gracefully, twice to kill it.
 /// `rank`: follow one rank's raw log instead of the combined one.
-pub fn follow(store: &Store, id: i64, print: bool, rank: Option<u32>) -> Result<JobStatus, Error> {
+pub(crate) fn follow(
+    store: &Store,
+    id: i64,
+    print: bool,
+    rank: Option<u32>,
+) -> Result<JobStatus, Error> {
     interrupts::install();
     let dir = store.job_log_dir(id);
     let path = match rank {
@@ -619,7 +628,7 @@ impl Tail {
 }
 
 /// How a job ended, from the `status.json` its driver leaves beside the logs.
-pub fn ended_status(log_dir: &Path) -> Option<(JobStatus, Option<String>)> {
+pub(crate) fn ended_status(log_dir: &Path) -> Option<(JobStatus, Option<String>)> {
     let text = std::fs::read_to_string(log_dir.join("status.json")).ok()?;
     let v: serde_json::Value = serde_json::from_str(&text).ok()?;
     let status = JobStatus::parse(v.get("status")?.as_str()?)?;
@@ -628,14 +637,14 @@ pub fn ended_status(log_dir: &Path) -> Option<(JobStatus, Option<String>)> {
 }
 
 /// Reads the secrets a launcher writes to the driver's stdin.
-pub fn read_driver_secrets() -> Vec<(String, String)> {
+pub(crate) fn read_driver_secrets() -> Vec<(String, String)> {
     let mut s = String::new();
     let _ = std::io::stdin().read_to_string(&mut s);
     serde_json::from_str(&s).unwrap_or_default()
 }
 
 /// `gangway __drive JOB`: the detached job driver.
-pub fn drive(job: i64) -> Result<ExitCode, Error> {
+pub(crate) fn drive(job: i64) -> Result<ExitCode, Error> {
     let home = gangway_home()?;
     let secrets = read_driver_secrets();
     let rt = runtime()?;

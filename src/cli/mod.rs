@@ -22,7 +22,7 @@ use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use crate::catalog::{Catalog, Date};
 use crate::{Error, ExitCode};
 
-pub use plan::TaskArgs;
+pub(crate) use plan::TaskArgs;
 
 /// Multi-cloud GPU launcher for training runs.
 #[derive(Debug, Parser)]
@@ -34,21 +34,21 @@ pub struct Cli {
 
     /// Output format.
     #[arg(long, short = 'o', global = true, value_enum, default_value_t = Output::Table)]
-    pub output: Output,
+    pub(crate) output: Output,
 
     /// Load a catalog directory (SkyPilot v8 `<cloud>/vms.csv` or gangway `<cloud>.csv`)
     /// over the embedded one.
     #[arg(long, global = true, env = "GANGWAY_CATALOG_DIR", value_name = "DIR")]
-    pub catalog: Option<PathBuf>,
+    pub(crate) catalog: Option<PathBuf>,
 
     /// The command.
     #[command(subcommand)]
-    pub command: Command,
+    pub(crate) command: Command,
 }
 
 /// Output formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Output {
+pub(crate) enum Output {
     /// Human-readable tables and lines.
     Table,
     /// One JSON document on stdout.
@@ -57,7 +57,7 @@ pub enum Output {
 
 /// gangway's commands.
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Launch a task: optimize, provision, set up and run.
     Launch(LaunchArgs),
     /// Run a task or command on an existing cluster.
@@ -123,43 +123,43 @@ pub enum Command {
 
 /// `gangway optimize`.
 #[derive(Debug, Args)]
-pub struct OptimizeArgs {
+pub(crate) struct OptimizeArgs {
     /// The task and overrides.
     #[command(flatten)]
-    pub task: TaskArgs,
+    pub(crate) task: TaskArgs,
     /// Rows shown in the table (0: all). JSON always has every row.
     #[arg(long, default_value_t = 20)]
-    pub limit: usize,
+    pub(crate) limit: usize,
     /// Instance types kept per cloud and region.
     #[arg(long, default_value_t = crate::optimizer::DEFAULT_TYPES_PER_REGION)]
-    pub types_per_region: usize,
+    pub(crate) types_per_region: usize,
 }
 
 /// `gangway launch`.
 #[derive(Debug, Args)]
-pub struct LaunchArgs {
+pub(crate) struct LaunchArgs {
     /// The task and overrides.
     #[command(flatten)]
-    pub task: TaskArgs,
+    pub(crate) task: TaskArgs,
     /// Only print the plan.
     #[arg(long)]
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
     /// Cluster name.
     #[arg(short = 'c', long)]
-    pub cluster: Option<String>,
+    pub(crate) cluster: Option<String>,
     /// Do not ask for confirmation.
     #[arg(short = 'y', long)]
-    pub yes: bool,
+    pub(crate) yes: bool,
     /// Return once the run has started.
     #[arg(short = 'd', long)]
-    pub detach: bool,
+    pub(crate) detach: bool,
     /// Tear the cluster down after the run.
     #[arg(long)]
-    pub down: bool,
+    pub(crate) down: bool,
     /// Provision the nodes and stop: no setup, no run, no SSH yet (run
     /// later with `exec`; the first command meets the nodes).
     #[arg(long, conflicts_with_all = ["detach", "down"])]
-    pub provision_only: bool,
+    pub(crate) provision_only: bool,
 }
 
 /// Runs a parsed command line.
@@ -197,13 +197,13 @@ pub fn run(cli: Cli) -> Result<ExitCode, Error> {
 
 /// The embedded catalog, overlaid with `dir` if given; warns on stderr
 /// about stale prices and skipped rows.
-pub fn load_catalog(dir: Option<&std::path::Path>) -> Result<Catalog, Error> {
+pub(crate) fn load_catalog(dir: Option<&std::path::Path>) -> Result<Catalog, Error> {
     load_catalog_for(dir, |_| true)
 }
 
 /// Like [`load_catalog`], but only warns about stale prices of the clouds
 /// `relevant` picks (a launch on `local` need not hear about GCP's prices).
-pub fn load_catalog_for(
+pub(crate) fn load_catalog_for(
     dir: Option<&std::path::Path>,
     relevant: impl Fn(&str) -> bool,
 ) -> Result<Catalog, Error> {
@@ -296,7 +296,7 @@ pub(crate) fn est(estimated: bool) -> &'static str {
 }
 
 /// A moment as `HH:MM:SS UTC`, with how far away it is.
-pub fn clock_time(ms: i64) -> String {
+pub(crate) fn clock_time(ms: i64) -> String {
     let secs = ms.div_euclid(1000);
     let day = secs.rem_euclid(86_400);
     let delta = (ms - crate::state::now_ms()) / 1000;

@@ -13,52 +13,52 @@ use crate::{Error, ExitCode};
 
 /// A task file and the flags that override it.
 #[derive(Debug, Args)]
-pub struct TaskArgs {
+pub(crate) struct TaskArgs {
     /// The task file (YAML).
     #[arg(value_name = "TASK.yaml")]
-    pub task: PathBuf,
+    pub(crate) task: PathBuf,
     /// Where to run: cloud[/region[/zone]], `*` for any part.
     #[arg(long)]
-    pub infra: Option<String>,
+    pub(crate) infra: Option<String>,
     /// GPUs per node, e.g. A100:8 (replaces the task's accelerators).
     #[arg(long)]
-    pub gpus: Option<String>,
+    pub(crate) gpus: Option<String>,
     /// vCPUs per node, e.g. 8 or 8+.
     #[arg(long)]
-    pub cpus: Option<String>,
+    pub(crate) cpus: Option<String>,
     /// Memory per node in GiB, e.g. 64+.
     #[arg(long)]
-    pub memory: Option<String>,
+    pub(crate) memory: Option<String>,
     /// Exact instance type.
     #[arg(long)]
-    pub instance_type: Option<String>,
+    pub(crate) instance_type: Option<String>,
     /// Number of nodes.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
-    pub num_nodes: Option<u32>,
+    pub(crate) num_nodes: Option<u32>,
     /// Use spot instances.
     #[arg(long)]
-    pub use_spot: bool,
+    pub(crate) use_spot: bool,
     /// Set an env value: KEY=VALUE (repeatable).
     #[arg(long = "env", value_name = "KEY=VALUE")]
-    pub env: Vec<String>,
+    pub(crate) env: Vec<String>,
     /// Read env values from a dotenv file.
     #[arg(long, value_name = "FILE")]
-    pub env_file: Option<PathBuf>,
+    pub(crate) env_file: Option<PathBuf>,
     /// Set a secret: KEY=VALUE, or KEY alone to take the value of KEY from
     /// gangway's own environment, off the command line (repeatable; never
     /// printed).
     #[arg(long = "secret", value_name = "KEY[=VALUE]")]
-    pub secret: Vec<String>,
+    pub(crate) secret: Vec<String>,
     /// Read secrets from a file of KEY=VALUE lines (`#` comments, optional
     /// `export `); --secret values win.
     #[arg(long, value_name = "FILE")]
-    pub secret_file: Option<PathBuf>,
+    pub(crate) secret_file: Option<PathBuf>,
 }
 
 impl TaskArgs {
     /// Loads the task and applies every override. Missing env values are
     /// left as they are; see [`Task::missing_values`].
-    pub fn load(&self) -> Result<Task, Error> {
+    pub(crate) fn load(&self) -> Result<Task, Error> {
         // Flags first: a wrong flag is reported before the file is read.
         let overrides = self.overrides();
         overrides.check().map_err(override_error)?;
@@ -88,7 +88,7 @@ impl TaskArgs {
     }
 
     /// The resource flags, as data a managed job keeps.
-    pub fn overrides(&self) -> Overrides {
+    pub(crate) fn overrides(&self) -> Overrides {
         Overrides {
             infra: self.infra.clone(),
             gpus: self.gpus.clone(),
@@ -150,7 +150,7 @@ fn pinned_clouds(task: &Task) -> Option<Vec<String>> {
 }
 
 /// Builds the plan for a task.
-pub fn plan(
+pub(crate) fn plan(
     args: &TaskArgs,
     catalog_dir: Option<&Path>,
     types_per_region: usize,
@@ -194,7 +194,7 @@ fn plan_with_catalog(
 }
 
 /// `gangway optimize`.
-pub fn optimize(
+pub(crate) fn optimize(
     a: &OptimizeArgs,
     catalog_dir: Option<&Path>,
     out: Output,
@@ -210,7 +210,7 @@ pub fn optimize(
 }
 
 /// Refuses a task whose required env or secret values were not given.
-pub fn require_values(task: &Task, path: &Path) -> Result<(), Error> {
+pub(crate) fn require_values(task: &Task, path: &Path) -> Result<(), Error> {
     let missing = task.missing_values();
     if missing.is_empty() {
         return Ok(());
@@ -222,7 +222,7 @@ pub fn require_values(task: &Task, path: &Path) -> Result<(), Error> {
 }
 
 /// Prints a plan.
-pub fn render(
+pub(crate) fn render(
     task: &Task,
     path: &Path,
     plan: &[Candidate],

@@ -9,7 +9,7 @@ use super::Output;
 use crate::provision::{ProvisionEvent, Reporter};
 
 /// The CLI's reporter.
-pub struct Progress {
+pub(crate) struct Progress {
     mode: Mode,
 }
 
@@ -21,7 +21,7 @@ enum Mode {
 
 impl Progress {
     /// Picks the mode from the output format and whether stderr is a terminal.
-    pub fn new(out: Output) -> Progress {
+    pub(crate) fn new(out: Output) -> Progress {
         let mode = if out == Output::Json {
             Mode::Quiet
         } else if std::io::stderr().is_terminal() {
@@ -38,7 +38,7 @@ impl Progress {
     }
 
     /// A line of its own (above the spinner on a terminal).
-    pub fn line(&self, s: &str) {
+    pub(crate) fn line(&self, s: &str) {
         match &self.mode {
             Mode::Quiet => {}
             Mode::Lines => eprintln!("{s}"),
@@ -105,7 +105,7 @@ impl Reporter for Progress {
 
 /// Shows a followed job log. On a terminal, the driver's setup lines become
 /// a `setup n/N` bar; elsewhere every line is copied as it is.
-pub struct LogView {
+pub(crate) struct LogView {
     tty: bool,
     bar: Option<ProgressBar>,
 }
@@ -118,7 +118,7 @@ impl Default for LogView {
 
 impl LogView {
     /// A view for this process's stdout and stderr.
-    pub fn new() -> LogView {
+    pub(crate) fn new() -> LogView {
         LogView {
             tty: std::io::stdout().is_terminal() && std::io::stderr().is_terminal(),
             bar: None,
@@ -126,7 +126,7 @@ impl LogView {
     }
 
     /// One line, newline included.
-    pub fn line(&mut self, line: &[u8]) -> std::io::Result<()> {
+    pub(crate) fn line(&mut self, line: &[u8]) -> std::io::Result<()> {
         use std::io::Write;
         if self.tty {
             let text = String::from_utf8_lossy(line);
@@ -167,7 +167,7 @@ impl LogView {
     }
 
     /// Clears any bar.
-    pub fn finish(&mut self) {
+    pub(crate) fn finish(&mut self) {
         if let Some(b) = self.bar.take() {
             b.finish_and_clear();
         }

@@ -15,40 +15,40 @@ use crate::{Error, ExitCode};
 
 /// `gangway sim TRACE.json [TRACE.json ...]`.
 #[derive(Debug, Args)]
-pub struct SimArgs {
+pub(crate) struct SimArgs {
     /// Spot-availability traces, one per zone, all with the same
     /// gap_seconds: `{"metadata": {"gap_seconds": N}, "data": [count per
     /// tick], "prices": [optional spot $/h per tick]}`. With several, the
     /// job may move to another zone's spot when its own is gone.
     #[arg(required = true, value_name = "TRACE.json")]
-    pub traces: Vec<PathBuf>,
+    pub(crate) traces: Vec<PathBuf>,
     /// Work the job needs, hours.
     #[arg(long, value_name = "HOURS")]
-    pub job_hours: f64,
+    pub(crate) job_hours: f64,
     /// Hours after the start by which the job must be done.
     #[arg(long, value_name = "HOURS")]
-    pub deadline_hours: f64,
+    pub(crate) deadline_hours: f64,
     /// Hours lost (billed, no progress) at every start on a new instance.
     #[arg(long, value_name = "HOURS", default_value_t = 0.05)]
-    pub restart_hours: f64,
+    pub(crate) restart_hours: f64,
     /// Which policy to run.
     #[arg(long, value_enum, default_value_t = PolicyArg::All)]
-    pub policy: PolicyArg,
+    pub(crate) policy: PolicyArg,
     /// Spot $/h [default: the trace's prices where it has them, else
     /// 0.9179, an assumed p3.2xlarge spot price].
     #[arg(long, value_name = "USD")]
-    pub spot_price: Option<f64>,
+    pub(crate) spot_price: Option<f64>,
     /// On-demand $/h (default: AWS p3.2xlarge, an assumption).
     #[arg(long, value_name = "USD", default_value_t = DEFAULT_ON_DEMAND_PRICE)]
-    pub on_demand_price: f64,
+    pub(crate) on_demand_price: f64,
     /// Start the job this many hours into the traces.
     #[arg(long, value_name = "HOURS", default_value_t = 0.0)]
-    pub start_hour: f64,
+    pub(crate) start_hour: f64,
 }
 
 /// `--policy`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum PolicyArg {
+pub(crate) enum PolicyArg {
     /// Every policy.
     All,
     /// Spot when available, otherwise wait until waiting is no longer safe.
@@ -91,7 +91,7 @@ fn check_flag(flag: &str, v: f64, zero_ok: bool) -> Result<(), Error> {
 }
 
 /// Runs `gangway sim`.
-pub fn sim(a: &SimArgs, out: Output) -> Result<ExitCode, Error> {
+pub(crate) fn sim(a: &SimArgs, out: Output) -> Result<ExitCode, Error> {
     check_flag("--job-hours", a.job_hours, false)?;
     check_flag("--deadline-hours", a.deadline_hours, false)?;
     check_flag("--restart-hours", a.restart_hours, true)?;

@@ -3,7 +3,7 @@
 use std::io::Write;
 
 /// Prints `rows` under `headers`, columns padded to their widest cell.
-pub fn print(headers: &[&str], rows: &[Vec<String>]) -> std::io::Result<()> {
+pub(crate) fn print(headers: &[&str], rows: &[Vec<String>]) -> std::io::Result<()> {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for r in rows {
         for (w, cell) in widths.iter_mut().zip(r) {

@@ -21,7 +21,7 @@ use crate::state::{
 };
 
 /// How long ranks get between SIGTERM and SIGKILL.
-pub const GRACE: Duration = Duration::from_secs(10);
+pub(crate) const GRACE: Duration = Duration::from_secs(10);
 
 /// What stopped a phase early.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -48,7 +48,7 @@ fn rank_end(s: &ExitStatus) -> RankEnd {
 }
 
 /// `exited with code 3`, `was killed by signal 9 (SIGKILL)`.
-pub fn describe_exit(s: &ExitStatus) -> String {
+pub(crate) fn describe_exit(s: &ExitStatus) -> String {
     if let Some(c) = s.code() {
         return format!("exited with code {c}");
     }
@@ -158,7 +158,7 @@ impl Logs {
 
 /// Errors that stop a driver before it can record an ending.
 #[derive(Debug, thiserror::Error)]
-pub enum DriveError {
+pub(crate) enum DriveError {
     /// State database.
     #[error(transparent)]
     State(#[from] StateError),
@@ -169,7 +169,7 @@ pub enum DriveError {
 
 /// Drives job `job_id` to its end; `secrets` came over the driver's pipe.
 /// Returns the job's final status.
-pub async fn drive(
+pub(crate) async fn drive(
     home: &Path,
     job_id: i64,
     secrets: Vec<(String, String)>,

@@ -19,24 +19,25 @@ use serde::{Deserialize, Serialize};
 
 /// One GPU as `nvidia-smi --query-gpu` reports it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Gpu {
+pub(crate) struct Gpu {
     /// nvidia-smi's index (the default CUDA device order is the same unless
     /// `CUDA_DEVICE_ORDER` says otherwise).
-    pub index: u32,
+    pub(crate) index: u32,
     /// Product name, e.g. `NVIDIA H100 80GB HBM3`.
-    pub name: String,
+    pub(crate) name: String,
     /// Total memory in MiB.
-    pub memory_mib: u64,
+    pub(crate) memory_mib: u64,
     /// `GPU-...` UUID, stable across reboots.
-    pub uuid: String,
+    pub(crate) uuid: String,
     /// PCI bus id, `domain:bus:device.function` in hex.
-    pub pci_bus_id: String,
+    pub(crate) pci_bus_id: String,
 }
 
 /// The kind of path between two GPUs in `nvidia-smi topo -m`, from best to
 /// worst: NVLink, then PCIe paths that stay ever further from the GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum Link {
+#[expect(clippy::enum_variant_names, reason = "NvLink is NVIDIA's name for it")]
+pub(crate) enum Link {
     /// `X`: the GPU itself (the matrix diagonal).
     Itself,
     /// `NV#`: a bonded set of this many NVLinks (directly or through NVSwitch).
@@ -55,7 +56,7 @@ pub enum Link {
 
 impl Link {
     /// Parses one cell of the matrix (`X`, `NV12`, `PIX`, ...).
-    pub fn parse(cell: &str) -> Option<Link> {
+    pub(crate) fn parse(cell: &str) -> Option<Link> {
         Some(match cell {
             "X" => Link::Itself,
             "PIX" => Link::Pix,
@@ -75,7 +76,7 @@ impl Link {
 
     /// How good the link is for traffic between two GPUs: higher is better.
     /// More bonded NVLinks beat fewer; every NVLink beats every PCIe path.
-    pub fn score(self) -> u32 {
+    pub(crate) fn score(self) -> u32 {
         match self {
             Link::Itself => u32::MAX,
             Link::NvLink(n) => 100 + n,
@@ -106,28 +107,25 @@ impl fmt::Display for Link {
 /// from GPU `a` to GPU `b` (by nvidia-smi index). NIC rows and columns, CPU
 /// and NUMA affinity and the legend are not kept.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Topo {
+pub(crate) struct Topo {
     links: Vec<Vec<Link>>,
 }
 
 impl Topo {
     /// Number of GPUs in the matrix.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.links.len()
     }
 
-    /// Whether the matrix has no GPUs.
-    pub fn is_empty(&self) -> bool {
-        self.links.is_empty()
-    }
-
     /// The link from GPU `a` to GPU `b`, if both are in the matrix.
-    pub fn link(&self, a: u32, b: u32) -> Option<Link> {
+    pub(crate) fn link(&self, a: u32, b: u32) -> Option<Link> {
         self.links.get(a as usize)?.get(b as usize).copied()
     }
 
     /// The rows of the matrix, GPU 0 first.
-    pub fn rows(&self) -> &[Vec<Link>] {
+    #[cfg(test)]
+    pub(crate) fn rows(&self) -> &[Vec<Link>] {
         &self.links
     }
 }
@@ -135,13 +133,13 @@ impl Topo {
 /// What a node is asked to learn its GPUs: the csv query, a separator
 /// line, then the topology matrix (both empty on a machine without
 /// `nvidia-smi`, which is then a CPU node).
-pub const DISCOVER_SCRIPT: &str = "nvidia-smi --query-gpu=index,name,memory.total,uuid,pci.bus_id \
+pub(crate) const DISCOVER_SCRIPT: &str = "nvidia-smi --query-gpu=index,name,memory.total,uuid,pci.bus_id \
      --format=csv,noheader,nounits 2>/dev/null; echo '---gangway-topo---'; nvidia-smi topo -m 2>/dev/null; true";
 
 /// From [`DISCOVER_SCRIPT`]'s output: the GPU count and the order to give
 /// `CUDA_VISIBLE_DEVICES` (NVLink neighbours adjacent). Unparseable output
 /// counts as no GPUs.
-pub fn discovered(output: &str) -> (usize, Vec<u32>) {
+pub(crate) fn discovered(output: &str) -> (usize, Vec<u32>) {
     let (query, topo) = output
         .split_once("---gangway-topo---")
         .unwrap_or((output, ""));
@@ -165,7 +163,7 @@ pub fn discovered(output: &str) -> (usize, Vec<u32>) {
 /// commas inside the name. Anything else (an error message on stdout, a
 /// `[N/A]` or `[Unknown Error]` field, a repeated index) is an error naming
 /// the line.
-pub fn parse_query(text: &str) -> Result<Vec<Gpu>, String> {
+pub(crate) fn parse_query(text: &str) -> Result<Vec<Gpu>, String> {
     let mut gpus: Vec<Gpu> = Vec::new();
     for (n, raw) in text.lines().enumerate() {
         let line = raw.trim();
@@ -236,7 +234,7 @@ fn is_query_header(line: &str) -> bool {
 /// which are skipped. The header must list `GPU0 GPU1 ...` in order, and a
 /// row must follow for each of them, in order, with `X` exactly on the
 /// diagonal; anything else is an error naming the line.
-pub fn parse_topo(text: &str) -> Result<Topo, TopoError> {
+pub(crate) fn parse_topo(text: &str) -> Result<Topo, TopoError> {
     let mut lines = text.lines().enumerate();
     let n = loop {
         let Some((_, line)) = lines.next() else {
@@ -299,7 +297,7 @@ pub fn parse_topo(text: &str) -> Result<Topo, TopoError> {
 
 /// Why an `nvidia-smi topo -m` matrix was not understood.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
-pub enum TopoError {
+pub(crate) enum TopoError {
     /// No line names `GPU0`.
     #[error("nvidia-smi topo -m: no header line naming GPU0 found")]
     NoHeader,
@@ -349,7 +347,7 @@ fn gpu_number(word: &str) -> Option<usize> {
 /// after it (when the partner is still unvisited), and a box where every pair
 /// has the same link (NVSwitch, or all `SYS`) keeps index order. Without a
 /// matrix, or for GPUs the matrix does not cover, index order.
-pub fn ordered(gpus: &[Gpu], topo: Option<&Topo>) -> Vec<u32> {
+pub(crate) fn ordered(gpus: &[Gpu], topo: Option<&Topo>) -> Vec<u32> {
     let mut left: Vec<u32> = gpus.iter().map(|g| g.index).collect();
     left.sort_unstable();
     left.dedup();
@@ -384,7 +382,8 @@ pub fn ordered(gpus: &[Gpu], topo: Option<&Topo>) -> Vec<u32> {
 /// `V100-32GB`), as the catalogs do; `RTX A6000` is `A6000` and
 /// `RTX 4090` is `RTX4090`; anything else is its first word up to a `-`
 /// (`P100-PCIE-16GB` -> `P100`, `H100 NVL` -> `H100`).
-pub fn accelerator_name(nvidia_name: &str) -> String {
+#[cfg(test)]
+pub(crate) fn accelerator_name(nvidia_name: &str) -> String {
     const BRANDS: [&str; 4] = ["NVIDIA", "Tesla", "GeForce", "Quadro"];
     let words: Vec<&str> = nvidia_name
         .split_whitespace()
@@ -469,7 +468,7 @@ mod tests {
         }
         for (name, text) in TOPOS {
             let t = parse_topo(text).unwrap_or_else(|e| panic!("{name}: {e}"));
-            assert!(!t.is_empty(), "{name}");
+            assert!(t.len() > 0, "{name}");
         }
     }
 

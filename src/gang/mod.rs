@@ -6,7 +6,7 @@
 //! launched it and `status` can always tell a live job from a dead driver.
 
 mod driver;
-pub mod gpus;
+pub(crate) mod gpus;
 mod ranks;
 pub mod ssh;
 
@@ -14,66 +14,67 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub use driver::{describe_exit, drive, GRACE};
-pub use gangway_provider::{copy_tree, NodeCommand, NodeProcess, Transport, TransportError};
-pub use ranks::{assign_ranks, ring_hops, switch_hops};
+pub(crate) use driver::{drive, GRACE};
+pub(crate) use gangway_provider::{NodeCommand, Transport, TransportError};
+pub(crate) use ranks::assign_ranks;
+pub use ranks::ring_hops;
 
 use crate::state::NodeRow;
 
 /// The port rank 0 listens on unless the task sets `MASTER_PORT`.
-pub const DEFAULT_MASTER_PORT: u16 = 29500;
+pub(crate) const DEFAULT_MASTER_PORT: u16 = 29500;
 
 /// Where a task's workdir lands on every node (SkyPilot's path).
-pub const WORKDIR_ON_NODE: &str = "~/sky_workdir";
+pub(crate) const WORKDIR_ON_NODE: &str = "~/sky_workdir";
 
 /// Where checkpoints go on a node unless the task says otherwise.
-pub const DEFAULT_CHECKPOINT_DIR: &str = "~/gangway_checkpoints";
+pub(crate) const DEFAULT_CHECKPOINT_DIR: &str = "~/gangway_checkpoints";
 
 /// What a job runs, as stored with it. Never holds secret values: those go
 /// to the driver over a pipe and only into the nodes' environments.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct JobSpec {
+pub(crate) struct JobSpec {
     /// Task name.
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
     /// Setup script (skipped by `exec`).
-    pub setup: Option<String>,
+    pub(crate) setup: Option<String>,
     /// Run script.
-    pub run: Option<String>,
+    pub(crate) run: Option<String>,
     /// Environment values (secrets excluded).
-    pub envs: Vec<(String, String)>,
+    pub(crate) envs: Vec<(String, String)>,
     /// Names of the secrets the driver must be handed.
-    pub secret_names: Vec<String>,
+    pub(crate) secret_names: Vec<String>,
     /// Local workdir to sync to every node.
-    pub workdir: Option<PathBuf>,
+    pub(crate) workdir: Option<PathBuf>,
     /// `(path on node, local path)` pairs to copy.
-    pub file_mounts: Vec<(String, PathBuf)>,
+    pub(crate) file_mounts: Vec<(String, PathBuf)>,
     /// Nodes the job runs on (the first `num_nodes` ranks).
-    pub num_nodes: u32,
+    pub(crate) num_nodes: u32,
     /// GPUs per node.
-    pub gpus_per_node: u32,
+    pub(crate) gpus_per_node: u32,
     /// `checkpoint.path`, if the task set one.
-    pub checkpoint_dir: Option<String>,
+    pub(crate) checkpoint_dir: Option<String>,
     /// Tear the cluster down once the job ends.
-    pub down_after: bool,
+    pub(crate) down_after: bool,
     /// `GANGWAY_JOB_ID` to give (a managed job keeps its id across runs);
     /// default: the cluster job's id.
     #[serde(default)]
-    pub job_id: Option<String>,
+    pub(crate) job_id: Option<String>,
     /// `GANGWAY_RESTART_COUNT`.
     #[serde(default)]
-    pub restart_count: u32,
+    pub(crate) restart_count: u32,
     /// A kept checkpoint to copy into every node's checkpoint directory
     /// before setup.
     #[serde(default)]
-    pub restore_from: Option<PathBuf>,
+    pub(crate) restore_from: Option<PathBuf>,
     /// The task's `ports` (inclusive ranges), for `GANGWAY_PORT_<p>`.
     #[serde(default)]
-    pub ports: Vec<(u16, u16)>,
+    pub(crate) ports: Vec<(u16, u16)>,
 }
 
 /// Which phase a command belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
+pub(crate) enum Phase {
     /// `setup`.
     Setup,
     /// `run`.
@@ -83,24 +84,24 @@ pub enum Phase {
 /// The environment of one node's setup or run: the task's values and
 /// secrets, then gangway's, torchrun's and SkyPilot's names.
 /// Everything a node's environment is made from.
-pub struct GangInfo<'a> {
+pub(crate) struct GangInfo<'a> {
     /// The job.
-    pub spec: &'a JobSpec,
+    pub(crate) spec: &'a JobSpec,
     /// Secret values (from the driver's pipe).
-    pub secrets: &'a [(String, String)],
+    pub(crate) secrets: &'a [(String, String)],
     /// Nodes in rank order.
-    pub nodes: &'a [NodeRow],
+    pub(crate) nodes: &'a [NodeRow],
     /// Cluster name.
-    pub cluster: &'a str,
+    pub(crate) cluster: &'a str,
     /// Job id.
-    pub job_id: i64,
+    pub(crate) job_id: i64,
     /// Checkpoint directory as each node (by rank) sees it.
-    pub checkpoint_dirs: Vec<String>,
+    pub(crate) checkpoint_dirs: Vec<String>,
 }
 
 /// The environment of one node's setup or run: the task's values and
 /// secrets, then gangway's, torchrun's and SkyPilot's names.
-pub fn node_env(phase: Phase, g: &GangInfo<'_>, rank: usize) -> Vec<(String, String)> {
+pub(crate) fn node_env(phase: Phase, g: &GangInfo<'_>, rank: usize) -> Vec<(String, String)> {
     let GangInfo {
         spec,
         secrets,
@@ -235,7 +236,7 @@ fn task_ports(ports: &[(u16, u16)], range: Option<(u16, u16)>) -> Vec<(u16, u16)
 /// Stores a job on `cluster` and starts its driver (`gangway __drive`,
 /// detached in its own process group); secrets go to it over a pipe and
 /// are never stored. Returns the job id.
-pub fn submit(
+pub(crate) fn submit(
     store: &crate::state::Store,
     home: &std::path::Path,
     cluster: &str,
@@ -287,7 +288,7 @@ fn reap_later(child: std::process::Child) {
 
 /// Waits for the drivers this process started that have exited (never
 /// blocks). A long-lived caller calls it now and then; [`submit`] does too.
-pub fn reap_drivers() {
+pub(crate) fn reap_drivers() {
     DRIVERS
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -297,7 +298,7 @@ pub fn reap_drivers() {
 /// Marks jobs whose driver died as `FAILED_DRIVER` and kills the ranks
 /// they left running (recorded by the driver in the job's `pids` file), so
 /// a dead driver never leaves a gang behind.
-pub fn reap(store: &crate::state::Store) -> Result<usize, crate::state::StateError> {
+pub(crate) fn reap(store: &crate::state::Store) -> Result<usize, crate::state::StateError> {
     let reaped = store.reap_dead_jobs()?;
     for job in &reaped {
         let Some(cluster) = store.cluster(&job.cluster)? else {
@@ -341,7 +342,7 @@ pub fn reap(store: &crate::state::Store) -> Result<usize, crate::state::StateErr
 /// Sends `signal` to every rank of cluster job `run`, from the process
 /// groups its driver recorded (each checked against the run's id before it
 /// is signalled, so a reused pid is never hit).
-pub fn signal_run(
+pub(crate) fn signal_run(
     store: &crate::state::Store,
     transport: &dyn Transport,
     nodes: &[NodeRow],
@@ -353,7 +354,7 @@ pub fn signal_run(
 
 /// [`signal_run`] for the run whose logs are in `log_dir`: needs no store,
 /// so it can run on a thread of its own.
-pub fn signal_ranks(
+pub(crate) fn signal_ranks(
     log_dir: &std::path::Path,
     transport: &dyn Transport,
     nodes: &[NodeRow],
@@ -377,7 +378,7 @@ pub fn signal_ranks(
 /// provider brings ([`gangway_provider::Provider::transport`]), else SSH
 /// with host keys verified strictly. `None` for a cloud this build has no
 /// provider for.
-pub fn transport_for(
+pub(crate) fn transport_for(
     cloud: &str,
     home: &std::path::Path,
     cluster: &str,

@@ -13,7 +13,7 @@ use std::net::IpAddr;
 use gangway_provider::Node;
 
 /// Orders nodes into ranks: index = rank.
-pub fn assign_ranks(mut nodes: Vec<Node>) -> Vec<Node> {
+pub(crate) fn assign_ranks(mut nodes: Vec<Node>) -> Vec<Node> {
     nodes.sort_by(|a, b| {
         by_topology_then_ip(&a.topology, &a.private_ip, &b.topology, &b.private_ip)
             .then_with(|| first_port(a).cmp(&first_port(b)))
@@ -46,7 +46,7 @@ fn by_topology_then_ip(ta: &[String], ia: &str, tb: &[String], ib: &str) -> Orde
 /// Switches a message between two nodes passes through, in a tree whose
 /// leaves are the last path element: 1 under the same leaf, 3 under the same
 /// spine, and so on up to the (implicit) root above the first element.
-pub fn switch_hops(a: &[String], b: &[String]) -> usize {
+pub(crate) fn switch_hops(a: &[String], b: &[String]) -> usize {
     let depth = a.len().max(b.len());
     let common = a.iter().zip(b).take_while(|(x, y)| x == y).count();
     2 * (depth - common) + 1

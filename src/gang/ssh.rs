@@ -31,10 +31,10 @@ use gangway_provider::{
 pub const MAX_HANDSHAKES: usize = 16;
 /// Keepalive interval. OpenSSH gives up once 3 probes go unanswered, when
 /// the 4th is due: a node that stops answering is noticed after 12 s.
-pub const KEEPALIVE: Duration = Duration::from_secs(3);
+pub(crate) const KEEPALIVE: Duration = Duration::from_secs(3);
 
 /// Where a node (or a jump host) is reached.
-pub type SshTarget = SshEndpoint;
+pub(crate) type SshTarget = SshEndpoint;
 
 /// Errors about keys.
 #[derive(Debug, thiserror::Error)]
@@ -60,7 +60,7 @@ pub enum KeyError {
 }
 
 /// Refuses a private key that others can read.
-pub fn check_key_mode(path: &Path) -> Result<(), KeyError> {
+pub(crate) fn check_key_mode(path: &Path) -> Result<(), KeyError> {
     let mode = std::fs::metadata(path)
         .map(|m| m.permissions().mode() & 0o777)
         .map_err(|e| KeyError::Create {
@@ -78,7 +78,7 @@ pub fn check_key_mode(path: &Path) -> Result<(), KeyError> {
 
 /// gangway's own key pair, `$GANGWAY_HOME/ssh/id_ed25519`, created (mode
 /// 0600) on first use.
-pub fn ensure_key(home: &Path) -> Result<PathBuf, KeyError> {
+pub(crate) fn ensure_key(home: &Path) -> Result<PathBuf, KeyError> {
     let dir = home.join("ssh");
     let path = dir.join("id_ed25519");
     if path.exists() {
@@ -106,7 +106,7 @@ pub fn ensure_key(home: &Path) -> Result<PathBuf, KeyError> {
 }
 
 /// Quotes `s` for a POSIX shell.
-pub fn sq(s: &str) -> String {
+pub(crate) fn sq(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
@@ -129,11 +129,11 @@ const NODE_PATH_VARS: &[&str] = &["GANGWAY_CHECKPOINT_DIR"];
 
 /// Node fact marking a node nobody has connected to yet: its host key is
 /// accepted on first contact, then verified strictly.
-pub const FIRST_CONTACT: &str = "ssh.first_contact";
+pub(crate) const FIRST_CONTACT: &str = "ssh.first_contact";
 
 /// A provider's command reading a preemption notice on a node
 /// ([`Provider::notice_probe`]).
-pub type NoticeProbe = Arc<dyn Fn(&NodeRow) -> Option<String> + Send + Sync>;
+pub(crate) type NoticeProbe = Arc<dyn Fn(&NodeRow) -> Option<String> + Send + Sync>;
 
 /// The SSH transport for one cluster.
 pub struct SshTransport {
@@ -175,7 +175,7 @@ impl SshTransport {
 
     /// The transport for `provider`'s nodes: its notice probe and its
     /// grace for a refused key.
-    pub fn for_provider(self, provider: Arc<dyn Provider>) -> SshTransport {
+    pub(crate) fn for_provider(self, provider: Arc<dyn Provider>) -> SshTransport {
         let grace = provider.key_refusal_grace();
         self.with_key_refusal_grace(grace)
             .with_notice_probe(Arc::new(move |n: &NodeRow| provider.notice_probe(n)))

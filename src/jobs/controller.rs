@@ -44,9 +44,9 @@ use crate::state::{
 };
 
 /// How long a zone that lost a node is avoided.
-pub const BLOCK_TTL: Duration = Duration::from_secs(600);
+pub(crate) const BLOCK_TTL: Duration = Duration::from_secs(600);
 /// How often the supervisor looks for changes.
-pub const TICK: Duration = Duration::from_millis(200);
+pub(crate) const TICK: Duration = Duration::from_millis(200);
 /// How often a running job's nodes are asked for a preemption notice.
 const NOTICE_EVERY: Duration = Duration::from_millis(500);
 /// How often a deadline policy reconsiders a running job's market.
@@ -87,7 +87,7 @@ const BLOCKING_THREADS: usize = 32;
 
 /// When the controller stops.
 #[derive(Clone, Copy, Debug)]
-pub enum Until {
+pub(crate) enum Until {
     /// When no managed job is left to watch (after a short quiet spell).
     Idle,
     /// When this job has ended (the `--wait` mode).
@@ -124,7 +124,7 @@ struct Shared {
 }
 
 /// The controller.
-pub struct Controller {
+pub(crate) struct Controller {
     shared: Rc<Shared>,
 }
 
@@ -154,7 +154,7 @@ struct Memo {
 }
 
 /// Where the controller's lock and log live.
-pub fn controller_paths(home: &Path) -> (PathBuf, PathBuf) {
+pub(crate) fn controller_paths(home: &Path) -> (PathBuf, PathBuf) {
     (
         home.join("locks").join("controller.lock"),
         home.join("jobs").join("controller.log"),
@@ -207,7 +207,7 @@ enum SyncError {
 
 impl Controller {
     /// A controller for `home`.
-    pub fn new(home: &Path) -> Result<Controller, crate::Error> {
+    pub(crate) fn new(home: &Path) -> Result<Controller, crate::Error> {
         let cx = Context::open(home)?;
         let (_, log_path) = controller_paths(home);
         if let Some(d) = log_path.parent() {
@@ -233,7 +233,7 @@ impl Controller {
     /// tasks, and a bounded pool for their blocking work (notice probes,
     /// signals, checkpoint copies), which queue when it is busy instead of
     /// growing a thread per burst.
-    pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    pub(crate) fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .max_blocking_threads(BLOCKING_THREADS)
@@ -241,7 +241,7 @@ impl Controller {
     }
 
     /// Reconciles every job, each on its own task, until `until`.
-    pub async fn run(&mut self, until: Until) -> Result<(), crate::Error> {
+    pub(crate) async fn run(&mut self, until: Until) -> Result<(), crate::Error> {
         let local = tokio::task::LocalSet::new();
         let shared = Rc::clone(&self.shared);
         local.run_until(supervise(shared, until)).await

@@ -9,9 +9,9 @@
 //! idempotent step, records it, and moves on; killed at any point and
 //! started again, it picks up from the row.
 
-pub mod controller;
-pub mod policy;
-pub mod sim;
+pub(crate) mod controller;
+pub(crate) mod policy;
+pub(crate) mod sim;
 
 use std::path::PathBuf;
 
@@ -22,49 +22,49 @@ use crate::gang::JobSpec;
 /// What a managed job needs to be rebuilt on every recovery: how to load
 /// the task again (for the optimizer) and the resolved job spec.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ManagedTask {
+pub(crate) struct ManagedTask {
     /// The copy of the task file kept with the job.
-    pub task_file: PathBuf,
+    pub(crate) task_file: PathBuf,
     /// The task file as the user named it (for messages).
-    pub task_path: String,
+    pub(crate) task_path: String,
     /// The command line's resource overrides (`--gpus`, `--infra`, ...),
     /// applied again on every recovery. Flattened: stored as the separate
     /// fields earlier versions wrote.
     #[serde(flatten)]
-    pub overrides: crate::spec::Overrides,
+    pub(crate) overrides: crate::spec::Overrides,
     /// The `--catalog DIR` (or `GANGWAY_CATALOG_DIR`) the job was launched
     /// with, overlaid on every recovery's catalog.
     #[serde(default)]
-    pub catalog_dir: Option<PathBuf>,
+    pub(crate) catalog_dir: Option<PathBuf>,
     /// The job itself (workdir and mounts already absolute).
-    pub spec: JobSpec,
+    pub(crate) spec: JobSpec,
     /// Where checkpoints are kept (a local directory).
-    pub storage: PathBuf,
+    pub(crate) storage: PathBuf,
     /// `checkpoint.sync_interval`, seconds.
-    pub sync_interval_s: f64,
+    pub(crate) sync_interval_s: f64,
     /// `checkpoint.signal`, as a number.
-    pub signal: i32,
+    pub(crate) signal: i32,
     /// `checkpoint.grace_period`, seconds.
-    pub grace_s: f64,
+    pub(crate) grace_s: f64,
     /// `job_recovery.strategy` (`FAILOVER`, `EAGER_NEXT_REGION`, `NONE`).
-    pub strategy: String,
+    pub(crate) strategy: String,
     /// `job_recovery.max_restarts_on_errors`.
-    pub max_restarts_on_errors: u32,
+    pub(crate) max_restarts_on_errors: u32,
     /// `job_recovery.recover_on_exit_codes`.
-    pub recover_on_exit_codes: Vec<i32>,
+    pub(crate) recover_on_exit_codes: Vec<i32>,
     /// `deadline` (or `deadline.within`), seconds from submission.
     #[serde(default)]
-    pub deadline_s: Option<f64>,
+    pub(crate) deadline_s: Option<f64>,
     /// `deadline.work`: running time the job needs, seconds.
     #[serde(default)]
-    pub work_s: Option<f64>,
+    pub(crate) work_s: Option<f64>,
     /// `deadline.policy`.
     #[serde(default)]
-    pub policy: Option<String>,
+    pub(crate) policy: Option<String>,
 }
 
 /// The signal number for a `checkpoint.signal` name.
-pub fn signal_number(name: &str) -> i32 {
+pub(crate) fn signal_number(name: &str) -> i32 {
     match name.trim_start_matches("SIG") {
         "INT" => libc::SIGINT,
         "USR1" => libc::SIGUSR1,

@@ -29,7 +29,7 @@
 /// What the job runs on during one tick (or, in [`State::running`], what
 /// it is on when the tick starts).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Choice {
+pub(crate) enum Choice {
     /// A spot instance (cheap, may be preempted at any tick boundary).
     Spot,
     /// An on-demand instance (dear, never preempted).
@@ -38,54 +38,43 @@ pub enum Choice {
     Idle,
 }
 
-impl Choice {
-    /// A short lowercase name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Choice::Spot => "spot",
-            Choice::OnDemand => "on-demand",
-            Choice::Idle => "idle",
-        }
-    }
-}
-
 /// What a policy sees at the start of a tick. Times are in seconds from the
 /// job's start.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct State {
+pub(crate) struct State {
     /// Time since the job started.
-    pub elapsed: f64,
+    pub(crate) elapsed: f64,
     /// Work done so far (seconds of progress).
-    pub work_done: f64,
+    pub(crate) work_done: f64,
     /// Total work the job needs.
-    pub job_length: f64,
+    pub(crate) job_length: f64,
     /// When the job must be done.
-    pub deadline: f64,
+    pub(crate) deadline: f64,
     /// Time lost (billed, no progress) whenever the job starts on a new
     /// instance.
-    pub restart_overhead: f64,
+    pub(crate) restart_overhead: f64,
     /// Time until the next decision.
-    pub tick: f64,
+    pub(crate) tick: f64,
     /// Whether a spot instance can be had now (or the current one is still
     /// running).
-    pub spot_available: bool,
+    pub(crate) spot_available: bool,
     /// The instance the job is on now: [`Choice::Idle`] when none (also just
     /// after a preemption). A [`Choice::Spot`] here is alive.
-    pub running: Choice,
+    pub(crate) running: Choice,
     /// Restart overhead still to pay on the current instance before it
     /// makes progress again.
-    pub overhead_left: f64,
+    pub(crate) overhead_left: f64,
 }
 
 impl State {
     /// Work still to do.
-    pub fn remaining_work(&self) -> f64 {
+    pub(crate) fn remaining_work(&self) -> f64 {
         (self.job_length - self.work_done).max(0.0)
     }
 
     /// The uniform-progress line C(t) = job_length × t / deadline, capped at
     /// the job length.
-    pub fn expected_progress(&self, at: f64) -> f64 {
+    pub(crate) fn expected_progress(&self, at: f64) -> f64 {
         if self.deadline <= 0.0 {
             return self.job_length;
         }
@@ -95,7 +84,7 @@ impl State {
     /// Time needed to finish if the job goes (or stays) on on-demand now:
     /// the remaining work plus the overhead of starting it, or what is left
     /// of that overhead when it already runs there.
-    pub fn on_demand_need(&self) -> f64 {
+    pub(crate) fn on_demand_need(&self) -> f64 {
         let overhead = if self.running == Choice::OnDemand {
             self.overhead_left
         } else {
@@ -105,14 +94,14 @@ impl State {
     }
 
     /// Whether going to on-demand now still meets the deadline.
-    pub fn can_finish_on_demand(&self) -> bool {
+    pub(crate) fn can_finish_on_demand(&self) -> bool {
         self.elapsed + self.on_demand_need() <= self.deadline
     }
 
     /// Overhead to pay before `c` makes progress: what is left of it when
     /// `c` continues the current instance, the full restart overhead when
     /// it starts a new one, none for idling.
-    pub fn overhead_for(&self, c: Choice) -> f64 {
+    pub(crate) fn overhead_for(&self, c: Choice) -> f64 {
         match c {
             Choice::Idle => 0.0,
             c if c == self.running => self.overhead_left,
@@ -121,7 +110,7 @@ impl State {
     }
 
     /// Progress `c` makes in this tick if it is not interrupted.
-    pub fn progress_in_tick(&self, c: Choice) -> f64 {
+    pub(crate) fn progress_in_tick(&self, c: Choice) -> f64 {
         if c == Choice::Idle {
             return 0.0;
         }
@@ -138,7 +127,7 @@ impl State {
     /// - Otherwise: `elapsed + tick + (remaining work after the tick) +
     ///   restart_overhead <= deadline`, i.e. at the next tick on-demand can
     ///   still be started from scratch and finish in time.
-    pub fn keeps_deadline(&self, c: Choice) -> bool {
+    pub(crate) fn keeps_deadline(&self, c: Choice) -> bool {
         if c == Choice::OnDemand {
             return self.can_finish_on_demand();
         }
@@ -156,7 +145,7 @@ impl State {
 
 /// Decides, tick by tick, what a job runs on. A policy may keep state
 /// between ticks (build a fresh one per job).
-pub trait Policy {
+pub(crate) trait Policy {
     /// The policy's name, as the CLI spells it.
     fn name(&self) -> &'static str;
 
@@ -167,7 +156,7 @@ pub trait Policy {
 
 /// The policies gangway ships, by name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum PolicyKind {
+pub(crate) enum PolicyKind {
     /// [`Greedy`].
     Greedy,
     /// [`UniformProgress`].
@@ -178,14 +167,15 @@ pub enum PolicyKind {
 
 impl PolicyKind {
     /// Every policy, in the order reports list them.
-    pub const ALL: [PolicyKind; 3] = [
+    pub(crate) const ALL: [PolicyKind; 3] = [
         PolicyKind::Greedy,
         PolicyKind::UniformProgress,
         PolicyKind::AlwaysOnDemand,
     ];
 
     /// The policy's name.
-    pub fn name(self) -> &'static str {
+    #[cfg(test)]
+    pub(crate) fn name(self) -> &'static str {
         match self {
             PolicyKind::Greedy => Greedy::NAME,
             PolicyKind::UniformProgress => UniformProgress::NAME,
@@ -194,7 +184,7 @@ impl PolicyKind {
     }
 
     /// A fresh policy of this kind.
-    pub fn build(self) -> Box<dyn Policy> {
+    pub(crate) fn build(self) -> Box<dyn Policy> {
         match self {
             PolicyKind::Greedy => Box::new(Greedy::default()),
             PolicyKind::UniformProgress => Box::new(UniformProgress::default()),
@@ -216,13 +206,13 @@ impl PolicyKind {
 /// restart, so going back to spot would risk the deadline: like the
 /// paper's greedy policy it stays on on-demand.
 #[derive(Clone, Debug, Default)]
-pub struct Greedy {
+pub(crate) struct Greedy {
     committed: bool,
 }
 
 impl Greedy {
     /// The CLI name.
-    pub const NAME: &'static str = "greedy";
+    pub(crate) const NAME: &'static str = "greedy";
 }
 
 impl Policy for Greedy {
@@ -275,13 +265,13 @@ impl Policy for Greedy {
 ///    remaining work plus 2d; this exact one-tick look-ahead is what makes
 ///    the never-miss guarantee hold for any tick length.)
 #[derive(Clone, Debug, Default)]
-pub struct UniformProgress {
+pub(crate) struct UniformProgress {
     committed: bool,
 }
 
 impl UniformProgress {
     /// The CLI name.
-    pub const NAME: &'static str = "uniform-progress";
+    pub(crate) const NAME: &'static str = "uniform-progress";
 }
 
 impl Policy for UniformProgress {
@@ -319,11 +309,11 @@ impl Policy for UniformProgress {
 /// On-demand from start to end: the baseline that costs the most and never
 /// waits.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct AlwaysOnDemand;
+pub(crate) struct AlwaysOnDemand;
 
 impl AlwaysOnDemand {
     /// The CLI name.
-    pub const NAME: &'static str = "on-demand";
+    pub(crate) const NAME: &'static str = "on-demand";
 }
 
 impl Policy for AlwaysOnDemand {

@@ -50,19 +50,19 @@ use super::policy::{Choice, Policy, State};
 
 /// The on-demand price assumed when none is given: AWS p3.2xlarge (one
 /// V100), us-east-1, $/h.
-pub const DEFAULT_ON_DEMAND_PRICE: f64 = 3.06;
+pub(crate) const DEFAULT_ON_DEMAND_PRICE: f64 = 3.06;
 
 /// The spot price assumed when neither the command line nor the trace gives
 /// one: a p3.2xlarge spot price, $/h.
-pub const DEFAULT_SPOT_PRICE: f64 = 0.9179;
+pub(crate) const DEFAULT_SPOT_PRICE: f64 = 0.9179;
 
 /// How far past the deadline a finish still counts as on time: float
 /// rounding, a microsecond.
-pub const DEADLINE_TOLERANCE: f64 = 1e-6;
+pub(crate) const DEADLINE_TOLERANCE: f64 = 1e-6;
 
 /// A trace that could not be used.
 #[derive(Debug, thiserror::Error)]
-pub enum TraceError {
+pub(crate) enum TraceError {
     /// The file could not be read.
     #[error("cannot read trace {path}: {source}")]
     Read {
@@ -101,22 +101,23 @@ pub enum TraceError {
 
 /// One zone's spot availability, tick by tick.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Trace {
+pub(crate) struct Trace {
     /// Where it came from (a path, or a test's name).
-    pub path: String,
+    pub(crate) path: String,
     /// A short name: the file name without `.json`.
-    pub name: String,
+    pub(crate) name: String,
     /// Tick length in seconds.
-    pub gap_seconds: f64,
+    pub(crate) gap_seconds: f64,
     /// Whether spot is available in each tick.
-    pub available: Vec<bool>,
+    pub(crate) available: Vec<bool>,
     /// Spot price in $/h per tick, if the trace has them.
-    pub prices: Option<Vec<f64>>,
+    pub(crate) prices: Option<Vec<f64>>,
 }
 
 impl Trace {
     /// A trace from a list of availabilities (for tests and generators).
-    pub fn new(name: &str, gap_seconds: f64, available: Vec<bool>) -> Trace {
+    #[cfg(test)]
+    pub(crate) fn new(name: &str, gap_seconds: f64, available: Vec<bool>) -> Trace {
         Trace {
             path: name.to_string(),
             name: name.to_string(),
@@ -127,7 +128,7 @@ impl Trace {
     }
 
     /// Reads and parses a trace file.
-    pub fn load(path: &Path) -> Result<Trace, TraceError> {
+    pub(crate) fn load(path: &Path) -> Result<Trace, TraceError> {
         let shown = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|source| TraceError::Read {
             path: shown.clone(),
@@ -141,7 +142,7 @@ impl Trace {
     }
 
     /// Parses a trace document; `path` names it in errors.
-    pub fn parse(path: &str, text: &str) -> Result<Trace, TraceError> {
+    pub(crate) fn parse(path: &str, text: &str) -> Result<Trace, TraceError> {
         let bad = |message: String| TraceError::Format {
             path: path.to_string(),
             message,
@@ -216,22 +217,17 @@ impl Trace {
     }
 
     /// Number of ticks.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.available.len()
     }
 
-    /// Whether the trace has no ticks.
-    pub fn is_empty(&self) -> bool {
-        self.available.is_empty()
-    }
-
     /// Whether spot is available in `tick` (never after the end).
-    pub fn available_at(&self, tick: usize) -> bool {
+    pub(crate) fn available_at(&self, tick: usize) -> bool {
         self.available.get(tick).copied().unwrap_or(false)
     }
 
     /// The share of ticks from `from` to the end with spot (0 when none).
-    pub fn spot_fraction(&self, from: usize) -> f64 {
+    pub(crate) fn spot_fraction(&self, from: usize) -> f64 {
         let rest = self.available.get(from..).unwrap_or(&[]);
         if rest.is_empty() {
             return 0.0;
@@ -242,14 +238,14 @@ impl Trace {
 
 /// The zones of one run: one or more traces with the same tick length.
 #[derive(Clone, Debug)]
-pub struct Zones {
+pub(crate) struct Zones {
     traces: Vec<Trace>,
     gap: f64,
 }
 
 impl Zones {
     /// Checks that there is at least one trace and that all tick alike.
-    pub fn new(traces: Vec<Trace>) -> Result<Zones, TraceError> {
+    pub(crate) fn new(traces: Vec<Trace>) -> Result<Zones, TraceError> {
         let first = traces.first().ok_or(TraceError::Empty)?;
         let gap = first.gap_seconds;
         if let Some(t) = traces.iter().find(|t| t.gap_seconds != gap) {
@@ -264,23 +260,18 @@ impl Zones {
     }
 
     /// The traces, in the order given.
-    pub fn traces(&self) -> &[Trace] {
+    pub(crate) fn traces(&self) -> &[Trace] {
         &self.traces
     }
 
     /// Tick length in seconds.
-    pub fn gap_seconds(&self) -> f64 {
+    pub(crate) fn gap_seconds(&self) -> f64 {
         self.gap
     }
 
     /// Ticks in the longest trace.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.traces.iter().map(Trace::len).max().unwrap_or(0)
-    }
-
-    /// Whether every trace is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     fn first_with_spot(&self, tick: usize) -> Option<usize> {
@@ -290,26 +281,26 @@ impl Zones {
 
 /// The job and the prices of one simulation.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Job {
+pub(crate) struct Job {
     /// Work the job needs, seconds.
-    pub length: f64,
+    pub(crate) length: f64,
     /// Seconds from the start by which it must be done.
-    pub deadline: f64,
+    pub(crate) deadline: f64,
     /// Seconds lost at every start on a new instance.
-    pub restart_overhead: f64,
+    pub(crate) restart_overhead: f64,
     /// Spot $/h: overrides the traces' prices when set; otherwise a
     /// trace's own prices, or [`DEFAULT_SPOT_PRICE`].
-    pub spot_price: Option<f64>,
+    pub(crate) spot_price: Option<f64>,
     /// On-demand $/h.
-    pub on_demand_price: f64,
+    pub(crate) on_demand_price: f64,
     /// The trace tick the job starts at.
-    pub start_tick: usize,
+    pub(crate) start_tick: usize,
 }
 
 impl Job {
     /// A job of `length_h` hours due `deadline_h` hours after it starts,
     /// with `restart_h` hours per restart, default prices, from tick 0.
-    pub fn hours(length_h: f64, deadline_h: f64, restart_h: f64) -> Job {
+    pub(crate) fn hours(length_h: f64, deadline_h: f64, restart_h: f64) -> Job {
         Job {
             length: length_h * 3600.0,
             deadline: deadline_h * 3600.0,
@@ -321,60 +312,61 @@ impl Job {
     }
 
     /// Whether on-demand alone, from the start, meets the deadline.
-    pub fn feasible(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn feasible(&self) -> bool {
         self.length + self.restart_overhead <= self.deadline
     }
 }
 
 /// What one policy did over one run.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// The policy.
-    pub policy: String,
+    pub(crate) policy: String,
     /// Dollars.
-    pub cost: f64,
+    pub(crate) cost: f64,
     /// Hours from the start to the end of the job; `None` if it never
     /// ended (a policy that idles forever).
-    pub finish_hours: Option<f64>,
+    pub(crate) finish_hours: Option<f64>,
     /// Whether it ended by the deadline.
-    pub met_deadline: bool,
+    pub(crate) met_deadline: bool,
     /// Hours billed on spot (restart overheads included).
-    pub spot_hours: f64,
+    pub(crate) spot_hours: f64,
     /// Hours billed on on-demand (restart overheads included).
-    pub on_demand_hours: f64,
+    pub(crate) on_demand_hours: f64,
     /// Hours of restart overhead (billed, no progress).
-    pub overhead_hours: f64,
+    pub(crate) overhead_hours: f64,
     /// Spot instances lost under the job.
-    pub preemptions: u32,
+    pub(crate) preemptions: u32,
     /// Instances started (each paid the restart overhead).
-    pub starts: u32,
+    pub(crate) starts: u32,
     /// Spot starts in another zone than the previous spot instance's.
-    pub zone_moves: u32,
+    pub(crate) zone_moves: u32,
     /// Whether the job was still running after the end of some zone's
     /// trace (the rest was simulated with no spot there).
-    pub ran_past_trace_end: bool,
+    pub(crate) ran_past_trace_end: bool,
 }
 
 /// One tick of a run, for tests and plots.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Step {
+pub(crate) struct Step {
     /// Hours from the start.
-    pub at_hours: f64,
+    pub(crate) at_hours: f64,
     /// What ran.
-    pub choice: Choice,
+    pub(crate) choice: Choice,
     /// The zone of a spot instance (index into the traces).
-    pub zone: Option<usize>,
+    pub(crate) zone: Option<usize>,
     /// Work done at the end of the tick, hours.
-    pub work_hours: f64,
+    pub(crate) work_hours: f64,
 }
 
 /// Runs `policy` (a fresh one) over `zones` for `job`.
-pub fn simulate(zones: &Zones, job: &Job, policy: &mut dyn Policy) -> Outcome {
+pub(crate) fn simulate(zones: &Zones, job: &Job, policy: &mut dyn Policy) -> Outcome {
     simulate_steps(zones, job, policy, false).0
 }
 
 /// Like [`simulate`], also returning every tick when `record` is set.
-pub fn simulate_steps(
+pub(crate) fn simulate_steps(
     zones: &Zones,
     job: &Job,
     policy: &mut dyn Policy,

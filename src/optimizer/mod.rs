@@ -18,53 +18,53 @@ use crate::catalog::{Catalog, Offering, ANY_ACCELERATOR};
 use crate::spec::{Accelerators, Quantity, ResourceSpec, SpotRank, SpotRisk, Task};
 
 /// How many instance types to keep per (group, cloud, region).
-pub const DEFAULT_TYPES_PER_REGION: usize = 3;
+pub(crate) const DEFAULT_TYPES_PER_REGION: usize = 3;
 
 /// One place the task could run.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Candidate {
     /// Cloud.
-    pub cloud: String,
+    pub(crate) cloud: String,
     /// Region.
-    pub region: String,
+    pub(crate) region: String,
     /// Zone.
-    pub zone: String,
+    pub(crate) zone: String,
     /// Instance type.
-    pub instance_type: String,
+    pub(crate) instance_type: String,
     /// GPU name (the task's spelling for the local provider's fake GPUs).
-    pub accelerator: Option<String>,
+    pub(crate) accelerator: Option<String>,
     /// GPUs per node.
-    pub accelerator_count: f32,
+    pub(crate) accelerator_count: f32,
     /// Spot market.
-    pub use_spot: bool,
+    pub(crate) use_spot: bool,
     /// Nodes.
-    pub nodes: u32,
+    pub(crate) nodes: u32,
     /// USD per node-hour.
-    pub price_per_node_hour: f64,
+    pub(crate) price_per_node_hour: f64,
     /// USD per hour for all nodes.
-    pub total_per_hour: f64,
+    pub(crate) total_per_hour: f64,
     /// The price is the catalog's estimate, not a published figure.
-    pub price_estimated: bool,
+    pub(crate) price_estimated: bool,
     /// Spot only: how often the offer is interrupted (the advisor's
     /// bucket; `?` after it when it is the default for want of one).
-    pub interruption: Option<String>,
+    pub(crate) interruption: Option<String>,
     /// Spot only: the expected cost of a node's hour of useful work, given
     /// the interruption rate and the task's `spot_risk` restart overhead
     /// and checkpoint interval (or their defaults); `None` on demand or
     /// when interruptions would leave no progress.
-    pub expected_cost_per_node_hour: Option<f64>,
+    pub(crate) expected_cost_per_node_hour: Option<f64>,
     /// vCPUs per node.
     #[serde(skip)]
-    pub vcpus: f32,
+    pub(crate) vcpus: f32,
     /// Memory per node, GiB.
     #[serde(skip)]
-    pub memory_gib: f32,
+    pub(crate) memory_gib: f32,
     /// Preference group (0 = most preferred).
     #[serde(skip)]
-    pub group: usize,
+    pub(crate) group: usize,
     /// The resolved resources this candidate satisfies.
     #[serde(skip)]
-    pub spec: Arc<ResourceSpec>,
+    pub(crate) spec: Arc<ResourceSpec>,
 }
 
 /// One blocked place, until `until`. `None` fields match everything. The
@@ -72,32 +72,32 @@ pub struct Candidate {
 /// managed-job controller keeps the zones its jobs lost (serialized with
 /// the job, times as unix ms).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Block {
+pub(crate) struct Block {
     /// Cloud.
-    pub cloud: String,
+    pub(crate) cloud: String,
     /// Region.
     #[serde(default)]
-    pub region: Option<String>,
+    pub(crate) region: Option<String>,
     /// Zone.
     #[serde(default)]
-    pub zone: Option<String>,
+    pub(crate) zone: Option<String>,
     /// Instance type.
     #[serde(default)]
-    pub instance_type: Option<String>,
+    pub(crate) instance_type: Option<String>,
     /// Since when (unix ms; 0 when not recorded): the controller drops the
     /// oldest block first when everything is blocked.
     #[serde(default)]
-    pub at_ms: i64,
+    pub(crate) at_ms: i64,
     /// Expiry.
     #[serde(rename = "until_ms", with = "unix_ms")]
-    pub until: SystemTime,
+    pub(crate) until: SystemTime,
     /// Why (shown when everything is blocked).
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 impl Block {
     /// Whether the block covers a planned candidate (expiry aside).
-    pub fn covers(&self, c: &Candidate) -> bool {
+    pub(crate) fn covers(&self, c: &Candidate) -> bool {
         self.cloud == c.cloud
             && self.region.as_deref().is_none_or(|r| r == c.region)
             && self.zone.as_deref().is_none_or(|z| z == c.zone)
@@ -114,14 +114,14 @@ mod unix_ms {
 
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn serialize<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
         let ms = t
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
         s.serialize_i64(ms)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
         let ms = i64::deserialize(d)?.max(0) as u64;
         Ok(UNIX_EPOCH + Duration::from_millis(ms))
     }
@@ -131,12 +131,12 @@ mod unix_ms {
 #[derive(Clone, Debug, Default)]
 pub struct Blocklist {
     /// Entries, expired ones included until pruned.
-    pub entries: Vec<Block>,
+    pub(crate) entries: Vec<Block>,
 }
 
 impl Blocklist {
     /// Whether `o` is blocked at `now`.
-    pub fn blocks(&self, o: &Offering, now: SystemTime) -> Option<&Block> {
+    pub(crate) fn blocks(&self, o: &Offering, now: SystemTime) -> Option<&Block> {
         self.entries.iter().find(|b| {
             b.until > now
                 && b.cloud == o.cloud
@@ -153,9 +153,9 @@ impl Blocklist {
 #[derive(Clone, Debug)]
 pub struct Options {
     /// Instance types kept per (group, cloud, region).
-    pub types_per_region: usize,
+    pub(crate) types_per_region: usize,
     /// Time used for blocklist expiry.
-    pub now: SystemTime,
+    pub(crate) now: SystemTime,
 }
 
 impl Default for Options {
@@ -172,7 +172,7 @@ impl Default for Options {
 #[error("no feasible placement: {}", reasons.join("; "))]
 pub struct Infeasible {
     /// One reason per resource alternative.
-    pub reasons: Vec<String>,
+    pub(crate) reasons: Vec<String>,
 }
 
 fn accel_of(spec: &ResourceSpec) -> Option<(&str, f32)> {
@@ -212,7 +212,7 @@ fn pool(catalog: &Catalog, spec: &ResourceSpec) -> Vec<u32> {
 
 /// A CPU-only task that names no size gets at least 4 vCPUs, as SkyPilot
 /// does, rather than the smallest burstable machine in the catalog.
-pub const DEFAULT_CPUS: Quantity = Quantity {
+pub(crate) const DEFAULT_CPUS: Quantity = Quantity {
     value: 4.0,
     at_least: true,
 };
@@ -533,7 +533,7 @@ fn counts(v: &[&Offering]) -> String {
 }
 
 /// Says which constraint eliminated the last offerings for `spec`.
-pub fn explain(
+pub(crate) fn explain(
     catalog: &Catalog,
     spec: &ResourceSpec,
     blocklist: &Blocklist,

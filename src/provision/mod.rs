@@ -40,14 +40,15 @@ const REGISTRY: &[Registration] = &[
 
 /// The names of every provider this build has, whether or not it can be
 /// used here.
-pub fn registered() -> impl Iterator<Item = &'static str> {
+#[cfg(test)]
+pub(crate) fn registered() -> impl Iterator<Item = &'static str> {
     REGISTRY.iter().map(|r| r.name)
 }
 
 /// Overlays what the providers' own configuration files offer (machines
 /// in ssh pools, Slurm partitions) on `catalog`; a broken file is an
 /// error naming its line.
-pub fn offer_capacity(catalog: &mut Catalog, home: &Path) -> Result<(), SpecError> {
+pub(crate) fn offer_capacity(catalog: &mut Catalog, home: &Path) -> Result<(), SpecError> {
     for r in REGISTRY {
         if let Some(capacity) = (r.capacity)(home)? {
             catalog.overlay(Catalog::from_capacity(r.name, capacity));
@@ -58,7 +59,7 @@ pub fn offer_capacity(catalog: &mut Catalog, home: &Path) -> Result<(), SpecErro
 
 /// The providers this build can use (cheap to clone: each is shared).
 #[derive(Clone)]
-pub struct Providers {
+pub(crate) struct Providers {
     map: BTreeMap<String, Arc<dyn Provider>>,
 }
 
@@ -67,7 +68,7 @@ impl Providers {
     /// with this installation's owner id ([`owner`]). If the id cannot be
     /// kept, the clouds are left out (with a warning) rather than tagged
     /// with an id no later sweep would know.
-    pub fn new(home: &Path) -> Providers {
+    pub(crate) fn new(home: &Path) -> Providers {
         match owner(home) {
             Ok(id) => Providers::build(home, home, Some(&id), true),
             Err(e) => {
@@ -84,7 +85,7 @@ impl Providers {
     /// what `down --orphans --owner` adopts with. Another owner's clouds
     /// keep their records under `home/adopted/<owner>/`, apart from this
     /// installation's clusters of the same names.
-    pub fn with_owner(home: &Path, owner: &str) -> Providers {
+    pub(crate) fn with_owner(home: &Path, owner: &str) -> Providers {
         if self::owner(home).is_ok_and(|id| id == owner) {
             return Providers::new(home);
         }
@@ -126,19 +127,19 @@ impl Providers {
     }
 
     /// Every provider in this build, by name.
-    pub fn all(&self) -> impl Iterator<Item = (&str, &Arc<dyn Provider>)> {
+    pub(crate) fn all(&self) -> impl Iterator<Item = (&str, &Arc<dyn Provider>)> {
         self.map.iter().map(|(k, v)| (k.as_str(), v))
     }
 
     /// The provider for `cloud`.
-    pub fn get(&self, cloud: &str) -> Option<Arc<dyn Provider>> {
+    pub(crate) fn get(&self, cloud: &str) -> Option<Arc<dyn Provider>> {
         self.map.get(cloud).cloned()
     }
 
     /// The transport for the nodes of `cloud` in `cluster`: the one its
     /// provider brings, else SSH (host keys verified strictly) with the
     /// provider's notice probe. `None` without such a provider.
-    pub fn transport(
+    pub(crate) fn transport(
         &self,
         cloud: &str,
         home: &Path,
@@ -163,7 +164,7 @@ fn over_ssh(p: &dyn Provider, home: &Path, cluster: &str) -> bool {
 
 /// Whether provisioning connects to new nodes before it returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Contact {
+pub(crate) enum Contact {
     /// Connect now: record host keys, wait for sshd (the default).
     Now,
     /// Leave the first connection to the first command (`--provision-only`).
@@ -172,7 +173,7 @@ pub enum Contact {
 
 /// What provisioning reports as it goes; the CLI renders it.
 #[derive(Debug)]
-pub enum ProvisionEvent<'a> {
+pub(crate) enum ProvisionEvent<'a> {
     /// Asking a provider for the gang.
     Trying(&'a Candidate),
     /// That attempt failed; the walk goes on.
@@ -184,13 +185,13 @@ pub enum ProvisionEvent<'a> {
 }
 
 /// Receives provisioning events.
-pub trait Reporter {
+pub(crate) trait Reporter {
     /// One event.
     fn event(&self, e: ProvisionEvent<'_>);
 }
 
 /// A reporter that drops everything.
-pub struct Silent;
+pub(crate) struct Silent;
 
 impl Reporter for Silent {
     fn event(&self, _: ProvisionEvent<'_>) {}
@@ -200,17 +201,17 @@ impl Reporter for Silent {
 #[derive(Clone, Debug, Serialize)]
 pub struct Attempt {
     /// Cloud.
-    pub cloud: String,
+    pub(crate) cloud: String,
     /// Region.
-    pub region: String,
+    pub(crate) region: String,
     /// Zone.
-    pub zone: String,
+    pub(crate) zone: String,
     /// Instance type.
-    pub instance_type: String,
+    pub(crate) instance_type: String,
     /// Spot.
-    pub use_spot: bool,
+    pub(crate) use_spot: bool,
     /// What happened.
-    pub outcome: String,
+    pub(crate) outcome: String,
 }
 
 /// Why provisioning stopped without a cluster.
@@ -276,13 +277,13 @@ fn leftover(store: &Store, name: &str, failure: String, cleanup: ProviderError) 
 
 /// Retries of transient errors.
 #[derive(Clone, Copy, Debug)]
-pub struct RetryPolicy {
+pub(crate) struct RetryPolicy {
     /// Attempts per candidate, the first included.
-    pub attempts: u32,
+    pub(crate) attempts: u32,
     /// First delay.
-    pub base: Duration,
+    pub(crate) base: Duration,
     /// Longest delay.
-    pub max: Duration,
+    pub(crate) max: Duration,
 }
 
 impl Default for RetryPolicy {
@@ -298,7 +299,7 @@ impl Default for RetryPolicy {
 impl RetryPolicy {
     /// Delay before retry `n` (1-based): exponential, capped, with +-50% jitter
     /// from `noise` (any u64, e.g. from the clock).
-    pub fn delay(&self, n: u32, noise: u64) -> Duration {
+    pub(crate) fn delay(&self, n: u32, noise: u64) -> Duration {
         let exp = self
             .base
             .saturating_mul(1u32 << (n.saturating_sub(1)).min(16));
@@ -341,11 +342,9 @@ fn block_after(c: &Candidate, kind: ErrorKind) -> Block {
 
 /// A provisioned cluster.
 #[derive(Debug)]
-pub struct Provisioned {
-    /// The placement that worked.
-    pub candidate: Candidate,
+pub(crate) struct Provisioned {
     /// Nodes in rank order.
-    pub nodes: Vec<NodeRow>,
+    pub(crate) nodes: Vec<NodeRow>,
 }
 
 fn noise() -> u64 {
@@ -357,7 +356,7 @@ fn noise() -> u64 {
 }
 
 /// Converts provider nodes (already in rank order) into rows.
-pub fn node_rows(nodes: &[Node]) -> Vec<NodeRow> {
+pub(crate) fn node_rows(nodes: &[Node]) -> Vec<NodeRow> {
     nodes
         .iter()
         .enumerate()
@@ -375,7 +374,7 @@ pub fn node_rows(nodes: &[Node]) -> Vec<NodeRow> {
 }
 
 /// The stored name of a node state.
-pub fn state_name(s: &NodeState) -> &'static str {
+pub(crate) fn state_name(s: &NodeState) -> &'static str {
     match s {
         NodeState::Pending => "pending",
         NodeState::Running => "running",
@@ -393,7 +392,7 @@ pub fn state_name(s: &NodeState) -> &'static str {
 /// failure, ask its provider for the whole gang ([`Walk::attempt`]). A
 /// placement that cannot give it is blocked, whatever it created is
 /// removed, and the walk fails over to the next ([`Walk::fail_over`]).
-pub async fn provision(
+pub(crate) async fn provision(
     store: &Store,
     cluster: &ClusterRow,
     plan: &[Candidate],
@@ -713,10 +712,7 @@ impl Walk<'_> {
                 c.zone
             ),
         )?;
-        Ok(Attempted::Up(Provisioned {
-            candidate: c.clone(),
-            nodes: rows,
-        }))
+        Ok(Attempted::Up(Provisioned { nodes: rows }))
     }
 
     /// All or nothing: removes whatever the failed attempt at `c` created
@@ -777,7 +773,7 @@ enum ContactError {
 }
 
 /// The file in `$GANGWAY_HOME` that keeps the installation's owner id.
-pub const OWNER_FILE: &str = "owner";
+pub(crate) const OWNER_FILE: &str = "owner";
 
 /// This installation's owner id: `gw-` and 16 hex digits from the system's
 /// random source, tagged on every cloud resource (`gangway-owner`) and the
@@ -786,7 +782,7 @@ pub const OWNER_FILE: &str = "owner";
 /// first use and kept in `home/owner` (mode 0600). Two processes making it
 /// at once agree on one: each writes its own temporary file, and a hard
 /// link (which fails where the name exists) publishes the first whole.
-pub fn owner(home: &Path) -> Result<String, StateError> {
+pub(crate) fn owner(home: &Path) -> Result<String, StateError> {
     use std::io::{Read, Write};
     use std::os::unix::fs::OpenOptionsExt;
     let path = home.join(OWNER_FILE);
@@ -849,7 +845,7 @@ pub fn owner(home: &Path) -> Result<String, StateError> {
 /// Tears a cluster down: stops its jobs, terminates every node by tag,
 /// then forgets it. The row stays (`TERMINATING`, with the error) if the
 /// provider fails, so nothing is left running unseen.
-pub async fn teardown(
+pub(crate) async fn teardown(
     store: &Store,
     name: &str,
     providers: &Providers,
@@ -896,7 +892,7 @@ pub async fn teardown(
 
 /// What a cluster row says is still running, for messages about a
 /// teardown that did not finish.
-pub fn still_running(row: &ClusterRow) -> String {
+pub(crate) fn still_running(row: &ClusterRow) -> String {
     match (&row.cloud, &row.region, &row.instance_type) {
         (Some(cloud), Some(region), Some(t)) => format!(
             "up to {} x {t}{} on {cloud}/{region}{}",
@@ -913,7 +909,7 @@ pub fn still_running(row: &ClusterRow) -> String {
 /// Asks the drivers of a cluster's live jobs to stop (they record how the
 /// job ended); jobs without a live driver are marked now. Waits (without
 /// blocking the runtime) up to the drivers' grace period for them.
-pub async fn stop_drivers(store: &Store, name: &str) -> Result<(), StateError> {
+pub(crate) async fn stop_drivers(store: &Store, name: &str) -> Result<(), StateError> {
     let mut signalled = Vec::new();
     let deadline = std::time::Instant::now() + crate::gang::GRACE + Duration::from_secs(5);
     for mut j in store.jobs(name)? {

@@ -7,7 +7,7 @@ use super::SpecError;
 type R<T> = Result<T, SpecError>;
 
 /// Clouds a task may name (SkyPilot's list plus ours). Unknown names get a hint.
-pub const KNOWN_CLOUDS: &[&str] = &[
+pub(crate) const KNOWN_CLOUDS: &[&str] = &[
     "aws",
     "gcp",
     "azure",
@@ -269,9 +269,9 @@ fn shown(node: &Node) -> String {
 }
 
 /// The allowed name closest to `key`, if it is close enough to be a typo.
-pub use gangway_yaml::closest;
+pub(crate) use gangway_yaml::closest;
 
-pub fn task(doc: &Node, file: &str) -> R<Task> {
+pub(crate) fn task(doc: &Node, file: &str) -> R<Task> {
     let cx = Cx { file };
     if let Kind::Map(items) = &doc.kind {
         for (k, _) in items {
@@ -507,7 +507,7 @@ fn config(cx: &Cx, v: &Node) -> R<Option<serde_json::Value>> {
 }
 
 /// Converts any subtree to JSON, resolving plain scalars to numbers and booleans.
-pub fn to_json(v: &Node) -> serde_json::Value {
+pub(crate) fn to_json(v: &Node) -> serde_json::Value {
     use serde_json::Value;
     match &v.kind {
         Kind::Null => Value::Null,
@@ -1279,7 +1279,7 @@ fn job_recovery(cx: &Cx, v: &Node, field: &str) -> R<JobRecovery> {
 /// Parses a command-line override the same way as the task field it
 /// replaces, so `--gpus`, `--infra`, `--cpus` and `--memory` accept and
 /// refuse exactly what a task file would.
-pub fn flag(flag: &str, text: &str) -> Result<ResourceSpec, SpecError> {
+pub(crate) fn flag(flag: &str, text: &str) -> Result<ResourceSpec, SpecError> {
     let cx = Cx { file: flag };
     let node = Node {
         kind: Kind::Scalar {

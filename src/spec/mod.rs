@@ -11,7 +11,7 @@ pub mod yaml;
 use std::path::Path;
 
 pub use model::*;
-pub use overrides::{OverrideError, Overrides};
+pub(crate) use overrides::{OverrideError, Overrides};
 
 /// Largest task file we read. Real ones are a few KiB.
 pub const MAX_FILE_BYTES: u64 = 1 << 20;

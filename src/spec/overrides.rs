@@ -10,48 +10,48 @@ use super::{Choice, ResourceSpec, SpecError, Task};
 /// are the flags'; the texts are parsed when applied, so a stored value is
 /// checked the same way as a typed one.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Overrides {
+pub(crate) struct Overrides {
     /// `--infra`: cloud[/region[/zone]].
     #[serde(default)]
-    pub infra: Option<String>,
+    pub(crate) infra: Option<String>,
     /// `--gpus`, e.g. `A100:8` (replaces the accelerators and any type).
     #[serde(default)]
-    pub gpus: Option<String>,
+    pub(crate) gpus: Option<String>,
     /// `--cpus`, e.g. `8+`.
     #[serde(default)]
-    pub cpus: Option<String>,
+    pub(crate) cpus: Option<String>,
     /// `--memory` in GiB, e.g. `64+`.
     #[serde(default)]
-    pub memory: Option<String>,
+    pub(crate) memory: Option<String>,
     /// `--instance-type`.
     #[serde(default)]
-    pub instance_type: Option<String>,
+    pub(crate) instance_type: Option<String>,
     /// `--num-nodes`.
     #[serde(default)]
-    pub num_nodes: Option<u32>,
+    pub(crate) num_nodes: Option<u32>,
     /// `--use-spot`.
     #[serde(default)]
-    pub use_spot: bool,
+    pub(crate) use_spot: bool,
 }
 
 /// A flag's value that is not valid for the field it overrides.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{flag} '{text}': {message}")]
-pub struct OverrideError {
+pub(crate) struct OverrideError {
     /// The flag, `--gpus`.
-    pub flag: &'static str,
+    pub(crate) flag: &'static str,
     /// Its value.
-    pub text: String,
+    pub(crate) text: String,
     /// What is wrong.
-    pub message: String,
+    pub(crate) message: String,
     /// What to do about it.
-    pub hint: Option<String>,
+    pub(crate) hint: Option<String>,
 }
 
 impl Overrides {
     /// Checks every flag's value without a task (a wrong flag is reported
     /// before the file is read).
-    pub fn check(&self) -> Result<(), OverrideError> {
+    pub(crate) fn check(&self) -> Result<(), OverrideError> {
         self.parsed().map(|_| ())
     }
 
@@ -78,7 +78,7 @@ impl Overrides {
 
     /// Applies every override to `task` (each alternative of an `any_of`
     /// or `ordered` list too).
-    pub fn apply(&self, task: &mut Task) -> Result<(), OverrideError> {
+    pub(crate) fn apply(&self, task: &mut Task) -> Result<(), OverrideError> {
         let [infra, gpus, cpus, memory] = self.parsed()?;
         if let Some(n) = self.num_nodes {
             task.num_nodes = n;
@@ -110,7 +110,7 @@ impl Overrides {
 
 impl Task {
     /// Runs `f` on the base resources and on every alternative.
-    pub fn for_each_resources(&mut self, f: impl Fn(&mut ResourceSpec)) {
+    pub(crate) fn for_each_resources(&mut self, f: impl Fn(&mut ResourceSpec)) {
         f(&mut self.resources.base);
         if let Choice::AnyOf(items) | Choice::Ordered(items) = &mut self.resources.choice {
             items.iter_mut().for_each(f);
@@ -118,7 +118,7 @@ impl Task {
     }
 
     /// Pins every alternative to one market: spot or on-demand.
-    pub fn set_market(&mut self, spot: bool) {
+    pub(crate) fn set_market(&mut self, spot: bool) {
         self.for_each_resources(|r| r.use_spot = Some(spot));
     }
 }

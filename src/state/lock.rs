@@ -3,16 +3,17 @@
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use super::StateError;
 
 /// A held lock; dropping it (or the process dying) releases it.
 #[derive(Debug)]
-pub struct OwnerLock {
-    file: File,
-    path: PathBuf,
+pub(crate) struct OwnerLock {
+    /// Held, never read: closing it (drop, or the process dying) is what
+    /// releases the lock.
+    _file: File,
 }
 
 fn flock(f: &File, op: libc::c_int) -> std::io::Result<bool> {
@@ -32,7 +33,7 @@ fn flock(f: &File, op: libc::c_int) -> std::io::Result<bool> {
 impl OwnerLock {
     /// Takes the lock at `path` if no live process holds it. Retries briefly,
     /// so a concurrent `is_held` probe never makes it fail.
-    pub fn try_acquire(path: &Path) -> Result<Option<OwnerLock>, StateError> {
+    pub(crate) fn try_acquire(path: &Path) -> Result<Option<OwnerLock>, StateError> {
         let io = |source| StateError::Io {
             path: path.to_path_buf(),
             source,
@@ -53,10 +54,7 @@ impl OwnerLock {
                 file.set_len(0).map_err(io)?;
                 file.rewind().map_err(io)?;
                 write!(file, "{}", std::process::id()).map_err(io)?;
-                return Ok(Some(OwnerLock {
-                    file,
-                    path: path.to_path_buf(),
-                }));
+                return Ok(Some(OwnerLock { _file: file }));
             }
             if attempt < 4 {
                 std::thread::sleep(Duration::from_millis(20));
@@ -66,7 +64,7 @@ impl OwnerLock {
     }
 
     /// Waits until the lock is free, then takes it.
-    pub fn acquire(path: &Path, timeout: Duration) -> Result<Option<OwnerLock>, StateError> {
+    pub(crate) fn acquire(path: &Path, timeout: Duration) -> Result<Option<OwnerLock>, StateError> {
         let deadline = std::time::Instant::now() + timeout;
         loop {
             if let Some(l) = Self::try_acquire(path)? {
@@ -80,7 +78,7 @@ impl OwnerLock {
     }
 
     /// Whether a live process holds the lock at `path`.
-    pub fn is_held(path: &Path) -> bool {
+    pub(crate) fn is_held(path: &Path) -> bool {
         let Ok(file) = File::open(path) else {
             return false;
         };
@@ -90,20 +88,9 @@ impl OwnerLock {
     }
 
     /// The pid written by the last holder, if any.
-    pub fn holder(path: &Path) -> Option<u32> {
+    pub(crate) fn holder(path: &Path) -> Option<u32> {
         let mut s = String::new();
         File::open(path).ok()?.read_to_string(&mut s).ok()?;
         s.trim().parse().ok()
-    }
-
-    /// Where the lock lives.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// The descriptor, for handing the lock to a child process that
-    /// inherits it (the lock is then held until both have exited).
-    pub fn raw_fd(&self) -> i32 {
-        self.file.as_raw_fd()
     }
 }

@@ -8,7 +8,7 @@ use super::{now_ms, StateError, Store};
 /// A managed job's state (DESIGN.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum ManagedState {
+pub(crate) enum ManagedState {
     /// Submitted, not yet looked at.
     Pending,
     /// Finding and provisioning the first cluster.
@@ -35,7 +35,7 @@ pub enum ManagedState {
 
 impl ManagedState {
     /// The stored name.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ManagedState::Pending => "PENDING",
             ManagedState::Provisioning => "PROVISIONING",
@@ -52,7 +52,7 @@ impl ManagedState {
     }
 
     /// Parses a stored name.
-    pub fn parse(s: &str) -> Option<ManagedState> {
+    pub(crate) fn parse(s: &str) -> Option<ManagedState> {
         Some(match s {
             "PENDING" => ManagedState::Pending,
             "PROVISIONING" => ManagedState::Provisioning,
@@ -70,7 +70,7 @@ impl ManagedState {
     }
 
     /// Whether the job has ended for good.
-    pub fn is_terminal(self) -> bool {
+    pub(crate) fn is_terminal(self) -> bool {
         matches!(
             self,
             ManagedState::Succeeded
@@ -90,70 +90,70 @@ impl std::fmt::Display for ManagedState {
 
 /// One managed job.
 #[derive(Clone, Debug, Serialize)]
-pub struct ManagedJob {
+pub(crate) struct ManagedJob {
     /// Id.
-    pub id: i64,
+    pub(crate) id: i64,
     /// Name.
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
     /// State.
-    pub state: ManagedState,
+    pub(crate) state: ManagedState,
     /// `run` or `cancel`.
-    pub desired: String,
+    pub(crate) desired: String,
     /// How to rebuild the task (JSON; never secrets).
     #[serde(skip)]
-    pub task: String,
+    pub(crate) task: String,
     /// The cluster this job runs on (one at a time, always this name).
-    pub cluster: String,
+    pub(crate) cluster: String,
     /// The current run on the cluster (a cluster job id).
-    pub inner_job: Option<i64>,
+    pub(crate) inner_job: Option<i64>,
     /// Restarts after the job's own failures (counted against the limit).
-    pub restarts_on_errors: u32,
+    pub(crate) restarts_on_errors: u32,
     /// Preemptions survived.
-    pub preemptions: u32,
+    pub(crate) preemptions: u32,
     /// Runs started after the first (GANGWAY_RESTART_COUNT).
-    pub restart_count: u32,
+    pub(crate) restart_count: u32,
     /// Blocked placements (JSON list).
     #[serde(skip)]
-    pub blocks: String,
+    pub(crate) blocks: String,
     /// Where it runs now: `cloud/region/zone type[ spot]`.
-    pub placement: Option<String>,
+    pub(crate) placement: Option<String>,
     /// USD/hour of the current cluster.
-    pub price_per_hour: Option<f64>,
+    pub(crate) price_per_hour: Option<f64>,
     /// USD spent on finished incarnations.
-    pub cost_so_far: f64,
+    pub(crate) cost_so_far: f64,
     /// The current cluster has been up since (unix ms).
-    pub running_since: Option<i64>,
+    pub(crate) running_since: Option<i64>,
     /// A preemption notice was seen (unix ms).
-    pub notice_at: Option<i64>,
+    pub(crate) notice_at: Option<i64>,
     /// Last checkpoint sync (unix ms).
-    pub last_sync_at: Option<i64>,
+    pub(crate) last_sync_at: Option<i64>,
     /// When the current recovery began (unix ms).
-    pub recovery_started_at: Option<i64>,
+    pub(crate) recovery_started_at: Option<i64>,
     /// Not before this (unix ms): backoff after finding no capacity.
-    pub next_try_at: Option<i64>,
+    pub(crate) next_try_at: Option<i64>,
     /// Submitted (unix ms).
-    pub submitted_at: i64,
+    pub(crate) submitted_at: i64,
     /// Ended (unix ms).
-    pub ended_at: Option<i64>,
+    pub(crate) ended_at: Option<i64>,
     /// How it ended, or what it waits for.
-    pub detail: Option<String>,
+    pub(crate) detail: Option<String>,
     /// Running time kept by checkpoints so far, ms (deadline policies).
-    pub work_done_ms: i64,
+    pub(crate) work_done_ms: i64,
     /// The current run has made progress since (unix ms).
-    pub work_since: Option<i64>,
+    pub(crate) work_since: Option<i64>,
     /// The market the current cluster is on.
-    pub market: Option<Market>,
+    pub(crate) market: Option<Market>,
     /// The market a deadline policy is moving the job to: the run was told
     /// to checkpoint and the next cluster is on this market.
-    pub moving_to: Option<Market>,
+    pub(crate) moving_to: Option<Market>,
     /// Where the current cluster is (what a preemption blocks).
     #[serde(skip)]
-    pub location: Option<Location>,
+    pub(crate) location: Option<Location>,
 }
 
 /// Spot or on-demand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Market {
+pub(crate) enum Market {
     /// Spot (preemptible) capacity.
     #[serde(rename = "spot")]
     Spot,
@@ -164,7 +164,7 @@ pub enum Market {
 
 impl Market {
     /// The stored (and shown) name.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Market::Spot => "spot",
             Market::OnDemand => "on-demand",
@@ -172,7 +172,7 @@ impl Market {
     }
 
     /// The market of a `use_spot` flag.
-    pub fn of_spot(spot: bool) -> Market {
+    pub(crate) fn of_spot(spot: bool) -> Market {
         if spot {
             Market::Spot
         } else {
@@ -191,18 +191,18 @@ impl Market {
 
 /// Where a managed job's cluster is.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Location {
+pub(crate) struct Location {
     /// Cloud.
-    pub cloud: String,
+    pub(crate) cloud: String,
     /// Region.
-    pub region: String,
+    pub(crate) region: String,
     /// Zone.
-    pub zone: String,
+    pub(crate) zone: String,
 }
 
 impl ManagedJob {
     /// Cost so far, including the current cluster's running time.
-    pub fn cost_now(&self, now: i64) -> f64 {
+    pub(crate) fn cost_now(&self, now: i64) -> f64 {
         let current = match (self.running_since, self.price_per_hour) {
             (Some(since), Some(p)) if self.ended_at.is_none() => {
                 p * ((now - since).max(0) as f64 / 3_600_000.0)
@@ -218,34 +218,34 @@ const TERMINAL: &str = "('SUCCEEDED','FAILED','FAILED_SETUP','FAILED_NO_RESOURCE
 
 /// One managed job as the controller watches it ([`Store::managed_watch`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Watched {
+pub(crate) struct Watched {
     /// The job.
-    pub id: i64,
+    pub(crate) id: i64,
     /// Its state.
-    pub state: ManagedState,
+    pub(crate) state: ManagedState,
     /// The user asked to cancel it.
-    pub cancel: bool,
+    pub(crate) cancel: bool,
     /// The status of its current run, if it has one.
-    pub run: Option<super::JobStatus>,
+    pub(crate) run: Option<super::JobStatus>,
     /// Its cluster's row exists.
-    pub has_cluster: bool,
+    pub(crate) has_cluster: bool,
     /// When the cluster's failed teardown is due again.
-    pub retry_at: Option<i64>,
+    pub(crate) retry_at: Option<i64>,
     /// How many teardowns of the cluster failed.
-    pub teardown_failures: u32,
+    pub(crate) teardown_failures: u32,
 }
 
 /// One transition of a managed job.
 #[derive(Clone, Debug, Serialize)]
-pub struct ManagedEvent {
+pub(crate) struct ManagedEvent {
     /// Unix ms.
-    pub at: i64,
+    pub(crate) at: i64,
     /// The state entered.
-    pub state: String,
+    pub(crate) state: String,
     /// Where the job was or goes.
-    pub placement: Option<String>,
+    pub(crate) placement: Option<String>,
     /// Why.
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 const COLS: &str = "id, name, state, desired, task, cluster, inner_job, restarts_on_errors,
@@ -294,7 +294,11 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ManagedJob> {
 
 impl Store {
     /// Adds a managed job in `PENDING`; its cluster is `managed-<id>`.
-    pub fn add_managed(&self, name: Option<&str>, task: &str) -> Result<ManagedJob, StateError> {
+    pub(crate) fn add_managed(
+        &self,
+        name: Option<&str>,
+        task: &str,
+    ) -> Result<ManagedJob, StateError> {
         let now = now_ms();
         self.conn
             .execute(
@@ -315,7 +319,7 @@ impl Store {
     }
 
     /// Stores how to rebuild a managed job's task (set once, at submit).
-    pub fn set_managed_task(&self, id: i64, task: &str) -> Result<(), StateError> {
+    pub(crate) fn set_managed_task(&self, id: i64, task: &str) -> Result<(), StateError> {
         self.conn
             .execute(
                 "UPDATE managed_jobs SET task = ?2 WHERE id = ?1",
@@ -326,7 +330,7 @@ impl Store {
     }
 
     /// One managed job.
-    pub fn managed(&self, id: i64) -> Result<Option<ManagedJob>, StateError> {
+    pub(crate) fn managed(&self, id: i64) -> Result<Option<ManagedJob>, StateError> {
         self.conn
             .query_row(
                 &format!("SELECT {COLS} FROM managed_jobs WHERE id = ?1"),
@@ -338,7 +342,7 @@ impl Store {
     }
 
     /// Every managed job, oldest first.
-    pub fn managed_all(&self) -> Result<Vec<ManagedJob>, StateError> {
+    pub(crate) fn managed_all(&self) -> Result<Vec<ManagedJob>, StateError> {
         self.query_all(
             &format!("SELECT {COLS} FROM managed_jobs ORDER BY id"),
             [],
@@ -347,7 +351,7 @@ impl Store {
     }
 
     /// Managed jobs that have not ended.
-    pub fn managed_active(&self) -> Result<Vec<ManagedJob>, StateError> {
+    pub(crate) fn managed_active(&self) -> Result<Vec<ManagedJob>, StateError> {
         self.query_all(
             &format!("SELECT {COLS} FROM managed_jobs WHERE state NOT IN {TERMINAL} ORDER BY id"),
             [],
@@ -357,7 +361,7 @@ impl Store {
 
     /// What the controller watches, in one query: every managed job that
     /// has not ended or still has a cluster, with its current run's status.
-    pub fn managed_watch(&self) -> Result<Vec<Watched>, StateError> {
+    pub(crate) fn managed_watch(&self) -> Result<Vec<Watched>, StateError> {
         self.query_all(
             &format!(
                 "SELECT m.id, m.state, m.desired, j.status, c.name IS NOT NULL, c.retry_at,
@@ -388,7 +392,7 @@ impl Store {
 
     /// Writes every mutable field of `job` back, and records a transition
     /// event when the state changed from `was`.
-    pub fn save_managed(
+    pub(crate) fn save_managed(
         &self,
         job: &ManagedJob,
         was: ManagedState,
@@ -439,7 +443,7 @@ impl Store {
     }
 
     /// Asks for a managed job to be cancelled (the controller does it).
-    pub fn cancel_managed(&self, id: i64) -> Result<(), StateError> {
+    pub(crate) fn cancel_managed(&self, id: i64) -> Result<(), StateError> {
         self.conn
             .execute(
                 "UPDATE managed_jobs SET desired = 'cancel' WHERE id = ?1",
@@ -450,7 +454,7 @@ impl Store {
     }
 
     /// Appends a transition.
-    pub fn managed_event(
+    pub(crate) fn managed_event(
         &self,
         job: i64,
         state: &str,
@@ -468,7 +472,7 @@ impl Store {
     }
 
     /// A managed job's transitions, oldest first.
-    pub fn managed_events(&self, job: i64) -> Result<Vec<ManagedEvent>, StateError> {
+    pub(crate) fn managed_events(&self, job: i64) -> Result<Vec<ManagedEvent>, StateError> {
         self.query_all(
             "SELECT at, state, placement, reason FROM managed_events WHERE job = ?1 ORDER BY id",
             [job],
@@ -485,7 +489,7 @@ impl Store {
 
     /// A managed job's own directory: the task copy, its secrets (mode
     /// 0600), the list of its runs, and by default its kept checkpoints.
-    pub fn managed_dir(&self, id: i64) -> std::path::PathBuf {
+    pub(crate) fn managed_dir(&self, id: i64) -> std::path::PathBuf {
         self.home.join("jobs").join(format!("managed-{id}"))
     }
 }

@@ -21,12 +21,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use serde::Serialize;
 
-pub use lock::OwnerLock;
-pub use managed::{Location, ManagedEvent, ManagedJob, ManagedState, Market, Watched};
-pub use outcome::{EndReason, LossSeen, LostNode, RankEnd, RunOutcome};
+pub(crate) use lock::OwnerLock;
+pub(crate) use managed::{Location, ManagedJob, ManagedState, Market, Watched};
+pub(crate) use outcome::{EndReason, LossSeen, LostNode, RankEnd, RunOutcome};
 
 /// How long a writer waits for another before giving up.
-pub const BUSY_TIMEOUT: Duration = Duration::from_secs(15);
+pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Schema migrations, applied in order; `PRAGMA user_version` counts them.
 const MIGRATIONS: &[&str] = &[
@@ -181,7 +181,7 @@ pub enum StateError {
 /// A cluster's lifecycle state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum ClusterStatus {
+pub(crate) enum ClusterStatus {
     /// Being provisioned, or provisioning was interrupted (half-created).
     Init,
     /// All nodes up.
@@ -220,7 +220,7 @@ impl std::fmt::Display for ClusterStatus {
 /// A job's lifecycle state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum JobStatus {
+pub(crate) enum JobStatus {
     /// Waiting for earlier jobs on the cluster.
     Pending,
     /// Setup running on every node.
@@ -241,7 +241,7 @@ pub enum JobStatus {
 
 impl JobStatus {
     /// The stored name.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             JobStatus::Pending => "PENDING",
             JobStatus::SettingUp => "SETTING_UP",
@@ -254,7 +254,7 @@ impl JobStatus {
         }
     }
     /// Parses a stored name.
-    pub fn parse(s: &str) -> Option<JobStatus> {
+    pub(crate) fn parse(s: &str) -> Option<JobStatus> {
         Some(match s {
             "PENDING" => JobStatus::Pending,
             "SETTING_UP" => JobStatus::SettingUp,
@@ -268,7 +268,7 @@ impl JobStatus {
         })
     }
     /// Whether the job has ended.
-    pub fn is_terminal(self) -> bool {
+    pub(crate) fn is_terminal(self) -> bool {
         !matches!(
             self,
             JobStatus::Pending | JobStatus::SettingUp | JobStatus::Running
@@ -284,113 +284,114 @@ impl std::fmt::Display for JobStatus {
 
 /// One cluster row.
 #[derive(Clone, Debug, Serialize)]
-pub struct ClusterRow {
+pub(crate) struct ClusterRow {
     /// Name.
-    pub name: String,
+    pub(crate) name: String,
     /// Lifecycle state.
-    pub status: ClusterStatus,
+    pub(crate) status: ClusterStatus,
     /// Cloud, once a placement was tried.
-    pub cloud: Option<String>,
+    pub(crate) cloud: Option<String>,
     /// Region.
-    pub region: Option<String>,
+    pub(crate) region: Option<String>,
     /// Zone.
-    pub zone: Option<String>,
+    pub(crate) zone: Option<String>,
     /// Instance type.
-    pub instance_type: Option<String>,
+    pub(crate) instance_type: Option<String>,
     /// Spot market.
-    pub use_spot: bool,
+    pub(crate) use_spot: bool,
     /// GPU name.
-    pub accelerator: Option<String>,
+    pub(crate) accelerator: Option<String>,
     /// GPUs per node.
-    pub accelerator_count: f32,
+    pub(crate) accelerator_count: f32,
     /// Nodes asked for.
-    pub num_nodes: u32,
+    pub(crate) num_nodes: u32,
     /// USD per hour, whole cluster.
-    pub price_per_hour: Option<f64>,
+    pub(crate) price_per_hour: Option<f64>,
     /// The idempotency token every launch of this cluster reuses.
     #[serde(skip)]
-    pub client_token: String,
+    pub(crate) client_token: String,
     /// The provider's `config.<cloud>` options, as JSON text.
     #[serde(skip)]
-    pub provider_config: Option<String>,
+    pub(crate) provider_config: Option<String>,
     /// Autostop after this many idle minutes.
-    pub autostop_idle_min: Option<u32>,
+    pub(crate) autostop_idle_min: Option<u32>,
     /// Autostop tears down instead of stopping.
-    pub autostop_down: bool,
+    pub(crate) autostop_down: bool,
     /// Created, unix ms.
-    pub launched_at: i64,
+    pub(crate) launched_at: i64,
     /// Last change, unix ms.
-    pub updated_at: i64,
+    pub(crate) updated_at: i64,
     /// Why the last step failed, if it did.
-    pub last_error: Option<String>,
+    pub(crate) last_error: Option<String>,
     /// A failed teardown is retried from then on (unix ms).
-    pub retry_at: Option<i64>,
+    pub(crate) retry_at: Option<i64>,
     /// Teardowns that failed in a row.
-    pub teardown_failures: u32,
+    pub(crate) teardown_failures: u32,
 }
 
 /// One node row (rank order): the provider contract's type, which every
 /// transport is handed.
-pub use gangway_provider::NodeRow;
+pub(crate) use gangway_provider::NodeRow;
 
 /// One job row.
 #[derive(Clone, Debug, Serialize)]
-pub struct JobRow {
+pub(crate) struct JobRow {
     /// Id, unique across clusters.
-    pub id: i64,
+    pub(crate) id: i64,
     /// Cluster.
-    pub cluster: String,
+    pub(crate) cluster: String,
     /// Task name.
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
     /// State.
-    pub status: JobStatus,
+    pub(crate) status: JobStatus,
     /// What to run, as JSON (never secrets).
     #[serde(skip)]
-    pub spec: String,
+    pub(crate) spec: String,
     /// The driving process.
-    pub driver_pid: Option<u32>,
+    pub(crate) driver_pid: Option<u32>,
     /// Submitted, unix ms.
-    pub submitted_at: i64,
+    pub(crate) submitted_at: i64,
     /// All ranks started, unix ms.
-    pub started_at: Option<i64>,
+    pub(crate) started_at: Option<i64>,
     /// Ended, unix ms.
-    pub ended_at: Option<i64>,
+    pub(crate) ended_at: Option<i64>,
     /// How it ended (which rank, which exit code), for people.
-    pub detail: Option<String>,
+    pub(crate) detail: Option<String>,
     /// How it ended, as data (runs that ended before outcomes were
     /// recorded have none).
-    pub outcome: Option<RunOutcome>,
+    pub(crate) outcome: Option<RunOutcome>,
 }
 
 /// One event.
+#[cfg(test)]
 #[derive(Clone, Debug, Serialize)]
-pub struct EventRow {
+pub(crate) struct EventRow {
     /// Unix ms.
-    pub at: i64,
+    pub(crate) at: i64,
     /// Job, if about one.
-    pub job: Option<i64>,
+    pub(crate) job: Option<i64>,
     /// Short kind (`provision`, `failover`, `setup`, ...).
-    pub kind: String,
+    pub(crate) kind: String,
     /// What happened.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 /// What a new cluster is.
 #[derive(Clone, Debug)]
-pub struct NewCluster<'a> {
+pub(crate) struct NewCluster<'a> {
     /// Name.
-    pub name: &'a str,
+    pub(crate) name: &'a str,
     /// Nodes.
-    pub num_nodes: u32,
+    pub(crate) num_nodes: u32,
     /// Token for idempotent launches.
-    pub client_token: &'a str,
+    pub(crate) client_token: &'a str,
     /// `config.<cloud>` JSON.
-    pub provider_config: Option<String>,
+    pub(crate) provider_config: Option<String>,
 }
 
 /// What `reserve_cluster` found.
 #[derive(Debug)]
-pub enum Reserved {
+pub(crate) enum Reserved {
     /// A new row in `INIT`.
     New(ClusterRow),
     /// A half-created cluster whose launcher died: ours to finish (same token).
@@ -401,40 +402,40 @@ pub enum Reserved {
 
 /// Where a placement attempt goes.
 #[derive(Clone, Debug)]
-pub struct Placement<'a> {
+pub(crate) struct Placement<'a> {
     /// Cloud.
-    pub cloud: &'a str,
+    pub(crate) cloud: &'a str,
     /// Region.
-    pub region: &'a str,
+    pub(crate) region: &'a str,
     /// Zone.
-    pub zone: &'a str,
+    pub(crate) zone: &'a str,
     /// Instance type.
-    pub instance_type: &'a str,
+    pub(crate) instance_type: &'a str,
     /// Spot.
-    pub use_spot: bool,
+    pub(crate) use_spot: bool,
     /// GPU name.
-    pub accelerator: Option<&'a str>,
+    pub(crate) accelerator: Option<&'a str>,
     /// GPUs per node.
-    pub accelerator_count: f32,
+    pub(crate) accelerator_count: f32,
     /// USD per hour, whole cluster.
-    pub price_per_hour: f64,
+    pub(crate) price_per_hour: f64,
 }
 
 /// An open state database.
-pub struct Store {
+pub(crate) struct Store {
     conn: Connection,
     path: PathBuf,
     home: PathBuf,
 }
 
 /// How long after its `n`-th failure (1-based) a teardown is retried.
-pub fn teardown_backoff(n: u32) -> Duration {
+pub(crate) fn teardown_backoff(n: u32) -> Duration {
     let s = 5u64.saturating_mul(1u64 << n.saturating_sub(1).min(10));
     Duration::from_secs(s.min(15 * 60))
 }
 
 /// Unix milliseconds now.
-pub fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
@@ -447,7 +448,7 @@ impl Store {
     /// Several processes may create the database at once; SQLite answers
     /// some of the first steps (switching to WAL) with "busy" without
     /// waiting, so the whole opening is retried for up to [`BUSY_TIMEOUT`].
-    pub fn open(home: &Path) -> Result<Store, StateError> {
+    pub(crate) fn open(home: &Path) -> Result<Store, StateError> {
         let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
         let mut pause = Duration::from_millis(5);
         loop {
@@ -493,14 +494,14 @@ impl Store {
     }
 
     /// The gangway home this database lives in.
-    pub fn home(&self) -> &Path {
+    pub(crate) fn home(&self) -> &Path {
         &self.home
     }
 
     /// A number that changes whenever another connection (another
     /// process) commits to the database: a cheap way to tell that nothing
     /// changed.
-    pub fn data_version(&self) -> Result<i64, StateError> {
+    pub(crate) fn data_version(&self) -> Result<i64, StateError> {
         self.conn
             .query_row("PRAGMA data_version", [], |r| r.get(0))
             .map_err(|e| self.db(e))
@@ -552,7 +553,7 @@ impl Store {
 
     /// Takes the cluster's owner lock without waiting: `Busy` if another
     /// live process holds it.
-    pub fn lock_cluster(&self, name: &str, doing: &str) -> Result<OwnerLock, StateError> {
+    pub(crate) fn lock_cluster(&self, name: &str, doing: &str) -> Result<OwnerLock, StateError> {
         let path = self.lock_path(name);
         match OwnerLock::try_acquire(&path)? {
             Some(l) => Ok(l),
@@ -565,13 +566,13 @@ impl Store {
     }
 
     /// Whether some live process holds the cluster's owner lock.
-    pub fn cluster_locked(&self, name: &str) -> bool {
+    pub(crate) fn cluster_locked(&self, name: &str) -> bool {
         OwnerLock::is_held(&self.lock_path(name))
     }
 
     /// Creates the cluster row in `INIT`, or finds it. The caller must hold
     /// the cluster's owner lock.
-    pub fn reserve_cluster(&self, c: &NewCluster<'_>) -> Result<Reserved, StateError> {
+    pub(crate) fn reserve_cluster(&self, c: &NewCluster<'_>) -> Result<Reserved, StateError> {
         let now = now_ms();
         let db = db_err(&self.path);
         // Shared, not `&mut`: the controller's reconcile tasks share one
@@ -616,7 +617,7 @@ impl Store {
     }
 
     /// Records where the next launch attempt goes, before the provider is asked.
-    pub fn set_placement(&self, name: &str, p: &Placement<'_>) -> Result<(), StateError> {
+    pub(crate) fn set_placement(&self, name: &str, p: &Placement<'_>) -> Result<(), StateError> {
         self.conn
             .execute(
                 "UPDATE clusters SET cloud = ?2, region = ?3, zone = ?4, instance_type = ?5,
@@ -641,7 +642,7 @@ impl Store {
     }
 
     /// Replaces the cluster's nodes and sets its status, in one transaction.
-    pub fn set_nodes(
+    pub(crate) fn set_nodes(
         &self,
         name: &str,
         status: ClusterStatus,
@@ -686,7 +687,7 @@ impl Store {
 
     /// Updates the last known state of a cluster's nodes by instance id;
     /// nodes the provider no longer knows become `gone`.
-    pub fn update_node_states(
+    pub(crate) fn update_node_states(
         &self,
         cluster: &str,
         seen: &[(String, String)],
@@ -709,7 +710,7 @@ impl Store {
     }
 
     /// Sets a cluster's status (and its last error, if any).
-    pub fn set_status(
+    pub(crate) fn set_status(
         &self,
         name: &str,
         status: ClusterStatus,
@@ -727,7 +728,7 @@ impl Store {
     /// Records a teardown that did not finish: the cluster stays, as
     /// `TERMINATING` with the reason, and is retried from the returned time
     /// on (5 s after the first failure, doubling up to 15 minutes).
-    pub fn set_teardown_failed(&self, name: &str, reason: &str) -> Result<i64, StateError> {
+    pub(crate) fn set_teardown_failed(&self, name: &str, reason: &str) -> Result<i64, StateError> {
         let failures: u32 = self
             .conn
             .query_row(
@@ -753,7 +754,7 @@ impl Store {
 
     /// Records a failure of an automatic step (autostop) without changing
     /// the cluster's status: `status` shows it until the next success.
-    pub fn set_last_error(&self, name: &str, error: Option<&str>) -> Result<(), StateError> {
+    pub(crate) fn set_last_error(&self, name: &str, error: Option<&str>) -> Result<(), StateError> {
         self.conn
             .execute(
                 "UPDATE clusters SET last_error = ?2, updated_at = ?3 WHERE name = ?1",
@@ -764,7 +765,7 @@ impl Store {
     }
 
     /// Sets autostop.
-    pub fn set_autostop(
+    pub(crate) fn set_autostop(
         &self,
         name: &str,
         idle_min: Option<u32>,
@@ -781,7 +782,7 @@ impl Store {
     }
 
     /// Deletes a cluster with its nodes and jobs.
-    pub fn remove_cluster(&self, name: &str) -> Result<(), StateError> {
+    pub(crate) fn remove_cluster(&self, name: &str) -> Result<(), StateError> {
         self.conn
             .execute("DELETE FROM clusters WHERE name = ?1", [name])
             .map_err(|e| self.db(e))?;
@@ -789,7 +790,7 @@ impl Store {
     }
 
     /// One cluster.
-    pub fn cluster(&self, name: &str) -> Result<Option<ClusterRow>, StateError> {
+    pub(crate) fn cluster(&self, name: &str) -> Result<Option<ClusterRow>, StateError> {
         query_cluster(&self.conn, name).map_err(|e| self.db(e))
     }
 
@@ -810,7 +811,7 @@ impl Store {
     }
 
     /// Every cluster, by name.
-    pub fn clusters(&self) -> Result<Vec<ClusterRow>, StateError> {
+    pub(crate) fn clusters(&self) -> Result<Vec<ClusterRow>, StateError> {
         self.query_all(
             &format!("SELECT {CLUSTER_COLS} FROM clusters ORDER BY name"),
             [],
@@ -819,7 +820,7 @@ impl Store {
     }
 
     /// A cluster's nodes in rank order.
-    pub fn nodes(&self, name: &str) -> Result<Vec<NodeRow>, StateError> {
+    pub(crate) fn nodes(&self, name: &str) -> Result<Vec<NodeRow>, StateError> {
         self.query_all(
             "SELECT rank, instance_id, private_ip, public_ip, zone, topology, state, extra
                  FROM nodes WHERE cluster = ?1 ORDER BY rank",
@@ -841,7 +842,7 @@ impl Store {
     }
 
     /// Adds a job in `PENDING`; returns its id.
-    pub fn add_job(
+    pub(crate) fn add_job(
         &self,
         cluster: &str,
         name: Option<&str>,
@@ -858,7 +859,7 @@ impl Store {
     }
 
     /// Records the process driving a job.
-    pub fn set_job_driver(&self, id: i64, pid: u32) -> Result<(), StateError> {
+    pub(crate) fn set_job_driver(&self, id: i64, pid: u32) -> Result<(), StateError> {
         self.conn
             .execute(
                 "UPDATE jobs SET driver_pid = ?2 WHERE id = ?1",
@@ -870,7 +871,7 @@ impl Store {
 
     /// Moves a job to `status`; stamps start and end times. A job that has
     /// ended keeps its first ending.
-    pub fn set_job_status(
+    pub(crate) fn set_job_status(
         &self,
         id: i64,
         status: JobStatus,
@@ -881,7 +882,7 @@ impl Store {
 
     /// Ends a job: its status, the sentence for people and the outcome the
     /// controller decides from. A job that has ended keeps its first ending.
-    pub fn end_job(
+    pub(crate) fn end_job(
         &self,
         id: i64,
         status: JobStatus,
@@ -918,7 +919,7 @@ impl Store {
     }
 
     /// One job.
-    pub fn job(&self, id: i64) -> Result<Option<JobRow>, StateError> {
+    pub(crate) fn job(&self, id: i64) -> Result<Option<JobRow>, StateError> {
         self.conn
             .query_row(
                 &format!("SELECT {JOB_COLS} FROM jobs WHERE id = ?1"),
@@ -930,7 +931,7 @@ impl Store {
     }
 
     /// A cluster's jobs, oldest first.
-    pub fn jobs(&self, cluster: &str) -> Result<Vec<JobRow>, StateError> {
+    pub(crate) fn jobs(&self, cluster: &str) -> Result<Vec<JobRow>, StateError> {
         self.query_all(
             &format!("SELECT {JOB_COLS} FROM jobs WHERE cluster = ?1 ORDER BY id"),
             [cluster],
@@ -939,7 +940,7 @@ impl Store {
     }
 
     /// Jobs of every cluster that have not ended, oldest first.
-    pub fn active_jobs(&self) -> Result<Vec<JobRow>, StateError> {
+    pub(crate) fn active_jobs(&self) -> Result<Vec<JobRow>, StateError> {
         self.query_all(
             &format!(
                 "SELECT {JOB_COLS} FROM jobs
@@ -951,7 +952,7 @@ impl Store {
     }
 
     /// Appends an event.
-    pub fn event(
+    pub(crate) fn event(
         &self,
         cluster: &str,
         job: Option<i64>,
@@ -968,7 +969,8 @@ impl Store {
     }
 
     /// A cluster's events, oldest first.
-    pub fn events(&self, cluster: &str) -> Result<Vec<EventRow>, StateError> {
+    #[cfg(test)]
+    pub(crate) fn events(&self, cluster: &str) -> Result<Vec<EventRow>, StateError> {
         self.query_all(
             "SELECT at, job, kind, message FROM events WHERE cluster = ?1 ORDER BY id",
             [cluster],
@@ -984,19 +986,19 @@ impl Store {
     }
 
     /// Path of a job's driver lock.
-    pub fn job_lock_path(&self, id: i64) -> PathBuf {
+    pub(crate) fn job_lock_path(&self, id: i64) -> PathBuf {
         self.home.join("locks").join(format!("job-{id}.lock"))
     }
 
     /// Directory holding a job's logs.
-    pub fn job_log_dir(&self, id: i64) -> PathBuf {
+    pub(crate) fn job_log_dir(&self, id: i64) -> PathBuf {
         self.home.join("logs").join(format!("job-{id}"))
     }
 
     /// Marks jobs whose driver died without recording an end as
     /// `FAILED_DRIVER` and returns them (their ranks may still run: see
     /// `gang::reap`). Cheap: one lock probe per live job.
-    pub fn reap_dead_jobs(&self) -> Result<Vec<JobRow>, StateError> {
+    pub(crate) fn reap_dead_jobs(&self) -> Result<Vec<JobRow>, StateError> {
         let mut reaped = Vec::new();
         // Without their specs (a few KiB each): a thousand live jobs are
         // looked at every few seconds.

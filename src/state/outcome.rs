@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 /// How one rank's command ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
-pub enum RankEnd {
+pub(crate) enum RankEnd {
     /// It exited with this code.
     Exited {
         /// The exit code.
@@ -23,13 +23,8 @@ pub enum RankEnd {
 }
 
 impl RankEnd {
-    /// Whether the command succeeded.
-    pub fn success(self) -> bool {
-        self == RankEnd::Exited { code: 0 }
-    }
-
     /// The exit code, when it exited.
-    pub fn code(self) -> Option<i32> {
+    pub(crate) fn code(self) -> Option<i32> {
         match self {
             RankEnd::Exited { code } => Some(code),
             _ => None,
@@ -40,7 +35,7 @@ impl RankEnd {
 /// Why a run ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum EndReason {
+pub(crate) enum EndReason {
     /// Every rank exited 0 (or there was nothing to run).
     Succeeded,
     /// A rank of the run failed; the others were stopped.
@@ -58,7 +53,7 @@ pub enum EndReason {
 /// How a node that was taken away was found out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum LossSeen {
+pub(crate) enum LossSeen {
     /// The provider reports it preempted.
     Preempted,
     /// The provider reports it terminated.
@@ -69,15 +64,15 @@ pub enum LossSeen {
 
 /// A node the provider took away.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LostNode {
+pub(crate) struct LostNode {
     /// The instance.
-    pub instance_id: String,
+    pub(crate) instance_id: String,
     /// Its rank in the run, when it had one.
-    pub rank: Option<u32>,
+    pub(crate) rank: Option<u32>,
     /// How it was found out.
-    pub seen: LossSeen,
+    pub(crate) seen: LossSeen,
     /// The provider's own words (a state reason code), for people.
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 impl std::fmt::Display for LostNode {
@@ -96,24 +91,24 @@ impl std::fmt::Display for LostNode {
 
 /// How a run ended, recorded by its driver next to the status.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RunOutcome {
+pub(crate) struct RunOutcome {
     /// Why it ended.
-    pub reason: EndReason,
+    pub(crate) reason: EndReason,
     /// How each rank's command of the last phase ended, by rank; `None`
     /// for a rank that never started or whose end was not seen.
     #[serde(default)]
-    pub ranks: Vec<Option<RankEnd>>,
+    pub(crate) ranks: Vec<Option<RankEnd>>,
     /// The rank whose failure ended the run.
     #[serde(default)]
-    pub failed_rank: Option<u32>,
+    pub(crate) failed_rank: Option<u32>,
     /// A node the provider took away, when the driver found one.
     #[serde(default)]
-    pub lost: Option<LostNode>,
+    pub(crate) lost: Option<LostNode>,
 }
 
 impl RunOutcome {
     /// An outcome with no per-rank detail.
-    pub fn of(reason: EndReason) -> RunOutcome {
+    pub(crate) fn of(reason: EndReason) -> RunOutcome {
         RunOutcome {
             reason,
             ranks: Vec::new(),
@@ -123,7 +118,7 @@ impl RunOutcome {
     }
 
     /// The exit code of the rank that ended the run, when it exited.
-    pub fn failed_code(&self) -> Option<i32> {
+    pub(crate) fn failed_code(&self) -> Option<i32> {
         let r = self.failed_rank? as usize;
         self.ranks.get(r).copied().flatten()?.code()
     }

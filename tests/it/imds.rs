@@ -13,8 +13,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use gangway::gang::ssh::SshTransport;
-use gangway::gang::Transport;
-use gangway::state::NodeRow;
+use gangway_provider::NodeRow;
+use gangway_provider::Transport;
 use serde_json::Value;
 
 use crate::common::{parts, root, wait_for, Running};

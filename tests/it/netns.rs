@@ -14,7 +14,7 @@ use std::process::{Child, Command};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use gangway::state::NodeRow;
+use gangway_provider::NodeRow;
 
 /// Each node of a test process gets its own /24 and interface names.
 static NEXT: AtomicU32 = AtomicU32::new(0);

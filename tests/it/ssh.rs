@@ -5,8 +5,8 @@ use std::io::Read;
 use std::time::Duration;
 
 use gangway::gang::ssh::SshTransport;
-use gangway::gang::{NodeCommand, Transport};
-use gangway::state::NodeRow;
+use gangway_provider::NodeRow;
+use gangway_provider::{NodeCommand, Transport};
 
 use crate::netns::{Link, NetnsKeys, NetnsNode};
 use crate::sshd::Sshd;
