@@ -19,5 +19,6 @@ pub mod optimizer;
 pub mod provision;
 pub mod spec;
 pub mod state;
+mod storage;
 
 pub use error::{Error, ExitCode};

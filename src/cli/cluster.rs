@@ -666,10 +666,9 @@ pub(crate) fn exec(a: &ExecArgs, out: Output) -> Result<ExitCode, Error> {
         };
         let task = args.load()?;
         super::plan::require_values(&task, &args.task)?;
-        (
-            job_spec(&task, &args.task, false, false)?,
-            secrets_of(&task),
-        )
+        let spec = job_spec(&task, &args.task, false, false)?;
+        crate::storage::preflight_now(&task, &args.task, &spec.bucket_mounts)?;
+        (spec, secrets_of(&task))
     } else {
         let mut envs = Vec::new();
         for e in &a.env {

@@ -159,6 +159,7 @@ fn launch(a: &JobsLaunchArgs, catalog: Option<&Path>, out: Output) -> Result<Exi
     let task = a.task.load()?;
     super::plan::require_values(&task, &a.task.task)?;
     let spec = job_spec(&task, &a.task.task, true, false)?;
+    crate::storage::preflight_now(&task, &a.task.task, &spec.bucket_mounts)?;
     let secrets = secrets_of(&task);
     // The copy recoveries plan from, with literal secret values taken out
     // (they are in secrets.json below, owner-only, until the job ends).

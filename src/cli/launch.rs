@@ -95,30 +95,23 @@ pub(crate) fn job_spec(
     };
     let mut mounts = Vec::new();
     for m in &task.file_mounts {
-        match &m.source {
-            MountSource::Local(src) => {
-                let path = local_path(src);
-                if !path.exists() {
-                    return Err(Error::usage(
-                        format!(
-                            "{}: file_mounts.{}: {} does not exist",
-                            task_file.display(),
-                            m.dest,
-                            path.display()
-                        ),
-                        None,
-                    ));
-                }
-                mounts.push((m.dest.clone(), path));
+        if let MountSource::Local(src) = &m.source {
+            let path = local_path(src);
+            if !path.exists() {
+                return Err(Error::usage(
+                    format!(
+                        "{}: file_mounts.{}: {} does not exist",
+                        task_file.display(),
+                        m.dest,
+                        path.display()
+                    ),
+                    None,
+                ));
             }
-            _ => {
-                return Err(Error::NotImplemented(format!(
-                    "file_mounts.{}: bucket and storage mounts (local paths work)",
-                    m.dest
-                )))
-            }
+            mounts.push((m.dest.clone(), path));
         }
     }
+    let bucket_mounts = crate::storage::bucket_mounts(task, task_file)?;
     Ok(JobSpec {
         name: task.name.clone(),
         setup: if setup { task.setup.clone() } else { None },
@@ -142,6 +135,7 @@ pub(crate) fn job_spec(
             .iter()
             .map(|p| (p.start, p.end))
             .collect(),
+        bucket_mounts,
         ..JobSpec::default()
     })
 }
@@ -192,6 +186,8 @@ pub(crate) fn launch(
     };
     check_name(&name)?;
     let spec = job_spec(&task, &a.task.task, true, a.down)?;
+    // Buckets are checked before anything is provisioned.
+    crate::storage::preflight_now(&task, &a.task.task, &spec.bucket_mounts)?;
     let secrets = secrets_of(&task);
     let home = gangway_home()?;
     let store = Store::open(&home)?;

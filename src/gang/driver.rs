@@ -117,6 +117,7 @@ impl Logs {
         phase: Phase,
     ) -> std::thread::JoinHandle<Vec<String>> {
         let prefix = match phase {
+            Phase::Storage => format!("(storage rank {rank}, {ip}) "),
             Phase::Setup => format!("(setup rank {rank}, {ip}) "),
             Phase::Run => format!("(rank {rank}, {ip}) "),
         };
@@ -374,6 +375,21 @@ async fn run_job(
         .as_deref()
         .unwrap_or(super::DEFAULT_CHECKPOINT_DIR);
     let checkpoint_dirs: Vec<String> = nodes.iter().map(|n| transport.node_path(n, ck)).collect();
+    // Bucket credentials are made now, from the user's own chain, for
+    // this run only: never stored, never on the driver's pipe.
+    let storage_env = match crate::storage::node_credentials(&spec.bucket_mounts).await {
+        Ok(env) => env,
+        Err(e) => return Ok((JobStatus::FailedSetup, Some(e.to_string()))),
+    };
+    let mount_dirs: Vec<Vec<String>> = nodes
+        .iter()
+        .map(|n| {
+            spec.bucket_mounts
+                .iter()
+                .map(|m| transport.node_path(n, &m.dest))
+                .collect()
+        })
+        .collect();
     let info = GangInfo {
         spec,
         secrets,
@@ -381,6 +397,8 @@ async fn run_job(
         cluster,
         job_id,
         checkpoint_dirs,
+        storage_env,
+        mount_dirs,
     };
 
     // Files first, on every node.
@@ -407,6 +425,48 @@ async fn run_job(
         for (src, dest) in uploads {
             if let Err(e) = transport.upload(n, src, dest) {
                 return Ok((JobStatus::FailedSetup, Some(e.to_string())));
+            }
+        }
+    }
+    if !spec.bucket_mounts.is_empty() {
+        logs.say(&format!(
+            "bucket mounts on {} node(s): {}",
+            nodes.len(),
+            spec.bucket_mounts
+                .iter()
+                .map(|m| format!("{} -> {}", m.url, m.dest))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        let script = crate::storage::node_script(&spec.bucket_mounts);
+        let (end, ranks) = phase(
+            Phase::Storage,
+            &script,
+            &info,
+            transport.as_ref(),
+            store,
+            logs,
+            cancel,
+        )
+        .await?;
+        outcome.ranks = ranks;
+        match end {
+            PhaseEnd::Ok => {}
+            PhaseEnd::Failed { rank, what } => {
+                outcome.failed_rank = Some(rank as u32);
+                logs.say(&format!(
+                    "bucket mounts failed on rank {rank}; setup does not start"
+                ));
+                return Ok((
+                    JobStatus::FailedSetup,
+                    Some(format!("bucket mounts on {what}")),
+                ));
+            }
+            PhaseEnd::Cancelled => {
+                return Ok((
+                    JobStatus::Cancelled,
+                    Some("cancelled during bucket mounts".into()),
+                ))
             }
         }
     }

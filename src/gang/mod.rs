@@ -70,11 +70,16 @@ pub(crate) struct JobSpec {
     /// The task's `ports` (inclusive ranges), for `GANGWAY_PORT_<p>`.
     #[serde(default)]
     pub(crate) ports: Vec<(u16, u16)>,
+    /// Bucket `file_mounts`, made on every node by rclone before setup.
+    #[serde(default)]
+    pub(crate) bucket_mounts: Vec<crate::storage::BucketMount>,
 }
 
 /// Which phase a command belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Phase {
+    /// Bucket mounts, before setup.
+    Storage,
     /// `setup`.
     Setup,
     /// `run`.
@@ -97,6 +102,11 @@ pub(crate) struct GangInfo<'a> {
     pub(crate) job_id: i64,
     /// Checkpoint directory as each node (by rank) sees it.
     pub(crate) checkpoint_dirs: Vec<String>,
+    /// The storage step's credentials (rclone's settings for each bucket):
+    /// given to that step only.
+    pub(crate) storage_env: Vec<(String, String)>,
+    /// Each bucket mount's path as each node (by rank) sees it.
+    pub(crate) mount_dirs: Vec<Vec<String>>,
 }
 
 /// The environment of one node's setup or run: the task's values and
@@ -153,6 +163,14 @@ pub(crate) fn node_env(phase: Phase, g: &GangInfo<'_>, rank: usize) -> Vec<(Stri
     set(&mut env, "SKYPILOT_NUM_GPUS_PER_NODE", gpus);
     set(&mut env, "SKYPILOT_TASK_ID", task_id);
     match phase {
+        Phase::Storage => {
+            env.extend(g.storage_env.iter().cloned());
+            if let Some(dirs) = g.mount_dirs.get(rank) {
+                for (i, d) in dirs.iter().enumerate() {
+                    set(&mut env, &format!("GANGWAY_MOUNT_{i}"), d.clone());
+                }
+            }
+        }
         Phase::Setup => {
             set(&mut env, "GANGWAY_SETUP_NODE_RANK", rank.to_string());
             set(&mut env, "GANGWAY_SETUP_NODE_IPS", ips.clone());
@@ -431,6 +449,8 @@ mod tests {
             cluster: "c",
             job_id: 7,
             checkpoint_dirs: vec!["/ck".into(); 3],
+            storage_env: vec![],
+            mount_dirs: vec![],
         };
         let env = node_env(Phase::Run, &g, 2);
         for (k, v) in [
@@ -477,6 +497,8 @@ mod tests {
             cluster: "c",
             job_id: 1,
             checkpoint_dirs: vec!["/ck".into(); 3],
+            storage_env: vec![],
+            mount_dirs: vec![],
         };
         let setup = node_env(Phase::Setup, &g, 1);
         assert_eq!(get(&setup, "SKYPILOT_SETUP_NODE_RANK"), Some("1"));
@@ -510,6 +532,8 @@ mod tests {
             cluster: "c",
             job_id: 1,
             checkpoint_dirs: vec!["/ck".into(); 2],
+            storage_env: vec![],
+            mount_dirs: vec![],
         };
         let run = node_env(Phase::Run, &g, 1);
         // Every rank meets rank 0 on the head's first port, not the task's.

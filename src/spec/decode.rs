@@ -486,7 +486,11 @@ fn file_mounts(cx: &Cx, v: &Node) -> R<Vec<FileMount>> {
                 ))
             }
         };
-        out.push(FileMount { dest, source });
+        out.push(FileMount {
+            dest,
+            source,
+            at: (val.pos.line, val.pos.col),
+        });
     }
     Ok(out)
 }

@@ -93,6 +93,9 @@ pub struct FileMount {
     pub dest: String,
     /// What goes there.
     pub source: MountSource,
+    /// Where the source is written in the task file (1-based line and
+    /// column), for errors found after parsing (a bucket that is missing).
+    pub at: (usize, usize),
 }
 
 /// What a mount is made of.

@@ -253,9 +253,14 @@ impl Layout {
         Ok(())
     }
 
-    /// Removes the node's directory tree; a missing one is fine.
+    /// Removes the node's directory tree; a missing one is fine. Bucket
+    /// mounts in it (listed in `home/.gangway-mounts` by the storage step)
+    /// are unmounted first: deleting through a mount would delete the
+    /// bucket's objects. One that stays mounted stops the removal.
     pub fn remove_node_dir(&self, id: &str) -> io::Result<()> {
-        match fs::remove_dir_all(self.node_dir(id)) {
+        let dir = self.node_dir(id);
+        unmount_listed(&dir.join("home/.gangway-mounts"))?;
+        match fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(e),
@@ -604,5 +609,57 @@ mod tests {
         assert!(v.get("ports").is_none());
         assert_eq!(v["state"], "stopped");
         assert_eq!(serde_json::from_value::<Record>(v).unwrap(), r);
+    }
+}
+
+/// Unmounts every path listed in `list` (one per line) that is still a
+/// mount point; fails naming one that stays mounted.
+fn unmount_listed(list: &Path) -> io::Result<()> {
+    let Ok(text) = fs::read_to_string(list) else {
+        return Ok(());
+    };
+    for path in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let path = Path::new(path);
+        if !is_mount_point(path) {
+            continue;
+        }
+        for (tool, args) in [
+            ("fusermount3", &["-u", "-z"][..]),
+            ("fusermount", &["-u", "-z"][..]),
+            ("umount", &[][..]),
+        ] {
+            let done = std::process::Command::new(tool)
+                .args(args)
+                .arg(path)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if done {
+                break;
+            }
+        }
+        if is_mount_point(path) {
+            return Err(io::Error::other(format!(
+                "{} is still a bucket mount; unmount it (fusermount -u {0}) before the node's directory can be removed",
+                path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `path` is on another filesystem than its parent (a mount
+/// point). A mount whose daemon died cannot be stat'ed: that counts too.
+fn is_mount_point(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Some(parent) = path.parent() else {
+        return false;
+    };
+    match (fs::symlink_metadata(path), fs::metadata(parent)) {
+        (Ok(p), Ok(q)) => p.dev() != q.dev(),
+        (Err(e), Ok(_)) => e.kind() != io::ErrorKind::NotFound,
+        _ => false,
     }
 }

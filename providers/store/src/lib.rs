@@ -1,0 +1,390 @@
+//! Buckets for gangway: S3 and GCS behind one API (the `object_store`
+//! crate), for what gangway itself does with them (preflight checks,
+//! manifests, pruning), and the rclone settings the nodes use to move the
+//! bytes themselves.
+//!
+//! gangway never moves data or checkpoint bytes through the machine it runs
+//! on: nodes run rclone, configured entirely through `RCLONE_CONFIG_*`
+//! environment variables that reach them like secrets ([`Bucket::node_env`]).
+#![deny(missing_docs)]
+
+mod url;
+
+use std::sync::Arc;
+
+use futures::TryStreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+pub use url::{BucketUrl, Scheme, UrlError};
+
+/// Where the stores are: their public endpoints unless the environment
+/// points elsewhere (an S3-compatible store, or the test emulators).
+#[derive(Clone, Debug, Default)]
+pub struct Endpoints {
+    /// `GANGWAY_S3_ENDPOINT`: an S3-compatible endpoint
+    /// (`http://127.0.0.1:9000`); path-style requests are used with it.
+    pub s3: Option<String>,
+    /// `AWS_REGION` (or `AWS_DEFAULT_REGION`): the S3 region to sign for.
+    pub s3_region: Option<String>,
+    /// `GANGWAY_GCS_ENDPOINT`: a GCS JSON-API endpoint other than Google's.
+    pub gcs: Option<String>,
+}
+
+impl Endpoints {
+    /// From this process's environment.
+    pub fn from_env() -> Endpoints {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        Endpoints {
+            s3: var("GANGWAY_S3_ENDPOINT"),
+            s3_region: var("AWS_REGION").or_else(|| var("AWS_DEFAULT_REGION")),
+            gcs: var("GANGWAY_GCS_ENDPOINT"),
+        }
+    }
+}
+
+/// What went wrong with a bucket, in the store's own words where it gave
+/// some. Every variant names the bucket.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The bucket does not exist.
+    #[error("{url}: the bucket does not exist")]
+    NoSuchBucket {
+        /// The bucket (and prefix) asked about.
+        url: BucketUrl,
+    },
+    /// The credentials were refused or lack a permission.
+    #[error("{url}: access denied: {reason}")]
+    AccessDenied {
+        /// The bucket.
+        url: BucketUrl,
+        /// The store's reason.
+        reason: String,
+    },
+    /// No credentials could be found for the store.
+    #[error("{url}: no credentials: {reason}")]
+    NoCredentials {
+        /// The bucket.
+        url: BucketUrl,
+        /// What was looked for.
+        reason: String,
+    },
+    /// This build has no client for the store.
+    #[error("{url}: this gangway was built without {store} support (cargo feature `{feature}`)")]
+    NotBuilt {
+        /// The bucket.
+        url: BucketUrl,
+        /// `S3`, `GCS`.
+        store: &'static str,
+        /// The feature to build with.
+        feature: &'static str,
+    },
+    /// Anything else the store answered.
+    #[error("{url}: {reason}")]
+    Store {
+        /// The bucket.
+        url: BucketUrl,
+        /// What the store said.
+        reason: String,
+    },
+}
+
+impl StoreError {
+    fn from_object_store(url: &BucketUrl, e: object_store::Error) -> StoreError {
+        use object_store::Error as E;
+        let reason = e.to_string();
+        match e {
+            E::NotFound { .. } => StoreError::NoSuchBucket { url: url.clone() },
+            E::PermissionDenied { .. } | E::Unauthenticated { .. } => StoreError::AccessDenied {
+                url: url.clone(),
+                reason,
+            },
+            _ => StoreError::Store {
+                url: url.clone(),
+                reason,
+            },
+        }
+    }
+
+    /// Whether the store said the bucket is not there.
+    pub fn is_no_such_bucket(&self) -> bool {
+        matches!(self, StoreError::NoSuchBucket { .. })
+    }
+}
+
+/// One object under a bucket URL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Object {
+    /// The key below the URL's prefix (`step-10/model.pt`).
+    pub key: String,
+    /// Bytes.
+    pub size: u64,
+}
+
+/// The credentials a node needs to reach a bucket as the user does.
+enum Creds {
+    #[cfg(feature = "s3")]
+    S3(object_store::aws::AwsCredentialProvider),
+    #[cfg(feature = "gcs")]
+    Gcs(object_store::gcp::GcpCredentialProvider),
+    /// Built with neither store: no bucket can be opened.
+    #[cfg(not(any(feature = "s3", feature = "gcs")))]
+    #[allow(dead_code)]
+    Never(std::convert::Infallible),
+}
+
+/// A bucket (at a prefix) and a client for it.
+pub struct Bucket {
+    url: BucketUrl,
+    store: Arc<dyn ObjectStore>,
+    creds: Creds,
+    endpoints: Endpoints,
+}
+
+impl std::fmt::Debug for Bucket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bucket")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Bucket {
+    /// A client for `url` with the user's own credentials (the standard
+    /// environment variables and files of each store). Makes no request.
+    pub fn open(url: &BucketUrl, endpoints: &Endpoints) -> Result<Bucket, StoreError> {
+        let built = match url.scheme {
+            Scheme::S3 => open_s3(url, endpoints),
+            Scheme::Gcs => open_gcs(url, endpoints),
+        }?;
+        Ok(Bucket {
+            url: url.clone(),
+            store: built.0,
+            creds: built.1,
+            endpoints: endpoints.clone(),
+        })
+    }
+
+    /// The bucket and prefix.
+    pub fn url(&self) -> &BucketUrl {
+        &self.url
+    }
+
+    fn path(&self, key: &str) -> ObjectPath {
+        let full = self.url.join(key).prefix;
+        ObjectPath::from(full)
+    }
+
+    fn fail(&self, e: object_store::Error) -> StoreError {
+        StoreError::from_object_store(&self.url, e)
+    }
+
+    /// Checks that the bucket exists and these credentials may list it:
+    /// one list request, before anything is provisioned.
+    pub async fn check(&self) -> Result<(), StoreError> {
+        let prefix = (!self.url.prefix.is_empty()).then(|| self.path(""));
+        self.store
+            .list_with_delimiter(prefix.as_ref())
+            .await
+            .map(|_| ())
+            .map_err(|e| self.fail(e))
+    }
+
+    /// Whether the URL's prefix is itself one object (`s3://b/file.txt`).
+    pub async fn is_object(&self) -> Result<bool, StoreError> {
+        if self.url.prefix.is_empty() {
+            return Ok(false);
+        }
+        match self.store.head(&self.path("")).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(self.fail(e)),
+        }
+    }
+
+    /// Writes `bytes` at `key` (below the prefix), whole or not at all.
+    pub async fn put(&self, key: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
+        self.store
+            .put(&self.path(key), PutPayload::from(bytes))
+            .await
+            .map(|_| ())
+            .map_err(|e| self.fail(e))
+    }
+
+    /// Reads `key`; `None` when there is no such object.
+    pub async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        match self.store.get(&self.path(key)).await {
+            Ok(r) => r
+                .bytes()
+                .await
+                .map(|b| Some(b.to_vec()))
+                .map_err(|e| self.fail(e)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.fail(e)),
+        }
+    }
+
+    /// Every object below `under` (relative to the prefix), keys relative
+    /// to the prefix, in key order.
+    pub async fn list(&self, under: &str) -> Result<Vec<Object>, StoreError> {
+        let base = self.path("");
+        let at = self.path(under);
+        let mut out: Vec<Object> = self
+            .store
+            .list(Some(&at))
+            .map_ok(|m| Object {
+                key: relative(&base, &m.location),
+                size: m.size,
+            })
+            .try_collect()
+            .await
+            .map_err(|e| self.fail(e))?;
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+
+    /// Deletes `keys` (relative to the prefix); missing ones are fine.
+    pub async fn delete(&self, keys: &[String]) -> Result<(), StoreError> {
+        for k in keys {
+            match self.store.delete(&self.path(k)).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(self.fail(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The environment that lets rclone on a node reach this bucket as
+    /// `remote:` with the user's current credentials. The values are
+    /// secrets: they go to nodes the way a task's `secrets:` do, never on
+    /// a command line, into logs or into gangway's state.
+    pub async fn node_env(&self, remote: &str) -> Result<Vec<(String, String)>, StoreError> {
+        let p = format!("RCLONE_CONFIG_{}_", remote.to_ascii_uppercase());
+        let mut env = Vec::new();
+        let mut set = |k: &str, v: &str| env.push((format!("{p}{k}"), v.to_string()));
+        match &self.creds {
+            #[cfg(feature = "s3")]
+            Creds::S3(provider) => {
+                let c = provider
+                    .get_credential()
+                    .await
+                    .map_err(|e| StoreError::NoCredentials {
+                        url: self.url.clone(),
+                        reason: e.to_string(),
+                    })?;
+                set("TYPE", "s3");
+                set("ENV_AUTH", "false");
+                set("ACCESS_KEY_ID", &c.key_id);
+                set("SECRET_ACCESS_KEY", &c.secret_key);
+                if let Some(t) = &c.token {
+                    set("SESSION_TOKEN", t);
+                }
+                if let Some(r) = &self.endpoints.s3_region {
+                    set("REGION", r);
+                }
+                match &self.endpoints.s3 {
+                    Some(ep) => {
+                        set("PROVIDER", "Other");
+                        set("ENDPOINT", ep);
+                        set("FORCE_PATH_STYLE", "true");
+                    }
+                    None => set("PROVIDER", "AWS"),
+                }
+                // Objects are not re-listed one by one after uploads.
+                set("NO_CHECK_BUCKET", "true");
+            }
+            #[cfg(feature = "gcs")]
+            Creds::Gcs(provider) => {
+                let c = provider
+                    .get_credential()
+                    .await
+                    .map_err(|e| StoreError::NoCredentials {
+                        url: self.url.clone(),
+                        reason: e.to_string(),
+                    })?;
+                set("TYPE", "google cloud storage");
+                // An OAuth access token: short-lived, no refresh token.
+                let token = serde_json::json!({
+                    "access_token": c.bearer,
+                    "token_type": "Bearer",
+                });
+                set("TOKEN", &token.to_string());
+                set("BUCKET_POLICY_ONLY", "true");
+                if let Some(ep) = &self.endpoints.gcs {
+                    set("ENDPOINT", ep);
+                }
+            }
+            #[cfg(not(any(feature = "s3", feature = "gcs")))]
+            Creds::Never(n) => match *n {},
+        }
+        Ok(env)
+    }
+}
+
+/// `location` below `base`, without the separating `/`.
+fn relative(base: &ObjectPath, location: &ObjectPath) -> String {
+    let b = base.as_ref();
+    let l = location.as_ref();
+    if b.is_empty() {
+        return l.to_string();
+    }
+    l.strip_prefix(b)
+        .map(|r| r.trim_start_matches('/').to_string())
+        .unwrap_or_else(|| l.to_string())
+}
+
+type Built = (Arc<dyn ObjectStore>, Creds);
+
+#[cfg(feature = "s3")]
+fn open_s3(url: &BucketUrl, ep: &Endpoints) -> Result<Built, StoreError> {
+    use object_store::aws::AmazonS3Builder;
+    let mut b = AmazonS3Builder::from_env().with_bucket_name(&url.bucket);
+    if let Some(r) = &ep.s3_region {
+        b = b.with_region(r);
+    }
+    if let Some(e) = &ep.s3 {
+        b = b
+            .with_endpoint(e)
+            .with_allow_http(e.starts_with("http://"))
+            .with_virtual_hosted_style_request(false);
+    }
+    let s3 = b.build().map_err(|e| StoreError::NoCredentials {
+        url: url.clone(),
+        reason: e.to_string(),
+    })?;
+    let creds = Creds::S3(Arc::clone(s3.credentials()));
+    Ok((Arc::new(s3), creds))
+}
+
+#[cfg(not(feature = "s3"))]
+fn open_s3(url: &BucketUrl, _: &Endpoints) -> Result<Built, StoreError> {
+    Err(StoreError::NotBuilt {
+        url: url.clone(),
+        store: "S3",
+        feature: "s3",
+    })
+}
+
+#[cfg(feature = "gcs")]
+fn open_gcs(url: &BucketUrl, ep: &Endpoints) -> Result<Built, StoreError> {
+    use object_store::gcp::GoogleCloudStorageBuilder;
+    let mut b = GoogleCloudStorageBuilder::from_env().with_bucket_name(&url.bucket);
+    if let Some(e) = &ep.gcs {
+        b = b.with_base_url(e);
+    }
+    let gcs = b.build().map_err(|e| StoreError::NoCredentials {
+        url: url.clone(),
+        reason: e.to_string(),
+    })?;
+    let creds = Creds::Gcs(Arc::clone(gcs.credentials()));
+    Ok((Arc::new(gcs), creds))
+}
+
+#[cfg(not(feature = "gcs"))]
+fn open_gcs(url: &BucketUrl, _: &Endpoints) -> Result<Built, StoreError> {
+    Err(StoreError::NotBuilt {
+        url: url.clone(),
+        store: "GCS",
+        feature: "gcs",
+    })
+}

@@ -1,0 +1,388 @@
+//! Bucket `file_mounts`: read from the task (SkyPilot's forms, `$VAR`s
+//! from `envs` substituted), checked before anything is provisioned, and
+//! made on every node by rclone, which moves the bytes straight between the
+//! node and the store.
+
+use std::path::Path;
+
+use gangway_store::{Bucket, BucketUrl, Endpoints, Scheme, StoreError};
+use serde::{Deserialize, Serialize};
+
+use crate::spec::{MountSource, SpecError, Task};
+use crate::Error;
+
+/// How a bucket appears on the node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Mode {
+    /// Downloaded before setup (every node in parallel).
+    Copy,
+    /// A FUSE mount, every read going to the store.
+    Mount,
+    /// A FUSE mount with a local cache of what was read and written.
+    MountCached,
+}
+
+impl Mode {
+    fn parse(s: &str) -> Option<Mode> {
+        match s.to_ascii_uppercase().as_str() {
+            "COPY" => Some(Mode::Copy),
+            "MOUNT" => Some(Mode::Mount),
+            "MOUNT_CACHED" => Some(Mode::MountCached),
+            _ => None,
+        }
+    }
+}
+
+/// One bucket mount, resolved: what the driver needs to make it on a node
+/// (no secrets: credentials travel separately, as secrets do).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct BucketMount {
+    /// Path on the node, as the task wrote it.
+    pub(crate) dest: String,
+    /// The bucket and prefix, `$VAR`s substituted.
+    pub(crate) url: String,
+    /// The rclone remote that reaches it (`gw0`), configured by
+    /// `RCLONE_CONFIG_GW0_*`.
+    pub(crate) remote: String,
+    /// How.
+    pub(crate) mode: Mode,
+}
+
+/// Where a mount came from in the task file, for errors.
+struct Located<'a> {
+    file: &'a str,
+    field: String,
+    at: (usize, usize),
+}
+
+impl Located<'_> {
+    fn error(&self, message: String, hint: &str) -> Error {
+        Error::Spec(SpecError {
+            file: self.file.to_string(),
+            line: self.at.0,
+            col: self.at.1,
+            field: self.field.clone(),
+            message,
+            hint: Some(hint.to_string()),
+            unsupported: false,
+        })
+    }
+}
+
+/// `$VAR` and `${VAR}` from the task's `envs`, as SkyPilot substitutes
+/// them in bucket names and paths. A variable without a value is an error
+/// naming it.
+fn substitute(s: &str, task: &Task) -> Result<String, String> {
+    let value = |name: &str| {
+        task.envs
+            .iter()
+            .find(|(k, _)| k == name)
+            .and_then(|(_, v)| v.clone())
+            .ok_or_else(|| format!("${name} has no value in envs (give it with --env {name}=...)"))
+    };
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        let (name, len) = if let Some(braced) = after.strip_prefix('{') {
+            let end = braced
+                .find('}')
+                .ok_or_else(|| format!("unclosed ${{ in '{s}'"))?;
+            (&braced[..end], end + 2)
+        } else {
+            let end = after
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(after.len());
+            (&after[..end], end)
+        };
+        if name.is_empty() {
+            out.push('$');
+            rest = after;
+            continue;
+        }
+        out.push_str(&value(name)?);
+        rest = &after[len..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// The task's bucket mounts, resolved and named, in task order; local
+/// mounts are left to the caller. Errors are located in `file`.
+pub(crate) fn bucket_mounts(task: &Task, file: &Path) -> Result<Vec<BucketMount>, Error> {
+    let file = file.display().to_string();
+    let mut out = Vec::new();
+    for m in &task.file_mounts {
+        let here = Located {
+            file: &file,
+            field: format!("file_mounts.{}", m.dest),
+            at: m.at,
+        };
+        let url_hint = "write s3://BUCKET[/PREFIX] or gs://BUCKET[/PREFIX]";
+        let (url, mode) = match &m.source {
+            MountSource::Local(_) => continue,
+            MountSource::Uri(u) => (u.clone(), Mode::Copy),
+            MountSource::Storage {
+                name,
+                source,
+                store,
+                mode,
+                ..
+            } => {
+                let mode = mode.as_deref().and_then(Mode::parse).unwrap_or(Mode::Mount);
+                match (source.as_deref(), name.as_deref()) {
+                    (Some(src), _) if src.contains("://") => (src.to_string(), mode),
+                    (Some(src), Some(_)) => {
+                        return Err(here.error(
+                            format!("uploading a local source ({src}) into a bucket gangway creates is not supported yet"),
+                            "upload it yourself (rclone copy, aws s3 sync, gcloud storage cp) and give source: s3://... or gs://...",
+                        ))
+                    }
+                    (None, Some(name)) => {
+                        let name = substitute(name, task).map_err(|e| here.error(e, "set it under envs: or with --env"))?;
+                        let scheme = match store.as_deref() {
+                            None => Scheme::S3,
+                            Some(s) => {
+                                let s = substitute(s, task).map_err(|e| here.error(e, "set it under envs: or with --env"))?;
+                                Scheme::from_store_name(&s).ok_or_else(|| {
+                                    here.error(format!("store '{s}' is not supported"), "use store: s3 or store: gcs")
+                                })?
+                            }
+                        };
+                        (format!("{}://{name}", scheme.url_scheme()), mode)
+                    }
+                    (_, None) => {
+                        return Err(here.error(
+                            "a storage mount needs name: (a bucket) or source: (a bucket URL)".into(),
+                            "write {name: my-bucket, mode: MOUNT} or {source: s3://my-bucket/path}",
+                        ))
+                    }
+                }
+            }
+        };
+        let url = substitute(&url, task)
+            .map_err(|e| here.error(e, "set it under envs: or with --env"))?;
+        let parsed = BucketUrl::parse(&url).map_err(|e| here.error(e.to_string(), url_hint))?;
+        out.push(BucketMount {
+            dest: m.dest.clone(),
+            url: parsed.to_string(),
+            remote: format!("gw{}", out.len()),
+            mode,
+        });
+    }
+    Ok(out)
+}
+
+/// Checks every bucket before anything is provisioned: it exists and the
+/// user's credentials may list it (one request each; a COPY of one object,
+/// `s3://b/file.txt`, is looked up instead).
+pub(crate) async fn preflight(
+    task: &Task,
+    file: &Path,
+    mounts: &[BucketMount],
+) -> Result<(), Error> {
+    let endpoints = Endpoints::from_env();
+    let file_s = file.display().to_string();
+    for m in mounts {
+        let at = task
+            .file_mounts
+            .iter()
+            .find(|f| f.dest == m.dest)
+            .map_or((0, 0), |f| f.at);
+        let here = Located {
+            file: &file_s,
+            field: format!("file_mounts.{}", m.dest),
+            at,
+        };
+        let url = BucketUrl::parse(&m.url).map_err(|e| here.error(e.to_string(), ""))?;
+        let fail = |e: StoreError| {
+            let hint = match &e {
+                StoreError::NoSuchBucket { .. } => "check the name; gangway does not create buckets for plain bucket URLs",
+                StoreError::AccessDenied { .. } | StoreError::NoCredentials { .. } => {
+                    "check that your credentials may list this bucket (AWS: s3:ListBucket; GCS: storage.objects.list)"
+                }
+                _ => "the store's answer is above",
+            };
+            here.error(e.to_string(), hint)
+        };
+        let bucket = Bucket::open(&url, &endpoints).map_err(fail)?;
+        let is_object = m.mode == Mode::Copy && bucket.is_object().await.map_err(fail)?;
+        if !is_object {
+            bucket.check().await.map_err(fail)?;
+        }
+        // Credentials must exist now, not first on the nodes.
+        bucket.node_env(&m.remote).await.map_err(fail)?;
+    }
+    Ok(())
+}
+
+/// [`preflight`] from synchronous code.
+pub(crate) fn preflight_now(task: &Task, file: &Path, mounts: &[BucketMount]) -> Result<(), Error> {
+    if mounts.is_empty() {
+        return Ok(());
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(preflight(task, file, mounts))
+}
+
+/// rclone's settings for every mount's bucket, with the user's current
+/// credentials: made for one run, given to its storage step only.
+pub(crate) async fn node_credentials(
+    mounts: &[BucketMount],
+) -> Result<Vec<(String, String)>, StoreError> {
+    let endpoints = Endpoints::from_env();
+    let mut env = Vec::new();
+    for m in mounts {
+        let url = BucketUrl::parse(&m.url).map_err(|e| StoreError::Store {
+            url: BucketUrl {
+                scheme: Scheme::S3,
+                bucket: m.url.clone(),
+                prefix: String::new(),
+            },
+            reason: e.to_string(),
+        })?;
+        env.extend(Bucket::open(&url, &endpoints)?.node_env(&m.remote).await?);
+    }
+    Ok(env)
+}
+
+/// The bash script that makes `mounts` on a node: COPY downloads, MOUNT
+/// and MOUNT_CACHED start `rclone mount` in the background. Each mount's
+/// path on the node comes in `GANGWAY_MOUNT_<i>` (the transport's
+/// spelling of it). Fails naming the mount when rclone or FUSE is missing.
+pub(crate) fn node_script(mounts: &[BucketMount]) -> String {
+    let mut s = String::from(STORAGE_PRELUDE);
+    for (i, m) in mounts.iter().enumerate() {
+        let src = {
+            let url = BucketUrl::parse(&m.url).expect("checked when resolved");
+            url.rclone_path(&m.remote)
+        };
+        let what = format!("{} -> {}", m.url, m.dest);
+        let line = match m.mode {
+            Mode::Copy => format!(
+                "gw_copy {} \"$GANGWAY_MOUNT_{i}\" {}\n",
+                sh(&src),
+                sh(&what)
+            ),
+            Mode::Mount => format!(
+                "gw_mount {} \"$GANGWAY_MOUNT_{i}\" off {}\n",
+                sh(&src),
+                sh(&what)
+            ),
+            Mode::MountCached => format!(
+                "gw_mount {} \"$GANGWAY_MOUNT_{i}\" full {}\n",
+                sh(&src),
+                sh(&what)
+            ),
+        };
+        s.push_str(&line);
+    }
+    s
+}
+
+/// Single-quoted for bash.
+fn sh(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// Shell functions of the storage step.
+const STORAGE_PRELUDE: &str = r#"set -u
+gw_fail() { echo "gangway: $*" >&2; exit 3; }
+command -v rclone >/dev/null 2>&1 || gw_fail "rclone is not installed on this node (needed for bucket file_mounts; install it in the image, e.g. apt-get install rclone)"
+# Remotes come from RCLONE_CONFIG_* only: no config file is read or written.
+rclone() { command rclone --config "" "$@"; }
+# rclone's S3 client refuses AWS_CA_BUNDLE; the same CA goes to rclone's
+# own HTTP client instead.
+if [ -n "${AWS_CA_BUNDLE:-}" ]; then export RCLONE_CA_CERT="$AWS_CA_BUNDLE"; unset AWS_CA_BUNDLE; fi
+gw_copy() {
+  # One object (s3://b/file.txt) lands at the path; a prefix fills it.
+  if rclone lsjson --stat "$1" 2>/dev/null | grep -q '"IsDir": *false'; then
+    mkdir -p "$(dirname "$2")" || gw_fail "$3: cannot make $(dirname "$2")"
+    rclone copyto "$1" "$2" || gw_fail "$3: rclone copyto failed"
+  else
+    mkdir -p "$2" || gw_fail "$3: cannot make $2"
+    rclone copy --fast-list --transfers 16 --checkers 16 "$1" "$2" || gw_fail "$3: rclone copy failed"
+  fi
+}
+gw_mount() {
+  [ -e /dev/fuse ] || gw_fail "$4: this node has no /dev/fuse, so it cannot mount buckets (use mode: COPY)"
+  command -v fusermount3 >/dev/null 2>&1 || command -v fusermount >/dev/null 2>&1 \
+    || gw_fail "$4: fusermount is not installed (apt-get install fuse3), so rclone cannot mount"
+  mkdir -p "$2" || gw_fail "$4: cannot make $2"
+  real="$(cd "$2" && pwd -P)"
+  # Mounted by an earlier job on this cluster: kept.
+  if [ "$(stat -c %d "$real" 2>/dev/null)" != "$(stat -c %d "$real/.." 2>/dev/null)" ]; then return 0; fi
+  rclone mount "$1" "$real" --daemon --daemon-wait 30s --vfs-cache-mode "$3" \
+    --dir-cache-time 5s --allow-non-empty || gw_fail "$4: rclone mount failed"
+  # Teardown unmounts what is listed here before it removes anything.
+  echo "$real" >> "$HOME/.gangway-mounts"
+}
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::parse_str;
+
+    #[test]
+    fn every_skypilot_form_resolves_to_a_bucket_and_a_mode() {
+        let t = parse_str(
+            "envs:\n  B: my-ckpts\n  STORE: gcs\nfile_mounts:\n  /data: s3://train-data/shards\n  /ck:\n    name: $B\n    store: $STORE\n    mode: MOUNT_CACHED\n  /src:\n    source: gs://code-${B}/v1\n  /local: .\nrun: x\n",
+            "t.yaml",
+        )
+        .unwrap();
+        let m = bucket_mounts(&t, Path::new("t.yaml")).unwrap();
+        let got: Vec<(&str, &str, Mode, &str)> = m
+            .iter()
+            .map(|m| (m.dest.as_str(), m.url.as_str(), m.mode, m.remote.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("/data", "s3://train-data/shards", Mode::Copy, "gw0"),
+                ("/ck", "gs://my-ckpts", Mode::MountCached, "gw1"),
+                ("/src", "gs://code-my-ckpts/v1", Mode::Mount, "gw2"),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_bad_bucket_names_the_file_line_and_field() {
+        let t = parse_str(
+            "file_mounts:\n  /a: s3://ok-bucket\n  /data: s3://Bad_Name/x\nrun: x\n",
+            "t.yaml",
+        )
+        .unwrap();
+        let e = bucket_mounts(&t, Path::new("t.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("t.yaml:3:"), "{e}");
+        assert!(
+            e.contains("file_mounts./data") && e.contains("Bad_Name"),
+            "{e}"
+        );
+        let t = parse_str("file_mounts:\n  /d: s3://$NOPE/x\nrun: x\n", "t.yaml").unwrap();
+        let e = bucket_mounts(&t, Path::new("t.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("$NOPE has no value"), "{e}");
+    }
+
+    #[test]
+    fn the_node_script_quotes_what_it_is_given() {
+        let m = BucketMount {
+            dest: "/d".into(),
+            url: "s3://b-1/it's".into(),
+            remote: "gw0".into(),
+            mode: Mode::Copy,
+        };
+        let s = node_script(&[m]);
+        assert!(
+            s.contains(r#"gw_copy 'gw0:b-1/it'\''s' "$GANGWAY_MOUNT_0""#),
+            "{s}"
+        );
+    }
+}
