@@ -20,6 +20,7 @@ import argparse
 import os
 import subprocess
 import sys
+import urllib.parse
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "storage"))
@@ -43,6 +44,25 @@ def run_store(host):
     server = make_server(host, 0, create_backend_app("s3"), threaded=True, **extra)
     print(f"STORE http://{host}:{server.server_address[1]}", flush=True)
     server.serve_forever()
+
+
+def null_version(h, rule, entry):
+    """`Front.adapter`: reads of `versionId=null` go to the plain object.
+
+    moto answers CompleteMultipartUpload with `x-amz-version-id: null` even
+    in a bucket that never had versioning, and then refuses (400) the
+    `HEAD ?versionId=null` that rclone sends after a streamed upload (rcat,
+    a write through `rclone mount --vfs-cache-mode off`). S3 takes `null` as
+    the id of the object written without versioning; so does this."""
+    if h.command not in ("GET", "HEAD"):
+        return False
+    url = urllib.parse.urlsplit(h.path)
+    query = urllib.parse.parse_qsl(url.query, keep_blank_values=True)
+    if ("versionId", "null") not in query:
+        return False
+    rest = urllib.parse.urlencode([(k, v) for k, v in query if (k, v) != ("versionId", "null")])
+    h.forward(rule, entry, path=url.path + ("?" + rest if rest else ""))
+    return True
 
 
 def main():
@@ -75,6 +95,7 @@ def main():
         return 1
     upstream = storage_front.parse_upstream(line.split()[1])
     front = storage_front.Front((args.host, args.port), upstream, "s3", args.verbose)
+    front.adapter = null_version
     # A bucket listing answers once moto has loaded S3.
     check = lambda: storage_front.wait_http(front.url + "/", 60, ok=lambda s: s == 200, proc=child)
     return storage_front.serve_until_stopped(front, args.watch_stdin, children=[child], check=check)
