@@ -114,45 +114,9 @@ impl Ec2Emulator {
 
     /// Starts `server.py` with `python` and waits for its `READY` line.
     fn start(python: &Path, server: &Path) -> Result<Ec2Emulator, String> {
-        let mut child = Command::new(python)
-            .arg(server)
-            .args(["--host", "127.0.0.1", "--port", "0", "--watch-stdin"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| format!("spawn: {e}"))?;
-        let stdin = child.stdin.take().expect("piped stdin");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            let first = lines.next().and_then(Result::ok);
-            let _ = tx.send(first);
-            // Keep reading so the server never writes into a closed pipe.
-            for _ in lines {}
-        });
-        let line = match rx.recv_timeout(START_TIMEOUT) {
-            Ok(Some(line)) => line,
-            Ok(None) => {
-                let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
-                return Err(format!(
-                    "it exited ({status}) before printing READY; see its stderr above"
-                ));
-            }
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!("no READY line within {START_TIMEOUT:?}"));
-            }
-        };
-        let Some(endpoint) = line.strip_prefix("READY ") else {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(format!("expected `READY http://...`, got {line:?}"));
-        };
+        let (endpoint, child, stdin) = start_server(python, server)?;
         Ok(Ec2Emulator {
-            endpoint: endpoint.trim().trim_end_matches('/').to_string(),
+            endpoint,
             child: Some(Mutex::new(child)),
             stdin: Some(Mutex::new(stdin)),
         })
@@ -337,38 +301,8 @@ impl Ec2Emulator {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> Result<(u16, String), String> {
-        let host = host_port(&self.endpoint)?;
-        let addr = host
-            .to_socket_addrs()
-            .map_err(|e| format!("{host}: {e}"))?
-            .next()
-            .ok_or_else(|| format!("{host}: no address"))?;
-        let mut stream = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT)
-            .map_err(|e| format!("connect {host}: {e}"))?;
-        stream
-            .set_read_timeout(Some(HTTP_TIMEOUT))
-            .map_err(|e| e.to_string())?;
-        stream
-            .set_write_timeout(Some(HTTP_TIMEOUT))
-            .map_err(|e| e.to_string())?;
-        let mut request = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Length: {}\r\n",
-            body.len()
-        );
-        for (name, value) in headers {
-            request.push_str(&format!("{name}: {value}\r\n"));
-        }
-        request.push_str("\r\n");
-        let mut bytes = request.into_bytes();
-        bytes.extend_from_slice(body);
-        stream
-            .write_all(&bytes)
-            .map_err(|e| format!("send to {host}: {e}"))?;
-        let mut response = Vec::new();
-        stream
-            .read_to_end(&mut response)
-            .map_err(|e| format!("read from {host}: {e}"))?;
-        parse_response(&response)
+        let (status, body) = http_exchange(&self.endpoint, method, path, headers, body)?;
+        Ok((status, String::from_utf8_lossy(&body).into_owned()))
     }
 }
 
@@ -379,6 +313,99 @@ fn workspace_root() -> Option<PathBuf> {
         .ancestors()
         .find(|dir| dir.join("tests/emulators/ec2/server.py").is_file())
         .map(Path::to_path_buf)
+}
+
+/// Starts `python server --host 127.0.0.1 --port 0 --watch-stdin` and
+/// waits for its `READY http://...` line: the endpoint (no trailing slash),
+/// the child, and the write end of its stdin, which the caller keeps open
+/// for as long as the server is to live. Shared with the storage emulators.
+pub(crate) fn start_server(
+    python: &Path,
+    server: &Path,
+) -> Result<(String, Child, ChildStdin), String> {
+    let mut child = Command::new(python)
+        .arg(server)
+        .args(["--host", "127.0.0.1", "--port", "0", "--watch-stdin"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("spawn: {e}"))?;
+    let stdin = child.stdin.take().expect("piped stdin");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        let first = lines.next().and_then(Result::ok);
+        let _ = tx.send(first);
+        // Keep reading so the server never writes into a closed pipe.
+        for _ in lines {}
+    });
+    let line = match rx.recv_timeout(START_TIMEOUT) {
+        Ok(Some(line)) => line,
+        Ok(None) => {
+            let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
+            return Err(format!(
+                "it exited ({status}) before printing READY; see its stderr above"
+            ));
+        }
+        Err(_) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("no READY line within {START_TIMEOUT:?}"));
+        }
+    };
+    let Some(endpoint) = line.strip_prefix("READY ") else {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(format!("expected `READY http://...`, got {line:?}"));
+    };
+    let endpoint = endpoint.trim().trim_end_matches('/').to_string();
+    Ok((endpoint, child, stdin))
+}
+
+/// One HTTP/1.1 exchange with `endpoint` (`http://host:port`),
+/// `Connection: close`: the status and the whole body. Shared with the
+/// storage emulators' helper.
+pub(crate) fn http_exchange(
+    endpoint: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Result<(u16, Vec<u8>), String> {
+    let host = host_port(endpoint)?;
+    let addr = host
+        .to_socket_addrs()
+        .map_err(|e| format!("{host}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{host}: no address"))?;
+    let mut stream = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT)
+        .map_err(|e| format!("connect {host}: {e}"))?;
+    stream
+        .set_read_timeout(Some(HTTP_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    stream
+        .set_write_timeout(Some(HTTP_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    let mut bytes = request.into_bytes();
+    bytes.extend_from_slice(body);
+    stream
+        .write_all(&bytes)
+        .map_err(|e| format!("send to {host}: {e}"))?;
+    let mut response = Vec::new();
+    stream
+        .read_to_end(&mut response)
+        .map_err(|e| format!("read from {host}: {e}"))?;
+    parse_response_bytes(&response)
 }
 
 fn python3_has_moto() -> bool {
@@ -431,7 +458,14 @@ fn percent_encode(s: &str) -> String {
 
 /// Status and body of a whole HTTP/1.1 response (Content-Length, chunked,
 /// or up to the close).
+#[cfg(test)]
 fn parse_response(raw: &[u8]) -> Result<(u16, String), String> {
+    let (status, body) = parse_response_bytes(raw)?;
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// [`parse_response`], the body as bytes.
+fn parse_response_bytes(raw: &[u8]) -> Result<(u16, Vec<u8>), String> {
     let split = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
@@ -464,7 +498,7 @@ fn parse_response(raw: &[u8]) -> Result<(u16, String), String> {
     } else {
         body.to_vec()
     };
-    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    Ok((status, body))
 }
 
 fn dechunk(mut raw: &[u8]) -> Result<Vec<u8>, String> {

@@ -7,6 +7,8 @@
 //!   once per test process or found through `GANGWAY_TEST_EC2_ENDPOINT`;
 //! * [`gce_fake`]: the Compute Engine fake (`tests/emulators/gce`);
 //! * [`slurm`]: a throwaway Slurm cluster (`tests/emulators/slurm`);
+//! * [`storage`]: the S3 and GCS emulators behind the request-logging,
+//!   fault-injecting storage front (`tests/emulators/{s3,gcs,storage}`);
 //! * [`contract`]: the rules every [`gangway_provider::Provider`] keeps, as
 //!   checks each provider crate runs against its emulator.
 //!
@@ -22,3 +24,4 @@ pub mod ec2_emulator;
 pub mod gce_fake;
 pub mod skip;
 pub mod slurm;
+pub mod storage;

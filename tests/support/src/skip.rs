@@ -69,6 +69,14 @@ pub const SUITES: &[(&str, &str)] = &[
     ),
     ("slurm", "a throwaway Slurm cluster: root, slurm-wlm, munge"),
     (
+        "s3",
+        "the S3 emulator (moto, the EC2 emulator's venv) behind the storage front; rclone for its rclone tests",
+    ),
+    (
+        "gcs",
+        "the GCS emulator (fake-gcs-server's venv) behind the storage front; rclone for its rclone tests",
+    ),
+    (
         "compat",
         "../shared/compat and ../shared/catalogs beside the checkout",
     ),
