@@ -2,6 +2,7 @@
 
 mod aws;
 mod bad_specs;
+mod buckets;
 mod cli;
 mod cloud_sweep;
 mod cluster_cmds;

@@ -303,15 +303,24 @@ impl Bucket {
                         reason: e.to_string(),
                     })?;
                 set("TYPE", "google cloud storage");
-                // An OAuth access token: short-lived, no refresh token.
-                let token = serde_json::json!({
-                    "access_token": c.bearer,
-                    "token_type": "Bearer",
-                });
-                set("TOKEN", &token.to_string());
+                if c.bearer.is_empty() {
+                    // Credentials that sign nothing (an emulator's).
+                    set("ANONYMOUS", "true");
+                } else {
+                    // An OAuth access token: short-lived, no refresh token.
+                    let token = serde_json::json!({
+                        "access_token": c.bearer,
+                        "token_type": "Bearer",
+                    });
+                    set("TOKEN", &token.to_string());
+                }
                 set("BUCKET_POLICY_ONLY", "true");
                 if let Some(ep) = &self.endpoints.gcs {
-                    set("ENDPOINT", ep);
+                    // rclone wants the JSON API's root.
+                    set(
+                        "ENDPOINT",
+                        &format!("{}/storage/v1/", ep.trim_end_matches('/')),
+                    );
                 }
             }
             #[cfg(not(any(feature = "s3", feature = "gcs")))]
@@ -370,7 +379,11 @@ fn open_gcs(url: &BucketUrl, ep: &Endpoints) -> Result<Built, StoreError> {
     use object_store::gcp::GoogleCloudStorageBuilder;
     let mut b = GoogleCloudStorageBuilder::from_env().with_bucket_name(&url.bucket);
     if let Some(e) = &ep.gcs {
-        b = b.with_base_url(e);
+        b = b
+            .with_base_url(e.trim_end_matches('/'))
+            .with_client_options(
+                object_store::ClientOptions::new().with_allow_http(e.starts_with("http://")),
+            );
     }
     let gcs = b.build().map_err(|e| StoreError::NoCredentials {
         url: url.clone(),

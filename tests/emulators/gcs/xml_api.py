@@ -80,6 +80,8 @@ class XmlApi:
         self.uploads = {}
 
     def __call__(self, h, rule, entry):
+        if h.command == "GET":
+            return self.missing_bucket_listing(h, entry)
         if h.command not in ("PUT", "POST", "DELETE"):
             return False
         url = urllib.parse.urlsplit(h.path)
@@ -106,6 +108,23 @@ class XmlApi:
             self.delete(h, rule, entry, bucket, obj)
         else:
             return False
+        return True
+
+    def missing_bucket_listing(self, h, entry):
+        """GCS answers a listing of a bucket that does not exist with 404
+        NoSuchBucket; fake-gcs-server with 500 (a failed lstat). Only that
+        case is answered here; every other GET goes to fake-gcs-server."""
+        url = urllib.parse.urlsplit(h.path)
+        if url.path.startswith(NATIVE_PREFIXES) or url.path.startswith("/_gangway/"):
+            return False
+        bucket, _, obj = url.path.lstrip("/").partition("/")
+        if not bucket or obj or "list-type" not in url.query:
+            return False
+        status, _ = self.json_get(h, "/storage/v1/b/" + q(urllib.parse.unquote(bucket)))
+        if status != 404:
+            return False
+        self.answer(h, entry, xml_error(404, "NoSuchBucket",
+                                        "The specified bucket does not exist."))
         return True
 
     # ---- helpers ---------------------------------------------------------

@@ -1,0 +1,184 @@
+//! Bucket `file_mounts` end to end on the local provider, against the S3
+//! and GCS emulators behind the request-logging front: every rank sees a
+//! COPY and a MOUNT, the bytes move between the nodes' rclone and the store
+//! (the front's log says who asked), a missing bucket stops the launch
+//! before anything is provisioned, and `down` unmounts without touching
+//! the bucket.
+
+use std::process::Output;
+
+use gangway_test::storage::{Store, StoreEmulator, GCS_NO_AUTH_KEY, S3_KEY, S3_REGION};
+
+use crate::common::{assert_no_marker_procs, command_in, parts, Running, TestHome};
+
+/// gangway in `home`, with the user's credentials for `emu`'s store.
+fn run(emu: &StoreEmulator, home: &TestHome, args: &[&str]) -> Output {
+    let mut c = command_in(home.path());
+    // rclone 1.60's S3 client refuses any AWS_CA_BUNDLE; the storage step
+    // passes it on as RCLONE_CA_CERT, which a plain-HTTP emulator ignores.
+    match emu.store {
+        Store::S3 => c
+            .env("GANGWAY_S3_ENDPOINT", &emu.endpoint)
+            .env("AWS_ACCESS_KEY_ID", S3_KEY)
+            .env("AWS_SECRET_ACCESS_KEY", S3_KEY)
+            .env("AWS_REGION", S3_REGION)
+            .env_remove("AWS_SESSION_TOKEN")
+            .env_remove("AWS_PROFILE"),
+        Store::Gcs => c
+            .env("GANGWAY_GCS_ENDPOINT", &emu.endpoint)
+            .env("GOOGLE_SERVICE_ACCOUNT_KEY", GCS_NO_AUTH_KEY),
+    };
+    c.args(args);
+    Running::start(c).wait()
+}
+
+fn scheme(emu: &StoreEmulator) -> &'static str {
+    match emu.store {
+        Store::S3 => "s3",
+        Store::Gcs => "gs",
+    }
+}
+
+fn copy_and_mount_reach_every_rank(emu: &StoreEmulator) {
+    let home = TestHome::new();
+    let bucket = format!("gw-{}-data", home.marker.to_ascii_lowercase());
+    emu.create_bucket(&bucket);
+    emu.put_object(&bucket, "train/a.txt", b"alpha");
+    emu.put_object(&bucket, "train/sub/b.txt", b"beta");
+    emu.put_object(&bucket, "one.txt", b"single");
+    let s = scheme(emu);
+    let task = home.file(
+        "b.yaml",
+        &format!(
+            "num_nodes: 2\nresources:\n  infra: local\nenvs:\n  GW_TEST_MARKER: {m}\n  BUCKET: {bucket}\n\
+             file_mounts:\n  ~/data: {s}://$BUCKET/train\n  ~/one.txt: {s}://{bucket}/one.txt\n  ~/m:\n    source: {s}://{bucket}/train\n    mode: MOUNT\n\
+             run: |\n  echo \"rank-$NODE_RANK copy=$(cat ~/data/a.txt)/$(cat ~/data/sub/b.txt) one=$(cat ~/one.txt) mount=$(cat ~/m/sub/b.txt)\"\n  echo from-rank-$NODE_RANK > ~/m/out-$NODE_RANK.txt\n",
+            m = home.marker
+        ),
+    );
+    let before = emu.last_request_id();
+    let (code, out, err) = parts(&run(emu, &home, &["launch", &task, "-c", "bk", "-y"]));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    for rank in 0..2 {
+        let want = format!("rank-{rank} copy=alpha/beta one=single mount=beta");
+        assert!(out.contains(&want), "{want} missing:\n{out}\n{err}");
+    }
+    // What the ranks wrote through the mount is in the bucket.
+    let keys: Vec<String> = emu
+        .list(&bucket, "train/")
+        .into_iter()
+        .map(|l| l.key)
+        .collect();
+    for rank in 0..2 {
+        assert!(
+            keys.contains(&format!("train/out-{rank}.txt")),
+            "rank {rank}'s write through the mount: {keys:?}"
+        );
+    }
+    // gangway itself (object_store) only looked: no object's bytes came to
+    // or from this machine's gangway process; rclone moved them.
+    let log = emu.requests_since(before);
+    let ours: Vec<_> = log
+        .iter()
+        .filter(|r| {
+            r.user_agent
+                .as_deref()
+                .is_some_and(|u| u.starts_with("object_store"))
+        })
+        .collect();
+    assert!(!ours.is_empty(), "the preflight asked the store: {log:?}");
+    for r in &ours {
+        assert!(
+            r.bytes_out == 0 || r.path.contains("list-type") || r.path.contains("prefix="),
+            "gangway's own process read an object: {r:?}"
+        );
+        assert!(
+            r.bytes_in == 0,
+            "gangway's own process wrote to the store: {r:?}"
+        );
+    }
+    assert!(
+        log.iter().any(|r| r
+            .user_agent
+            .as_deref()
+            .is_some_and(|u| u.starts_with("rclone"))
+            && r.bytes_out > 0),
+        "rclone on the nodes downloaded: {log:?}"
+    );
+
+    let (code, out, err) = parts(&run(emu, &home, &["down", "-y", "bk"]));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    // The mount was taken down before the node's directory: the bucket
+    // keeps every object.
+    let after: Vec<String> = emu.list(&bucket, "").into_iter().map(|l| l.key).collect();
+    for k in [
+        "train/a.txt",
+        "train/sub/b.txt",
+        "one.txt",
+        "train/out-0.txt",
+    ] {
+        assert!(
+            after.iter().any(|a| a == k),
+            "{k} gone after down: {after:?}"
+        );
+    }
+    assert_no_marker_procs(&home.marker, "down of a cluster with bucket mounts");
+}
+
+fn a_missing_bucket_stops_the_launch_before_provisioning(emu: &StoreEmulator) {
+    let home = TestHome::new();
+    let s = scheme(emu);
+    let task = home.file(
+        "missing.yaml",
+        &format!(
+            "resources:\n  infra: local\nfile_mounts:\n  /data: {s}://gw-no-such-bucket-{}/x\nrun: echo never\n",
+            home.marker.to_ascii_lowercase()
+        ),
+    );
+    let (code, out, err) = parts(&run(emu, &home, &["launch", &task, "-c", "nb", "-y"]));
+    assert_eq!(code, 2, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        err.contains("missing.yaml:4:"),
+        "names the file and line: {err}"
+    );
+    assert!(
+        err.contains("file_mounts./data")
+            && err.contains("gw-no-such-bucket")
+            && err.contains("does not exist"),
+        "names the field, the bucket and the reason: {err}"
+    );
+    assert!(home.cluster_opt("nb").is_none(), "nothing was provisioned");
+    assert!(!out.contains("never"));
+}
+
+#[test]
+fn s3_copy_and_mount_reach_every_rank_and_down_keeps_the_bucket() {
+    let Some(emu) = StoreEmulator::s3() else {
+        return;
+    };
+    copy_and_mount_reach_every_rank(emu);
+}
+
+#[test]
+fn gcs_copy_and_mount_reach_every_rank_and_down_keeps_the_bucket() {
+    let Some(emu) = StoreEmulator::gcs() else {
+        return;
+    };
+    copy_and_mount_reach_every_rank(emu);
+}
+
+#[test]
+fn a_missing_s3_bucket_is_exit_2_naming_the_line_before_anything_starts() {
+    let Some(emu) = StoreEmulator::s3() else {
+        return;
+    };
+    a_missing_bucket_stops_the_launch_before_provisioning(emu);
+}
+
+#[test]
+fn a_missing_gcs_bucket_is_exit_2_naming_the_line_before_anything_starts() {
+    let Some(emu) = StoreEmulator::gcs() else {
+        return;
+    };
+    a_missing_bucket_stops_the_launch_before_provisioning(emu);
+}
