@@ -142,15 +142,26 @@ pub(crate) fn controller_main() -> Result<ExitCode, Error> {
     }
 }
 
-fn checkpoint_storage(task: &crate::spec::Task, default: PathBuf) -> Result<PathBuf, Error> {
-    match task.checkpoint.as_ref().and_then(|c| c.storage.clone()) {
-        None => Ok(default),
-        Some(s) if s.contains("://") => Err(Error::NotImplemented(format!(
-            "checkpoint.storage {s}: buckets arrive with the cloud providers; use a local directory"
-        ))),
+/// `checkpoint.storage`: a local directory (default: the job's own), or a
+/// bucket, checked now (it exists, these credentials may list it), before
+/// anything is provisioned.
+fn checkpoint_storage(
+    task: &crate::spec::Task,
+    file: &Path,
+    default: PathBuf,
+) -> Result<(PathBuf, Option<String>), Error> {
+    let Some(ck) = task.checkpoint.as_ref() else {
+        return Ok((default, None));
+    };
+    match ck.storage.clone() {
+        None => Ok((default, None)),
+        Some(s) if s.contains("://") => {
+            let url = crate::storage::check_checkpoint_bucket(&s, file, ck.storage_at)?;
+            Ok((default, Some(url)))
+        }
         Some(s) => {
             let p = PathBuf::from(&s);
-            Ok(std::path::absolute(&p).unwrap_or(p))
+            Ok((std::path::absolute(&p).unwrap_or(p), None))
         }
     }
 }
@@ -190,6 +201,7 @@ fn launch(a: &JobsLaunchArgs, catalog: Option<&Path>, out: Output) -> Result<Exi
         )?;
     }
     let ck = task.checkpoint.clone().unwrap_or_default();
+    let (storage, storage_url) = checkpoint_storage(&task, &a.task.task, dir.join("checkpoint"))?;
     let recovery = task.resources.job_recovery.clone();
     let mt = ManagedTask {
         task_file,
@@ -198,7 +210,9 @@ fn launch(a: &JobsLaunchArgs, catalog: Option<&Path>, out: Output) -> Result<Exi
         // Absolute: the controller runs elsewhere in the file system.
         catalog_dir: catalog.map(|d| std::path::absolute(d).unwrap_or_else(|_| d.to_path_buf())),
         spec,
-        storage: checkpoint_storage(&task, dir.join("checkpoint"))?,
+        storage,
+        storage_url,
+        keep: ck.keep,
         sync_interval_s: ck.sync_interval_s as f64,
         signal: signal_number(&ck.signal),
         grace_s: ck.grace_s as f64,

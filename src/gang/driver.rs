@@ -377,10 +377,13 @@ async fn run_job(
     let checkpoint_dirs: Vec<String> = nodes.iter().map(|n| transport.node_path(n, ck)).collect();
     // Bucket credentials are made now, from the user's own chain, for
     // this run only: never stored, never on the driver's pipe.
-    let storage_env = match crate::storage::node_credentials(&spec.bucket_mounts).await {
-        Ok(env) => env,
-        Err(e) => return Ok((JobStatus::FailedSetup, Some(e.to_string()))),
-    };
+    let storage_env =
+        match crate::storage::node_credentials(&spec.bucket_mounts, spec.restore_bucket.as_ref())
+            .await
+        {
+            Ok(env) => env,
+            Err(e) => return Ok((JobStatus::FailedSetup, Some(e.to_string()))),
+        };
     let mount_dirs: Vec<Vec<String>> = nodes
         .iter()
         .map(|n| {
@@ -428,15 +431,19 @@ async fn run_job(
             }
         }
     }
-    if !spec.bucket_mounts.is_empty() {
+    if !spec.bucket_mounts.is_empty() || spec.restore_bucket.is_some() {
+        let mut what: Vec<String> = spec
+            .bucket_mounts
+            .iter()
+            .map(|m| format!("{} -> {}", m.url, m.dest))
+            .collect();
+        if let Some(r) = &spec.restore_bucket {
+            what.push(format!("checkpoint {} of {}", r.generation, r.url));
+        }
         logs.say(&format!(
-            "bucket mounts on {} node(s): {}",
+            "storage on {} node(s): {}",
             nodes.len(),
-            spec.bucket_mounts
-                .iter()
-                .map(|m| format!("{} -> {}", m.url, m.dest))
-                .collect::<Vec<_>>()
-                .join(", ")
+            what.join(", ")
         ));
         let script = crate::storage::node_script(&spec.bucket_mounts);
         let (end, ranks) = phase(
@@ -455,17 +462,14 @@ async fn run_job(
             PhaseEnd::Failed { rank, what } => {
                 outcome.failed_rank = Some(rank as u32);
                 logs.say(&format!(
-                    "bucket mounts failed on rank {rank}; setup does not start"
+                    "storage failed on rank {rank}; setup does not start"
                 ));
-                return Ok((
-                    JobStatus::FailedSetup,
-                    Some(format!("bucket mounts on {what}")),
-                ));
+                return Ok((JobStatus::FailedSetup, Some(format!("storage on {what}"))));
             }
             PhaseEnd::Cancelled => {
                 return Ok((
                     JobStatus::Cancelled,
-                    Some("cancelled during bucket mounts".into()),
+                    Some("cancelled during storage".into()),
                 ))
             }
         }

@@ -73,6 +73,10 @@ pub(crate) struct JobSpec {
     /// Bucket `file_mounts`, made on every node by rclone before setup.
     #[serde(default)]
     pub(crate) bucket_mounts: Vec<crate::storage::BucketMount>,
+    /// A bucket checkpoint to restore into every node's checkpoint
+    /// directory before setup.
+    #[serde(default)]
+    pub(crate) restore_bucket: Option<crate::storage::Restore>,
 }
 
 /// Which phase a command belongs to.

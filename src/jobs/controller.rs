@@ -42,6 +42,7 @@ use crate::state::{
     now_ms, ClusterStatus, EndReason, JobRow, JobStatus, Location, LossSeen, LostNode, ManagedJob,
     ManagedState, Market, NewCluster, NodeRow, OwnerLock, Reserved, Store, Watched,
 };
+use crate::storage::checkpoint;
 
 /// How long a zone that lost a node is avoided.
 pub(crate) const BLOCK_TTL: Duration = Duration::from_secs(600);
@@ -203,6 +204,8 @@ enum SyncError {
     Transport(#[from] crate::gang::TransportError),
     #[error("the copy stopped: {0}")]
     Join(#[from] tokio::task::JoinError),
+    #[error(transparent)]
+    Bucket(#[from] checkpoint::CheckpointError),
 }
 
 impl Controller {
@@ -788,6 +791,29 @@ async fn provision_and_submit(sh: &Shared, m: &mut Memo) -> Result<Action, crate
             spec.restart_count = job.restart_count;
             spec.gpus_per_node = row.accelerator_count.ceil() as u32;
             spec.restore_from = mt.storage.is_dir().then(|| mt.storage.clone());
+            if let Some(url) = &mt.storage_url {
+                // The newest complete checkpoint, restored by the nodes.
+                let newest = async {
+                    let bucket = checkpoint::open(url)?;
+                    Ok::<_, checkpoint::CheckpointError>(
+                        checkpoint::complete(&bucket).await?.last().copied(),
+                    )
+                }
+                .await;
+                match newest {
+                    Ok(g) => {
+                        spec.restore_bucket = g.map(|generation| crate::storage::Restore {
+                            url: url.clone(),
+                            generation,
+                        })
+                    }
+                    Err(e) => {
+                        let why = format!("cannot read the checkpoints in {url}: {e}; will retry");
+                        sh.say(&why);
+                        return Ok(Action::Requeue(Duration::from_secs(30)));
+                    }
+                }
+            }
             let secrets = match secrets_of(store, &job, &mt) {
                 Ok(s) => s,
                 Err(why) => {
@@ -1067,7 +1093,11 @@ async fn observe(sh: &Shared, m: &mut Memo) -> Result<Action, crate::Error> {
             .last_sync_at
             .is_none_or(|t| (now_ms() - t) as f64 >= mt.sync_interval_s * 1000.0);
         if due && run.status == JobStatus::Running {
-            if let Ok(t) = sync(&mt, Arc::clone(&nodes), transport).await {
+            if let Some(t) = synced(
+                sh,
+                m.job().id,
+                sync(&mt, Arc::clone(&nodes), transport).await,
+            ) {
                 m.job().last_sync_at = Some(t);
                 m.save(sh, was, "")?;
             }
@@ -1076,10 +1106,16 @@ async fn observe(sh: &Shared, m: &mut Memo) -> Result<Action, crate::Error> {
     }
     // The run ended.
     let detail = run.detail.clone().unwrap_or_default();
+    // Only a run whose ranks all started has a checkpoint of its own: the
+    // directories of one stopped in setup hold at most the restored copy.
+    let ran = run.started_at.is_some();
     if m.job().notice_at.is_some() {
         // It ended because we asked it to checkpoint: keep that.
-        if let Ok(t) = sync(&mt, Arc::clone(&nodes), transport).await {
-            m.job().last_sync_at = Some(t);
+        if ran {
+            let r = sync(&mt, Arc::clone(&nodes), transport).await;
+            if let Some(t) = synced(sh, m.job().id, r) {
+                m.job().last_sync_at = Some(t);
+            }
         }
         if m.job().moving_to.is_some() {
             requeue(sh, m, "checkpointed for the deadline policy's move", false).await?;
@@ -1090,7 +1126,11 @@ async fn observe(sh: &Shared, m: &mut Memo) -> Result<Action, crate::Error> {
     }
     match run.status {
         JobStatus::Succeeded => {
-            if let Ok(t) = sync(&mt, Arc::clone(&nodes), Arc::clone(&transport)).await {
+            if let Some(t) = synced(
+                sh,
+                m.job().id,
+                sync(&mt, Arc::clone(&nodes), Arc::clone(&transport)).await,
+            ) {
                 m.job().last_sync_at = Some(t);
             }
             // A scheduler that signals the ranks itself (Slurm's GraceTime)
@@ -1276,6 +1316,13 @@ async fn lost_node(sh: &Shared, m: &mut Memo, nodes: &[NodeRow]) -> Option<LostN
     })
 }
 
+/// The sync's time, or `None` after saying in the controller's log why
+/// it failed (the previous checkpoint stays the one restored).
+fn synced(sh: &Shared, job: i64, r: Result<i64, SyncError>) -> Option<i64> {
+    r.map_err(|e| sh.say(&format!("job {job}: checkpoint sync failed: {e}")))
+        .ok()
+}
+
 /// Copies every node's checkpoint directory into the kept one, atomically
 /// (a failed copy keeps the previous one), then tells the nodes
 /// (`.gangway-synced` holds the time the copy began: everything written
@@ -1291,6 +1338,30 @@ async fn sync(
         .checkpoint_dir
         .clone()
         .unwrap_or_else(|| gang::DEFAULT_CHECKPOINT_DIR.to_string());
+    if let Some(url) = &mt.storage_url {
+        // The nodes upload to the bucket themselves; this process writes
+        // the manifest that makes the checkpoint complete, and prunes.
+        let started = now_ms();
+        let dirs: Vec<String> = nodes.iter().map(|n| transport.node_path(n, &ck)).collect();
+        let bucket = checkpoint::open(url)?;
+        checkpoint::sync(
+            &bucket,
+            started as u64,
+            mt.keep,
+            &nodes,
+            &dirs,
+            Arc::clone(&transport),
+        )
+        .await?;
+        let stamp = started.to_string();
+        tokio::task::spawn_blocking(move || {
+            for (n, d) in nodes.iter().zip(&dirs) {
+                let _ = transport.write_file(n, &format!("{d}/.gangway-synced"), stamp.as_bytes());
+            }
+        })
+        .await?;
+        return Ok(started);
+    }
     tokio::task::spawn_blocking(move || sync_now(&storage, &ck, &nodes, transport.as_ref())).await?
 }
 

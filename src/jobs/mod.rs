@@ -38,8 +38,16 @@ pub(crate) struct ManagedTask {
     pub(crate) catalog_dir: Option<PathBuf>,
     /// The job itself (workdir and mounts already absolute).
     pub(crate) spec: JobSpec,
-    /// Where checkpoints are kept (a local directory).
+    /// Where checkpoints are kept (a local directory), unless
+    /// `storage_url` names a bucket.
     pub(crate) storage: PathBuf,
+    /// `checkpoint.storage` when it is a bucket (`s3://b/run1`): the nodes
+    /// upload to it and restore from it themselves.
+    #[serde(default)]
+    pub(crate) storage_url: Option<String>,
+    /// `checkpoint.keep`: complete bucket checkpoints kept.
+    #[serde(default = "default_keep")]
+    pub(crate) keep: u32,
     /// `checkpoint.sync_interval`, seconds.
     pub(crate) sync_interval_s: f64,
     /// `checkpoint.signal`, as a number.
@@ -72,6 +80,10 @@ pub(crate) fn signal_number(name: &str) -> i32 {
         "HUP" => libc::SIGHUP,
         _ => libc::SIGTERM,
     }
+}
+
+fn default_keep() -> u32 {
+    crate::spec::Checkpoint::default().keep
 }
 
 #[cfg(test)]

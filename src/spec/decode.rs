@@ -554,13 +554,39 @@ fn checkpoint(cx: &Cx, v: &Node) -> R<Checkpoint> {
     for (key, _k, val) in cx.fields(
         v,
         "checkpoint",
-        &["path", "storage", "sync_interval", "signal", "grace_period"],
+        &[
+            "path",
+            "storage",
+            "sync_interval",
+            "signal",
+            "grace_period",
+            "keep",
+        ],
         "write e.g. checkpoint: {path: /ckpt, storage: s3://bucket/run1, sync_interval: 10m}",
     )? {
         let path = join("checkpoint", key);
         match key {
             "path" => c.path = cx.opt_string(val, &path)?,
-            "storage" => c.storage = cx.opt_string(val, &path)?,
+            "storage" => {
+                c.storage = cx.opt_string(val, &path)?;
+                c.storage_at = (val.pos.line, val.pos.col);
+            }
+            "keep" => {
+                let n = cx.string(val, &path)?;
+                c.keep = match n.parse::<u32>() {
+                    Ok(k) if k >= 1 => k,
+                    _ => {
+                        return Err(cx.err(
+                            val,
+                            &path,
+                            format!(
+                            "keep must be a whole number of checkpoints, at least 1; found '{n}'"
+                        ),
+                            "write e.g. keep: 3 (the newest three stay in the bucket)",
+                        ))
+                    }
+                };
+            }
             "sync_interval" => c.sync_interval_s = duration(cx, val, &path)?,
             "grace_period" => c.grace_s = duration(cx, val, &path)?,
             _ => {

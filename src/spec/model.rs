@@ -395,6 +395,10 @@ pub struct Checkpoint {
     pub path: Option<String>,
     /// Durable storage: a local directory or a bucket URL.
     pub storage: Option<String>,
+    /// Where `storage` is written (line, column), for errors found later.
+    pub storage_at: (usize, usize),
+    /// Complete checkpoints kept in a bucket (older ones are pruned).
+    pub keep: u32,
     /// How often to sync, seconds.
     pub sync_interval_s: u64,
     /// Signal sent on a preemption notice (default `SIGTERM`).
@@ -408,6 +412,8 @@ impl Default for Checkpoint {
         Checkpoint {
             path: None,
             storage: None,
+            storage_at: (0, 0),
+            keep: 3,
             sync_interval_s: 300,
             signal: "SIGTERM".into(),
             grace_s: 60,

@@ -13,7 +13,7 @@ use crate::common::{assert_no_marker_procs, json_doc, parts, root, wait_for, Tes
 
 const DEADLINE: Duration = Duration::from_secs(120);
 
-fn managed(home: &TestHome, id: i64) -> Value {
+pub(crate) fn managed(home: &TestHome, id: i64) -> Value {
     let (code, out, err) = parts(&home.run(["jobs", "queue", "-o", "json"]));
     assert_eq!(code, 0, "{err}");
     json_doc(&out)["jobs"]
@@ -95,13 +95,13 @@ fn steps_per_run(log: &str) -> Vec<(u32, Vec<u32>)> {
     runs
 }
 
-fn spot_train(home: &TestHome) -> String {
+pub(crate) fn spot_train(home: &TestHome) -> String {
     // The example as shipped, with this test's marker.
     let text = std::fs::read_to_string(root().join("examples/spot-train.yaml")).unwrap();
     home.file("spot-train.yaml", &text)
 }
 
-fn check_training(home: &TestHome, id: i64) {
+pub(crate) fn check_training(home: &TestHome, id: i64) {
     let (code, log, err) = parts(&home.run(["jobs", "logs", &id.to_string()]));
     assert_eq!(code, 0, "{err}");
     let runs = steps_per_run(&log);

@@ -11,6 +11,8 @@ use serde::{Deserialize, Serialize};
 use crate::spec::{MountSource, SpecError, Task};
 use crate::Error;
 
+pub(crate) mod checkpoint;
+
 /// How a bucket appears on the node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Mode {
@@ -46,6 +48,27 @@ pub(crate) struct BucketMount {
     pub(crate) remote: String,
     /// How.
     pub(crate) mode: Mode,
+}
+
+/// `url` parsed, its error as the store's kind of error.
+pub(crate) fn bad_url(url: &str) -> Result<BucketUrl, StoreError> {
+    BucketUrl::parse(url).map_err(|e| StoreError::Store {
+        url: BucketUrl {
+            scheme: Scheme::S3,
+            bucket: url.to_string(),
+            prefix: String::new(),
+        },
+        reason: e.to_string(),
+    })
+}
+
+/// A bucket checkpoint to restore on every node before setup.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Restore {
+    /// `checkpoint.storage`.
+    pub(crate) url: String,
+    /// The complete generation to restore.
+    pub(crate) generation: u64,
 }
 
 /// Where a mount came from in the task file, for errors.
@@ -217,6 +240,43 @@ pub(crate) async fn preflight(
     Ok(())
 }
 
+/// Checks `checkpoint.storage` when it is a bucket: a valid URL, the bucket
+/// exists and the user's credentials may list it. Returns the URL as
+/// gangway writes it.
+pub(crate) fn check_checkpoint_bucket(
+    url: &str,
+    file: &Path,
+    at: (usize, usize),
+) -> Result<String, Error> {
+    let file_s = file.display().to_string();
+    let here = Located {
+        file: &file_s,
+        field: "checkpoint.storage".into(),
+        at,
+    };
+    let parsed = BucketUrl::parse(url).map_err(|e| {
+        here.error(
+            e.to_string(),
+            "write s3://BUCKET/PREFIX or gs://BUCKET/PREFIX",
+        )
+    })?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let bucket = Bucket::open(&parsed, &Endpoints::from_env())?;
+        bucket.check().await?;
+        bucket.node_env(checkpoint::REMOTE).await.map(|_| ())
+    })
+    .map_err(|e: StoreError| {
+        here.error(
+            e.to_string(),
+            "checkpoints go to a bucket that exists and that your credentials may list and write",
+        )
+    })?;
+    Ok(parsed.to_string())
+}
+
 /// [`preflight`] from synchronous code.
 pub(crate) fn preflight_now(task: &Task, file: &Path, mounts: &[BucketMount]) -> Result<(), Error> {
     if mounts.is_empty() {
@@ -232,29 +292,35 @@ pub(crate) fn preflight_now(task: &Task, file: &Path, mounts: &[BucketMount]) ->
 /// credentials: made for one run, given to its storage step only.
 pub(crate) async fn node_credentials(
     mounts: &[BucketMount],
+    restore: Option<&Restore>,
 ) -> Result<Vec<(String, String)>, StoreError> {
     let endpoints = Endpoints::from_env();
     let mut env = Vec::new();
+    if let Some(r) = restore {
+        let url = bad_url(&r.url)?;
+        env.extend(
+            Bucket::open(&url, &endpoints)?
+                .node_env(checkpoint::REMOTE)
+                .await?,
+        );
+        env.extend(checkpoint::restore_env(&url, r.generation));
+    }
     for m in mounts {
-        let url = BucketUrl::parse(&m.url).map_err(|e| StoreError::Store {
-            url: BucketUrl {
-                scheme: Scheme::S3,
-                bucket: m.url.clone(),
-                prefix: String::new(),
-            },
-            reason: e.to_string(),
-        })?;
+        let url = bad_url(&m.url)?;
         env.extend(Bucket::open(&url, &endpoints)?.node_env(&m.remote).await?);
     }
     Ok(env)
 }
 
-/// The bash script that makes `mounts` on a node: COPY downloads, MOUNT
-/// and MOUNT_CACHED start `rclone mount` in the background. Each mount's
-/// path on the node comes in `GANGWAY_MOUNT_<i>` (the transport's
-/// spelling of it). Fails naming the mount when rclone or FUSE is missing.
+/// The bash script of a node's storage step: it makes `mounts` (COPY
+/// downloads, MOUNT and MOUNT_CACHED start `rclone mount` in the
+/// background), then restores a bucket checkpoint when `GW_CK_RESTORE` is
+/// set. Each mount's path on the node comes in `GANGWAY_MOUNT_<i>` (the
+/// transport's spelling of it). Fails naming the mount when rclone or FUSE
+/// is missing.
 pub(crate) fn node_script(mounts: &[BucketMount]) -> String {
-    let mut s = String::from(STORAGE_PRELUDE);
+    let mut s = String::from(RCLONE_PRELUDE);
+    s.push_str(MOUNT_FUNCTIONS);
     for (i, m) in mounts.iter().enumerate() {
         let src = {
             let url = BucketUrl::parse(&m.url).expect("checked when resolved");
@@ -280,6 +346,7 @@ pub(crate) fn node_script(mounts: &[BucketMount]) -> String {
         };
         s.push_str(&line);
     }
+    s.push_str(checkpoint::RESTORE);
     s
 }
 
@@ -288,16 +355,19 @@ fn sh(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-/// Shell functions of the storage step.
-const STORAGE_PRELUDE: &str = r#"set -u
+/// What every script that runs rclone on a node starts with.
+pub(crate) const RCLONE_PRELUDE: &str = r#"set -u
 gw_fail() { echo "gangway: $*" >&2; exit 3; }
-command -v rclone >/dev/null 2>&1 || gw_fail "rclone is not installed on this node (needed for bucket file_mounts; install it in the image, e.g. apt-get install rclone)"
+command -v rclone >/dev/null 2>&1 || gw_fail "rclone is not installed on this node (needed for buckets; install it in the image, e.g. apt-get install rclone)"
 # Remotes come from RCLONE_CONFIG_* only: no config file is read or written.
 rclone() { command rclone --config "" "$@"; }
 # rclone's S3 client refuses AWS_CA_BUNDLE; the same CA goes to rclone's
 # own HTTP client instead.
 if [ -n "${AWS_CA_BUNDLE:-}" ]; then export RCLONE_CA_CERT="$AWS_CA_BUNDLE"; unset AWS_CA_BUNDLE; fi
-gw_copy() {
+"#;
+
+/// Shell functions of the storage step's mounts.
+const MOUNT_FUNCTIONS: &str = r#"gw_copy() {
   # One object (s3://b/file.txt) lands at the path; a prefix fills it.
   if rclone lsjson --stat "$1" 2>/dev/null | grep -q '"IsDir": *false'; then
     mkdir -p "$(dirname "$2")" || gw_fail "$3: cannot make $(dirname "$2")"
