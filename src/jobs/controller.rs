@@ -794,7 +794,7 @@ async fn provision_and_submit(sh: &Shared, m: &mut Memo) -> Result<Action, crate
             if let Some(url) = &mt.storage_url {
                 // The newest complete checkpoint, restored by the nodes.
                 let newest = async {
-                    let bucket = checkpoint::open(url)?;
+                    let bucket = checkpoint::open(url).await?;
                     Ok::<_, checkpoint::CheckpointError>(
                         checkpoint::complete(&bucket).await?.last().copied(),
                     )
@@ -1343,7 +1343,7 @@ async fn sync(
         // the manifest that makes the checkpoint complete, and prunes.
         let started = now_ms();
         let dirs: Vec<String> = nodes.iter().map(|n| transport.node_path(n, &ck)).collect();
-        let bucket = checkpoint::open(url)?;
+        let bucket = checkpoint::open(url).await?;
         checkpoint::sync(
             &bucket,
             started as u64,

@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use gangway_provider::{NodeCommand, NodeRow, Transport};
-use gangway_store::{Bucket, BucketUrl, Endpoints, StoreError};
+use gangway_store::{Bucket, BucketUrl, StoreError};
 
 /// The rclone remote the checkpoint scripts use.
 pub(crate) const REMOTE: &str = "gwck";
@@ -44,8 +44,8 @@ pub(crate) enum CheckpointError {
 }
 
 /// The bucket of `url`, opened with the user's credentials.
-pub(crate) fn open(url: &str) -> Result<Bucket, CheckpointError> {
-    Ok(Bucket::open(&super::bad_url(url)?, &Endpoints::from_env())?)
+pub(crate) async fn open(url: &str) -> Result<Bucket, CheckpointError> {
+    Ok(super::user_bucket(&super::bad_url(url)?).await?)
 }
 
 /// The complete generations, oldest first.
@@ -78,7 +78,7 @@ pub(crate) async fn sync(
     transport: Arc<dyn Transport>,
 ) -> Result<usize, CheckpointError> {
     let prev = complete(bucket).await?.last().copied();
-    let creds = bucket.node_env(REMOTE).await?;
+    let creds = super::node_env(bucket.url(), REMOTE).await?;
     let base = bucket.url().rclone_path(REMOTE);
     let mut runs = Vec::new();
     for (rank, node) in nodes.iter().enumerate() {

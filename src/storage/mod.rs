@@ -50,6 +50,54 @@ pub(crate) struct BucketMount {
     pub(crate) mode: Mode,
 }
 
+/// A client for `url` with the user's own credentials: for S3 those of
+/// the AWS SDK's chain (environment, profiles, SSO, instance role) when
+/// this build has AWS, else the environment's.
+pub(crate) async fn user_bucket(url: &BucketUrl) -> Result<Bucket, StoreError> {
+    let endpoints = Endpoints::from_env();
+    #[cfg(feature = "aws")]
+    if url.scheme == Scheme::S3 {
+        let c = gangway_aws::user_credentials()
+            .await
+            .map_err(|reason| StoreError::NoCredentials {
+                url: url.clone(),
+                reason,
+            })?;
+        return Bucket::open_as(&url.clone(), &endpoints, Some(&keys(c)));
+    }
+    Bucket::open(url, &endpoints)
+}
+
+/// rclone's settings for `remote` reaching `url` from a node, with
+/// credentials fit to leave this machine: temporary AWS credentials (a
+/// 12-hour STS session when the user's are long-lived keys), a GCP OAuth
+/// access token. Made fresh for every use, so they are renewed each time.
+pub(crate) async fn node_env(url: &BucketUrl, remote: &str) -> Result<Vec<(String, String)>, StoreError> {
+    let endpoints = Endpoints::from_env();
+    #[cfg(feature = "aws")]
+    if url.scheme == Scheme::S3 {
+        let c = gangway_aws::node_credentials()
+            .await
+            .map_err(|reason| StoreError::NoCredentials {
+                url: url.clone(),
+                reason,
+            })?;
+        return Bucket::open_as(url, &endpoints, Some(&keys(c)))?
+            .node_env(remote)
+            .await;
+    }
+    Bucket::open(url, &endpoints)?.node_env(remote).await
+}
+
+#[cfg(feature = "aws")]
+fn keys(c: gangway_aws::StorageCredentials) -> gangway_store::S3Keys {
+    gangway_store::S3Keys {
+        key_id: c.key_id,
+        secret: c.secret,
+        token: c.token,
+    }
+}
+
 /// `url` parsed, its error as the store's kind of error.
 pub(crate) fn bad_url(url: &str) -> Result<BucketUrl, StoreError> {
     BucketUrl::parse(url).map_err(|e| StoreError::Store {
@@ -229,13 +277,13 @@ pub(crate) async fn preflight(
             };
             here.error(e.to_string(), hint)
         };
-        let bucket = Bucket::open(&url, &endpoints).map_err(fail)?;
+        let bucket = user_bucket(&url).await.map_err(fail)?;
         let is_object = m.mode == Mode::Copy && bucket.is_object().await.map_err(fail)?;
         if !is_object {
             bucket.check().await.map_err(fail)?;
         }
-        // Credentials must exist now, not first on the nodes.
-        bucket.node_env(&m.remote).await.map_err(fail)?;
+        // Credentials for the nodes must be had now, not first there.
+        node_env(&url, &m.remote).await.map_err(fail)?;
     }
     Ok(())
 }
@@ -264,9 +312,8 @@ pub(crate) fn check_checkpoint_bucket(
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let bucket = Bucket::open(&parsed, &Endpoints::from_env())?;
-        bucket.check().await?;
-        bucket.node_env(checkpoint::REMOTE).await.map(|_| ())
+        user_bucket(&parsed).await?.check().await?;
+        node_env(&parsed, checkpoint::REMOTE).await.map(|_| ())
     })
     .map_err(|e: StoreError| {
         here.error(
@@ -294,7 +341,6 @@ pub(crate) async fn node_credentials(
     mounts: &[BucketMount],
     restore: Option<&Restore>,
 ) -> Result<Vec<(String, String)>, StoreError> {
-    let endpoints = Endpoints::from_env();
     let mut env = Vec::new();
     if let Some(r) = restore {
         let url = bad_url(&r.url)?;
@@ -307,7 +353,7 @@ pub(crate) async fn node_credentials(
     }
     for m in mounts {
         let url = bad_url(&m.url)?;
-        env.extend(Bucket::open(&url, &endpoints)?.node_env(&m.remote).await?);
+        env.extend(node_env(&url, &m.remote).await?);
     }
     Ok(env)
 }

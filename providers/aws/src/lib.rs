@@ -1812,3 +1812,76 @@ mod tests {
         assert!(a.resource_name(&c).starts_with("gangway-train-"));
     }
 }
+
+/// AWS credentials as a bucket client or a node's rclone takes them.
+#[derive(Clone)]
+pub struct StorageCredentials {
+    /// `AWS_ACCESS_KEY_ID`.
+    pub key_id: String,
+    /// `AWS_SECRET_ACCESS_KEY`.
+    pub secret: String,
+    /// `AWS_SESSION_TOKEN`: set for temporary credentials.
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for StorageCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StorageCredentials")
+            .field("key_id", &self.key_id)
+            .field("temporary", &self.token.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The user's credentials from the SDK's standard chain (environment,
+/// profiles, SSO, instance role), as they are.
+pub async fn user_credentials() -> std::result::Result<StorageCredentials, String> {
+    use aws_credential_types::provider::ProvideCredentials;
+    let conf = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .load()
+        .await;
+    let provider = conf
+        .credentials_provider()
+        .ok_or("no AWS credentials provider (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE)")?;
+    let c = provider
+        .provide_credentials()
+        .await
+        .map_err(|e| format!("no AWS credentials: {e}"))?;
+    Ok(StorageCredentials {
+        key_id: c.access_key_id().to_string(),
+        secret: c.secret_access_key().to_string(),
+        token: c.session_token().map(str::to_string),
+    })
+}
+
+/// Credentials to hand to a node: temporary ones only. Temporary user
+/// credentials (SSO, an assumed role, an instance role) are passed on as
+/// they are; long-lived keys are exchanged for a 12-hour STS session
+/// (GetSessionToken), so they never leave this machine.
+pub async fn node_credentials() -> std::result::Result<StorageCredentials, String> {
+    let user = user_credentials().await?;
+    if user.token.is_some() {
+        return Ok(user);
+    }
+    let conf = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .load()
+        .await;
+    let sts = aws_sdk_sts::Client::new(&conf);
+    let out = sts
+        .get_session_token()
+        .duration_seconds(12 * 3600)
+        .send()
+        .await
+        .map_err(|e| {
+            let region = conf.region().map_or("us-east-1".into(), |r| r.to_string());
+            from_sdk(e, &region, "GetSessionToken").message
+        })?;
+    let c = out
+        .credentials()
+        .ok_or("STS GetSessionToken returned no credentials")?;
+    Ok(StorageCredentials {
+        key_id: c.access_key_id().to_string(),
+        secret: c.secret_access_key().to_string(),
+        token: Some(c.session_token().to_string()),
+    })
+}

@@ -112,6 +112,17 @@ impl StoreError {
     }
 }
 
+/// S3 keys given explicitly, instead of the environment's.
+#[derive(Clone)]
+pub struct S3Keys {
+    /// Access key id.
+    pub key_id: String,
+    /// Secret access key.
+    pub secret: String,
+    /// Session token of temporary credentials.
+    pub token: Option<String>,
+}
+
 /// One object under a bucket URL.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Object {
@@ -153,8 +164,18 @@ impl Bucket {
     /// A client for `url` with the user's own credentials (the standard
     /// environment variables and files of each store). Makes no request.
     pub fn open(url: &BucketUrl, endpoints: &Endpoints) -> Result<Bucket, StoreError> {
+        Bucket::open_as(url, endpoints, None)
+    }
+
+    /// The same, with `keys` for S3 instead of the environment's (ignored
+    /// for other stores).
+    pub fn open_as(
+        url: &BucketUrl,
+        endpoints: &Endpoints,
+        keys: Option<&S3Keys>,
+    ) -> Result<Bucket, StoreError> {
         let built = match url.scheme {
-            Scheme::S3 => open_s3(url, endpoints),
+            Scheme::S3 => open_s3(url, endpoints, keys),
             Scheme::Gcs => open_gcs(url, endpoints),
         }?;
         Ok(Bucket {
@@ -345,9 +366,17 @@ fn relative(base: &ObjectPath, location: &ObjectPath) -> String {
 type Built = (Arc<dyn ObjectStore>, Creds);
 
 #[cfg(feature = "s3")]
-fn open_s3(url: &BucketUrl, ep: &Endpoints) -> Result<Built, StoreError> {
+fn open_s3(url: &BucketUrl, ep: &Endpoints, keys: Option<&S3Keys>) -> Result<Built, StoreError> {
     use object_store::aws::AmazonS3Builder;
     let mut b = AmazonS3Builder::from_env().with_bucket_name(&url.bucket);
+    if let Some(k) = keys {
+        b = b
+            .with_access_key_id(&k.key_id)
+            .with_secret_access_key(&k.secret);
+        if let Some(t) = &k.token {
+            b = b.with_token(t);
+        }
+    }
     if let Some(r) = &ep.s3_region {
         b = b.with_region(r);
     }
@@ -366,7 +395,7 @@ fn open_s3(url: &BucketUrl, ep: &Endpoints) -> Result<Built, StoreError> {
 }
 
 #[cfg(not(feature = "s3"))]
-fn open_s3(url: &BucketUrl, _: &Endpoints) -> Result<Built, StoreError> {
+fn open_s3(url: &BucketUrl, _: &Endpoints, _: Option<&S3Keys>) -> Result<Built, StoreError> {
     Err(StoreError::NotBuilt {
         url: url.clone(),
         store: "S3",
