@@ -4,7 +4,11 @@
 # (default 2), alternating, for moto's S3 and for fake-gcs-server; and the
 # front's peak memory (VmHWM), which stays flat because bodies stream.
 #
-#   tests/emulators/storage/bench_front.sh [SIZE_MB] [RUNS]
+#   tests/emulators/storage/bench_front.sh [SIZE_MB] [RUNS]     # STORES="s3 gcs" by default
+#
+# Besides wall-clock times (noisy on a shared 2-core machine: the load
+# average is printed) it reports the CPU seconds the front's process spent
+# per GiB moved, which the machine's load does not change much.
 #
 # Uses target/ec2-venv and target/gcs-venv (or GANGWAY_TEST_S3_PYTHON,
 # GANGWAY_TEST_GCS_PYTHON). Loopback only; everything it starts stops at exit.
@@ -64,16 +68,20 @@ print(f"{store}: direct {d:.2f} s (runs {', '.join(f'{x:.2f}' for x in direct)})
       f"through the front {f:.2f} s (runs {', '.join(f'{x:.2f}' for x in front)}): {100 * (f - d) / d:+.1f} %")
 PY
 }
-hwm() { awk '/VmHWM/{print $2/1024 " MiB"}' "/proc/$1/status"; }
+hwm() { awk '/VmHWM/{printf "%.0f MiB\n", $2/1024}' "/proc/$1/status"; }
+cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; } # clock ticks, user + system
+stores="${STORES:-s3 gcs}"
 
 echo "bench: one ${size_mb} MiB file with $(rclone version | head -1), $runs runs each"
 
+if [[ " $stores " == *" s3 "* ]]; then
 # S3: the front's upstream is moto itself.
 start "$s3_py" "$root/tests/emulators/s3/server.py"
 s3_front="$url" s3_pid="$pid"
 s3_direct="$(curl -s "$s3_front/_gangway/health" | python3 -c 'import json,sys; print(json.load(sys.stdin)["upstream"])')"
 curl -s -X PUT "$s3_direct/bench" >/dev/null
 d=() f=()
+c0=$(cpu "$s3_pid")
 for _ in $(seq "$runs"); do
   # --s3-no-head: after a multipart upload rclone HEADs ?versionId=null,
   # which moto refuses (the front maps it; direct it would fail the copy).
@@ -81,8 +89,10 @@ for _ in $(seq "$runs"); do
   f+=("$(timed s3_env "$s3_front" front --s3-no-head)")
 done
 report s3 "${d[@]}" -- "${f[@]}"
-echo "s3: the front's peak memory: $(hwm "$s3_pid")"
+echo "s3: the front's CPU: $(awk -v t="$(( $(cpu "$s3_pid") - c0 ))" -v hz="$(getconf CLK_TCK)" -v gib="$(( runs * size_mb ))" 'BEGIN { printf "%.2f s per GiB", t / hz / (gib / 1024) }'); peak memory $(hwm "$s3_pid"); load average $(cut -d' ' -f1-3 /proc/loadavg)"
+fi
 
+if [[ " $stores " == *" gcs "* ]]; then
 # GCS: a second fake-gcs-server of its own (its resumable uploads point back
 # at itself), against the emulator with its front.
 start "$gcs_py" "$root/tests/emulators/gcs/server.py"
@@ -98,9 +108,11 @@ for u in "$gcs_direct" "$gcs_front"; do
   curl -s -X POST "$u/storage/v1/b?project=test" -H 'Content-Type: application/json' -d '{"name":"bench"}' >/dev/null
 done
 d=() f=()
+c0=$(cpu "$gcs_pid")
 for _ in $(seq "$runs"); do
   d+=("$(timed gcs_env "$gcs_direct" direct)")
   f+=("$(timed gcs_env "$gcs_front" front)")
 done
 report gcs "${d[@]}" -- "${f[@]}"
-echo "gcs: the front's peak memory: $(hwm "$gcs_pid")"
+echo "gcs: the front's CPU: $(awk -v t="$(( $(cpu "$gcs_pid") - c0 ))" -v hz="$(getconf CLK_TCK)" -v gib="$(( runs * size_mb ))" 'BEGIN { printf "%.2f s per GiB", t / hz / (gib / 1024) }'); peak memory $(hwm "$gcs_pid"); load average $(cut -d' ' -f1-3 /proc/loadavg)"
+fi
