@@ -314,16 +314,19 @@ class Handler(BaseHTTPRequestHandler):
         return "length", n
 
     def body_pieces(self):
-        """The request body, streamed in pieces (chunked decoded)."""
+        """The request body, streamed in pieces of up to 1 MiB (chunked
+        decoded). A piece is a view of one reused buffer: valid until the
+        next one is asked for (copy it to keep it)."""
         kind, n = self.body_framing()
+        buf = memoryview(bytearray(PIECE))
         if kind == "length":
             left = n
             while left > 0:
-                piece = self.rfile.read1(min(left, PIECE))
-                if not piece:
+                got = self.rfile.readinto(buf[: min(left, PIECE)])
+                if not got:
                     raise ClientGone(f"closed with {left} of {n} body bytes unsent")
-                left -= len(piece)
-                yield piece
+                left -= got
+                yield buf[:got]
         elif kind == "chunked":
             while True:
                 line = self.rfile.readline(1024)
@@ -337,11 +340,11 @@ class Handler(BaseHTTPRequestHandler):
                     return
                 left = size
                 while left > 0:
-                    piece = self.rfile.read1(min(left, PIECE))
-                    if not piece:
+                    got = self.rfile.readinto(buf[: min(left, PIECE)])
+                    if not got:
                         raise ClientGone("closed inside a chunk")
-                    left -= len(piece)
-                    yield piece
+                    left -= got
+                    yield buf[:got]
                 if self.rfile.readline(3) not in (b"\r\n", b"\n"):
                     raise ClientGone("chunk not followed by CRLF")
 
@@ -536,7 +539,7 @@ class Handler(BaseHTTPRequestHandler):
         route = (self.command, url.path.rstrip("/"))
         server = self.server
         try:
-            raw = b"".join(self.body_pieces())
+            raw = b"".join(bytes(p) for p in self.body_pieces())
             if route == ("GET", "/_gangway/health"):
                 return self.reply(200, {"ok": True, "flavor": server.flavor,
                                         "upstream": "http://%s:%d" % server.upstream})
