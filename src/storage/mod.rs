@@ -57,12 +57,13 @@ pub(crate) async fn user_bucket(url: &BucketUrl) -> Result<Bucket, StoreError> {
     let endpoints = Endpoints::from_env();
     #[cfg(feature = "aws")]
     if url.scheme == Scheme::S3 {
-        let c = gangway_aws::user_credentials()
-            .await
-            .map_err(|reason| StoreError::NoCredentials {
-                url: url.clone(),
-                reason,
-            })?;
+        let c =
+            gangway_aws::user_credentials()
+                .await
+                .map_err(|reason| StoreError::NoCredentials {
+                    url: url.clone(),
+                    reason,
+                })?;
         return Bucket::open_as(&url.clone(), &endpoints, Some(&keys(c)));
     }
     Bucket::open(url, &endpoints)
@@ -72,16 +73,20 @@ pub(crate) async fn user_bucket(url: &BucketUrl) -> Result<Bucket, StoreError> {
 /// credentials fit to leave this machine: temporary AWS credentials (a
 /// 12-hour STS session when the user's are long-lived keys), a GCP OAuth
 /// access token. Made fresh for every use, so they are renewed each time.
-pub(crate) async fn node_env(url: &BucketUrl, remote: &str) -> Result<Vec<(String, String)>, StoreError> {
+pub(crate) async fn node_env(
+    url: &BucketUrl,
+    remote: &str,
+) -> Result<Vec<(String, String)>, StoreError> {
     let endpoints = Endpoints::from_env();
     #[cfg(feature = "aws")]
     if url.scheme == Scheme::S3 {
-        let c = gangway_aws::node_credentials()
-            .await
-            .map_err(|reason| StoreError::NoCredentials {
-                url: url.clone(),
-                reason,
-            })?;
+        let c =
+            gangway_aws::node_credentials()
+                .await
+                .map_err(|reason| StoreError::NoCredentials {
+                    url: url.clone(),
+                    reason,
+                })?;
         return Bucket::open_as(url, &endpoints, Some(&keys(c)))?
             .node_env(remote)
             .await;
@@ -253,7 +258,6 @@ pub(crate) async fn preflight(
     file: &Path,
     mounts: &[BucketMount],
 ) -> Result<(), Error> {
-    let endpoints = Endpoints::from_env();
     let file_s = file.display().to_string();
     for m in mounts {
         let at = task
@@ -336,7 +340,8 @@ pub(crate) fn preflight_now(task: &Task, file: &Path, mounts: &[BucketMount]) ->
 }
 
 /// rclone's settings for every mount's bucket, with the user's current
-/// credentials: made for one run, given to its storage step only.
+/// credentials (see [`node_env`]): made for one run, given to its storage
+/// step only.
 pub(crate) async fn node_credentials(
     mounts: &[BucketMount],
     restore: Option<&Restore>,
@@ -344,11 +349,7 @@ pub(crate) async fn node_credentials(
     let mut env = Vec::new();
     if let Some(r) = restore {
         let url = bad_url(&r.url)?;
-        env.extend(
-            Bucket::open(&url, &endpoints)?
-                .node_env(checkpoint::REMOTE)
-                .await?,
-        );
+        env.extend(node_env(&url, checkpoint::REMOTE).await?);
         env.extend(checkpoint::restore_env(&url, r.generation));
     }
     for m in mounts {

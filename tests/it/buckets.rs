@@ -17,7 +17,14 @@ fn run(emu: &StoreEmulator, home: &TestHome, args: &[&str]) -> Output {
     // rclone 1.60's S3 client refuses any AWS_CA_BUNDLE; the storage step
     // passes it on as RCLONE_CA_CERT, which a plain-HTTP emulator ignores.
     match emu.store {
+        // STS (for the nodes' session credentials) is the EC2 emulator's
+        // moto; S3 is the store emulator.
         Store::S3 => c
+            .envs(
+                crate::ec2_emulator::Ec2Emulator::shared()
+                    .expect("S3 tests run with the EC2 emulator")
+                    .env(),
+            )
             .env("GANGWAY_S3_ENDPOINT", &emu.endpoint)
             .env("AWS_ACCESS_KEY_ID", S3_KEY)
             .env("AWS_SECRET_ACCESS_KEY", S3_KEY)
@@ -158,7 +165,10 @@ fn a_missing_bucket_stops_the_launch_before_provisioning(emu: &StoreEmulator) {
 
 #[test]
 fn s3_copy_and_mount_reach_every_rank_and_down_keeps_the_bucket() {
-    let Some(emu) = StoreEmulator::s3() else {
+    let (Some(emu), Some(_)) = (
+        StoreEmulator::s3(),
+        crate::ec2_emulator::Ec2Emulator::shared(),
+    ) else {
         return;
     };
     copy_and_mount_reach_every_rank(emu);
@@ -174,7 +184,10 @@ fn gcs_copy_and_mount_reach_every_rank_and_down_keeps_the_bucket() {
 
 #[test]
 fn a_missing_s3_bucket_is_exit_2_naming_the_line_before_anything_starts() {
-    let Some(emu) = StoreEmulator::s3() else {
+    let (Some(emu), Some(_)) = (
+        StoreEmulator::s3(),
+        crate::ec2_emulator::Ec2Emulator::shared(),
+    ) else {
         return;
     };
     a_missing_bucket_stops_the_launch_before_provisioning(emu);
@@ -291,7 +304,10 @@ fn a_managed_job_resumes_from_its_bucket_checkpoint(emu: &StoreEmulator) {
 
 #[test]
 fn a_managed_job_resumes_from_its_s3_checkpoint_with_the_exact_step_count() {
-    let Some(emu) = StoreEmulator::s3() else {
+    let (Some(emu), Some(_)) = (
+        StoreEmulator::s3(),
+        crate::ec2_emulator::Ec2Emulator::shared(),
+    ) else {
         return;
     };
     a_managed_job_resumes_from_its_bucket_checkpoint(emu);

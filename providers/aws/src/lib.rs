@@ -1840,9 +1840,9 @@ pub async fn user_credentials() -> std::result::Result<StorageCredentials, Strin
     let conf = aws_config::defaults(aws_config::BehaviorVersion::latest())
         .load()
         .await;
-    let provider = conf
-        .credentials_provider()
-        .ok_or("no AWS credentials provider (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE)")?;
+    let provider = conf.credentials_provider().ok_or(
+        "no AWS credentials provider (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE)",
+    )?;
     let c = provider
         .provide_credentials()
         .await
