@@ -521,6 +521,58 @@ pub(crate) fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// Unmounts every path listed in `list` (one per line) that is still a
+/// mount point; fails naming one that stays mounted.
+fn unmount_listed(list: &Path) -> io::Result<()> {
+    let Ok(text) = fs::read_to_string(list) else {
+        return Ok(());
+    };
+    for path in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let path = Path::new(path);
+        if !is_mount_point(path) {
+            continue;
+        }
+        for (tool, args) in [
+            ("fusermount3", &["-u", "-z"][..]),
+            ("fusermount", &["-u", "-z"][..]),
+            ("umount", &[][..]),
+        ] {
+            let done = std::process::Command::new(tool)
+                .args(args)
+                .arg(path)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if done {
+                break;
+            }
+        }
+        if is_mount_point(path) {
+            return Err(io::Error::other(format!(
+                "{} is still a bucket mount; unmount it (fusermount -u {0}) before the node's directory can be removed",
+                path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `path` is on another filesystem than its parent (a mount
+/// point). A mount whose daemon died cannot be stat'ed: that counts too.
+fn is_mount_point(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Some(parent) = path.parent() else {
+        return false;
+    };
+    match (fs::symlink_metadata(path), fs::metadata(parent)) {
+        (Ok(p), Ok(q)) => p.dev() != q.dev(),
+        (Err(e), Ok(_)) => e.kind() != io::ErrorKind::NotFound,
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -609,57 +661,5 @@ mod tests {
         assert!(v.get("ports").is_none());
         assert_eq!(v["state"], "stopped");
         assert_eq!(serde_json::from_value::<Record>(v).unwrap(), r);
-    }
-}
-
-/// Unmounts every path listed in `list` (one per line) that is still a
-/// mount point; fails naming one that stays mounted.
-fn unmount_listed(list: &Path) -> io::Result<()> {
-    let Ok(text) = fs::read_to_string(list) else {
-        return Ok(());
-    };
-    for path in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        let path = Path::new(path);
-        if !is_mount_point(path) {
-            continue;
-        }
-        for (tool, args) in [
-            ("fusermount3", &["-u", "-z"][..]),
-            ("fusermount", &["-u", "-z"][..]),
-            ("umount", &[][..]),
-        ] {
-            let done = std::process::Command::new(tool)
-                .args(args)
-                .arg(path)
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            if done {
-                break;
-            }
-        }
-        if is_mount_point(path) {
-            return Err(io::Error::other(format!(
-                "{} is still a bucket mount; unmount it (fusermount -u {0}) before the node's directory can be removed",
-                path.display()
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Whether `path` is on another filesystem than its parent (a mount
-/// point). A mount whose daemon died cannot be stat'ed: that counts too.
-fn is_mount_point(path: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    let Some(parent) = path.parent() else {
-        return false;
-    };
-    match (fs::symlink_metadata(path), fs::metadata(parent)) {
-        (Ok(p), Ok(q)) => p.dev() != q.dev(),
-        (Err(e), Ok(_)) => e.kind() != io::ErrorKind::NotFound,
-        _ => false,
     }
 }
