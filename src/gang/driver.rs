@@ -431,7 +431,9 @@ async fn run_job(
             }
         }
     }
-    if !spec.bucket_mounts.is_empty() || spec.restore_bucket.is_some() {
+    // Before the run, on every node: the storage step (bucket mounts, a
+    // checkpoint to restore), then setup; either failing stops the job.
+    let storage = (!spec.bucket_mounts.is_empty() || spec.restore_bucket.is_some()).then(|| {
         let mut what: Vec<String> = spec
             .bucket_mounts
             .iter()
@@ -440,14 +442,26 @@ async fn run_job(
         if let Some(r) = &spec.restore_bucket {
             what.push(format!("checkpoint {} of {}", r.generation, r.url));
         }
-        logs.say(&format!(
-            "storage on {} node(s): {}",
-            nodes.len(),
-            what.join(", ")
-        ));
-        let script = crate::storage::node_script(&spec.bucket_mounts);
+        (
+            crate::storage::node_script(&spec.bucket_mounts),
+            format!("storage on {} node(s): {}", nodes.len(), what.join(", ")),
+        )
+    });
+    let setup = spec
+        .setup
+        .as_deref()
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| (s.to_string(), format!("setup on {} node(s)", nodes.len())));
+    for (which, step, name, stops) in [
+        (Phase::Storage, storage, "storage", "setup does not start"),
+        (Phase::Setup, setup, "setup", "the run does not start"),
+    ] {
+        let Some((script, starting)) = step else {
+            continue;
+        };
+        logs.say(&starting);
         let (end, ranks) = phase(
-            Phase::Storage,
+            which,
             &script,
             &info,
             transport.as_ref(),
@@ -461,46 +475,14 @@ async fn run_job(
             PhaseEnd::Ok => {}
             PhaseEnd::Failed { rank, what } => {
                 outcome.failed_rank = Some(rank as u32);
-                logs.say(&format!(
-                    "storage failed on rank {rank}; setup does not start"
-                ));
-                return Ok((JobStatus::FailedSetup, Some(format!("storage on {what}"))));
+                logs.say(&format!("{name} failed on rank {rank}; {stops}"));
+                return Ok((JobStatus::FailedSetup, Some(format!("{name} on {what}"))));
             }
             PhaseEnd::Cancelled => {
                 return Ok((
                     JobStatus::Cancelled,
-                    Some("cancelled during storage".into()),
+                    Some(format!("cancelled during {name}")),
                 ))
-            }
-        }
-    }
-    if let Some(setup) = spec.setup.as_deref().filter(|s| !s.trim().is_empty()) {
-        logs.say(&format!("setup on {} node(s)", nodes.len()));
-        let (end, ranks) = phase(
-            Phase::Setup,
-            setup,
-            &info,
-            transport.as_ref(),
-            store,
-            logs,
-            cancel,
-        )
-        .await?;
-        outcome.ranks = ranks;
-        match end {
-            PhaseEnd::Ok => {}
-            PhaseEnd::Failed { rank, what } => {
-                outcome.failed_rank = Some(rank as u32);
-                return Ok((JobStatus::FailedSetup, Some(format!("setup on {what}")))).inspect(
-                    |_| {
-                        logs.say(&format!(
-                            "setup failed on rank {rank}; the run does not start"
-                        ))
-                    },
-                );
-            }
-            PhaseEnd::Cancelled => {
-                return Ok((JobStatus::Cancelled, Some("cancelled during setup".into())))
             }
         }
     }

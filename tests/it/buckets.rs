@@ -328,3 +328,136 @@ fn unescaped(path: &str) -> String {
         .replace("%2D", "-")
         .replace("%2d", "-")
 }
+
+/// The complete generations under `prefix` (their `manifests/<G>.json`).
+fn complete_generations(emu: &StoreEmulator, bucket: &str, prefix: &str) -> Vec<u64> {
+    let mut g: Vec<u64> = emu
+        .list(bucket, &format!("{prefix}/manifests/"))
+        .into_iter()
+        .filter_map(|l| {
+            l.key
+                .strip_prefix(&format!("{prefix}/manifests/"))?
+                .strip_suffix(".json")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    g.sort_unstable();
+    g
+}
+
+/// Uploads cut off by the network never become a checkpoint: while every
+/// checkpoint upload is dropped, no generation completes and no rank
+/// writes its manifest; the recovery after a preemption restores the last
+/// complete checkpoint, to the step.
+#[test]
+fn a_killed_checkpoint_upload_never_becomes_the_checkpoint_that_is_restored() {
+    let (Some(emu), Some(_)) = (
+        StoreEmulator::s3(),
+        crate::ec2_emulator::Ec2Emulator::shared(),
+    ) else {
+        return;
+    };
+    let home = TestHome::new();
+    let bucket = format!("gw-{}-kill", home.marker.to_ascii_lowercase());
+    emu.create_bucket(&bucket);
+    let task = home.file(
+        "kill.yaml",
+        &format!(
+            "resources:\n  infra: local\n  use_spot: true\nenvs:\n  GW_TEST_MARKER: {m}\n\
+             checkpoint:\n  storage: s3://{bucket}/k\n  sync_interval: 1\n\
+             config:\n  local:\n    preemptions:\n      - {{after_s: 14}}\n\
+             run: |\n  ck=\"$GANGWAY_CHECKPOINT_DIR/step\"\n  step=0\n  [ -f \"$ck\" ] && step=$(cat \"$ck\")\n\
+             \x20 echo \"resuming at step $step\"\n\
+             \x20 while [ $step -lt 100 ]; do step=$((step+1)); echo $step > \"$ck\"; sleep 0.2; done\n\
+             \x20 echo done-at-$step\n",
+            m = home.marker
+        ),
+    );
+    let (code, out, err) = parts(&run(emu, &home, &["jobs", "launch", &task, "-d"]));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    crate::common::wait_for(
+        "a first complete checkpoint",
+        crate::common::DEADLINE,
+        || match complete_generations(emu, &bucket, "k").len() {
+            0 => Err("none yet".to_string()),
+            _ => Ok(()),
+        },
+    );
+    // From now on every checkpoint file upload is cut off before its body.
+    let rule = emu.fault(&serde_json::json!({
+        "method": "PUT", "path_contains": [bucket.as_str(), "/gen-"],
+        "action": "drop", "after_bytes": 0, "times": -1,
+    }));
+    // A sync already past its uploads may still complete: let it.
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let kept = *complete_generations(emu, &bucket, "k").last().unwrap();
+    let key = {
+        let manifest = emu
+            .get_object(&bucket, &format!("k/manifests/{kept}/rank-0.tsv"))
+            .expect("the kept generation's manifest");
+        let text = String::from_utf8(manifest).unwrap();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("step\t"))
+            .expect("step in the manifest");
+        line.split('\t').nth(3).unwrap().to_string()
+    };
+    let kept_step: u32 = String::from_utf8(emu.get_object(&bucket, &format!("k/{key}")).unwrap())
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // The preemption (no notice) comes; the recovery starts from `kept`.
+    let log = || parts(&home.run(["jobs", "logs", "1"])).1;
+    crate::common::wait_for("the recovered run", crate::common::DEADLINE, || {
+        let l = log();
+        if l.matches("resuming at step").count() >= 2 {
+            Ok(())
+        } else {
+            Err(l)
+        }
+    });
+    assert!(emu.fired(rule) > 0, "the fault cut uploads off");
+    assert_eq!(
+        *complete_generations(emu, &bucket, "k").last().unwrap(),
+        kept,
+        "a generation completed while every upload was cut off"
+    );
+    // The cut-off generations wrote no manifest either.
+    let rank_manifests: Vec<String> = emu
+        .list(&bucket, "k/manifests/")
+        .into_iter()
+        .map(|l| l.key)
+        .filter(|k| k.ends_with("/rank-0.tsv"))
+        .collect();
+    for m in &rank_manifests {
+        let g: u64 = m.split('/').nth(2).unwrap().parse().unwrap();
+        assert!(g <= kept, "a rank manifest of a cut-off generation: {m}");
+    }
+    let l = log();
+    let resumed: Vec<u32> = l
+        .lines()
+        .filter_map(|x| x.split("resuming at step ").nth(1)?.trim().parse().ok())
+        .collect();
+    assert_eq!(
+        resumed[1], kept_step,
+        "restored the last complete checkpoint:\n{l}"
+    );
+    emu.remove_fault(rule);
+    let j = crate::jobs::managed(&home, 1);
+    let j = if j["state"] == "SUCCEEDED" {
+        j
+    } else {
+        crate::common::wait_for("the job to end", crate::common::DEADLINE, || {
+            let j = crate::jobs::managed(&home, 1);
+            match j["state"].as_str() {
+                Some("SUCCEEDED" | "FAILED" | "CANCELLED") => Ok(j),
+                _ => Err(j.to_string()),
+            }
+        })
+    };
+    assert_eq!(j["state"], "SUCCEEDED", "{j}");
+    assert!(log().contains("done-at-100"));
+    assert_no_marker_procs(&home.marker, "the managed job ended");
+}
