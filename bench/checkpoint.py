@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""A bucket checkpoint, end to end, against a plain `rclone copy` of the
+same data to the same emulator in the same run.
+
+Usage: python3 bench/checkpoint.py [path/to/gangway]   (default target/release/gangway)
+
+For each store (STORES, default "s3 gcs") and each data set:
+  big:   BIG_FILES files (default 16) of BIG_MB MiB (default 256: 4 GiB)
+  small: SMALL_FILES files (default 10000) of 4 KiB
+it times
+  - rclone: `rclone copy DIR remote:bucket/...` (16 transfers, as gangway's
+    nodes use), through the emulator's front;
+  - gangway: a managed job on the local provider whose setup puts the data
+    set into $GANGWAY_CHECKPOINT_DIR (hard links: no copy) and whose run
+    reports each `.gangway-synced` it sees: the first sync is the whole
+    checkpoint (every node's upload, its check, the manifests, the
+    completion marker, pruning), measured from the sync's start (the time
+    `.gangway-synced` holds) to the file appearing on the node; the next
+    ones are checkpoints in which nothing changed.
+
+Needs target/ec2-venv and target/gcs-venv (tests/emulators/*/setup.sh),
+rclone, and room for the data set twice in the emulators (moto keeps S3
+objects in memory). Loopback only; what it starts stops at exit.
+"""
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+from benchlib import ROOT
+
+BIN = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "target/release/gangway")
+STORES = os.environ.get("STORES", "s3 gcs").split()
+BIG_FILES = int(os.environ.get("BIG_FILES", "16"))
+BIG_MB = int(os.environ.get("BIG_MB", "256"))
+SMALL_FILES = int(os.environ.get("SMALL_FILES", "10000"))
+SETS = os.environ.get("SETS", "big small").split()
+NO_CHANGE = 3  # checkpoints with nothing changed, after the first
+NO_AUTH = '{"disable_oauth":true,"client_email":"","private_key":"","private_key_id":""}'
+
+procs = []
+
+
+def start(python, server):
+    p = subprocess.Popen([python, server, "--port", "0"], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    procs.append(p)
+    line = p.stdout.readline()
+    if not line.startswith("READY "):
+        sys.exit(f"bench: {server} did not start")
+    return line.split()[1]
+
+
+def stop_all():
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        p.wait()
+
+
+def make_bucket(store, url, name):
+    if store == "s3":
+        req = urllib.request.Request(f"{url}/{name}", method="PUT")
+    else:
+        req = urllib.request.Request(f"{url}/storage/v1/b?project=test", method="POST",
+                                     data=json.dumps({"name": name}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req).read()
+
+
+def rclone_env(store, url):
+    env = dict(os.environ, RCLONE_CONFIG="/dev/null", AWS_CA_BUNDLE="")
+    p = "RCLONE_CONFIG_B_"
+    if store == "s3":
+        env.update({p + "TYPE": "s3", p + "PROVIDER": "Other", p + "ENV_AUTH": "false",
+                    p + "ACCESS_KEY_ID": "testing", p + "SECRET_ACCESS_KEY": "testing",
+                    p + "REGION": "us-east-1", p + "ENDPOINT": url, p + "FORCE_PATH_STYLE": "true"})
+    else:
+        env.update({p + "TYPE": "google cloud storage", p + "ENDPOINT": url + "/storage/v1/",
+                    p + "ANONYMOUS": "true", p + "PROJECT_NUMBER": "test",
+                    p + "BUCKET_POLICY_ONLY": "true"})
+    return env
+
+
+def gangway_env(store, url, ec2):
+    env = dict(os.environ)
+    env.pop("GANGWAY_CATALOG_DIR", None)
+    if store == "s3":
+        env.update(GANGWAY_S3_ENDPOINT=url, AWS_ACCESS_KEY_ID="testing",
+                   AWS_SECRET_ACCESS_KEY="testing", AWS_REGION="us-east-1",
+                   AWS_ENDPOINT_URL=ec2, AWS_MAX_ATTEMPTS="1")
+    else:
+        env.update(GANGWAY_GCS_ENDPOINT=url, GOOGLE_SERVICE_ACCOUNT_KEY=NO_AUTH)
+    return env
+
+
+def make_data(root, kind):
+    d = os.path.join(root, kind)
+    os.makedirs(d)
+    if kind == "big":
+        for i in range(BIG_FILES):
+            with open(os.path.join(d, f"shard-{i:02}.bin"), "wb") as f:
+                for _ in range(BIG_MB):
+                    f.write(os.urandom(1 << 20))
+    else:
+        for i in range(SMALL_FILES):
+            sub = os.path.join(d, f"d{i // 1000:02}")
+            os.makedirs(sub, exist_ok=True)
+            with open(os.path.join(sub, f"f{i:05}"), "wb") as f:
+                f.write(os.urandom(4096))
+    return d
+
+
+def rclone_copy(store, url, data, bucket, dest):
+    t0 = time.monotonic()
+    subprocess.run(["rclone", "copy", data, f"b:{bucket}/{dest}", "--transfers", "16",
+                    "--checkers", "16", "--retries", "1"], env=rclone_env(store, url), check=True)
+    return time.monotonic() - t0
+
+
+def gangway_checkpoint(store, url, ec2, data, bucket, dest, work):
+    home = tempfile.mkdtemp(dir=work)
+    s = "s3" if store == "s3" else "gs"
+    task = os.path.join(home, "ck.yaml")
+    with open(task, "w") as f:
+        f.write(f"""resources:
+  infra: local
+checkpoint:
+  storage: {s}://{bucket}/{dest}
+  sync_interval: 1
+  keep: 2
+setup: |
+  cp -al {data}/. "$GANGWAY_CHECKPOINT_DIR"/
+run: |
+  seen=""; n=0
+  while [ $n -lt {NO_CHANGE + 1} ]; do
+    now="$(cat "$GANGWAY_CHECKPOINT_DIR/.gangway-synced" 2>/dev/null)"
+    if [ -n "$now" ] && [ "$now" != "$seen" ]; then
+      echo "synced start=$now seen=$(date +%s%3N)"; seen="$now"; n=$((n + 1))
+    fi
+    sleep 0.02
+  done
+""")
+    env = gangway_env(store, url, ec2)
+    env["GANGWAY_HOME"] = home
+    p = subprocess.run([BIN, "jobs", "launch", task, "-y"], cwd=ROOT, env=env,
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"bench: the managed job failed: {p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+    took = []
+    for line in p.stdout.splitlines():
+        if "synced start=" in line:
+            kv = dict(w.split("=") for w in line.split() if "=" in w)
+            took.append((int(kv["seen"]) - int(kv["start"])) / 1000)
+    if len(took) < NO_CHANGE + 1:
+        sys.exit(f"bench: saw {len(took)} syncs:\n{p.stdout[-3000:]}")
+    return took[0], took[1:]
+
+
+def main():
+    if not os.path.exists(BIN):
+        sys.exit(f"bench: no {BIN}; cargo build --release first")
+    work = tempfile.mkdtemp(prefix="gangway-bench-ck-", dir="/var/tmp")
+    try:
+        ec2 = start(os.path.join(ROOT, "target/ec2-venv/bin/python"),
+                    "tests/emulators/ec2/server.py")
+        rows = []
+        for store in STORES:
+            py = "target/ec2-venv/bin/python" if store == "s3" else "target/gcs-venv/bin/python"
+            url = start(os.path.join(ROOT, py), f"tests/emulators/{store}/server.py")
+            for kind in SETS:
+                data = make_data(work, f"{store}-{kind}")
+                bucket = f"bench-{store}-{kind}"
+                make_bucket(store, url, bucket)
+                base = rclone_copy(store, url, data, bucket, "rclone")
+                first, again = gangway_checkpoint(store, url, ec2, data, bucket, "gangway", work)
+                rows.append((store, kind, base, first, statistics.median(again), max(again)))
+                print(f"{store} {kind}: rclone copy {base:.2f} s; gangway checkpoint {first:.2f} s "
+                      f"({(first / base - 1) * 100:+.1f}%); nothing changed: median "
+                      f"{statistics.median(again):.2f} s, max {max(again):.2f} s", flush=True)
+                shutil.rmtree(data)
+        print()
+        print("| store | data | rclone copy | gangway checkpoint | vs rclone | nothing changed (median, max) |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for store, kind, base, first, med, mx in rows:
+            what = (f"{BIG_FILES} × {BIG_MB} MiB" if kind == "big" else f"{SMALL_FILES} × 4 KiB")
+            print(f"| {store} | {what} | {base:.2f} s | {first:.2f} s | {(first / base - 1) * 100:+.1f}% "
+                  f"| {med:.2f} s, {mx:.2f} s |")
+    finally:
+        stop_all()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
