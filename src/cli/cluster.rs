@@ -668,6 +668,13 @@ pub(crate) fn exec(a: &ExecArgs, out: Output) -> Result<ExitCode, Error> {
         super::plan::require_values(&task, &args.task)?;
         let spec = job_spec(&task, &args.task, false, false)?;
         crate::storage::preflight_now(&task, &args.task, &spec.bucket_mounts)?;
+        crate::storage::make_buckets_now(
+            &task,
+            &args.task,
+            &spec.bucket_mounts,
+            &store,
+            &format!("cluster:{}", a.cluster),
+        )?;
         (spec, secrets_of(&task))
     } else {
         let mut envs = Vec::new();

@@ -178,9 +178,23 @@ fn launch(a: &JobsLaunchArgs, catalog: Option<&Path>, out: Output) -> Result<Exi
     let redacted = crate::spec::redact_secrets(&text, &a.task.task.display().to_string())
         .map_err(|e| Error::usage(e.to_string(), None))?;
     let (home, store) = open()?;
+    // Buckets the task names and lacks are made now, once: recoveries
+    // reuse them. Held under a placeholder owner until the job has an id.
+    let pending = format!(
+        "job:pending-{}-{}",
+        std::process::id(),
+        crate::state::now_ms()
+    );
+    if let Err(e) =
+        crate::storage::make_buckets_now(&task, &a.task.task, &spec.bucket_mounts, &store, &pending)
+    {
+        crate::storage::remove_buckets_now(&store, &pending);
+        return Err(e);
+    }
     let name = a.name.clone().or_else(|| task.name.clone());
     let placeholder = "{}";
     let job = store.add_managed(name.as_deref(), placeholder)?;
+    store.move_buckets(&pending, &format!("job:{}", job.id))?;
     let dir = store.managed_dir(job.id);
     std::fs::create_dir_all(&dir)?;
     let task_file = dir.join("task.yaml");

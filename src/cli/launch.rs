@@ -56,7 +56,7 @@ fn generated_name() -> String {
     format!("gangway-{:04x}", h >> 48)
 }
 
-fn local_path(p: &str) -> PathBuf {
+pub(crate) fn local_path(p: &str) -> PathBuf {
     let expanded = match (p.strip_prefix("~/"), std::env::var_os("HOME")) {
         (Some(rest), Some(home)) => PathBuf::from(home).join(rest),
         _ => PathBuf::from(p),
@@ -71,6 +71,7 @@ pub(crate) fn job_spec(
     setup: bool,
     down_after: bool,
 ) -> Result<JobSpec, Error> {
+    let mut git_workdir = None;
     let workdir = match &task.workdir {
         None => None,
         Some(Workdir::Path(p)) => {
@@ -87,10 +88,12 @@ pub(crate) fn job_spec(
             }
             Some(path)
         }
-        Some(Workdir::Git { url, .. }) => {
-            return Err(Error::NotImplemented(format!(
-                "workdir from a git repository ({url}); clone it and give the local path"
-            )))
+        Some(Workdir::Git { url, git_ref }) => {
+            git_workdir = Some(crate::gang::GitWorkdir {
+                url: url.clone(),
+                git_ref: git_ref.clone(),
+            });
+            None
         }
     };
     let mut mounts = Vec::new();
@@ -123,6 +126,7 @@ pub(crate) fn job_spec(
             .collect(),
         secret_names: task.secrets.iter().map(|(k, _)| k.clone()).collect(),
         workdir,
+        git_workdir,
         file_mounts: mounts,
         num_nodes: task.num_nodes,
         gpus_per_node: 0,
@@ -265,6 +269,13 @@ pub(crate) fn launch(
                 "Reusing cluster '{name}' ({} node(s), {})",
                 row.num_nodes, row.status
             ));
+            crate::storage::make_buckets_now(
+                &task,
+                &a.task.task,
+                &spec.bucket_mounts,
+                &store,
+                &format!("cluster:{name}"),
+            )?;
             row
         }
         Reserved::New(row) | Reserved::Resumed(row) => {
@@ -287,6 +298,19 @@ pub(crate) fn launch(
             {
                 store.remove_cluster(&name)?;
                 return Ok(ExitCode::Interrupted);
+            }
+            // Buckets the task names and lacks are made once the user said
+            // yes, recorded for the cluster.
+            if let Err(e) = crate::storage::make_buckets_now(
+                &task,
+                &a.task.task,
+                &spec.bucket_mounts,
+                &store,
+                &format!("cluster:{name}"),
+            ) {
+                store.remove_cluster(&name)?;
+                crate::storage::remove_buckets_now(&store, &format!("cluster:{name}"));
+                return Err(e);
             }
             // Ctrl-C while provisioning: stop, and remove what was created.
             interrupts::install();
@@ -350,7 +374,10 @@ pub(crate) fn launch(
                         }
                         // Every attempt's nodes were confirmed gone.
                         provision::ProvisionError::Exhausted { .. }
-                        | provision::ProvisionError::Provider(_) => store.remove_cluster(&name)?,
+                        | provision::ProvisionError::Provider(_) => {
+                            store.remove_cluster(&name)?;
+                            crate::storage::remove_buckets_now(&store, &format!("cluster:{name}"));
+                        }
                     }
                     return Err(e.into());
                 }

@@ -8,7 +8,7 @@ mod cluster;
 mod gpus;
 mod interrupts;
 mod jobs;
-mod launch;
+pub(crate) mod launch;
 mod plan;
 mod progress;
 mod sim;

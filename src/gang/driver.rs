@@ -393,6 +393,10 @@ async fn run_job(
                 .collect()
         })
         .collect();
+    let workdir_dirs = nodes
+        .iter()
+        .map(|n| transport.node_path(n, super::WORKDIR_ON_NODE))
+        .collect();
     let info = GangInfo {
         spec,
         secrets,
@@ -402,6 +406,7 @@ async fn run_job(
         checkpoint_dirs,
         storage_env,
         mount_dirs,
+        workdir_dirs,
     };
 
     // Files first, on every node.
@@ -433,12 +438,20 @@ async fn run_job(
     }
     // Before the run, on every node: the storage step (bucket mounts, a
     // checkpoint to restore), then setup; either failing stops the job.
-    let storage = (!spec.bucket_mounts.is_empty() || spec.restore_bucket.is_some()).then(|| {
+    let storage = (!spec.bucket_mounts.is_empty()
+        || spec.restore_bucket.is_some()
+        || spec.git_workdir.is_some())
+    .then(|| {
         let mut what: Vec<String> = spec
-            .bucket_mounts
+            .git_workdir
             .iter()
-            .map(|m| format!("{} -> {}", m.url, m.dest))
+            .map(|g| format!("git {} -> {}", g.url, super::WORKDIR_ON_NODE))
             .collect();
+        what.extend(
+            spec.bucket_mounts
+                .iter()
+                .map(|m| format!("{} -> {}", m.url, m.dest)),
+        );
         if let Some(r) = &spec.restore_bucket {
             what.push(format!("checkpoint {} of {}", r.generation, r.url));
         }

@@ -46,6 +46,10 @@ pub(crate) struct JobSpec {
     pub(crate) secret_names: Vec<String>,
     /// Local workdir to sync to every node.
     pub(crate) workdir: Option<PathBuf>,
+    /// A git workdir (`workdir: {url, ref}`), cloned on every node in its
+    /// storage step.
+    #[serde(default)]
+    pub(crate) git_workdir: Option<GitWorkdir>,
     /// `(path on node, local path)` pairs to copy.
     pub(crate) file_mounts: Vec<(String, PathBuf)>,
     /// Nodes the job runs on (the first `num_nodes` ranks).
@@ -77,6 +81,15 @@ pub(crate) struct JobSpec {
     /// directory before setup.
     #[serde(default)]
     pub(crate) restore_bucket: Option<crate::storage::Restore>,
+}
+
+/// `workdir: {url: ..., ref: ...}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct GitWorkdir {
+    /// The repository.
+    pub(crate) url: String,
+    /// Branch, tag or commit; the default branch when absent.
+    pub(crate) git_ref: Option<String>,
 }
 
 /// Which phase a command belongs to.
@@ -111,6 +124,8 @@ pub(crate) struct GangInfo<'a> {
     pub(crate) storage_env: Vec<(String, String)>,
     /// Each bucket mount's path as each node (by rank) sees it.
     pub(crate) mount_dirs: Vec<Vec<String>>,
+    /// The workdir's path as each node (by rank) sees it.
+    pub(crate) workdir_dirs: Vec<String>,
 }
 
 /// The environment of one node's setup or run: the task's values and
@@ -173,6 +188,15 @@ pub(crate) fn node_env(phase: Phase, g: &GangInfo<'_>, rank: usize) -> Vec<(Stri
                 for (i, d) in dirs.iter().enumerate() {
                     set(&mut env, &format!("GANGWAY_MOUNT_{i}"), d.clone());
                 }
+            }
+            if let (Some(git), Some(dir)) = (&spec.git_workdir, g.workdir_dirs.get(rank)) {
+                set(&mut env, "GANGWAY_WORKDIR", dir.clone());
+                set(&mut env, "GW_GIT_URL", git.url.clone());
+                set(
+                    &mut env,
+                    "GW_GIT_REF",
+                    git.git_ref.clone().unwrap_or_default(),
+                );
             }
         }
         Phase::Setup => {
@@ -455,6 +479,7 @@ mod tests {
             checkpoint_dirs: vec!["/ck".into(); 3],
             storage_env: vec![],
             mount_dirs: vec![],
+            workdir_dirs: vec![],
         };
         let env = node_env(Phase::Run, &g, 2);
         for (k, v) in [
@@ -503,6 +528,7 @@ mod tests {
             checkpoint_dirs: vec!["/ck".into(); 3],
             storage_env: vec![],
             mount_dirs: vec![],
+            workdir_dirs: vec![],
         };
         let setup = node_env(Phase::Setup, &g, 1);
         assert_eq!(get(&setup, "SKYPILOT_SETUP_NODE_RANK"), Some("1"));
@@ -538,6 +564,7 @@ mod tests {
             checkpoint_dirs: vec!["/ck".into(); 2],
             storage_env: vec![],
             mount_dirs: vec![],
+            workdir_dirs: vec![],
         };
         let run = node_env(Phase::Run, &g, 1);
         // Every rank meets rank 0 on the head's first port, not the task's.

@@ -1559,7 +1559,19 @@ async fn finish(
     remove_secrets(&sh.store().managed_dir(id));
     m.save(sh, was, why)?;
     m.reach = None;
-    teardown_cluster(sh, &cluster).await
+    teardown_cluster(sh, &cluster).await?;
+    // The buckets this job made (persistent: false) go with it.
+    match crate::storage::remove_buckets(sh.store(), &format!("job:{id}")).await {
+        Ok(urls) => {
+            for u in urls {
+                sh.say(&format!("job {id}: deleted bucket {u}"));
+            }
+        }
+        Err(e) => sh.say(&format!(
+            "job {id}: a bucket it created could not be deleted: {e}"
+        )),
+    }
+    Ok(())
 }
 
 /// An ended job: removes the cluster it still holds (a controller died

@@ -886,6 +886,20 @@ pub(crate) async fn teardown(
             return Err(e.into());
         }
     }
+    // The buckets made for it (persistent: false) go with it; one that
+    // cannot be deleted keeps the row, so `down` tries again.
+    match crate::storage::remove_buckets(store, &format!("cluster:{name}")).await {
+        Ok(urls) => {
+            for u in urls {
+                store.event(name, None, "bucket", &format!("deleted {u}"))?;
+            }
+        }
+        Err(e) => {
+            let e = TeardownError::Bucket(e);
+            store.set_teardown_failed(name, &e.to_string())?;
+            return Err(e);
+        }
+    }
     store.remove_cluster(name)?;
     Ok(())
 }
@@ -969,6 +983,9 @@ pub enum TeardownError {
     /// The cluster's provider is not in this build.
     #[error("the {0} provider is not in this build; cannot reach the cluster's nodes")]
     NoProvider(String),
+    /// A bucket made for the cluster could not be deleted.
+    #[error("deleting a bucket made for the cluster: {0}")]
+    Bucket(String),
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@
 //! a pid: the owner holds an advisory lock ([`OwnerLock`]) that the kernel
 //! drops when the process dies, however it dies.
 
+mod buckets;
 mod lock;
 mod managed;
 mod outcome;
@@ -135,6 +136,16 @@ const MIGRATIONS: &[&str] = &[
     UPDATE managed_jobs SET moving_to = substr(market, 3),
         market = CASE market WHEN '->spot' THEN 'on-demand' ELSE 'spot' END
         WHERE market LIKE '->%';",
+    // 6: buckets gangway created (a task's `{name: ...}` storage mounts),
+    // owned by a cluster (`cluster:NAME`) or a managed job (`job:ID`);
+    // written before the bucket is made, so none is ever forgotten.
+    "CREATE TABLE buckets(
+        url TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        persistent INTEGER NOT NULL,
+        created_at INTEGER NOT NULL
+    );
+    CREATE INDEX buckets_owner ON buckets(owner);",
 ];
 
 /// A state database failure, naming the file.

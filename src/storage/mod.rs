@@ -3,12 +3,13 @@
 //! made on every node by rclone, which moves the bytes straight between the
 //! node and the store.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use gangway_store::{Bucket, BucketUrl, Endpoints, Scheme, StoreError};
 use serde::{Deserialize, Serialize};
 
 use crate::spec::{MountSource, SpecError, Task};
+use crate::state::Store;
 use crate::Error;
 
 pub(crate) mod checkpoint;
@@ -48,6 +49,19 @@ pub(crate) struct BucketMount {
     pub(crate) remote: String,
     /// How.
     pub(crate) mode: Mode,
+    /// Made by gangway when missing (a `{name: ...}` mount).
+    #[serde(default)]
+    pub(crate) create: Option<Create>,
+}
+
+/// A bucket gangway makes when it is missing, and fills from a local
+/// `source`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Create {
+    /// Kept when its cluster (or managed job) goes; SkyPilot's default.
+    pub(crate) persistent: bool,
+    /// A local directory (or file) uploaded into it, changed files only.
+    pub(crate) source: Option<PathBuf>,
 }
 
 /// A client for `url` with the user's own credentials: for S3 those of
@@ -196,63 +210,123 @@ pub(crate) fn bucket_mounts(task: &Task, file: &Path) -> Result<Vec<BucketMount>
             at: m.at,
         };
         let url_hint = "write s3://BUCKET[/PREFIX] or gs://BUCKET[/PREFIX]";
-        let (url, mode) = match &m.source {
+        let env_hint = "set it under envs: or with --env";
+        let (url, mode, create) = match &m.source {
             MountSource::Local(_) => continue,
-            MountSource::Uri(u) => (u.clone(), Mode::Copy),
+            MountSource::Uri(u) => (u.clone(), Mode::Copy, None),
             MountSource::Storage {
                 name,
                 source,
                 store,
                 mode,
-                ..
+                persistent,
             } => {
                 let mode = mode.as_deref().and_then(Mode::parse).unwrap_or(Mode::Mount);
+                let scheme = |store: &Option<String>| -> Result<Scheme, Error> {
+                    let Some(s) = store else {
+                        return Ok(Scheme::S3);
+                    };
+                    let s = substitute(s, task).map_err(|e| here.error(e, env_hint))?;
+                    Scheme::from_store_name(&s).ok_or_else(|| {
+                        here.error(
+                            format!("store '{s}' is not supported"),
+                            "use store: s3 or store: gcs",
+                        )
+                    })
+                };
                 match (source.as_deref(), name.as_deref()) {
-                    (Some(src), _) if src.contains("://") => (src.to_string(), mode),
-                    (Some(src), Some(_)) => {
-                        return Err(here.error(
-                            format!("uploading a local source ({src}) into a bucket gangway creates is not supported yet"),
-                            "upload it yourself (rclone copy, aws s3 sync, gcloud storage cp) and give source: s3://... or gs://...",
-                        ))
-                    }
-                    (None, Some(name)) => {
-                        let name = substitute(name, task).map_err(|e| here.error(e, "set it under envs: or with --env"))?;
-                        let scheme = match store.as_deref() {
-                            None => Scheme::S3,
-                            Some(s) => {
-                                let s = substitute(s, task).map_err(|e| here.error(e, "set it under envs: or with --env"))?;
-                                Scheme::from_store_name(&s).ok_or_else(|| {
-                                    here.error(format!("store '{s}' is not supported"), "use store: s3 or store: gcs")
-                                })?
+                    (Some(src), _) if src.contains("://") => (src.to_string(), mode, None),
+                    (source, Some(name)) => {
+                        let name = substitute(name, task).map_err(|e| here.error(e, env_hint))?;
+                        let source = match source {
+                            None => None,
+                            Some(src) => {
+                                let path = crate::cli::launch::local_path(
+                                    &substitute(src, task).map_err(|e| here.error(e, env_hint))?,
+                                );
+                                if !path.exists() {
+                                    return Err(here.error(
+                                        format!("source {} does not exist", path.display()),
+                                        "a local source is resolved against the directory you run gangway from",
+                                    ));
+                                }
+                                Some(path)
                             }
                         };
-                        (format!("{}://{name}", scheme.url_scheme()), mode)
+                        let create = Create {
+                            persistent: persistent.unwrap_or(true),
+                            source,
+                        };
+                        (
+                            format!("{}://{name}", scheme(store)?.url_scheme()),
+                            mode,
+                            Some(create),
+                        )
                     }
-                    (_, None) => {
+                    (Some(src), None) => {
                         return Err(here.error(
-                            "a storage mount needs name: (a bucket) or source: (a bucket URL)".into(),
+                            format!(
+                            "uploading {src} needs name: (the bucket gangway creates and fills)"
+                        ),
+                            "give the bucket a globally unique name, e.g. name: my-team-data",
+                        ))
+                    }
+                    (None, None) => {
+                        return Err(here.error(
+                            "a storage mount needs name: (a bucket) or source: (a bucket URL)"
+                                .into(),
                             "write {name: my-bucket, mode: MOUNT} or {source: s3://my-bucket/path}",
                         ))
                     }
                 }
             }
         };
-        let url = substitute(&url, task)
-            .map_err(|e| here.error(e, "set it under envs: or with --env"))?;
+        let url = substitute(&url, task).map_err(|e| here.error(e, env_hint))?;
         let parsed = BucketUrl::parse(&url).map_err(|e| here.error(e.to_string(), url_hint))?;
         out.push(BucketMount {
             dest: m.dest.clone(),
             url: parsed.to_string(),
             remote: format!("gw{}", out.len()),
             mode,
+            create,
         });
     }
     Ok(out)
 }
 
-/// Checks every bucket before anything is provisioned: it exists and the
-/// user's credentials may list it (one request each; a COPY of one object,
-/// `s3://b/file.txt`, is looked up instead).
+/// Where a mount sits in the task file, for its errors.
+fn located<'a>(task: &Task, file: &'a str, m: &BucketMount) -> Located<'a> {
+    let at = task
+        .file_mounts
+        .iter()
+        .find(|f| f.dest == m.dest)
+        .map_or((0, 0), |f| f.at);
+    Located {
+        file,
+        field: format!("file_mounts.{}", m.dest),
+        at,
+    }
+}
+
+/// A store's refusal, located, with what to do about it.
+fn refused(here: &Located<'_>, e: StoreError) -> Error {
+    let hint = match &e {
+        StoreError::NoSuchBucket { .. } => {
+            "check the name; gangway creates only the buckets of {name: ...} mounts"
+        }
+        StoreError::AccessDenied { .. } | StoreError::NoCredentials { .. } => {
+            "check that your credentials may list this bucket (AWS: s3:ListBucket; GCS: storage.objects.list)"
+        }
+        _ => "the store's answer is above",
+    };
+    here.error(e.to_string(), hint)
+}
+
+/// Checks every bucket before anything is provisioned: it exists (or is
+/// one gangway will create) and the user's credentials may list it (one
+/// request each; a COPY of one object, `s3://b/file.txt`, is looked up
+/// instead). Creates nothing: [`make_buckets`] does, once the user has
+/// said yes.
 pub(crate) async fn preflight(
     task: &Task,
     file: &Path,
@@ -260,36 +334,105 @@ pub(crate) async fn preflight(
 ) -> Result<(), Error> {
     let file_s = file.display().to_string();
     for m in mounts {
-        let at = task
-            .file_mounts
-            .iter()
-            .find(|f| f.dest == m.dest)
-            .map_or((0, 0), |f| f.at);
-        let here = Located {
-            file: &file_s,
-            field: format!("file_mounts.{}", m.dest),
-            at,
-        };
+        let here = located(task, &file_s, m);
+        let fail = |e: StoreError| refused(&here, e);
         let url = BucketUrl::parse(&m.url).map_err(|e| here.error(e.to_string(), ""))?;
-        let fail = |e: StoreError| {
-            let hint = match &e {
-                StoreError::NoSuchBucket { .. } => "check the name; gangway does not create buckets for plain bucket URLs",
-                StoreError::AccessDenied { .. } | StoreError::NoCredentials { .. } => {
-                    "check that your credentials may list this bucket (AWS: s3:ListBucket; GCS: storage.objects.list)"
-                }
-                _ => "the store's answer is above",
-            };
-            here.error(e.to_string(), hint)
-        };
         let bucket = user_bucket(&url).await.map_err(fail)?;
         let is_object = m.mode == Mode::Copy && bucket.is_object().await.map_err(fail)?;
         if !is_object {
-            bucket.check().await.map_err(fail)?;
+            match bucket.check().await {
+                Err(e) if e.is_no_such_bucket() && m.create.is_some() => {}
+                other => other.map_err(fail)?,
+            }
         }
         // Credentials for the nodes must be had now, not first there.
         node_env(&url, &m.remote).await.map_err(fail)?;
     }
     Ok(())
+}
+
+/// Makes the buckets of `{name: ...}` mounts that are missing, recorded
+/// for `owner` (`cluster:NAME`, `job:ID`) before each is made, and uploads
+/// each local `source` (changed files only). Says what it did on stderr.
+pub(crate) async fn make_buckets(
+    task: &Task,
+    file: &Path,
+    mounts: &[BucketMount],
+    store: &Store,
+    owner: &str,
+) -> Result<(), Error> {
+    let file_s = file.display().to_string();
+    for m in mounts {
+        let Some(create) = &m.create else { continue };
+        let here = located(task, &file_s, m);
+        let fail = |e: StoreError| refused(&here, e);
+        let url = BucketUrl::parse(&m.url).map_err(|e| here.error(e.to_string(), ""))?;
+        let bucket = user_bucket(&url).await.map_err(fail)?;
+        match bucket.check().await {
+            Ok(()) => {}
+            Err(e) if e.is_no_such_bucket() => {
+                store.add_bucket(&m.url, owner, create.persistent)?;
+                bucket
+                    .create(None, gcp_project().as_deref())
+                    .await
+                    .map_err(fail)?;
+                eprintln!(
+                    "Created bucket {}{}",
+                    m.url,
+                    if create.persistent {
+                        " (persistent: kept after down)"
+                    } else {
+                        " (deleted at down: persistent: false)"
+                    }
+                );
+            }
+            Err(e) => return Err(fail(e)),
+        }
+        if let Some(src) = &create.source {
+            let up = bucket.upload_dir(src, "").await.map_err(fail)?;
+            eprintln!(
+                "Uploaded {} to {}: {} file(s), {} byte(s); {} unchanged",
+                src.display(),
+                m.url,
+                up.sent,
+                up.bytes,
+                up.kept
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The GCP project new GCS buckets go in.
+fn gcp_project() -> Option<String> {
+    #[cfg(feature = "gcp")]
+    {
+        gangway_gcp::project()
+    }
+    #[cfg(not(feature = "gcp"))]
+    {
+        std::env::var("GOOGLE_CLOUD_PROJECT").ok()
+    }
+}
+
+/// Deletes the non-persistent buckets `owner` created and forgets them
+/// all. Stops at the first that cannot be deleted, which stays recorded.
+pub(crate) async fn remove_buckets(store: &Store, owner: &str) -> Result<Vec<String>, String> {
+    let mut removed = Vec::new();
+    for b in store.buckets_of(owner).map_err(|e| e.to_string())? {
+        if !b.persistent {
+            let url = bad_url(&b.url).map_err(|e| e.to_string())?;
+            user_bucket(&url)
+                .await
+                .map_err(|e| e.to_string())?
+                .remove()
+                .await
+                .map_err(|e| e.to_string())?;
+            removed.push(b.url.clone());
+        }
+        store.forget_bucket(&b.url).map_err(|e| e.to_string())?;
+    }
+    Ok(removed)
 }
 
 /// Checks `checkpoint.storage` when it is a bucket: a valid URL, the bucket
@@ -312,31 +455,68 @@ pub(crate) fn check_checkpoint_bucket(
             "write s3://BUCKET/PREFIX or gs://BUCKET/PREFIX",
         )
     })?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        user_bucket(&parsed).await?.check().await?;
-        node_env(&parsed, checkpoint::REMOTE).await.map(|_| ())
-    })
-    .map_err(|e: StoreError| {
-        here.error(
+    runtime()?
+        .block_on(async {
+            user_bucket(&parsed).await?.check().await?;
+            node_env(&parsed, checkpoint::REMOTE).await.map(|_| ())
+        })
+        .map_err(|e: StoreError| {
+            here.error(
             e.to_string(),
             "checkpoints go to a bucket that exists and that your credentials may list and write",
         )
-    })?;
+        })?;
     Ok(parsed.to_string())
 }
 
-/// [`preflight`] from synchronous code.
+/// [`preflight`], then [`make_buckets`] for `owner`, from synchronous
+/// code: for callers that have nothing to confirm in between.
 pub(crate) fn preflight_now(task: &Task, file: &Path, mounts: &[BucketMount]) -> Result<(), Error> {
     if mounts.is_empty() {
         return Ok(());
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
+    runtime()?.block_on(preflight(task, file, mounts))
+}
+
+/// [`make_buckets`] from synchronous code.
+pub(crate) fn make_buckets_now(
+    task: &Task,
+    file: &Path,
+    mounts: &[BucketMount],
+    store: &Store,
+    owner: &str,
+) -> Result<(), Error> {
+    if mounts.iter().all(|m| m.create.is_none()) {
+        return Ok(());
+    }
+    runtime()?.block_on(make_buckets(task, file, mounts, store, owner))
+}
+
+/// [`remove_buckets`] from synchronous code; what could not be removed is
+/// said on stderr with the command that removes it.
+pub(crate) fn remove_buckets_now(store: &Store, owner: &str) {
+    let done = runtime()
+        .map_err(|e| e.to_string())
+        .and_then(|rt| rt.block_on(remove_buckets(store, owner)));
+    report_removed(done);
+}
+
+/// Says what [`remove_buckets`] did.
+pub(crate) fn report_removed(done: Result<Vec<String>, String>) {
+    match done {
+        Ok(urls) => {
+            for u in urls {
+                eprintln!("Deleted bucket {u} (persistent: false)");
+            }
+        }
+        Err(e) => eprintln!("gangway: warning: a bucket gangway created could not be deleted: {e}"),
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, std::io::Error> {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build()?;
-    rt.block_on(preflight(task, file, mounts))
+        .build()
 }
 
 /// rclone's settings for every mount's bucket, with the user's current
@@ -367,6 +547,7 @@ pub(crate) async fn node_credentials(
 /// is missing.
 pub(crate) fn node_script(mounts: &[BucketMount]) -> String {
     let mut s = String::from(RCLONE_PRELUDE);
+    s.push_str(GIT_WORKDIR);
     s.push_str(MOUNT_FUNCTIONS);
     for (i, m) in mounts.iter().enumerate() {
         let src = {
@@ -405,12 +586,37 @@ fn sh(s: &str) -> String {
 /// What every script that runs rclone on a node starts with.
 pub(crate) const RCLONE_PRELUDE: &str = r#"set -u
 gw_fail() { echo "gangway: $*" >&2; exit 3; }
-command -v rclone >/dev/null 2>&1 || gw_fail "rclone is not installed on this node (needed for buckets; install it in the image, e.g. apt-get install rclone)"
 # Remotes come from RCLONE_CONFIG_* only: no config file is read or written.
-rclone() { command rclone --config "" "$@"; }
+rclone() {
+  command -v rclone >/dev/null 2>&1 || gw_fail "rclone is not installed on this node (needed for buckets; install it in the image, e.g. apt-get install rclone)"
+  command rclone --config "" "$@"
+}
 # rclone's S3 client refuses AWS_CA_BUNDLE; the same CA goes to rclone's
 # own HTTP client instead.
 if [ -n "${AWS_CA_BUNDLE:-}" ]; then export RCLONE_CA_CERT="$AWS_CA_BUNDLE"; unset AWS_CA_BUNDLE; fi
+"#;
+
+/// A git workdir (`GW_GIT_URL` at `GW_GIT_REF`) into `GANGWAY_WORKDIR`:
+/// a shallow fetch of the ref, or, for a commit the server will not serve
+/// alone, the whole history; then a forced checkout (untracked files stay).
+const GIT_WORKDIR: &str = r#"if [ -n "${GW_GIT_URL:-}" ]; then
+  command -v git >/dev/null 2>&1 || gw_fail "workdir: git is not installed on this node (needed to clone $GW_GIT_URL)"
+  wd="$GANGWAY_WORKDIR"; ref="${GW_GIT_REF:-}"
+  mkdir -p "$wd" || gw_fail "workdir: cannot make $wd"
+  export GIT_TERMINAL_PROMPT=0
+  [ -d "$wd/.git" ] || git -C "$wd" init -q || gw_fail "workdir: git init failed in $wd"
+  git -C "$wd" remote remove origin >/dev/null 2>&1
+  git -C "$wd" remote add origin "$GW_GIT_URL" || gw_fail "workdir: git remote add failed"
+  if git -C "$wd" fetch -q --depth 1 origin ${ref:+"$ref"} 2>"$wd/.git/gangway-fetch.err"; then
+    git -C "$wd" checkout -q --force FETCH_HEAD || gw_fail "workdir: cannot check out $GW_GIT_URL ${ref:-HEAD}"
+  elif [ -n "$ref" ] && git -C "$wd" fetch -q origin 2>"$wd/.git/gangway-fetch.err" \
+      && git -C "$wd" rev-parse -q --verify "$ref^{commit}" >/dev/null; then
+    git -C "$wd" checkout -q --force "$ref" || gw_fail "workdir: cannot check out $ref of $GW_GIT_URL"
+  else
+    gw_fail "workdir: cannot fetch ${ref:-the default branch} of $GW_GIT_URL: $(tail -n 2 "$wd/.git/gangway-fetch.err" | tr '\n' ' ')"
+  fi
+  echo "workdir: $GW_GIT_URL at ${ref:-HEAD} ($(git -C "$wd" rev-parse --short HEAD))"
+fi
 "#;
 
 /// Shell functions of the storage step's mounts.
@@ -495,6 +701,7 @@ mod tests {
             url: "s3://b-1/it's".into(),
             remote: "gw0".into(),
             mode: Mode::Copy,
+            create: None,
         };
         let s = node_script(&[m]);
         assert!(

@@ -33,7 +33,8 @@ fn run(emu: &StoreEmulator, home: &TestHome, args: &[&str]) -> Output {
             .env_remove("AWS_PROFILE"),
         Store::Gcs => c
             .env("GANGWAY_GCS_ENDPOINT", &emu.endpoint)
-            .env("GOOGLE_SERVICE_ACCOUNT_KEY", GCS_NO_AUTH_KEY),
+            .env("GOOGLE_SERVICE_ACCOUNT_KEY", GCS_NO_AUTH_KEY)
+            .env("GOOGLE_CLOUD_PROJECT", "test"),
     };
     c.args(args);
     Running::start(c).wait()
@@ -199,6 +200,93 @@ fn a_missing_gcs_bucket_is_exit_2_naming_the_line_before_anything_starts() {
         return;
     };
     a_missing_bucket_stops_the_launch_before_provisioning(emu);
+}
+
+/// `{name: ..., source: ./dir}` mounts: the bucket is made when missing,
+/// filled from the local source (changed files only, on every launch or
+/// exec), seen by every rank, and deleted at `down` unless persistent;
+/// a persistent one (SkyPilot's default) stays with what the ranks wrote.
+fn named_buckets_are_made_filled_and_deleted_unless_persistent(emu: &StoreEmulator) {
+    let home = TestHome::new();
+    let m = home.marker.to_ascii_lowercase();
+    let (tmp, keep) = (format!("gw-{m}-tmp"), format!("gw-{m}-keep"));
+    let src = home.path().join("src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::write(src.join("a.txt"), "alpha").unwrap();
+    std::fs::write(src.join("sub/b.txt"), "beta").unwrap();
+    let store = match emu.store {
+        Store::S3 => "s3",
+        Store::Gcs => "gcs",
+    };
+    let task = home.file(
+        "named.yaml",
+        &format!(
+            "num_nodes: 2\nresources:\n  infra: local\nenvs:\n  GW_TEST_MARKER: {mk}\n  STORE: {store}\n\
+             file_mounts:\n  ~/src:\n    name: {tmp}\n    source: {src}\n    store: $STORE\n    mode: COPY\n    persistent: false\n\
+             \x20 ~/keep:\n    name: {keep}\n    store: {store}\n    mode: MOUNT\n\
+             run: |\n  echo \"rank-$NODE_RANK src=$(cat ~/src/a.txt)/$(cat ~/src/sub/b.txt)\"\n  echo x > ~/keep/from-$NODE_RANK\n",
+            mk = home.marker,
+            src = src.display()
+        ),
+    );
+    assert!(!emu.bucket_exists(&tmp) && !emu.bucket_exists(&keep));
+    let (code, out, err) = parts(&run(emu, &home, &["launch", &task, "-c", "nb", "-y"]));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    for rank in 0..2 {
+        let want = format!("rank-{rank} src=alpha/beta");
+        assert!(out.contains(&want), "{want} missing:\n{out}\n{err}");
+    }
+    assert!(
+        err.contains(&format!("Created bucket {}://{tmp}", scheme(emu))),
+        "{err}"
+    );
+    assert!(err.contains("2 file(s)"), "{err}");
+    let keys = |b: &str| -> Vec<String> { emu.list(b, "").into_iter().map(|l| l.key).collect() };
+    assert_eq!(keys(&tmp), ["a.txt", "sub/b.txt"]);
+    // Again on the same cluster: nothing changed, nothing is sent; then
+    // one file changes and only it is.
+    let (code, _, err) = parts(&run(emu, &home, &["exec", "nb", &task]));
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("0 file(s), 0 byte(s); 2 unchanged"), "{err}");
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    std::fs::write(src.join("a.txt"), "alpha-2").unwrap();
+    let (code, out, err) = parts(&run(emu, &home, &["exec", "nb", &task]));
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("1 file(s), 7 byte(s); 1 unchanged"), "{err}");
+    assert!(out.contains("rank-1 src=alpha-2/beta"), "{out}");
+
+    let (code, out, err) = parts(&run(emu, &home, &["down", "-y", "nb"]));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        !emu.bucket_exists(&tmp),
+        "persistent: false was deleted at down"
+    );
+    assert!(emu.bucket_exists(&keep), "a persistent bucket stays");
+    let kept = keys(&keep);
+    assert!(
+        kept.contains(&"from-0".to_string()) && kept.contains(&"from-1".to_string()),
+        "{kept:?}"
+    );
+    assert_no_marker_procs(&home.marker, "down of a cluster with named buckets");
+}
+
+#[test]
+fn s3_named_buckets_are_made_filled_and_deleted_at_down_unless_persistent() {
+    let (Some(emu), Some(_)) = (
+        StoreEmulator::s3(),
+        crate::ec2_emulator::Ec2Emulator::shared(),
+    ) else {
+        return;
+    };
+    named_buckets_are_made_filled_and_deleted_unless_persistent(emu);
+}
+
+#[test]
+fn gcs_named_buckets_are_made_filled_and_deleted_at_down_unless_persistent() {
+    let Some(emu) = StoreEmulator::gcs() else {
+        return;
+    };
+    named_buckets_are_made_filled_and_deleted_unless_persistent(emu);
 }
 
 /// The shipped spot trainer with its checkpoints in a bucket: three

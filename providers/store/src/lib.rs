@@ -8,6 +8,8 @@
 //! environment variables that reach them like secrets ([`Bucket::node_env`]).
 #![deny(missing_docs)]
 
+mod admin;
+mod upload;
 mod url;
 
 use std::sync::Arc;
@@ -16,6 +18,8 @@ use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
+pub use admin::Created;
+pub use upload::Uploaded;
 pub use url::{BucketUrl, Scheme, UrlError};
 
 /// Where the stores are: their public endpoints unless the environment
@@ -95,6 +99,8 @@ impl StoreError {
         let reason = e.to_string();
         match e {
             E::NotFound { .. } => StoreError::NoSuchBucket { url: url.clone() },
+            // S3 says so in its error code, which object_store passes on.
+            _ if reason.contains("NoSuchBucket") => StoreError::NoSuchBucket { url: url.clone() },
             E::PermissionDenied { .. } | E::Unauthenticated { .. } => StoreError::AccessDenied {
                 url: url.clone(),
                 reason,
@@ -130,9 +136,12 @@ pub struct Object {
     pub key: String,
     /// Bytes.
     pub size: u64,
+    /// When it was last written, in milliseconds since the epoch.
+    pub modified_ms: i64,
 }
 
 /// The credentials a node needs to reach a bucket as the user does.
+#[derive(Clone)]
 enum Creds {
     #[cfg(feature = "s3")]
     S3(object_store::aws::AwsCredentialProvider),
@@ -208,7 +217,15 @@ impl Bucket {
             .list_with_delimiter(prefix.as_ref())
             .await
             .map(|_| ())
-            .map_err(|e| self.fail(e))
+            .map_err(|e| match self.fail(e) {
+                // A listing that is not found is a bucket that is not there.
+                StoreError::Store { reason, .. } if reason.contains("404 Not Found") => {
+                    StoreError::NoSuchBucket {
+                        url: self.url.clone(),
+                    }
+                }
+                other => other,
+            })
     }
 
     /// Whether the URL's prefix is itself one object (`s3://b/file.txt`).
@@ -256,6 +273,7 @@ impl Bucket {
             .map_ok(|m| Object {
                 key: relative(&base, &m.location),
                 size: m.size,
+                modified_ms: m.last_modified.timestamp_millis(),
             })
             .try_collect()
             .await

@@ -354,6 +354,24 @@ impl StoreEmulator {
         );
     }
 
+    /// Whether bucket `name` exists (S3: `HEAD /name`; GCS: the bucket's
+    /// metadata).
+    pub fn bucket_exists(&self, name: &str) -> bool {
+        let (status, body) = match self.store {
+            Store::S3 => self.call("HEAD", &format!("/{name}"), &[], b""),
+            Store::Gcs => self.call("GET", &format!("/storage/v1/b/{name}"), &[], b""),
+        };
+        match status {
+            200 => true,
+            404 => false,
+            _ => panic!(
+                "{} emulator: bucket {name}: {status} {}",
+                self.store.suite(),
+                String::from_utf8_lossy(&body)
+            ),
+        }
+    }
+
     /// Writes one object (a single request; for seeding a test's bucket).
     pub fn put_object(&self, bucket: &str, key: &str, data: &[u8]) {
         let octets = [("Content-Type", "application/octet-stream")];
