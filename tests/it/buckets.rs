@@ -549,3 +549,77 @@ fn a_killed_checkpoint_upload_never_becomes_the_checkpoint_that_is_restored() {
     assert!(log().contains("done-at-100"));
     assert_no_marker_procs(&home.marker, "the managed job ended");
 }
+
+/// `git` in `dir`, as a test's author.
+fn git(dir: &std::path::Path, args: &[&str]) -> String {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["-c", "user.name=t", "-c", "user.email=t@example.com"])
+        .args(args)
+        .output()
+        .expect("git runs");
+    assert!(out.status.success(), "git {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// `workdir: {url, ref}`: every node clones the repository at the ref (a
+/// tag, a branch, a commit that is not a branch's tip) into the workdir
+/// the run starts in; a ref that is not there stops the job before setup,
+/// naming the repository.
+#[test]
+fn a_git_workdir_is_cloned_on_every_node_at_its_ref() {
+    let home = TestHome::new();
+    let repo = home.path().join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    std::fs::write(repo.join("f.txt"), "one").unwrap();
+    git(&repo, &["add", "f.txt"]);
+    git(&repo, &["commit", "-q", "-m", "one"]);
+    git(&repo, &["tag", "v1"]);
+    let first = git(&repo, &["rev-parse", "HEAD"]);
+    std::fs::write(repo.join("f.txt"), "two").unwrap();
+    git(&repo, &["commit", "-q", "-am", "two"]);
+    std::fs::write(repo.join("f.txt"), "three").unwrap();
+    git(&repo, &["commit", "-q", "-am", "three"]);
+    let url = format!("file://{}", repo.display());
+    let task = |name: &str, git_ref: &str| {
+        home.file(
+            name,
+            &format!(
+                "num_nodes: 2\nresources:\n  infra: local\nenvs:\n  GW_TEST_MARKER: {m}\n\
+                 workdir:\n  url: {url}\n  ref: {git_ref}\n\
+                 run: echo \"rank-$NODE_RANK f=$(cat f.txt) in=$(basename \"$PWD\")\"\n",
+                m = home.marker
+            ),
+        )
+    };
+    let (code, out, err) = parts(&home.run(["launch", &task("tag.yaml", "v1"), "-c", "g", "-y"]));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    for rank in 0..2 {
+        let want = format!("rank-{rank} f=one in=sky_workdir");
+        assert!(out.contains(&want), "{want} missing:\n{out}\n{err}");
+    }
+    for (file, git_ref, want) in [
+        ("branch.yaml", "main", "three"),
+        ("commit.yaml", first.as_str(), "one"),
+    ] {
+        let (code, out, err) = parts(&home.run(["exec", "g", &task(file, git_ref)]));
+        assert_eq!(code, 0, "{git_ref}: stdout:\n{out}\nstderr:\n{err}");
+        assert!(
+            out.contains(&format!("rank-1 f={want} in=sky_workdir")),
+            "{git_ref}:\n{out}\n{err}"
+        );
+    }
+    let (code, out, err) = parts(&home.run(["exec", "g", &task("none.yaml", "no-such-ref")]));
+    assert_ne!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let all = format!("{out}{err}");
+    assert!(
+        all.contains("no-such-ref") && all.contains(&url),
+        "names the ref and the repository:\n{all}"
+    );
+    assert!(!all.contains(" f="), "the run did not start:\n{all}");
+    let (code, _, err) = parts(&home.run(["down", "-y", "g"]));
+    assert_eq!(code, 0, "{err}");
+    assert_no_marker_procs(&home.marker, "down of a cluster with a git workdir");
+}
