@@ -774,6 +774,14 @@ pub(crate) fn down(a: &DownArgs, out: Output) -> Result<ExitCode, Error> {
                 rt.block_on(provision::teardown(&store, n, &providers))
                     .map_err(|e| match e {
                         TeardownError::State(e) => Error::State(e),
+                        // The nodes are gone; a bucket made for it is not.
+                        e @ TeardownError::Bucket(_) => Error::usage(
+                            format!("the nodes are terminated, but {e}"),
+                            Some(&format!(
+                                "the cluster stays listed (TERMINATING) until the bucket is deleted: \
+                                 fix the credentials and run `gangway down {n}` again"
+                            )),
+                        ),
                         e => Error::leftover(&store, n, e),
                     })
             });

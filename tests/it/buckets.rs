@@ -623,3 +623,226 @@ fn a_git_workdir_is_cloned_on_every_node_at_its_ref() {
     assert_eq!(code, 0, "{err}");
     assert_no_marker_procs(&home.marker, "down of a cluster with a git workdir");
 }
+
+/// What a corpus file with buckets does here.
+enum Corpus {
+    /// Launches on the local provider: its file mounts, buckets and
+    /// workdir made on both nodes, the run started.
+    Launches,
+    /// Refused before anything starts (exit 2), naming the file, the line
+    /// and this.
+    Refused(&'static str),
+}
+
+/// The real SkyPilot task files that use buckets (or a git workdir), with
+/// their `file_mounts`, `workdir` and `envs` unmodified, against both
+/// emulators: those that name their buckets launch on the local provider
+/// (buckets made, local sources uploaded, S3 and GCS objects copied,
+/// mounts made on every node, the non-persistent bucket deleted at
+/// `down`); the ones that leave the bucket name for the user to fill in
+/// are refused with the line to fix. Their `setup` and `run` install CUDA
+/// software, so they are replaced by a line each rank prints; the files'
+/// resources are overridden to the local provider. The two multi-document
+/// pipelines among them are refused as such by the corpus test.
+#[test]
+fn the_corpus_files_with_buckets_launch_against_the_emulators() {
+    let (Some(s3), Some(gcs), Some(ec2)) = (
+        StoreEmulator::s3(),
+        StoreEmulator::gcs(),
+        crate::ec2_emulator::Ec2Emulator::shared(),
+    ) else {
+        return;
+    };
+    let Some(shared) = crate::common::shared() else {
+        crate::skip::skipped(
+            "compat",
+            "../shared not found: the corpus files with buckets were NOT launched",
+        );
+        return;
+    };
+    let corpus = shared.join("compat/skypilot-tasks");
+    let home = TestHome::new();
+    let m = home.marker.to_ascii_lowercase();
+    // What the files point at: a working directory with their local
+    // sources, a HOME with their ~ files, the public buckets they read.
+    let cwd = home.path().join("cwd");
+    let user = home.path().join("user");
+    for (path, text) in [
+        (cwd.join("examples/managed_job_with_storage.yaml"), "x"),
+        (cwd.join("setup.py"), "print()"),
+        (cwd.join("configs/8B-lora.yaml"), "x: 1"),
+        (cwd.join("mistral/qlora-checkpoint.yaml"), "x: 1"),
+        (cwd.join("llama_hf_assets.yaml"), "x: 1"),
+        (cwd.join("resnet_ddp/train.py"), "print()"),
+        (cwd.join("dummy.json"), "{}"),
+        (user.join("tmpfile"), "tmp"),
+        (user.join("tmp-workdir/tmp file"), "spaced"),
+        (user.join(".ssh/id_rsa.pub"), "ssh-ed25519 AAAA test"),
+    ] {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+    for (emu, bucket, key) in [
+        (s3, "sky-imagenet-data", "datasets/x"),
+        (
+            s3,
+            "fah-public-data-covid19-cryptic-pockets",
+            "human/il6/PROJ14534/RUN999/CLONE0/results0/frame0.xtc",
+        ),
+        (
+            gcs,
+            "cloud-tpu-test-datasets",
+            "fake_imagenet/train-00001-of-01024",
+        ),
+    ] {
+        if !emu.bucket_exists(bucket) {
+            emu.create_bucket(bucket);
+        }
+        emu.put_object(bucket, key, b"data");
+    }
+    let files: &[(&str, Corpus, &[&str])] = &[
+        ("examples__airflow__train.yaml", Corpus::Launches, &[]),
+        (
+            "examples__managed_job_with_storage.yaml",
+            Corpus::Launches,
+            &[],
+        ),
+        ("examples__using_file_mounts.yaml", Corpus::Launches, &[]),
+        (
+            "llm__llama-3_1-finetuning__lora.yaml",
+            Corpus::Launches,
+            &["--env", "HF_TOKEN=x"],
+        ),
+        (
+            "llm__axolotl__axolotl-spot.yaml",
+            Corpus::Launches,
+            &["--env", "HF_TOKEN=x", "--env", "BUCKET=gw-axolotl-test"],
+        ),
+        (
+            "llm__fairseq2__multinode.sky.yaml",
+            Corpus::Launches,
+            &["--secret", "HF_TOKEN=x"],
+        ),
+        (
+            "examples__spot__bert_qa.yaml",
+            Corpus::Refused("name:"),
+            &[],
+        ),
+        (
+            "examples__spot__lightning_cifar10.yaml",
+            Corpus::Refused("name:"),
+            &[],
+        ),
+        ("examples__spot__resnet.yaml", Corpus::Refused("name:"), &[]),
+        (
+            "examples__spot__torchelastic.yaml",
+            Corpus::Refused("name:"),
+            &[],
+        ),
+        (
+            "llm__vicuna__train.yaml",
+            Corpus::Refused("YOUR_OWN_BUCKET_NAME"),
+            &[],
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (i, (name, expect, extra)) in files.iter().enumerate() {
+        let text = std::fs::read_to_string(corpus.join(name)).unwrap();
+        let file = cwd.join(name);
+        std::fs::write(&file, with_run_replaced(&text, &m)).unwrap();
+        let cluster = format!("corpus{i}");
+        let mut c = in_corpus_env(&home, &cwd, &user, [s3, gcs], ec2);
+        c.arg("launch")
+            .arg(&file)
+            .args(["-c", &cluster, "-y", "--infra", "local", "--cpus", "1+"])
+            .args(["--memory", "1+"])
+            .args(*extra);
+        let (code, out, err) = parts(&Running::start(c).wait());
+        let ok = match expect {
+            // No internet here: a git workdir on GitHub cannot be
+            // fetched, and the node says so, naming the repository.
+            Corpus::Launches
+                if err.contains("Could not resolve host")
+                    || out.contains("Could not resolve host") =>
+            {
+                code != 0
+                    && format!("{out}{err}").contains("cannot fetch main of https://github.com/")
+            }
+            Corpus::Launches => code == 0 && out.contains(&format!("corpus-ran-0-{m}")),
+            Corpus::Refused(what) => {
+                code == 2
+                    && err.contains(&format!("{}:", file.display()))
+                    && err.contains("file_mounts")
+                    && err.contains(what)
+                    && home.cluster_opt(&cluster).is_none()
+            }
+        };
+        if !ok {
+            failures.push(format!(
+                "{name}: exit {code}\nstdout:\n{out}\nstderr:\n{err}"
+            ));
+        }
+        if matches!(expect, Corpus::Launches) {
+            let mut c = in_corpus_env(&home, &cwd, &user, [s3, gcs], ec2);
+            c.args(["down", "-y", &cluster]);
+            let (code, _, err) = parts(&Running::start(c).wait());
+            if code != 0 {
+                failures.push(format!("{name}: down: {err}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    // What the files made: the named buckets (persistent by default)
+    // stay; the one marked persistent: false went at down.
+    assert!(s3.bucket_exists("sky-demo-data-test"));
+    assert!(s3.bucket_exists("gw-axolotl-test"));
+    assert!(s3.bucket_exists("sky-llama-31-checkpoints"));
+    assert!(!s3.bucket_exists("sky-workdir-zhwu"));
+    assert_no_marker_procs(&home.marker, "the corpus clusters went down");
+}
+
+/// gangway in `home`, run from `cwd` with `user` as HOME, with the user's
+/// credentials for both store emulators (and STS for S3's).
+fn in_corpus_env(
+    home: &TestHome,
+    cwd: &std::path::Path,
+    user: &std::path::Path,
+    [s3, gcs]: [&StoreEmulator; 2],
+    ec2: &crate::ec2_emulator::Ec2Emulator,
+) -> std::process::Command {
+    let mut c = command_in(home.path());
+    c.current_dir(cwd)
+        .env("HOME", user)
+        .envs(ec2.env())
+        .env("GANGWAY_S3_ENDPOINT", &s3.endpoint)
+        .env("AWS_ACCESS_KEY_ID", S3_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", S3_KEY)
+        .env("AWS_REGION", S3_REGION)
+        .env_remove("AWS_SESSION_TOKEN")
+        .env_remove("AWS_PROFILE")
+        .env("GANGWAY_GCS_ENDPOINT", &gcs.endpoint)
+        .env("GOOGLE_SERVICE_ACCOUNT_KEY", GCS_NO_AUTH_KEY)
+        .env("GOOGLE_CLOUD_PROJECT", "test");
+    c
+}
+
+/// `text` with its top-level `setup:` and `run:` blocks replaced by one
+/// line each rank prints.
+fn with_run_replaced(text: &str, marker: &str) -> String {
+    let mut out = String::new();
+    let mut skipping = false;
+    for line in text.lines() {
+        let top = !line.starts_with([' ', '\t', '#']) && !line.trim().is_empty();
+        if top {
+            skipping = line.starts_with("setup:") || line.starts_with("run:");
+        }
+        if !skipping {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out.push_str(&format!(
+        "run: echo corpus-ran-$SKYPILOT_NODE_RANK-{marker}\n"
+    ));
+    out
+}
