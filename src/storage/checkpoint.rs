@@ -18,7 +18,7 @@
 //! gangway itself reads and writes manifests and lists keys (to prune):
 //! no checkpoint byte passes through it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use gangway_provider::{NodeCommand, NodeRow, Transport};
@@ -66,9 +66,30 @@ pub(crate) async fn complete(bucket: &Bucket) -> Result<Vec<u64>, StoreError> {
     Ok(gens)
 }
 
+/// What a sync left as the newest complete checkpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Synced {
+    /// Its generation.
+    pub(crate) generation: u64,
+    /// Files in it (every rank's).
+    pub(crate) files: usize,
+    /// Whether this sync made it (false: nothing had changed since the
+    /// newest one, which stays).
+    pub(crate) new: bool,
+}
+
+/// What one rank's upload reported (its last line).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct RankReport {
+    files: usize,
+    unchanged: bool,
+}
+
 /// Uploads every node's checkpoint directory as generation `generation`
 /// (each node with rclone, in parallel), then marks it complete and prunes
-/// to the newest `keep`. Returns the number of files in the checkpoint.
+/// to the newest `keep`. When no node's files changed since the newest
+/// complete checkpoint, nothing is written: that checkpoint is still
+/// whole and current.
 pub(crate) async fn sync(
     bucket: &Bucket,
     generation: u64,
@@ -76,8 +97,9 @@ pub(crate) async fn sync(
     nodes: &[NodeRow],
     checkpoint_dirs: &[String],
     transport: Arc<dyn Transport>,
-) -> Result<usize, CheckpointError> {
-    let prev = complete(bucket).await?.last().copied();
+) -> Result<Synced, CheckpointError> {
+    let done = complete(bucket).await?;
+    let prev = done.last().copied();
     let creds = super::node_env(bucket.url(), REMOTE).await?;
     let base = bucket.url().rclone_path(REMOTE);
     let mut runs = Vec::new();
@@ -103,8 +125,32 @@ pub(crate) async fn sync(
         };
         runs.push(run_on(Arc::clone(&transport), node.clone(), cmd, rank));
     }
+    let mut reports = Vec::new();
     for r in futures::future::join_all(runs).await {
-        r?;
+        reports.push(r?);
+    }
+    let files: usize = reports.iter().map(|r| r.files).sum();
+    if let Some(p) = prev {
+        if reports.iter().all(|r| r.unchanged) {
+            return Ok(Synced {
+                generation: p,
+                files,
+                new: false,
+            });
+        }
+        // A rank whose files did not change wrote no manifest: its
+        // previous one is this generation's too (metadata, not bytes).
+        for (rank, r) in reports.iter().enumerate() {
+            if r.unchanged {
+                let m = bucket
+                    .get(&format!("manifests/{p}/rank-{rank}.tsv"))
+                    .await?
+                    .unwrap_or_default();
+                bucket
+                    .put(&format!("manifests/{generation}/rank-{rank}.tsv"), m)
+                    .await?;
+            }
+        }
     }
     // Complete only when every rank's manifest is there.
     let listed: BTreeSet<String> = bucket
@@ -121,10 +167,6 @@ pub(crate) async fn sync(
             generation,
             missing,
         });
-    }
-    let mut files = 0;
-    for r in 0..nodes.len() {
-        files += manifest(bucket, generation, r).await?.len();
     }
     // Nodes with nothing in their checkpoint directories never replace a
     // checkpoint that has something (a run stopped before it wrote one).
@@ -152,79 +194,97 @@ pub(crate) async fn sync(
             top.to_string().into_bytes(),
         )
         .await?;
-    prune(bucket, keep).await?;
-    Ok(files)
+    let mut done = done;
+    done.push(generation);
+    prune(bucket, keep, &done).await?;
+    Ok(Synced {
+        generation,
+        files,
+        new: true,
+    })
 }
 
-/// One rank's manifest of `generation`: path → key.
-async fn manifest(
-    bucket: &Bucket,
-    generation: u64,
-    rank: usize,
-) -> Result<BTreeMap<String, String>, StoreError> {
-    let text = bucket
-        .get(&format!("manifests/{generation}/rank-{rank}.tsv"))
-        .await?
-        .unwrap_or_default();
-    Ok(String::from_utf8_lossy(&text)
+/// The keys a rank manifest's lines point at.
+fn keys_in(text: &[u8]) -> impl Iterator<Item = String> + '_ {
+    std::str::from_utf8(text)
+        .unwrap_or_default()
         .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split('\t').collect();
-            (f.len() >= 4).then(|| (f[0].to_string(), f[3].to_string()))
-        })
-        .collect())
+        .filter_map(|l| l.split('\t').nth(3).map(str::to_string))
 }
 
-/// Keeps the newest `keep` complete generations: deletes older manifests,
-/// unfinished generations older than the newest complete one, and every
-/// file object no kept manifest refers to. Newer unfinished generations
-/// (an upload under way) are left alone.
-pub(crate) async fn prune(bucket: &Bucket, keep: u32) -> Result<(), StoreError> {
-    let done = complete(bucket).await?;
+/// Keeps the newest `keep` of the complete generations `done` (oldest
+/// first): deletes older manifests, unfinished generations older than the
+/// newest complete one, and every file object no kept manifest refers to.
+/// Newer unfinished generations (an upload under way) are left alone.
+/// Lists only the top level and the generations it removes: a sync that
+/// removes nothing makes two listing requests.
+async fn prune(bucket: &Bucket, keep: u32, done: &[u64]) -> Result<(), StoreError> {
     let Some(&newest) = done.last() else {
         return Ok(());
     };
     let kept: Vec<u64> = done.iter().rev().take(keep as usize).copied().collect();
+    let number = |dir: &str, prefix: &str| -> Option<u64> {
+        dir.trim_end_matches('/').strip_prefix(prefix)?.parse().ok()
+    };
+    // Generations with files, and with manifests (complete or not).
+    let with_files: Vec<u64> = bucket
+        .list_dirs("")
+        .await?
+        .iter()
+        .filter_map(|d| number(d, "gen-"))
+        .collect();
+    let with_manifests: Vec<u64> = bucket
+        .list_dirs("manifests/")
+        .await?
+        .iter()
+        .filter_map(|d| number(d, "manifests/"))
+        .collect();
+    let doomed = |g: &u64| *g < newest && !kept.contains(g);
+    let doomed_files: BTreeSet<u64> = with_files.iter().copied().filter(doomed).collect();
+    let doomed_manifests: BTreeSet<u64> = with_manifests
+        .iter()
+        .chain(done)
+        .copied()
+        .filter(doomed)
+        .collect();
+    if doomed_files.is_empty() && doomed_manifests.is_empty() {
+        return Ok(());
+    }
+    // What the kept checkpoints still point at, in older generations too.
     let mut referenced = BTreeSet::new();
-    for g in &kept {
-        let ranks: Vec<String> = bucket
-            .list(&format!("manifests/{g}/"))
-            .await?
-            .into_iter()
-            .map(|o| o.key)
-            .collect();
-        for key in ranks {
-            let text = bucket.get(&key).await?.unwrap_or_default();
-            for l in String::from_utf8_lossy(&text).lines() {
-                if let Some(k) = l.split('\t').nth(3) {
-                    referenced.insert(k.to_string());
-                }
+    if !doomed_files.is_empty() {
+        for g in &kept {
+            for m in bucket.list(&format!("manifests/{g}/")).await? {
+                referenced.extend(keys_in(&bucket.get(&m.key).await?.unwrap_or_default()));
             }
         }
     }
-    let generation_of = |key: &str| -> Option<u64> {
-        let rest = key
-            .strip_prefix("gen-")
-            .or_else(|| key.strip_prefix("manifests/"))?;
-        let g: String = rest.chars().take_while(char::is_ascii_digit).collect();
-        g.parse().ok()
-    };
-    let mut doomed = Vec::new();
-    for o in bucket.list("").await? {
-        let Some(g) = generation_of(&o.key) else {
-            continue;
-        };
-        if g > newest || kept.contains(&g) && o.key.starts_with("manifests/") {
-            continue;
-        }
-        if o.key.starts_with("gen-") && referenced.contains(&o.key) {
-            continue;
-        }
-        doomed.push(o.key);
-    }
     // Manifests first: a generation is never complete without its files.
-    doomed.sort_by_key(|k| (!k.ends_with(".json"), !k.starts_with("manifests/")));
-    bucket.delete(&doomed).await
+    let mut marks = Vec::new();
+    let mut ranks = Vec::new();
+    for g in &doomed_manifests {
+        marks.push(format!("manifests/{g}.json"));
+        ranks.extend(
+            bucket
+                .list(&format!("manifests/{g}/"))
+                .await?
+                .into_iter()
+                .map(|o| o.key),
+        );
+    }
+    bucket.delete(&marks).await?;
+    bucket.delete(&ranks).await?;
+    for g in &doomed_files {
+        let unreferenced: Vec<String> = bucket
+            .list(&format!("gen-{g}/"))
+            .await?
+            .into_iter()
+            .map(|o| o.key)
+            .filter(|k| !referenced.contains(k))
+            .collect();
+        bucket.delete(&unreferenced).await?;
+    }
+    Ok(())
 }
 
 /// The environment that restores generation `generation` into a node's
@@ -243,7 +303,7 @@ async fn run_on(
     node: NodeRow,
     cmd: NodeCommand,
     rank: usize,
-) -> Result<(), CheckpointError> {
+) -> Result<RankReport, CheckpointError> {
     let fail = |what: String| CheckpointError::Node { rank, what };
     let (reader, writer) = std::io::pipe().map_err(|e| fail(e.to_string()))?;
     let child = transport
@@ -257,7 +317,21 @@ async fn run_on(
     let status = child.wait().await.map_err(|e| fail(e.to_string()))?;
     let output = output.await.unwrap_or_default();
     if status.success() {
-        Ok(())
+        // "gangway-checkpoint files=N unchanged=0|1", the script's last word.
+        let line = output
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("gangway-checkpoint "))
+            .ok_or_else(|| fail(format!("no report from the upload: {}", output.trim())))?;
+        let field = |k: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(k))
+                .and_then(|v| v.parse::<usize>().ok())
+        };
+        Ok(RankReport {
+            files: field("files=").unwrap_or(0),
+            unchanged: field("unchanged=") == Some(1),
+        })
     } else {
         let tail: Vec<&str> = output.lines().rev().take(3).collect();
         let tail: Vec<&str> = tail.into_iter().rev().collect();
@@ -277,15 +351,28 @@ ck="$GANGWAY_CHECKPOINT_DIR"; base="$GW_CK_BASE"; gen="$GW_CK_GEN"; r="$GW_CK_RA
 tmp="$(mktemp -d)" || gw_fail "no temporary directory"
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$ck" || gw_fail "cannot make $ck"
-(cd "$ck" && find . -type f ! -name .gangway-synced -printf '%P\t%s\t%T@\n') | LC_ALL=C sort > "$tmp/now"
+# gangway's own files (.gangway-*) are not part of the checkpoint.
+(cd "$ck" && find . -type f ! -name '.gangway-*' -printf '%P\t%s\t%T@\n') | LC_ALL=C sort > "$tmp/now"
 : > "$tmp/prev"
-if [ -n "$prev" ]; then rclone cat "$base/manifests/$prev/rank-$r.tsv" > "$tmp/prev" 2>/dev/null || : > "$tmp/prev"; fi
+# The manifest this node wrote last, when it is the previous checkpoint's;
+# else the bucket's copy.
+if [ -n "$prev" ]; then
+  if [ -f "$ck/.gangway-manifest-$prev" ]; then cp "$ck/.gangway-manifest-$prev" "$tmp/prev"
+  else rclone cat "$base/manifests/$prev/rank-$r.tsv" > "$tmp/prev" 2>/dev/null || : > "$tmp/prev"; fi
+fi
 # Unchanged files keep the key (and hash) that already holds their bytes.
 awk -F'\t' -v kept="$tmp/kept" -v up="$tmp/up" '
   FILENAME == ARGV[1] { was[$1] = $2 "\t" $3; line[$1] = $0; next }
   ($1 in was) && was[$1] == $2 "\t" $3 { print line[$1] > kept; next }
   { print $1 > up }' "$tmp/prev" "$tmp/now"
 touch "$tmp/kept" "$tmp/up"
+files=$(wc -l < "$tmp/now")
+if [ -n "$prev" ] && [ ! -s "$tmp/up" ] && cmp -s "$tmp/kept" "$tmp/prev"; then
+  # Nothing changed, nothing went: the previous checkpoint is this one.
+  cp "$tmp/prev" "$ck/.gangway-manifest-$prev" 2>/dev/null
+  echo "gangway-checkpoint files=$files unchanged=1"
+  exit 0
+fi
 dest="$base/gen-$gen/rank-$r"
 : > "$tmp/new"
 if [ -s "$tmp/up" ]; then
@@ -304,7 +391,10 @@ if [ -s "$tmp/up" ]; then
 fi
 LC_ALL=C sort "$tmp/kept" "$tmp/new" > "$tmp/manifest"
 rclone rcat "$base/manifests/$gen/rank-$r.tsv" < "$tmp/manifest" || gw_fail "cannot write the manifest"
+rm -f "$ck"/.gangway-manifest-*
+cp "$tmp/manifest" "$ck/.gangway-manifest-$gen" 2>/dev/null
 echo "checkpoint rank $r: $(wc -l < "$tmp/manifest") files, $(wc -l < "$tmp/up") uploaded"
+echo "gangway-checkpoint files=$files unchanged=0"
 "#;
 
 /// Restores generation `GW_CK_RESTORE` into `GANGWAY_CHECKPOINT_DIR`: the

@@ -94,18 +94,40 @@ pub(crate) async fn node_env(
     let endpoints = Endpoints::from_env();
     #[cfg(feature = "aws")]
     if url.scheme == Scheme::S3 {
-        let c =
-            gangway_aws::node_credentials()
-                .await
-                .map_err(|reason| StoreError::NoCredentials {
-                    url: url.clone(),
-                    reason,
-                })?;
+        let c = s3_node_credentials()
+            .await
+            .map_err(|reason| StoreError::NoCredentials {
+                url: url.clone(),
+                reason,
+            })?;
         return Bucket::open_as(url, &endpoints, Some(&keys(c)))?
             .node_env(remote)
             .await;
     }
     Bucket::open(url, &endpoints)?.node_env(remote).await
+}
+
+/// How long one set of node credentials is handed out: an STS session
+/// lasts 12 hours, so what a node gets has hours left; a checkpoint sync
+/// every few seconds costs one STS call in five minutes, not one each.
+#[cfg(feature = "aws")]
+const NODE_KEYS_REUSED_FOR: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// [`gangway_aws::node_credentials`], reused for [`NODE_KEYS_REUSED_FOR`]
+/// (in memory only).
+#[cfg(feature = "aws")]
+async fn s3_node_credentials() -> Result<gangway_aws::StorageCredentials, String> {
+    use std::sync::Mutex;
+    use std::time::Instant;
+    static KEPT: Mutex<Option<(Instant, gangway_aws::StorageCredentials)>> = Mutex::new(None);
+    if let Some((at, c)) = KEPT.lock().map_err(|e| e.to_string())?.as_ref() {
+        if at.elapsed() < NODE_KEYS_REUSED_FOR {
+            return Ok(c.clone());
+        }
+    }
+    let c = gangway_aws::node_credentials().await?;
+    *KEPT.lock().map_err(|e| e.to_string())? = Some((Instant::now(), c.clone()));
+    Ok(c)
 }
 
 #[cfg(feature = "aws")]

@@ -7,6 +7,12 @@
 //! on: nodes run rclone, configured entirely through `RCLONE_CONFIG_*`
 //! environment variables that reach them like secrets ([`Bucket::node_env`]).
 #![deny(missing_docs)]
+// Built with no store (gangway without its cloud features), every bucket
+// operation ends at `Creds::Never`: what follows it is unreachable.
+#![cfg_attr(
+    not(any(feature = "s3", feature = "gcs")),
+    allow(unreachable_code, unused_mut, unused_imports, unused_variables)
+)]
 
 mod admin;
 mod upload;
@@ -14,7 +20,7 @@ mod url;
 
 use std::sync::Arc;
 
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
@@ -283,14 +289,42 @@ impl Bucket {
     }
 
     /// Deletes `keys` (relative to the prefix); missing ones are fine.
+    /// Batched where the store can (S3's DeleteObjects: 1,000 a request).
     pub async fn delete(&self, keys: &[String]) -> Result<(), StoreError> {
-        for k in keys {
-            match self.store.delete(&self.path(k)).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let paths: Vec<object_store::Result<ObjectPath>> =
+            keys.iter().map(|k| Ok(self.path(k))).collect();
+        let mut done = self
+            .store
+            .delete_stream(futures::stream::iter(paths).boxed());
+        while let Some(r) = done.next().await {
+            match r {
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
                 Err(e) => return Err(self.fail(e)),
             }
         }
         Ok(())
+    }
+
+    /// The "directories" right below `under` (relative to the prefix):
+    /// the distinct next path segments, one listing request a page.
+    pub async fn list_dirs(&self, under: &str) -> Result<Vec<String>, StoreError> {
+        let base = self.path("");
+        let at = self.path(under);
+        let listed = self
+            .store
+            .list_with_delimiter(Some(&at))
+            .await
+            .map_err(|e| self.fail(e))?;
+        let mut out: Vec<String> = listed
+            .common_prefixes
+            .iter()
+            .map(|p| relative(&base, p))
+            .collect();
+        out.sort();
+        Ok(out)
     }
 
     /// The environment that lets rclone on a node reach this bucket as
