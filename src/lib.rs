@@ -7,6 +7,7 @@
 
 pub mod catalog;
 pub mod cli;
+mod config;
 pub mod context;
 pub mod error;
 pub mod gang;

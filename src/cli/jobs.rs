@@ -169,8 +169,20 @@ fn checkpoint_storage(
 fn launch(a: &JobsLaunchArgs, catalog: Option<&Path>, out: Output) -> Result<ExitCode, Error> {
     let task = a.task.load()?;
     super::plan::require_values(&task, &a.task.task)?;
-    let spec = job_spec(&task, &a.task.task, true, false)?;
+    let mut spec = job_spec(&task, &a.task.task, true, false)?;
     crate::storage::preflight_now(&task, &a.task.task, &spec.bucket_mounts)?;
+    // With jobs.bucket, the workdir and local file mounts go to the store
+    // once, now: recoveries fetch them from there, not from this machine.
+    let job_files = match crate::config::jobs_bucket(&task, &gangway_home()?)? {
+        Some(b) if spec.workdir.is_some() || !spec.file_mounts.is_empty() => {
+            let tag = format!("{}-{}", crate::state::now_ms(), std::process::id());
+            Some(
+                crate::cli::launch::runtime()?
+                    .block_on(crate::storage::stage_job_files(&b, &mut spec, &tag))?,
+            )
+        }
+        _ => None,
+    };
     let secrets = secrets_of(&task);
     // The copy recoveries plan from, with literal secret values taken out
     // (they are in secrets.json below, owner-only, until the job ends).
@@ -226,6 +238,7 @@ fn launch(a: &JobsLaunchArgs, catalog: Option<&Path>, out: Output) -> Result<Exi
         spec,
         storage,
         storage_url,
+        job_files,
         keep: ck.keep,
         sync_interval_s: ck.sync_interval_s as f64,
         signal: signal_number(&ck.signal),

@@ -1571,6 +1571,14 @@ async fn finish(
             "job {id}: a bucket it created could not be deleted: {e}"
         )),
     }
+    // Its workdir and file mounts in jobs.bucket go too.
+    if let Some(url) = m.task.as_ref().and_then(|t| t.job_files.clone()) {
+        if let Err(e) = crate::storage::remove_job_files(&url).await {
+            sh.say(&format!(
+                "job {id}: its files in {url} could not be deleted: {e}"
+            ));
+        }
+    }
     Ok(())
 }
 

@@ -45,6 +45,10 @@ pub(crate) struct ManagedTask {
     /// upload to it and restore from it themselves.
     #[serde(default)]
     pub(crate) storage_url: Option<String>,
+    /// Where `jobs.bucket` holds this job's workdir and local file mounts
+    /// (`s3://b/gangway-jobs/<tag>`), deleted when the job ends.
+    #[serde(default)]
+    pub(crate) job_files: Option<String>,
     /// `checkpoint.keep`: complete bucket checkpoints kept.
     #[serde(default = "default_keep")]
     pub(crate) keep: u32,

@@ -4,6 +4,7 @@
 //! [`Task`] or one [`SpecError`] that names the file, line, column and field.
 
 mod decode;
+pub(crate) use decode::to_json;
 pub mod model;
 mod overrides;
 pub mod yaml;

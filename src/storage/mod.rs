@@ -425,6 +425,84 @@ pub(crate) async fn make_buckets(
     Ok(())
 }
 
+/// Puts a managed job's workdir and local file mounts in `jobs.bucket`
+/// under `gangway-jobs/<tag>/`, once, from here, and turns them into COPY
+/// bucket mounts, so every recovery's nodes fetch them from the store
+/// instead of this machine. Returns where they are.
+pub(crate) async fn stage_job_files(
+    jobs_bucket: &str,
+    spec: &mut crate::gang::JobSpec,
+    tag: &str,
+) -> Result<String, Error> {
+    let fail = |e: StoreError| {
+        Error::usage(
+            format!("jobs.bucket: {e}"),
+            Some("jobs.bucket (config.yaml or the task's config:) names a bucket that exists and that your credentials may write"),
+        )
+    };
+    let base = BucketUrl::parse(jobs_bucket).map_err(|e| {
+        Error::usage(
+            format!("jobs.bucket: {e}"),
+            Some("write jobs: {bucket: s3://BUCKET} or gs://BUCKET"),
+        )
+    })?;
+    let url = base.join(&format!("gangway-jobs/{tag}"));
+    let bucket = user_bucket(&url).await.map_err(fail)?;
+    bucket.check().await.map_err(fail)?;
+    match stage(&bucket, &url, spec).await {
+        Ok(()) => Ok(url.to_string()),
+        Err(e) => {
+            // Nothing half-staged is left behind.
+            let _ = remove_job_files(&url.to_string()).await;
+            Err(fail(e))
+        }
+    }
+}
+
+async fn stage(
+    bucket: &Bucket,
+    url: &BucketUrl,
+    spec: &mut crate::gang::JobSpec,
+) -> Result<(), StoreError> {
+    let mut uploads: Vec<(String, PathBuf)> = Vec::new();
+    if let Some(w) = spec.workdir.take() {
+        uploads.push((crate::gang::WORKDIR_ON_NODE.to_string(), w));
+    }
+    uploads.extend(spec.file_mounts.drain(..));
+    for (i, (dest, src)) in uploads.into_iter().enumerate() {
+        let under = format!("files/{i}");
+        let up = bucket.upload_dir(&src, &under).await?;
+        // One file is one object, fetched to the path itself.
+        let key = match (src.is_file(), src.file_name()) {
+            (true, Some(name)) => format!("{under}/{}", name.to_string_lossy()),
+            _ => under,
+        };
+        eprintln!(
+            "Uploaded {} to {}: {} file(s), {} byte(s)",
+            src.display(),
+            url.join(&key),
+            up.sent,
+            up.bytes
+        );
+        spec.bucket_mounts.push(BucketMount {
+            dest,
+            url: url.join(&key).to_string(),
+            remote: format!("gw{}", spec.bucket_mounts.len()),
+            mode: Mode::Copy,
+            create: None,
+        });
+    }
+    Ok(())
+}
+
+/// Deletes what [`stage_job_files`] put in the bucket.
+pub(crate) async fn remove_job_files(url: &str) -> Result<usize, StoreError> {
+    let bucket = user_bucket(&bad_url(url)?).await?;
+    let keys: Vec<String> = bucket.list("").await?.into_iter().map(|o| o.key).collect();
+    bucket.delete(&keys).await?;
+    Ok(keys.len())
+}
+
 /// The GCP project new GCS buckets go in.
 fn gcp_project() -> Option<String> {
     #[cfg(feature = "gcp")]

@@ -846,3 +846,102 @@ fn with_run_replaced(text: &str, marker: &str) -> String {
     ));
     out
 }
+
+/// `jobs.bucket`: a managed job's workdir and local file mounts go to the
+/// bucket once, from this machine, at `jobs launch`; every run's nodes
+/// (the first and the recovery after a preemption) fetch them from the
+/// store with rclone; they are deleted when the job ends.
+fn a_managed_jobs_files_travel_through_jobs_bucket(emu: &StoreEmulator) {
+    let home = TestHome::new();
+    let bucket = format!("gw-{}-jobs", home.marker.to_ascii_lowercase());
+    emu.create_bucket(&bucket);
+    std::fs::write(
+        home.path().join("config.yaml"),
+        format!("jobs:\n  bucket: {}://{bucket}\n", scheme(emu)),
+    )
+    .unwrap();
+    let wd = home.path().join("wd");
+    std::fs::create_dir_all(&wd).unwrap();
+    std::fs::write(wd.join("code.txt"), "code-v1").unwrap();
+    let data = home.path().join("data.txt");
+    std::fs::write(&data, "data-v1").unwrap();
+    let task = home.file(
+        "jb.yaml",
+        &format!(
+            "resources:\n  infra: local\n  use_spot: true\nenvs:\n  GW_TEST_MARKER: {m}\n\
+             workdir: {wd}\nfile_mounts:\n  ~/in/data.txt: {data}\n\
+             config:\n  local:\n    preemptions:\n      - {{after_s: 4}}\n\
+             run: |\n  echo \"run $GANGWAY_RESTART_COUNT code=$(cat code.txt) data=$(cat ~/in/data.txt)\"\n\
+             \x20 [ \"$GANGWAY_RESTART_COUNT\" -ge 1 ] || sleep 60\n",
+            m = home.marker,
+            wd = wd.display(),
+            data = data.display()
+        ),
+    );
+    let before = emu.last_request_id();
+    let (code, out, err) = parts(&run(emu, &home, &["jobs", "launch", &task, "-y"]));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let job = crate::jobs::managed(&home, 1);
+    assert_eq!(job["state"], "SUCCEEDED", "{job}");
+    assert_eq!(job["preemptions"], 1, "{job}");
+    let logs = parts(&home.run(["jobs", "logs", "1"])).1;
+    for run in 0..2 {
+        let want = format!("run {run} code=code-v1 data=data-v1");
+        assert!(logs.contains(&want), "{want} missing:\n{logs}");
+    }
+    let log: Vec<_> = emu
+        .requests_since(before)
+        .into_iter()
+        .filter(|r| unescaped(&r.path).contains(&bucket))
+        .collect();
+    let agent = |r: &gangway_test::storage::RequestRecord, a: &str| {
+        r.user_agent.as_deref().is_some_and(|u| u.starts_with(a))
+    };
+    // Two files went up once, from gangway; both runs' node fetched both.
+    let put_here = log
+        .iter()
+        .filter(|r| agent(r, "object_store") && r.method != "POST" && r.bytes_in > 0)
+        .count();
+    // (S3's batch delete is a POST with a body; GCS uploads are POSTs too.)
+    let put_here = put_here
+        + log
+            .iter()
+            .filter(|r| {
+                agent(r, "object_store")
+                    && r.method == "POST"
+                    && unescaped(&r.path).contains("uploadType")
+            })
+            .count();
+    assert_eq!(put_here, 2, "uploaded once from here: {log:?}");
+    let fetched = log
+        .iter()
+        .filter(|r| agent(r, "rclone") && r.method == "GET" && r.bytes_out == 7)
+        .count();
+    assert!(fetched >= 4, "each run's node fetched both files: {log:?}");
+    // Gone with the job.
+    assert!(
+        emu.list(&bucket, "gangway-jobs/").is_empty(),
+        "{:?}",
+        emu.list(&bucket, "")
+    );
+    assert_no_marker_procs(&home.marker, "the managed job ended");
+}
+
+#[test]
+fn a_managed_jobs_files_travel_through_an_s3_jobs_bucket() {
+    let (Some(emu), Some(_)) = (
+        StoreEmulator::s3(),
+        crate::ec2_emulator::Ec2Emulator::shared(),
+    ) else {
+        return;
+    };
+    a_managed_jobs_files_travel_through_jobs_bucket(emu);
+}
+
+#[test]
+fn a_managed_jobs_files_travel_through_a_gcs_jobs_bucket() {
+    let Some(emu) = StoreEmulator::gcs() else {
+        return;
+    };
+    a_managed_jobs_files_travel_through_jobs_bucket(emu);
+}
