@@ -468,7 +468,7 @@ async fn stage(
     if let Some(w) = spec.workdir.take() {
         uploads.push((crate::gang::WORKDIR_ON_NODE.to_string(), w));
     }
-    uploads.extend(spec.file_mounts.drain(..));
+    uploads.append(&mut spec.file_mounts);
     for (i, (dest, src)) in uploads.into_iter().enumerate() {
         let under = format!("files/{i}");
         let up = bucket.upload_dir(&src, &under).await?;
