@@ -1147,6 +1147,21 @@ async fn observe(sh: &Shared, m: &mut Memo) -> Result<Action, crate::Error> {
             finish(sh, m, ManagedState::FailedSetup, &detail).await?;
         }
         _ => {
+            // A rank that died of the notice's signal before this loop saw
+            // the notice (the node's own reader signals it first): the
+            // checkpoint it was asked for is kept, and it is a preemption.
+            if let Some((rank, words)) = notice(Arc::clone(&nodes), Arc::clone(&transport)).await {
+                if ran {
+                    let r = sync(&mt, Arc::clone(&nodes), Arc::clone(&transport)).await;
+                    if let Some(t) = synced(sh, m.job().id, r) {
+                        m.job().last_sync_at = Some(t);
+                    }
+                }
+                let why =
+                    format!("{detail}; a preemption notice was posted (rank {rank}: {words})");
+                preempted(sh, m, &why).await?;
+                return Ok(Action::Requeue(Duration::ZERO));
+            }
             let outcome = run.outcome.clone();
             let lost = match lost_node(sh, m, &nodes).await {
                 Some(l) => Some(l),

@@ -105,6 +105,7 @@ pub(crate) async fn sync(
     let mut runs = Vec::new();
     for (rank, node) in nodes.iter().enumerate() {
         let mut env = creds.clone();
+        env.extend(super::rclone_source_env());
         env.extend([
             (
                 "GANGWAY_CHECKPOINT_DIR".to_string(),
@@ -351,6 +352,7 @@ ck="$GANGWAY_CHECKPOINT_DIR"; base="$GW_CK_BASE"; gen="$GW_CK_GEN"; r="$GW_CK_RA
 tmp="$(mktemp -d)" || gw_fail "no temporary directory"
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$ck" || gw_fail "cannot make $ck"
+gw_need_rclone
 # gangway's own files (.gangway-*) are not part of the checkpoint.
 (cd "$ck" && find . -type f ! -name '.gangway-*' -printf '%P\t%s\t%T@\n') | LC_ALL=C sort > "$tmp/now"
 : > "$tmp/prev"
@@ -404,6 +406,7 @@ echo "gangway-checkpoint files=$files unchanged=0"
 pub(crate) const RESTORE: &str = r#"
 if [ -n "${GW_CK_RESTORE:-}" ]; then
   ck="$GANGWAY_CHECKPOINT_DIR"; base="$GW_CK_BASE"; gen="$GW_CK_RESTORE"
+  gw_need_rclone
   tmp="$(mktemp -d)" || gw_fail "no temporary directory"
   mkdir -p "$ck" || gw_fail "cannot make $ck"
   rclone lsf --files-only "$base/manifests/$gen/" > "$tmp/ranks" \

@@ -626,7 +626,7 @@ pub(crate) async fn node_credentials(
     mounts: &[BucketMount],
     restore: Option<&Restore>,
 ) -> Result<Vec<(String, String)>, StoreError> {
-    let mut env = Vec::new();
+    let mut env = rclone_source_env();
     if let Some(r) = restore {
         let url = bad_url(&r.url)?;
         env.extend(node_env(&url, checkpoint::REMOTE).await?);
@@ -683,14 +683,53 @@ fn sh(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-/// What every script that runs rclone on a node starts with.
+/// The rclone gangway installs on a node that lacks one.
+pub(crate) const RCLONE_VERSION: &str = "v1.68.2";
+
+/// The environment that tells a node where to fetch rclone when it has
+/// none: `GANGWAY_RCLONE_URL` from this machine's environment (a mirror
+/// for nodes without internet), else rclone's own download site.
+pub(crate) fn rclone_source_env() -> Vec<(String, String)> {
+    let mut env = vec![("GW_RCLONE_VERSION".to_string(), RCLONE_VERSION.to_string())];
+    if let Ok(url) = std::env::var("GANGWAY_RCLONE_URL") {
+        env.push(("GANGWAY_RCLONE_URL".to_string(), url));
+    }
+    env
+}
+
+/// What every script that runs rclone on a node starts with: rclone runs
+/// with remotes from `RCLONE_CONFIG_*` only, and a node without one gets
+/// rclone's static build in `~/.gangway/bin` (no root needed), once.
 pub(crate) const RCLONE_PRELUDE: &str = r#"set -u
 gw_fail() { echo "gangway: $*" >&2; exit 3; }
-# Remotes come from RCLONE_CONFIG_* only: no config file is read or written.
-rclone() {
-  command -v rclone >/dev/null 2>&1 || gw_fail "rclone is not installed on this node (needed for buckets; install it in the image, e.g. apt-get install rclone)"
-  command rclone --config "" "$@"
+gw_rclone_bin=""
+gw_need_rclone() {
+  [ -n "$gw_rclone_bin" ] && return 0
+  # The installed one, not the function below of the same name.
+  gw_rclone_bin="$(unset -f rclone; command -v rclone)"
+  [ -n "$gw_rclone_bin" ] && return 0
+  if [ -x "$HOME/.gangway/bin/rclone" ]; then gw_rclone_bin="$HOME/.gangway/bin/rclone"; return 0; fi
+  v="$GW_RCLONE_VERSION"
+  case "$(uname -m)" in
+    x86_64|amd64) a=amd64 ;; aarch64|arm64) a=arm64 ;;
+    *) gw_fail "rclone is not installed on this node and there is no build of it for $(uname -m); install it in the image" ;;
+  esac
+  url="${GANGWAY_RCLONE_URL:-https://downloads.rclone.org/$v/rclone-$v-linux-$a.zip}"
+  t="$(mktemp -d)" || gw_fail "no temporary directory"
+  if command -v curl >/dev/null 2>&1; then curl -fsSL --retry 3 -o "$t/rclone.zip" "$url"
+  elif command -v wget >/dev/null 2>&1; then wget -q -O "$t/rclone.zip" "$url"
+  else false; fi || { rm -rf "$t"; gw_fail "rclone is not installed on this node and it could not be downloaded from $url (install it in the image, e.g. apt-get install rclone, or set GANGWAY_RCLONE_URL to a mirror)"; }
+  (cd "$t" && { unzip -q rclone.zip 2>/dev/null || python3 -m zipfile -e rclone.zip . 2>/dev/null; }) \
+    || { rm -rf "$t"; gw_fail "cannot unpack $url (no unzip or python3 on this node)"; }
+  f="$(find "$t" -type f -name rclone | head -n 1)"
+  [ -n "$f" ] || { rm -rf "$t"; gw_fail "no rclone in $url"; }
+  mkdir -p "$HOME/.gangway/bin" && cp "$f" "$HOME/.gangway/bin/rclone.$$" && chmod 0755 "$HOME/.gangway/bin/rclone.$$" \
+    && mv -f "$HOME/.gangway/bin/rclone.$$" "$HOME/.gangway/bin/rclone" || { rm -rf "$t"; gw_fail "cannot install rclone in ~/.gangway/bin"; }
+  rm -rf "$t"
+  echo "gangway: installed rclone from $url in ~/.gangway/bin" >&2
+  gw_rclone_bin="$HOME/.gangway/bin/rclone"
 }
+rclone() { gw_need_rclone; "$gw_rclone_bin" --config "" "$@"; }
 # rclone's S3 client refuses AWS_CA_BUNDLE; the same CA goes to rclone's
 # own HTTP client instead.
 if [ -n "${AWS_CA_BUNDLE:-}" ]; then export RCLONE_CA_CERT="$AWS_CA_BUNDLE"; unset AWS_CA_BUNDLE; fi
@@ -721,6 +760,7 @@ fi
 
 /// Shell functions of the storage step's mounts.
 const MOUNT_FUNCTIONS: &str = r#"gw_copy() {
+  gw_need_rclone
   # One object (s3://b/file.txt) lands at the path; a prefix fills it.
   if rclone lsjson --stat "$1" 2>/dev/null | grep -q '"IsDir": *false'; then
     mkdir -p "$(dirname "$2")" || gw_fail "$3: cannot make $(dirname "$2")"

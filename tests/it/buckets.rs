@@ -918,11 +918,15 @@ fn a_managed_jobs_files_travel_through_jobs_bucket(emu: &StoreEmulator) {
         .filter(|r| agent(r, "rclone") && r.method == "GET" && r.bytes_out == 7)
         .count();
     assert!(fetched >= 4, "each run's node fetched both files: {log:?}");
-    // Gone with the job.
-    assert!(
-        emu.list(&bucket, "gangway-jobs/").is_empty(),
-        "{:?}",
-        emu.list(&bucket, "")
+    // Gone with the job (the controller deletes them after the teardown,
+    // once the job's end is recorded).
+    crate::common::wait_for(
+        "the job's files deleted",
+        crate::common::DEADLINE,
+        || match emu.list(&bucket, "gangway-jobs/") {
+            l if l.is_empty() => Ok(()),
+            l => Err(format!("{l:?}")),
+        },
     );
     assert_no_marker_procs(&home.marker, "the managed job ended");
 }
@@ -944,4 +948,133 @@ fn a_managed_jobs_files_travel_through_a_gcs_jobs_bucket() {
         return;
     };
     a_managed_jobs_files_travel_through_jobs_bucket(emu);
+}
+
+/// A node without rclone gets rclone's static build in `~/.gangway/bin`
+/// (from `GANGWAY_RCLONE_URL` here: a local mirror serving a zip laid out
+/// as rclone's downloads are), once per node; the bucket mount then works.
+#[test]
+fn a_node_without_rclone_gets_one_installed_once() {
+    let Some(emu) = StoreEmulator::gcs() else {
+        return;
+    };
+    let home = TestHome::new();
+    // A PATH with every command of this machine but rclone.
+    let bin = home.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for dir in ["/usr/local/bin", "/usr/bin", "/bin"] {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            if name != "rclone" && !bin.join(&name).exists() {
+                let _ = std::os::unix::fs::symlink(e.path(), bin.join(&name));
+            }
+        }
+    }
+    // The mirror: rclone's zip layout, holding a wrapper of the real one.
+    let site = home.path().join("site");
+    std::fs::create_dir_all(&site).unwrap();
+    gangway_test::storage::rclone().expect("rclone on this machine");
+    let real = std::process::Command::new("sh")
+        .args(["-c", "command -v rclone"])
+        .output()
+        .unwrap();
+    let real = String::from_utf8_lossy(&real.stdout).trim().to_string();
+    assert!(real.starts_with('/'), "rclone's path: {real}");
+    std::fs::write(
+        site.join("rclone"),
+        format!("#!/bin/sh\nexec {real} \"$@\"\n"),
+    )
+    .unwrap();
+    let zipped = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sys, zipfile\n\
+             with zipfile.ZipFile(sys.argv[1], 'w') as z:\n    z.write(sys.argv[2], 'rclone-v1.68.2-linux-amd64/rclone')",
+        ])
+        .arg(site.join("rclone.zip"))
+        .arg(site.join("rclone"))
+        .status()
+        .unwrap();
+    assert!(zipped.success());
+    let log = home.path().join("mirror.log");
+    let mut server = std::process::Command::new("python3")
+        .args([
+            "-u",
+            "-m",
+            "http.server",
+            "0",
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+        ])
+        .arg(&site)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let port = {
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(server.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        line.split(" port ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .expect("the mirror's port")
+            .to_string()
+    };
+    let bucket = format!("gw-{}-nr", home.marker.to_ascii_lowercase());
+    emu.create_bucket(&bucket);
+    emu.put_object(&bucket, "x/a.txt", b"alpha");
+    let task = home.file(
+        "nr.yaml",
+        &format!(
+            "num_nodes: 2\nresources:\n  infra: local\nenvs:\n  GW_TEST_MARKER: {m}\n\
+             file_mounts:\n  ~/d: gs://{bucket}/x\n\
+             run: echo \"rank-$NODE_RANK a=$(cat ~/d/a.txt) rclone=$(command -v rclone || echo none)\"\n",
+            m = home.marker
+        ),
+    );
+    let gangway = |args: &[&str]| {
+        let mut c = command_in(home.path());
+        c.env("PATH", &bin)
+            .env(
+                "GANGWAY_RCLONE_URL",
+                format!("http://127.0.0.1:{port}/rclone.zip"),
+            )
+            .env("GANGWAY_GCS_ENDPOINT", &emu.endpoint)
+            .env("GOOGLE_SERVICE_ACCOUNT_KEY", GCS_NO_AUTH_KEY)
+            .args(args);
+        parts(&Running::start(c).wait())
+    };
+    let downloads = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches("GET /rclone.zip")
+            .count()
+    };
+    let (code, out, err) = gangway(&["launch", &task, "-c", "nr", "-y"]);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    for rank in 0..2 {
+        let want = format!("rank-{rank} a=alpha rclone=none");
+        assert!(out.contains(&want), "{want} missing:\n{out}\n{err}");
+    }
+    assert!(
+        format!("{out}{err}").contains("installed rclone from http://127.0.0.1"),
+        "{out}\n{err}"
+    );
+    assert_eq!(downloads(), 2, "once per node");
+    let (code, out, err) = gangway(&["exec", "nr", &task]);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert_eq!(downloads(), 2, "kept on the nodes");
+    let (code, _, err) = gangway(&["down", "-y", "nr"]);
+    assert_eq!(code, 0, "{err}");
+    let _ = server.kill();
+    let _ = server.wait();
+    assert_no_marker_procs(&home.marker, "down");
 }
