@@ -9,7 +9,8 @@ For each store (STORES, default "s3 gcs") and each data set:
   small: SMALL_FILES files (default 10000) of 4 KiB
 it times
   - rclone: `rclone copy DIR remote:bucket/...` (16 transfers, as gangway's
-    nodes use), through the emulator's front;
+    nodes use), through the emulator's front; its objects are deleted
+    before gangway's turn, so both write into an emulator holding the same;
   - gangway: a managed job on the local provider whose setup puts the data
     set into $GANGWAY_CHECKPOINT_DIR (hard links: no copy) and whose run
     reports each `.gangway-synced` it sees: the first sync is the whole
@@ -17,6 +18,11 @@ it times
     completion marker, pruning), measured from the sync's start (the time
     `.gangway-synced` holds) to the file appearing on the node; the next
     ones are checkpoints in which nothing changed.
+and, for the big set (RESTORE_NODES, default 4, RESTORE=0 to skip):
+  - rclone: RESTORE_NODES `rclone copy remote:bucket/... DIR` at once;
+  - gangway: a RESTORE_NODES-node managed job on the same bucket prefix,
+    whose storage step restores that checkpoint on every node at once;
+    the slowest node's restore, as each reports it.
 
 Needs target/ec2-venv and target/gcs-venv (tests/emulators/*/setup.sh),
 rclone, and room for the data set twice in the emulators (moto keeps S3
@@ -41,6 +47,8 @@ BIG_FILES = int(os.environ.get("BIG_FILES", "16"))
 BIG_MB = int(os.environ.get("BIG_MB", "256"))
 SMALL_FILES = int(os.environ.get("SMALL_FILES", "10000"))
 SETS = os.environ.get("SETS", "big small").split()
+RESTORE_NODES = int(os.environ.get("RESTORE_NODES", "4"))
+RESTORE = os.environ.get("RESTORE", "1") != "0"
 NO_CHANGE = 3  # checkpoints with nothing changed, after the first
 NO_AUTH = '{"disable_oauth":true,"client_email":"","private_key":"","private_key_id":""}'
 
@@ -100,6 +108,12 @@ def gangway_env(store, url, ec2):
     return env
 
 
+def listing(store, url, bucket, prefix):
+    p = subprocess.run(["rclone", "lsf", "-R", "--files-only", f"b:{bucket}/{prefix}"],
+                       env=rclone_env(store, url), capture_output=True, text=True, check=True)
+    return [prefix + line for line in p.stdout.splitlines()]
+
+
 def make_data(root, kind):
     d = os.path.join(root, kind)
     os.makedirs(d)
@@ -122,6 +136,55 @@ def rclone_copy(store, url, data, bucket, dest):
     subprocess.run(["rclone", "copy", data, f"b:{bucket}/{dest}", "--transfers", "16",
                     "--checkers", "16", "--retries", "1"], env=rclone_env(store, url), check=True)
     return time.monotonic() - t0
+
+
+def rclone_delete(store, url, bucket, dest):
+    subprocess.run(["rclone", "purge", f"b:{bucket}/{dest}"], env=rclone_env(store, url), check=True)
+
+
+def rclone_restore(store, url, bucket, dest, work):
+    """RESTORE_NODES downloads of the same prefix at once; seconds for all."""
+    dirs = [tempfile.mkdtemp(dir=work) for _ in range(RESTORE_NODES)]
+    t0 = time.monotonic()
+    ps = [subprocess.Popen(["rclone", "copy", f"b:{bucket}/{dest}", d, "--transfers", "16",
+                            "--checkers", "16", "--retries", "1"], env=rclone_env(store, url))
+          for d in dirs]
+    for p in ps:
+        if p.wait() != 0:
+            sys.exit("bench: rclone restore failed")
+    took = time.monotonic() - t0
+    for d in dirs:
+        shutil.rmtree(d)
+    return took
+
+
+def gangway_restore(store, url, ec2, bucket, dest, work):
+    """A RESTORE_NODES-node managed job restoring the checkpoint at dest;
+    the slowest node's restore."""
+    home = tempfile.mkdtemp(dir=work)
+    s = "s3" if store == "s3" else "gs"
+    task = os.path.join(home, "restore.yaml")
+    with open(task, "w") as f:
+        f.write(f"""num_nodes: {RESTORE_NODES}
+resources:
+  infra: local
+checkpoint:
+  storage: {s}://{bucket}/{dest}
+  keep: 2
+run: echo restored-on-$SKYPILOT_NODE_RANK
+""")
+    env = gangway_env(store, url, ec2)
+    env["GANGWAY_HOME"] = home
+    p = subprocess.run([BIN, "jobs", "launch", task, "-y"], cwd=ROOT, env=env,
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"bench: the restoring job failed: {p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+    took = [float(line.split(" in ")[-1].split()[0]) for line in p.stdout.splitlines()
+            if "restored checkpoint" in line and " in " in line]
+    if len(took) != RESTORE_NODES:
+        sys.exit(f"bench: {len(took)} restores reported:\n{p.stdout[-3000:]}")
+    shutil.rmtree(home, ignore_errors=True)
+    return max(took)
 
 
 def gangway_checkpoint(store, url, ec2, data, bucket, dest, work):
@@ -171,6 +234,7 @@ def main():
         ec2 = start(os.path.join(ROOT, "target/ec2-venv/bin/python"),
                     "tests/emulators/ec2/server.py")
         rows = []
+        restores = []
         for store in STORES:
             py = "target/ec2-venv/bin/python" if store == "s3" else "target/gcs-venv/bin/python"
             url = start(os.path.join(ROOT, py), f"tests/emulators/{store}/server.py")
@@ -179,12 +243,21 @@ def main():
                 bucket = f"bench-{store}-{kind}"
                 make_bucket(store, url, bucket)
                 base = rclone_copy(store, url, data, bucket, "rclone")
+                rclone_delete(store, url, bucket, "rclone")
                 first, again = gangway_checkpoint(store, url, ec2, data, bucket, "gangway", work)
                 rows.append((store, kind, base, first, statistics.median(again), max(again)))
                 print(f"{store} {kind}: rclone copy {base:.2f} s; gangway checkpoint {first:.2f} s "
                       f"({(first / base - 1) * 100:+.1f}%); nothing changed: median "
                       f"{statistics.median(again):.2f} s, max {max(again):.2f} s", flush=True)
                 shutil.rmtree(data)
+                if kind == "big" and RESTORE:
+                    gen = sorted(k for k in listing(store, url, bucket, "gangway/manifests/")
+                                 if k.endswith(".json"))[-1].split("/")[-1][:-5]
+                    base_r = rclone_restore(store, url, bucket, f"gangway/gen-{gen}/rank-0", work)
+                    ours_r = gangway_restore(store, url, ec2, bucket, "gangway", work)
+                    restores.append((store, base_r, ours_r))
+                    print(f"{store} restore on {RESTORE_NODES} nodes: rclone copy {base_r:.2f} s; "
+                          f"gangway {ours_r:.2f} s ({(ours_r / base_r - 1) * 100:+.1f}%)", flush=True)
         print()
         print("| store | data | rclone copy | gangway checkpoint | vs rclone | nothing changed (median, max) |")
         print("| --- | --- | --- | --- | --- | --- |")
@@ -192,6 +265,12 @@ def main():
             what = (f"{BIG_FILES} × {BIG_MB} MiB" if kind == "big" else f"{SMALL_FILES} × 4 KiB")
             print(f"| {store} | {what} | {base:.2f} s | {first:.2f} s | {(first / base - 1) * 100:+.1f}% "
                   f"| {med:.2f} s, {mx:.2f} s |")
+        if restores:
+            print()
+            print(f"| store | restore of {BIG_FILES} × {BIG_MB} MiB on {RESTORE_NODES} nodes at once | rclone copy | gangway | vs rclone |")
+            print("| --- | --- | --- | --- | --- |")
+            for store, base_r, ours_r in restores:
+                print(f"| {store} | | {base_r:.2f} s | {ours_r:.2f} s | {(ours_r / base_r - 1) * 100:+.1f}% |")
     finally:
         stop_all()
         shutil.rmtree(work, ignore_errors=True)

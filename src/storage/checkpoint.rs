@@ -356,16 +356,21 @@ gw_need_rclone
 # gangway's own files (.gangway-*) are not part of the checkpoint.
 (cd "$ck" && find . -type f ! -name '.gangway-*' -printf '%P\t%s\t%T@\n') | LC_ALL=C sort > "$tmp/now"
 : > "$tmp/prev"
-# The manifest this node wrote last, when it is the previous checkpoint's;
-# else the bucket's copy.
+# The previous checkpoint as this node knows it (the manifest it wrote or
+# restored last), else every rank's manifest of it from the bucket: a file
+# restored from another rank's upload keeps that upload's key.
 if [ -n "$prev" ]; then
   if [ -f "$ck/.gangway-manifest-$prev" ]; then cp "$ck/.gangway-manifest-$prev" "$tmp/prev"
-  else rclone cat "$base/manifests/$prev/rank-$r.tsv" > "$tmp/prev" 2>/dev/null || : > "$tmp/prev"; fi
+  else
+    rclone lsf --files-only "$base/manifests/$prev/" > "$tmp/ranks" 2>/dev/null || : > "$tmp/ranks"
+    while read -r m; do rclone cat "$base/manifests/$prev/$m" >> "$tmp/prev" 2>/dev/null; done < "$tmp/ranks"
+  fi
 fi
-# Unchanged files keep the key (and hash) that already holds their bytes.
+# Unchanged files (same path, size and mtime) keep the key (and hash)
+# that already holds their bytes.
 awk -F'\t' -v kept="$tmp/kept" -v up="$tmp/up" '
-  FILENAME == ARGV[1] { was[$1] = $2 "\t" $3; line[$1] = $0; next }
-  ($1 in was) && was[$1] == $2 "\t" $3 { print line[$1] > kept; next }
+  FILENAME == ARGV[1] { line[$1 "\t" $2 "\t" $3] = $0; next }
+  (($1 "\t" $2 "\t" $3) in line) { print line[$1 "\t" $2 "\t" $3] > kept; next }
   { print $1 > up }' "$tmp/prev" "$tmp/now"
 touch "$tmp/kept" "$tmp/up"
 files=$(wc -l < "$tmp/now")
@@ -407,6 +412,7 @@ pub(crate) const RESTORE: &str = r#"
 if [ -n "${GW_CK_RESTORE:-}" ]; then
   ck="$GANGWAY_CHECKPOINT_DIR"; base="$GW_CK_BASE"; gen="$GW_CK_RESTORE"
   gw_need_rclone
+  t0="$(date +%s%3N)"
   tmp="$(mktemp -d)" || gw_fail "no temporary directory"
   mkdir -p "$ck" || gw_fail "cannot make $ck"
   rclone lsf --files-only "$base/manifests/$gen/" > "$tmp/ranks" \
@@ -426,7 +432,11 @@ if [ -n "${GW_CK_RESTORE:-}" ]; then
     rclone copy "$base/$src" "$ck" --files-from-raw "$list" --no-traverse --transfers 16 \
       || gw_fail "cannot restore $src of checkpoint $gen"
   done
+  # What was restored, for the next sync to compare with.
+  rm -f "$ck"/.gangway-manifest-*
+  LC_ALL=C sort "$tmp/all" > "$ck/.gangway-manifest-$gen"
   rm -rf "$tmp"
-  echo "restored checkpoint $gen into $ck"
+  ms=$(( $(date +%s%3N) - t0 ))
+  echo "restored checkpoint $gen into $ck in $((ms / 1000)).$(printf %03d $((ms % 1000))) s"
 fi
 "#;

@@ -1078,3 +1078,62 @@ fn a_node_without_rclone_gets_one_installed_once() {
     let _ = server.wait();
     assert_no_marker_procs(&home.marker, "down");
 }
+
+/// A checkpoint's bytes go up once: syncs in which nothing changed write
+/// nothing (no new generation), and after a recovery restores the
+/// checkpoint on both nodes, neither node uploads the restored files again.
+#[test]
+fn unchanged_checkpoint_files_are_uploaded_once_even_across_a_restore() {
+    let (Some(emu), Some(_)) = (
+        StoreEmulator::s3(),
+        crate::ec2_emulator::Ec2Emulator::shared(),
+    ) else {
+        return;
+    };
+    let home = TestHome::new();
+    let bucket = format!("gw-{}-once", home.marker.to_ascii_lowercase());
+    emu.create_bucket(&bucket);
+    let task = home.file(
+        "once.yaml",
+        &format!(
+            "num_nodes: 2\nresources:\n  infra: local\n  use_spot: true\nenvs:\n  GW_TEST_MARKER: {m}\n\
+             checkpoint:\n  storage: s3://{bucket}/o\n  sync_interval: 1\n\
+             config:\n  local:\n    preemptions:\n      - {{after_s: 8, notice_s: 0}}\n\
+             run: |\n  m=\"$GANGWAY_CHECKPOINT_DIR/model.bin\"\n\
+             \x20 if [ -f \"$m\" ]; then echo \"rank $SKYPILOT_NODE_RANK resumed with $(wc -c < \"$m\") bytes\"; sleep 4; exit 0; fi\n\
+             \x20 [ \"$SKYPILOT_NODE_RANK\" = 0 ] && head -c 300000 /dev/urandom > \"$m\"\n\
+             \x20 sleep 60\n",
+            m = home.marker
+        ),
+    );
+    let before = emu.last_request_id();
+    let (code, out, err) = parts(&run(emu, &home, &["jobs", "launch", &task, "-y"]));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let job = crate::jobs::managed(&home, 1);
+    assert_eq!(job["state"], "SUCCEEDED", "{job}");
+    assert_eq!(job["preemptions"], 1, "{job}");
+    let logs = parts(&home.run(["jobs", "logs", "1"])).1;
+    for rank in 0..2 {
+        let want = format!("rank {rank} resumed with 300000 bytes");
+        assert!(logs.contains(&want), "{want} missing:\n{logs}");
+    }
+    let model_puts: Vec<_> = emu
+        .requests_since(before)
+        .into_iter()
+        .filter(|r| {
+            let p = unescaped(&r.path);
+            p.contains(&bucket) && p.contains("/gen-") && p.contains("model.bin") && r.bytes_in > 0
+        })
+        .collect();
+    assert_eq!(
+        model_puts.len(),
+        1,
+        "model.bin went up once: {model_puts:?}"
+    );
+    assert_eq!(
+        complete_generations(emu, &bucket, "o").len(),
+        1,
+        "no generation after the first: nothing changed"
+    );
+    assert_no_marker_procs(&home.marker, "the managed job ended");
+}
