@@ -152,6 +152,9 @@ struct Memo {
     decided: Option<Instant>,
     no_spot: bool,
     wake: Rc<Notify>,
+    /// A periodic checkpoint sync running beside the loop (a big upload
+    /// takes minutes; notices are read meanwhile).
+    syncing: Option<tokio::task::JoinHandle<Result<i64, SyncError>>>,
 }
 
 /// Where the controller's lock and log live.
@@ -366,6 +369,7 @@ async fn job_task(sh: Rc<Shared>, id: i64, wake: Rc<Notify>) {
         decided: None,
         no_spot: false,
         wake: Rc::clone(&wake),
+        syncing: None,
     };
     loop {
         if m.read_at.elapsed() >= REREAD_EVERY {
@@ -1087,24 +1091,28 @@ async fn observe(sh: &Shared, m: &mut Memo) -> Result<Action, crate::Error> {
                 return Ok(Action::Requeue(Duration::ZERO));
             }
         }
-        // 3. Keep the checkpoint fresh.
+        // 3. Keep the checkpoint fresh, beside this loop: a big upload
+        // takes minutes, and the notice must still be read meanwhile.
+        if m.syncing.as_ref().is_some_and(|h| h.is_finished()) {
+            sync_ended(sh, m, was).await?;
+        }
         let due = m
             .job()
             .last_sync_at
             .is_none_or(|t| (now_ms() - t) as f64 >= mt.sync_interval_s * 1000.0);
-        if due && run.status == JobStatus::Running {
-            if let Some(t) = synced(
-                sh,
-                m.job().id,
-                sync(&mt, Arc::clone(&nodes), transport).await,
-            ) {
-                m.job().last_sync_at = Some(t);
-                m.save(sh, was, "")?;
-            }
+        if due && run.status == JobStatus::Running && m.syncing.is_none() {
+            let (mt, nodes) = (Rc::clone(&mt), Arc::clone(&nodes));
+            m.syncing = Some(tokio::task::spawn_local(async move {
+                sync(&mt, nodes, transport).await
+            }));
         }
         return Ok(Action::Requeue(NOTICE_EVERY));
     }
-    // The run ended.
+    // The run ended. A periodic sync still going finishes first: the last
+    // one must not race it.
+    if m.syncing.is_some() {
+        sync_ended(sh, m, was).await?;
+    }
     let detail = run.detail.clone().unwrap_or_default();
     // Only a run whose ranks all started has a checkpoint of its own: the
     // directories of one stopped in setup hold at most the restored copy.
@@ -1329,6 +1337,20 @@ async fn lost_node(sh: &Shared, m: &mut Memo, nodes: &[NodeRow]) -> Option<LostN
             },
         }
     })
+}
+
+/// Waits for the periodic sync running beside the loop and records its
+/// time.
+async fn sync_ended(sh: &Shared, m: &mut Memo, was: ManagedState) -> Result<(), crate::Error> {
+    let Some(h) = m.syncing.take() else {
+        return Ok(());
+    };
+    let r = h.await.map_err(SyncError::from).and_then(|r| r);
+    if let Some(t) = synced(sh, m.job().id, r) {
+        m.job().last_sync_at = Some(t);
+        m.save(sh, was, "")?;
+    }
+    Ok(())
 }
 
 /// The sync's time, or `None` after saying in the controller's log why

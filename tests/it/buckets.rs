@@ -1000,6 +1000,14 @@ fn a_node_without_rclone_gets_one_installed_once() {
         .unwrap();
     assert!(zipped.success());
     let log = home.path().join("mirror.log");
+    /// The mirror stops with the test, however it ends.
+    struct Mirror(std::process::Child);
+    impl Drop for Mirror {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
     let mut server = std::process::Command::new("python3")
         .args([
             "-u",
@@ -1015,13 +1023,11 @@ fn a_node_without_rclone_gets_one_installed_once() {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
+    let stdout = server.stdout.take().unwrap();
+    let _mirror = Mirror(server);
     let port = {
         let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(server.stdout.take().unwrap()),
-            &mut line,
-        )
-        .unwrap();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).unwrap();
         line.split(" port ")
             .nth(1)
             .and_then(|r| r.split_whitespace().next())
@@ -1074,8 +1080,6 @@ fn a_node_without_rclone_gets_one_installed_once() {
     assert_eq!(downloads(), 2, "kept on the nodes");
     let (code, _, err) = gangway(&["down", "-y", "nr"]);
     assert_eq!(code, 0, "{err}");
-    let _ = server.kill();
-    let _ = server.wait();
     assert_no_marker_procs(&home.marker, "down");
 }
 
@@ -1135,5 +1139,53 @@ fn unchanged_checkpoint_files_are_uploaded_once_even_across_a_restore() {
         1,
         "no generation after the first: nothing changed"
     );
+    assert_no_marker_procs(&home.marker, "the managed job ended");
+}
+
+/// A periodic checkpoint upload that takes long (every checkpoint PUT held
+/// 12 s by the front) does not hide the preemption notice: the controller
+/// reads it while the upload goes and signals the run within the notice.
+#[test]
+fn a_slow_checkpoint_upload_does_not_delay_the_preemption_notice() {
+    let (Some(emu), Some(_)) = (
+        StoreEmulator::s3(),
+        crate::ec2_emulator::Ec2Emulator::shared(),
+    ) else {
+        return;
+    };
+    let home = TestHome::new();
+    let bucket = format!("gw-{}-slow", home.marker.to_ascii_lowercase());
+    emu.create_bucket(&bucket);
+    let signal_file = home.path().join("signalled");
+    let task = home.file(
+        "slow.yaml",
+        &format!(
+            "resources:\n  infra: local\n  use_spot: true\nenvs:\n  GW_TEST_MARKER: {m}\n  SIGNAL_FILE: {f}\n\
+             checkpoint:\n  storage: s3://{bucket}/s\n  sync_interval: 1\n  signal: SIGUSR1\n  grace_period: 10\n\
+             config:\n  local:\n    preemptions:\n      - {{after_s: 9, notice_s: 5}}\n\
+             run: |\n  [ \"$GANGWAY_RESTART_COUNT\" = 0 ] || exit 0\n\
+             \x20 echo x > \"$GANGWAY_CHECKPOINT_DIR/w\"\n\
+             \x20 trap 'date +%s%3N > \"$SIGNAL_FILE\"; exit 0' USR1\n\
+             \x20 while true; do sleep 0.02; done\n",
+            m = home.marker,
+            f = signal_file.display()
+        ),
+    );
+    let rule = emu.fault(&serde_json::json!({
+        "method": "PUT", "path_contains": [bucket.as_str(), "/gen-"],
+        "action": "delay", "delay_ms": 12000, "times": -1,
+    }));
+    let (code, out, err) = parts(&run(emu, &home, &["jobs", "launch", &task, "-y"]));
+    emu.remove_fault(rule);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(emu.fired(rule) > 0, "an upload was held");
+    let job = crate::jobs::managed(&home, 1);
+    assert_eq!(job["state"], "SUCCEEDED", "{job}");
+    assert!(
+        signal_file.exists(),
+        "the run was signalled on the notice while the upload was held:\n{out}\n{err}"
+    );
+    let events = parts(&home.run(["jobs", "events", "1"])).1;
+    assert!(events.contains("NOTICE"), "{events}");
     assert_no_marker_procs(&home.marker, "the managed job ended");
 }

@@ -1005,3 +1005,69 @@ fn nodes_behind_a_jump_host_are_reached_through_one_connection_to_it() {
     assert_eq!(crate::common::parts(&home.run(["down", "jmp", "-y"])).0, 0);
     crate::common::assert_no_marker_procs(&home.marker, "down behind a jump host");
 }
+
+/// A bucket MOUNT on a pool machine is unmounted at `down` before the
+/// cluster's processes are killed: the machine (which outlives the
+/// cluster) keeps no mount and no rclone of it.
+#[test]
+fn a_bucket_mount_on_a_pool_machine_is_unmounted_at_down() {
+    let Some(sshd) = Sshd::start(1) else { return };
+    let Some(emu) = gangway_test::storage::StoreEmulator::gcs() else {
+        return;
+    };
+    let home = pool_home(&sshd);
+    let m = home.marker.to_ascii_lowercase();
+    let bucket = format!("gw-{m}-pool");
+    emu.create_bucket(&bucket);
+    emu.put_object(&bucket, "x/a.txt", b"alpha");
+    let dir = format!("gwm-{m}");
+    let t = home.file(
+        "pm.yaml",
+        &format!(
+            "resources:\n  infra: ssh/lab\nfile_mounts:\n  ~/{dir}:\n    source: gs://{bucket}/x\n    mode: MOUNT\n\
+             run: echo \"got $(cat ~/{dir}/a.txt)\"\n"
+        ),
+    );
+    let gangway = |args: &[&str]| {
+        let mut c = crate::common::command_in(home.path());
+        c.env("GANGWAY_GCS_ENDPOINT", &emu.endpoint)
+            .env(
+                "GOOGLE_SERVICE_ACCOUNT_KEY",
+                gangway_test::storage::GCS_NO_AUTH_KEY,
+            )
+            .args(args);
+        crate::common::parts(&crate::common::Running::start(c).wait())
+    };
+    let (code, out, err) = gangway(&["launch", &t, "-c", "pm", "-y"]);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("got alpha"), "{out}");
+    let path = sshd.home.join(&dir);
+    let mounted = |p: &std::path::Path| {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .any(|l| l.split(' ').nth(4) == Some(p.to_str().unwrap()))
+    };
+    assert!(
+        mounted(&path),
+        "{} is a mount while the cluster is up",
+        path.display()
+    );
+    let (code, _, err) = gangway(&["down", "pm", "-y"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        !mounted(&path),
+        "{} still mounted after down",
+        path.display()
+    );
+    let rclones = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .filter(|c| {
+            let c = String::from_utf8_lossy(c);
+            c.contains("rclone") && c.contains(&dir)
+        })
+        .count();
+    assert_eq!(rclones, 0, "an rclone of the mount is left");
+}

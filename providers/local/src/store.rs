@@ -527,7 +527,13 @@ fn unmount_listed(list: &Path) -> io::Result<()> {
     let Ok(text) = fs::read_to_string(list) else {
         return Ok(());
     };
-    for path in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+    // Lines are `cluster<TAB>path` (a bare path from older versions).
+    for path in text
+        .lines()
+        .filter_map(|l| l.rsplit('\t').next())
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+    {
         let path = Path::new(path);
         if !is_mount_point(path) {
             continue;
