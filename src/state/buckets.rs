@@ -18,6 +18,15 @@ pub(crate) struct CreatedBucket {
     pub(crate) persistent: bool,
 }
 
+/// A `buckets` row of `SELECT url, owner, persistent`.
+fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<CreatedBucket> {
+    Ok(CreatedBucket {
+        url: r.get(0)?,
+        owner: r.get(1)?,
+        persistent: r.get(2)?,
+    })
+}
+
 impl Store {
     /// Records `url` as about to be created for `owner`, before it is.
     pub(crate) fn add_bucket(
@@ -41,13 +50,7 @@ impl Store {
         self.query_all(
             "SELECT url, owner, persistent FROM buckets WHERE owner = ?1 ORDER BY url",
             [owner],
-            |r| {
-                Ok(CreatedBucket {
-                    url: r.get(0)?,
-                    owner: r.get(1)?,
-                    persistent: r.get(2)?,
-                })
-            },
+            row,
         )
     }
 
@@ -58,13 +61,7 @@ impl Store {
             .query_all(
                 "SELECT url, owner, persistent FROM buckets WHERE url = ?1",
                 [url],
-                |r| {
-                    Ok(CreatedBucket {
-                        url: r.get(0)?,
-                        owner: r.get(1)?,
-                        persistent: r.get(2)?,
-                    })
-                },
+                row,
             )?
             .pop())
     }

@@ -11,9 +11,8 @@ use gangway_test::storage::{Store, StoreEmulator, GCS_NO_AUTH_KEY, S3_KEY, S3_RE
 
 use crate::common::{assert_no_marker_procs, command_in, parts, Running, TestHome};
 
-/// gangway in `home`, with the user's credentials for `emu`'s store.
-fn run(emu: &StoreEmulator, home: &TestHome, args: &[&str]) -> Output {
-    let mut c = command_in(home.path());
+/// The user's credentials for `emu`'s store in `c`'s environment.
+fn with_store(c: &mut std::process::Command, emu: &StoreEmulator) {
     // rclone 1.60's S3 client refuses any AWS_CA_BUNDLE; the storage step
     // passes it on as RCLONE_CA_CERT, which a plain-HTTP emulator ignores.
     match emu.store {
@@ -36,6 +35,12 @@ fn run(emu: &StoreEmulator, home: &TestHome, args: &[&str]) -> Output {
             .env("GOOGLE_SERVICE_ACCOUNT_KEY", GCS_NO_AUTH_KEY)
             .env("GOOGLE_CLOUD_PROJECT", "test"),
     };
+}
+
+/// gangway in `home`, with the user's credentials for `emu`'s store.
+fn run(emu: &StoreEmulator, home: &TestHome, args: &[&str]) -> Output {
+    let mut c = command_in(home.path());
+    with_store(&mut c, emu);
     c.args(args);
     Running::start(c).wait()
 }
@@ -646,7 +651,7 @@ enum Corpus {
 /// pipelines among them are refused as such by the corpus test.
 #[test]
 fn the_corpus_files_with_buckets_launch_against_the_emulators() {
-    let (Some(s3), Some(gcs), Some(ec2)) = (
+    let (Some(s3), Some(gcs), Some(_)) = (
         StoreEmulator::s3(),
         StoreEmulator::gcs(),
         crate::ec2_emulator::Ec2Emulator::shared(),
@@ -751,7 +756,7 @@ fn the_corpus_files_with_buckets_launch_against_the_emulators() {
         let file = cwd.join(name);
         std::fs::write(&file, with_run_replaced(&text, &m)).unwrap();
         let cluster = format!("corpus{i}");
-        let mut c = in_corpus_env(&home, &cwd, &user, [s3, gcs], ec2);
+        let mut c = in_corpus_env(&home, &cwd, &user, [s3, gcs]);
         c.arg("launch")
             .arg(&file)
             .args(["-c", &cluster, "-y", "--infra", "local", "--cpus", "1+"])
@@ -783,7 +788,7 @@ fn the_corpus_files_with_buckets_launch_against_the_emulators() {
             ));
         }
         if matches!(expect, Corpus::Launches) {
-            let mut c = in_corpus_env(&home, &cwd, &user, [s3, gcs], ec2);
+            let mut c = in_corpus_env(&home, &cwd, &user, [s3, gcs]);
             c.args(["down", "-y", &cluster]);
             let (code, _, err) = parts(&Running::start(c).wait());
             if code != 0 {
@@ -808,21 +813,11 @@ fn in_corpus_env(
     cwd: &std::path::Path,
     user: &std::path::Path,
     [s3, gcs]: [&StoreEmulator; 2],
-    ec2: &crate::ec2_emulator::Ec2Emulator,
 ) -> std::process::Command {
     let mut c = command_in(home.path());
-    c.current_dir(cwd)
-        .env("HOME", user)
-        .envs(ec2.env())
-        .env("GANGWAY_S3_ENDPOINT", &s3.endpoint)
-        .env("AWS_ACCESS_KEY_ID", S3_KEY)
-        .env("AWS_SECRET_ACCESS_KEY", S3_KEY)
-        .env("AWS_REGION", S3_REGION)
-        .env_remove("AWS_SESSION_TOKEN")
-        .env_remove("AWS_PROFILE")
-        .env("GANGWAY_GCS_ENDPOINT", &gcs.endpoint)
-        .env("GOOGLE_SERVICE_ACCOUNT_KEY", GCS_NO_AUTH_KEY)
-        .env("GOOGLE_CLOUD_PROJECT", "test");
+    c.current_dir(cwd).env("HOME", user);
+    with_store(&mut c, s3);
+    with_store(&mut c, gcs);
     c
 }
 
