@@ -201,6 +201,21 @@ impl Sshd {
         panic!("could not start sshd: {last_failure}");
     }
 
+    /// The `authorized_keys` file the server reads at every login (a key
+    /// appended to it is let in from then on).
+    pub fn authorized_keys(&self) -> PathBuf {
+        self.dir.path().join("authorized_keys")
+    }
+
+    /// Shell code every session runs (sourced by `sh`) before its command,
+    /// for what a machine sets up for its logins: e.g. where its metadata
+    /// service is, from the address the session came to (`$SSH_CONNECTION`'s
+    /// third word).
+    pub fn session_profile(&self, script: &str) {
+        std::fs::write(self.dir.path().join("session-profile.sh"), script)
+            .expect("write the session profile");
+    }
+
     /// Lets the holder of `public_key` (an OpenSSH `.pub` file) in too.
     pub fn authorize(&self, public_key: &Path) {
         use std::io::Write;
@@ -440,9 +455,14 @@ SetEnv HOME={home}
     if sshd_version().is_some_and(|v| v >= (9, 8)) {
         c += "PerSourcePenalties no\n";
     }
-    c += "ForceCommand cd \"$HOME\" || exit 1; \
-          if [ -z \"$SSH_ORIGINAL_COMMAND\" ]; then exec \"$SHELL\" -l; fi; \
-          eval \"$SSH_ORIGINAL_COMMAND\"\n";
+    // A session first reads the server's session profile, when a test
+    // wrote one (see [`Sshd::session_profile`]).
+    c += &format!(
+        "ForceCommand cd \"$HOME\" || exit 1; \
+         if [ -r {dir}/session-profile.sh ]; then . {dir}/session-profile.sh; fi; \
+         if [ -z \"$SSH_ORIGINAL_COMMAND\" ]; then exec \"$SHELL\" -l; fi; \
+         eval \"$SSH_ORIGINAL_COMMAND\"\n"
+    );
     c
 }
 
