@@ -162,7 +162,10 @@ class Machines:
             raise ValueError('"addresses" is a list of [public, private] address pairs')
         for public, private in pairs:
             for a in (public, private):
-                socket.inet_aton(a)  # OSError (a ValueError to callers) if not IPv4
+                try:
+                    socket.inet_aton(a)
+                except OSError:
+                    raise ValueError(f"{a!r} is not an IPv4 address") from None
         keys = spec.get("authorized_keys")
         if keys is not None and not isinstance(keys, str):
             raise ValueError('"authorized_keys" is a file path')
@@ -187,7 +190,8 @@ class Machines:
                 "authorized_keys": state["authorized_keys"],
                 "imds_port": state["imds_port"],
                 "instances": sorted(
-                    (dict(h) for h in self.held.values() if h["scope"] == scope),
+                    (dict(h, state=self._state(h)) for h in self.held.values()
+                     if h["scope"] == scope),
                     key=lambda h: h["instance_id"],
                 ),
             }
@@ -225,6 +229,10 @@ class Machines:
             self.tokens.clear()
 
     # ----- RunInstances -----------------------------------------------------
+
+    def _state(self, held):
+        instance = self.emulator.backend(held["region"]).get_instance_by_id(held["instance_id"])
+        return instance.state if instance is not None else "gone"
 
     def _live(self, instance_id, region):
         instance = self.emulator.backend(region).get_instance_by_id(instance_id)
