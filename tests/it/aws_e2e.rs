@@ -26,6 +26,8 @@ struct Cloud {
     home: TestHome,
     scope: String,
     imds_port: u16,
+    /// More of the sessions' profile (e.g. a PATH with the node's tools).
+    profile: String,
 }
 
 impl Cloud {
@@ -39,6 +41,7 @@ impl Cloud {
             home,
             scope,
             imds_port: 0,
+            profile: String::new(),
         };
         cloud.run_on(first);
         Some(cloud)
@@ -64,7 +67,8 @@ impl Cloud {
         // Where a node finds its metadata service: on the address its
         // session came to, as an instance does at 169.254.169.254.
         sshd.session_profile(&format!(
-            "set -- $SSH_CONNECTION; export GANGWAY_IMDS_ENDPOINT=\"http://$3:{port}\"; set --\n"
+            "set -- $SSH_CONNECTION; export GANGWAY_IMDS_ENDPOINT=\"http://$3:{port}\"; set --\n{}",
+            self.profile
         ));
     }
 
@@ -173,6 +177,37 @@ fn machines(n: usize) -> Option<Sshd> {
     Sshd::start_on_port("aws", n, 22)
 }
 
+/// A p4d.24xlarge's `nvidia-smi` in `dir` (as a node's image has it):
+/// `topo -m` prints what a real p4d printed (tests/fixtures/nvidia-smi,
+/// SOURCE.md), the `--query-gpu` form gangway asks eight A100-SXM4-40GB
+/// lines in that query's format (the model, memory and bus ids of a p4d;
+/// the UUIDs made up). Returns the profile line that puts it on PATH.
+fn p4d_nvidia_smi(dir: &Path) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let topo = crate::common::root().join("tests/fixtures/nvidia-smi/topo-aws-p4d-8xA100-NV12.txt");
+    let buses = [
+        "10:1C", "10:1D", "20:1C", "20:1D", "90:1C", "90:1D", "A0:1C", "A0:1D",
+    ];
+    let query: String = buses
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            format!("{i}, NVIDIA A100-SXM4-40GB, 40960, GPU-0000000{i}-7e57-4a11-9000-00000000000{i}, 00000000:{b}.0\n")
+        })
+        .collect();
+    let script = dir.join("nvidia-smi");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = topo ]; then cat '{}'; else printf '%s' '{query}'; fi\n",
+            topo.display()
+        ),
+    )
+    .expect("write nvidia-smi");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    format!("export PATH=\"{}:$PATH\"\n", dir.display())
+}
+
 /// The emulator's topology for one instance: its network nodes, top down.
 fn ec2_topology(emu: &Ec2Emulator, id: &str) -> Vec<String> {
     let (status, xml) = emu.call(
@@ -195,7 +230,7 @@ fn ec2_topology(emu: &Ec2Emulator, id: &str) -> Vec<String> {
 /// ranks over TCP between the private addresses (rank 0 sums what every
 /// rank sends and answers the sum), then the gang environment.
 const GANG_RUN: &str = r#"run: |
-  echo "env rank=$SKYPILOT_NODE_RANK of=$SKYPILOT_NUM_NODES node_rank=$GANGWAY_NODE_RANK master=$MASTER_ADDR gpus=$GANGWAY_NUM_GPUS_PER_NODE ips=$(echo $GANGWAY_NODE_IPS | tr ' ' ,) setup=$(cat setup-done 2>/dev/null) imds=$(sh -c 'T=$(curl -s -X PUT -H "X-aws-ec2-metadata-token-ttl-seconds: 60" $GANGWAY_IMDS_ENDPOINT/latest/api/token); curl -s -H "X-aws-ec2-metadata-token: $T" $GANGWAY_IMDS_ENDPOINT/latest/meta-data/local-ipv4')"
+  echo "env rank=$SKYPILOT_NODE_RANK of=$SKYPILOT_NUM_NODES node_rank=$GANGWAY_NODE_RANK master=$MASTER_ADDR gpus=$GANGWAY_NUM_GPUS_PER_NODE cuda=$CUDA_VISIBLE_DEVICES ips=$(echo $GANGWAY_NODE_IPS | tr ' ' ,) setup=$(cat setup-done 2>/dev/null) imds=$(sh -c 'T=$(curl -s -X PUT -H "X-aws-ec2-metadata-token-ttl-seconds: 60" $GANGWAY_IMDS_ENDPOINT/latest/api/token); curl -s -H "X-aws-ec2-metadata-token: $T" $GANGWAY_IMDS_ENDPOINT/latest/meta-data/local-ipv4')"
   python3 - <<'PY'
   import os, socket, sys, time
   rank, n = int(os.environ["NODE_RANK"]), int(os.environ["NNODES"])
@@ -232,9 +267,12 @@ const GANG_RUN: &str = r#"run: |
 #[test]
 fn an_aws_spot_gang_runs_over_ssh_through_a_stockout_and_a_throttle_and_down_leaves_nothing() {
     let Some(sshd) = machines(2) else { return };
-    let Some(cloud) = Cloud::new(&sshd) else {
+    let Some(mut cloud) = Cloud::new(&sshd) else {
         return;
     };
+    let tools = tempfile::tempdir().expect("tempdir");
+    cloud.profile = p4d_nvidia_smi(tools.path());
+    cloud.run_on(&sshd);
     let cluster = "e2e-gang";
     // No ami_name: the default Deep Learning AMI lookup, as a user's.
     let task = cloud.home.file(
@@ -329,12 +367,11 @@ fn an_aws_spot_gang_runs_over_ssh_through_a_stockout_and_a_throttle_and_down_lea
     assert_eq!(nodes[0]["topology"], nodes[1]["topology"], "{c}");
 
     // The gang's environment and the allreduce on every rank, over SSH.
-    // GPUs per node are what the node reports (`nvidia-smi`; these
-    // machines have none).
-    let gpus = 0;
+    // GPUs per node are what the node's nvidia-smi reports.
+    let gpus = 8;
     for (rank, ip) in ips.iter().enumerate() {
         let line = format!(
-            "env rank={rank} of=2 node_rank={rank} master={} gpus={gpus} ips={} setup=yes imds={ip}",
+            "env rank={rank} of=2 node_rank={rank} master={} gpus={gpus} cuda=0,1,2,3,4,5,6,7 ips={} setup=yes imds={ip}",
             ips[0],
             ips.join(",")
         );
