@@ -473,7 +473,7 @@ fn a_managed_aws_spot_job_survives_an_interruption_with_notice_and_one_without()
         return;
     };
     let progress = tempfile::tempdir().expect("tempdir");
-    let total = 40;
+    let total = 60;
     let task = cloud.home.file(
         "train.yaml",
         &trainer(&cloud.home.marker, progress.path(), total),
