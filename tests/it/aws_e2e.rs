@@ -143,6 +143,17 @@ impl Cloud {
     }
 }
 
+impl Drop for Cloud {
+    /// The scope's metadata services go with the test (the emulator may
+    /// serve a whole CI run). Not while panicking: the emulator may be the
+    /// reason.
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.emu.forget_machines(&self.scope);
+        }
+    }
+}
+
 /// One instance, as the test reads it from DescribeInstances.
 #[derive(Debug, Clone)]
 struct Instance {
