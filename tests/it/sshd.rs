@@ -98,7 +98,9 @@ impl Sshd {
     /// Like [`Sshd::start`], on this port (e.g. 22, where a cloud VM's
     /// sshd listens) in the first free block, for a test of `suite` (whose
     /// run or skip it records); None (after `SKIPPED <suite>: ...`) when
-    /// no block has it free (another sshd on `0.0.0.0:22`).
+    /// no block has it free (another sshd on `0.0.0.0:22`). Where
+    /// `unshare` is installed the server and its sessions run in a PID
+    /// namespace of their own, like the processes of a machine.
     pub fn start_on_port(suite: &str, n: usize, port: u16) -> Option<Sshd> {
         // First what start_on checks: binding a low port fails for a user
         // as "taken" would.
@@ -166,7 +168,20 @@ impl Sshd {
             std::fs::write(&config, config_text(&path, &home, &addrs, port))
                 .expect("write sshd_config");
             let log = path.join("sshd.log");
-            let mut cmd = Command::new(SSHD);
+            // A cloud VM's sshd (a fixed port) runs in a PID namespace of
+            // its own, as a VM is a machine of its own: its sessions see
+            // only its processes in /proc, so what a node does to "every
+            // process of run N" (gangway's signal_job) never reaches
+            // another test's machines. sshd, PID 1 there, reaps orphans;
+            // when it dies the kernel ends the rest.
+            let namespaced = fixed.is_some() && on_path("unshare");
+            let mut cmd = if namespaced {
+                let mut c = Command::new("unshare");
+                c.args(["--pid", "--fork", "--mount-proc", "--kill-child", SSHD]);
+                c
+            } else {
+                Command::new(SSHD)
+            };
             cmd.args(["-D", "-e", "-f"])
                 .arg(&config)
                 .stdin(Stdio::null())
