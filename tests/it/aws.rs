@@ -87,14 +87,25 @@ impl Aws {
 /// gangway: instances not terminated, security groups, placement groups
 /// and key pairs, as `REGION ACTION ID`, in the regions tests launch in.
 pub(crate) fn tagged_resources(emu: &Ec2Emulator, cluster: &str, owner: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    for region in [
+    let regions = [
         "us-east-1",
         "us-west-2",
         "eu-west-1",
         "us-east-2",
         "eu-central-1",
-    ] {
+    ];
+    tagged_resources_in(emu, cluster, owner, &regions)
+}
+
+/// [`tagged_resources`] in `regions`.
+pub(crate) fn tagged_resources_in(
+    emu: &Ec2Emulator,
+    cluster: &str,
+    owner: &str,
+    regions: &[impl AsRef<str>],
+) -> Vec<String> {
+    let mut found = Vec::new();
+    for region in regions.iter().map(AsRef::as_ref) {
         for (action, item) in [
             ("DescribeInstances", "instanceId"),
             ("DescribeSecurityGroups", "groupId"),

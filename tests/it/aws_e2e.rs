@@ -11,6 +11,8 @@
 use std::path::Path;
 use std::time::Duration;
 
+use serde_json::Value;
+
 use crate::aws::tagged_resources;
 use crate::common::{command_in, json_doc, parts, wait_for, Running, TestHome};
 use crate::ec2_emulator::Ec2Emulator;
@@ -407,14 +409,14 @@ fn an_aws_spot_gang_runs_over_ssh_through_a_stockout_and_a_throttle_and_down_lea
     crate::common::assert_no_marker_procs(&cloud.home.marker, "down");
 }
 
-/// A trainer of `TOTAL` steps that checkpoints every 5 (waiting until
+/// A trainer of `total` steps (on `resources`: more of that section,
+/// indented by two) that checkpoints every 5 (waiting until
 /// gangway kept it) and at once on SIGTERM (the notice), resuming from its
 /// checkpoint; rank 0 marks its progress in `dir` so the test knows when
 /// to interrupt.
-fn trainer(marker: &str, dir: &Path, total: u32) -> String {
+fn trainer(marker: &str, dir: &Path, total: u32, resources: &str) -> String {
     format!(
-        "num_nodes: 2\nresources:\n  infra: aws/{REGION}\n  accelerators: A100:8\n  use_spot: true\n  \
-         job_recovery:\n    strategy: FAILOVER\n\
+        "num_nodes: 2\nresources:\n  accelerators: A100:8\n  use_spot: true\n{resources}\
          envs:\n  GW_TEST_MARKER: {marker}\n  TOTAL_STEPS: {total}\n\
          checkpoint:\n  sync_interval: 1\n  signal: SIGTERM\n  grace_period: 30\n\
          config:\n  aws:\n    ssh_user: root\n    poll_ms: 50\n\
@@ -464,13 +466,29 @@ fn steps_of(dir: &Path, run: u32) -> Vec<u32> {
 
 /// Waits until rank 0 of run `run` has reached a step for which `enough`
 /// (given the first step of the run and the step reached) says yes;
-/// returns the run's first step.
-fn wait_run(dir: &Path, run: u32, what: &str, enough: impl Fn(u32, u32) -> bool) -> u32 {
+/// returns the run's first step. Fails at once, with what it said, when
+/// the job's command ended.
+fn wait_run(
+    job: &mut Running,
+    dir: &Path,
+    run: u32,
+    what: &str,
+    enough: impl Fn(u32, u32) -> bool,
+) -> u32 {
     wait_for(what, Duration::from_secs(180), || {
         let steps = steps_of(dir, run);
         match (steps.first(), steps.last()) {
             (Some(&a), Some(&b)) if enough(a, b) => Ok(a),
-            _ => Err(format!("run {run} at steps {steps:?}")),
+            _ if job.exited() => panic!(
+                "the job ended before {what}:\nstdout:\n{}\nstderr:\n{}",
+                job.stdout_now(),
+                job.stderr_now()
+            ),
+            _ => Err(format!(
+                "run {run} at steps {steps:?}; the job said so far:\n{}\n{}",
+                job.stdout_now(),
+                job.stderr_now()
+            )),
         }
     })
 }
@@ -487,16 +505,27 @@ fn a_managed_aws_spot_job_survives_an_interruption_with_notice_and_one_without()
     let total = 60;
     let task = cloud.home.file(
         "train.yaml",
-        &trainer(&cloud.home.marker, progress.path(), total),
+        &trainer(
+            &cloud.home.marker,
+            progress.path(),
+            total,
+            &format!("  infra: aws/{REGION}\n  job_recovery:\n    strategy: FAILOVER\n"),
+        ),
     );
     let mut job = cloud.command(&["jobs", "launch", &task, "-y", "--wait"]);
     job.stdin(std::process::Stdio::null());
-    let job = Running::start(job);
+    let mut job = Running::start(job);
     let cluster = "managed-1";
 
     // Interruption 1, with notice: EC2 posts it in the instance's metadata
     // and would terminate it 60 s later; the job checkpoints on it first.
-    wait_run(progress.path(), 0, "run 0 to reach step 8", |_, b| b >= 8);
+    wait_run(
+        &mut job,
+        progress.path(),
+        0,
+        "run 0 to reach step 8",
+        |_, b| b >= 8,
+    );
     let first: Vec<Instance> = cloud
         .instances(cluster)
         .into_iter()
@@ -514,6 +543,7 @@ fn a_managed_aws_spot_job_survives_an_interruption_with_notice_and_one_without()
     // Interruption 2, without notice: the instance is just terminated,
     // once run 1 is past a checkpoint, so the one kept has work in it.
     wait_run(
+        &mut job,
         progress.path(),
         1,
         "run 1 to pass a checkpoint",
@@ -631,6 +661,108 @@ fn a_managed_aws_spot_job_survives_an_interruption_with_notice_and_one_without()
         Duration::from_secs(60),
         || {
             let left = cloud.left(cluster);
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            }
+        },
+    );
+    crate::common::assert_no_marker_procs(&cloud.home.marker, "the managed job ended");
+}
+
+#[test]
+fn a_managed_aws_spot_job_moves_to_another_region_after_a_notice_by_default() {
+    let Some(a) = machines(2) else { return };
+    let Some(b) = machines(2) else { return };
+    let Some(mut cloud) = Cloud::new(&a) else {
+        return;
+    };
+    let progress = tempfile::tempdir().expect("tempdir");
+    let total = 30;
+    // No strategy: EAGER_NEXT_REGION, which tries other regions first.
+    let task = cloud.home.file(
+        "train.yaml",
+        &trainer(&cloud.home.marker, progress.path(), total, "  infra: aws\n"),
+    );
+    let mut job = Running::start(cloud.command(&["jobs", "launch", &task, "-y", "--wait"]));
+    wait_run(
+        &mut job,
+        progress.path(),
+        0,
+        "run 0 to reach step 5",
+        |_, b| b >= 5,
+    );
+    let live = |on: &Sshd| -> Vec<(String, String)> {
+        cloud
+            .emu
+            .machines_of(&cloud.scope)
+            .iter()
+            .filter(|m| m["state"] == "running")
+            .filter(|m| on.addrs.iter().any(|a| m["public"] == a.as_str()))
+            .map(|m| {
+                (
+                    m["instance_id"].as_str().unwrap_or_default().to_string(),
+                    m["region"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect()
+    };
+    let first = live(&a);
+    assert_eq!(first.len(), 2, "{first:?}");
+    cloud.run_on(&b);
+    let (victim, region) = &first[0];
+    cloud.emu.interrupt_with_notice(region, victim, 60.0);
+
+    let (code, out, err) = parts(&job.wait());
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let noticed: u32 = out
+        .lines()
+        .find_map(|l| {
+            l.split("rank 0 checkpointed step ")
+                .nth(1)
+                .and_then(|r| r.split(' ').next())
+                .and_then(|s| s.parse().ok())
+        })
+        .unwrap_or_else(|| panic!("no checkpoint on the notice:\n{out}\n{err}"));
+    for rank in 0..2 {
+        assert!(
+            out.contains(&format!("rank {rank} run 1 resumes at step {noticed}"))
+                && out.contains(&format!("rank {rank} done at step {total}")),
+            "rank {rank}:\n{out}"
+        );
+    }
+    // The second cluster ran on b's addresses, in another region.
+    let placed = cloud.emu.machines_of(&cloud.scope);
+    let second: Vec<&Value> = placed
+        .iter()
+        .filter(|m| b.addrs.iter().any(|a| m["public"] == a.as_str()))
+        .collect();
+    assert_eq!(second.len(), 2, "{placed:?}");
+    assert!(
+        second.iter().all(|m| m["region"] != region.as_str()),
+        "still in {region}: {placed:?}"
+    );
+    let (code, q, err) = cloud.run(&["jobs", "queue", "-o", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let j = json_doc(&q)["jobs"][0].clone();
+    assert_eq!(
+        (j["state"].as_str(), j["preemptions"].as_u64()),
+        (Some("SUCCEEDED"), Some(1)),
+        "{j}"
+    );
+    let mut regions: Vec<String> = placed
+        .iter()
+        .filter_map(|m| m["region"].as_str().map(str::to_string))
+        .collect();
+    regions.sort();
+    regions.dedup();
+    let owner = cloud.owner();
+    wait_for(
+        "the job's clusters to be gone",
+        Duration::from_secs(60),
+        || {
+            let left = crate::aws::tagged_resources_in(cloud.emu, "managed-1", &owner, &regions);
             if left.is_empty() {
                 Ok(())
             } else {
