@@ -333,6 +333,15 @@ fn an_aws_spot_gang_runs_over_ssh_through_a_stockout_and_a_throttle_and_down_lea
         all.contains("InsufficientInstanceCapacity") && all.contains(&first),
         "the failed zone is shown: {all}"
     );
+    // The throttle is retried in place, after a backoff it names.
+    let throttled = all
+        .lines()
+        .find(|l| l.contains("RequestLimitExceeded"))
+        .unwrap_or_else(|| panic!("the throttle is not shown: {all}"));
+    assert!(
+        throttled.contains("retrying in") && !throttled.contains(&first),
+        "{throttled}"
+    );
 
     // Two instances on the sshd's addresses, in one placement group, in
     // another zone than the one out of capacity.
