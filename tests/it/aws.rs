@@ -79,50 +79,68 @@ impl Aws {
 
     /// The same, for resources tagged with this owner.
     fn left_of(&self, cluster: &str, owner: &str) -> Vec<String> {
-        let mut found = Vec::new();
-        for region in [
-            "us-east-1",
-            "us-west-2",
-            "eu-west-1",
-            "us-east-2",
-            "eu-central-1",
+        tagged_resources(self.emu, cluster, owner)
+    }
+}
+
+/// What EC2 holds for the cluster of `owner`, counted by tag without
+/// gangway: instances not terminated, security groups, placement groups
+/// and key pairs, as `REGION ACTION ID`, in the regions tests launch in.
+pub(crate) fn tagged_resources(emu: &Ec2Emulator, cluster: &str, owner: &str) -> Vec<String> {
+    let regions = [
+        "us-east-1",
+        "us-west-2",
+        "eu-west-1",
+        "us-east-2",
+        "eu-central-1",
+    ];
+    tagged_resources_in(emu, cluster, owner, &regions)
+}
+
+/// [`tagged_resources`] in `regions`.
+pub(crate) fn tagged_resources_in(
+    emu: &Ec2Emulator,
+    cluster: &str,
+    owner: &str,
+    regions: &[impl AsRef<str>],
+) -> Vec<String> {
+    let mut found = Vec::new();
+    for region in regions.iter().map(AsRef::as_ref) {
+        for (action, item) in [
+            ("DescribeInstances", "instanceId"),
+            ("DescribeSecurityGroups", "groupId"),
+            ("DescribePlacementGroups", "groupName"),
+            ("DescribeKeyPairs", "keyName"),
         ] {
-            for (action, item) in [
-                ("DescribeInstances", "instanceId"),
-                ("DescribeSecurityGroups", "groupId"),
-                ("DescribePlacementGroups", "groupName"),
-                ("DescribeKeyPairs", "keyName"),
-            ] {
-                let mut params = vec![
-                    ("Action", action),
-                    ("Filter.1.Name", "tag:gangway-cluster"),
-                    ("Filter.1.Value.1", cluster),
-                    ("Filter.2.Name", "tag:gangway-owner"),
-                    ("Filter.2.Value.1", owner),
-                ];
-                if action == "DescribeInstances" {
-                    params.extend([
-                        ("Filter.3.Name", "instance-state-name"),
-                        ("Filter.3.Value.1", "pending"),
-                        ("Filter.3.Value.2", "running"),
-                        ("Filter.3.Value.3", "stopped"),
-                    ]);
-                }
-                let (s, xml) = self.emu.call(region, &params);
-                assert_eq!(s, 200, "{action}: {xml}");
-                let open = format!("<{item}>");
-                for piece in xml.split(&open).skip(1) {
-                    let v = piece.split('<').next().unwrap_or_default();
-                    if action != "DescribeInstances" || v.starts_with("i-") {
-                        found.push(format!("{region} {action} {v}"));
-                    }
+            let mut params = vec![
+                ("Action", action),
+                ("Filter.1.Name", "tag:gangway-cluster"),
+                ("Filter.1.Value.1", cluster),
+                ("Filter.2.Name", "tag:gangway-owner"),
+                ("Filter.2.Value.1", owner),
+            ];
+            if action == "DescribeInstances" {
+                params.extend([
+                    ("Filter.3.Name", "instance-state-name"),
+                    ("Filter.3.Value.1", "pending"),
+                    ("Filter.3.Value.2", "running"),
+                    ("Filter.3.Value.3", "stopped"),
+                ]);
+            }
+            let (s, xml) = emu.call(region, &params);
+            assert_eq!(s, 200, "{action}: {xml}");
+            let open = format!("<{item}>");
+            for piece in xml.split(&open).skip(1) {
+                let v = piece.split('<').next().unwrap_or_default();
+                if action != "DescribeInstances" || v.starts_with("i-") {
+                    found.push(format!("{region} {action} {v}"));
                 }
             }
         }
-        found.sort();
-        found.dedup();
-        found
     }
+    found.sort();
+    found.dedup();
+    found
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Integration tests: the real binary, end to end.
 
 mod aws;
+mod aws_e2e;
 mod bad_specs;
 mod buckets;
 mod cli;

@@ -98,7 +98,9 @@ impl Sshd {
     /// Like [`Sshd::start`], on this port (e.g. 22, where a cloud VM's
     /// sshd listens) in the first free block, for a test of `suite` (whose
     /// run or skip it records); None (after `SKIPPED <suite>: ...`) when
-    /// no block has it free (another sshd on `0.0.0.0:22`).
+    /// no block has it free (another sshd on `0.0.0.0:22`). Where
+    /// `unshare` is installed the server and its sessions run in a PID
+    /// namespace of their own, like the processes of a machine.
     pub fn start_on_port(suite: &str, n: usize, port: u16) -> Option<Sshd> {
         // First what start_on checks: binding a low port fails for a user
         // as "taken" would.
@@ -166,7 +168,20 @@ impl Sshd {
             std::fs::write(&config, config_text(&path, &home, &addrs, port))
                 .expect("write sshd_config");
             let log = path.join("sshd.log");
-            let mut cmd = Command::new(SSHD);
+            // A cloud VM's sshd (a fixed port) runs in a PID namespace of
+            // its own, as a VM is a machine of its own: its sessions see
+            // only its processes in /proc, so what a node does to "every
+            // process of run N" (gangway's signal_job) never reaches
+            // another test's machines. sshd, PID 1 there, reaps orphans;
+            // when it dies the kernel ends the rest.
+            let namespaced = fixed.is_some() && on_path("unshare");
+            let mut cmd = if namespaced {
+                let mut c = Command::new("unshare");
+                c.args(["--pid", "--fork", "--mount-proc", "--kill-child", SSHD]);
+                c
+            } else {
+                Command::new(SSHD)
+            };
             cmd.args(["-D", "-e", "-f"])
                 .arg(&config)
                 .stdin(Stdio::null())
@@ -199,6 +214,21 @@ impl Sshd {
             }
         }
         panic!("could not start sshd: {last_failure}");
+    }
+
+    /// The `authorized_keys` file the server reads at every login (a key
+    /// appended to it is let in from then on).
+    pub fn authorized_keys(&self) -> PathBuf {
+        self.dir.path().join("authorized_keys")
+    }
+
+    /// Shell code every session runs (sourced by `sh`) before its command,
+    /// for what a machine sets up for its logins: e.g. where its metadata
+    /// service is, from the address the session came to (`$SSH_CONNECTION`'s
+    /// third word).
+    pub fn session_profile(&self, script: &str) {
+        std::fs::write(self.dir.path().join("session-profile.sh"), script)
+            .expect("write the session profile");
     }
 
     /// Lets the holder of `public_key` (an OpenSSH `.pub` file) in too.
@@ -440,9 +470,14 @@ SetEnv HOME={home}
     if sshd_version().is_some_and(|v| v >= (9, 8)) {
         c += "PerSourcePenalties no\n";
     }
-    c += "ForceCommand cd \"$HOME\" || exit 1; \
-          if [ -z \"$SSH_ORIGINAL_COMMAND\" ]; then exec \"$SHELL\" -l; fi; \
-          eval \"$SSH_ORIGINAL_COMMAND\"\n";
+    // A session first reads the server's session profile, when a test
+    // wrote one (see [`Sshd::session_profile`]).
+    c += &format!(
+        "ForceCommand cd \"$HOME\" || exit 1; \
+         if [ -r {dir}/session-profile.sh ]; then . {dir}/session-profile.sh; fi; \
+         if [ -z \"$SSH_ORIGINAL_COMMAND\" ]; then exec \"$SHELL\" -l; fi; \
+         eval \"$SSH_ORIGINAL_COMMAND\"\n"
+    );
     c
 }
 

@@ -5,7 +5,8 @@
 
 Starts the server on a free port, checks fault injection, spot interruption,
 placement groups, DescribeInstanceTopology, ClientToken idempotency, the
-leak check and kill points, and stops it. Prints one line per check, then `N passed, N failed`,
+leak check, kill points and machines (addresses, the key pair, the metadata
+service, interruptions with notice), and stops it. Prints one line per check, then `N passed, N failed`,
 and exits 1 if anything failed.
 """
 
@@ -359,10 +360,115 @@ def selftest(endpoint):
     # --- kill points (the fault sweep) ----------------------------------------
     kill_points_selftest(endpoint, session, config)
 
+    # --- machines: addresses, key, metadata service, noticed interruptions --
+    machines_selftest(endpoint, config)
+
     # --- known moto limitations (reported, not failures) ---------------------
     prices = ec2.describe_spot_price_history(InstanceTypes=["p4d.24xlarge"],
                                              ProductDescriptions=["Linux/UNIX"])["SpotPriceHistory"]
     print(f"     note: spot price history has {len({p['SpotPrice'] for p in prices})} distinct price(s)")
+
+
+def imds(address, port, path, token=None, method="GET", ttl=None):
+    """(status, body) of one metadata request; (None, None) when nothing answers."""
+    headers = {}
+    if token is not None:
+        headers["X-aws-ec2-metadata-token"] = token
+    if ttl is not None:
+        headers["X-aws-ec2-metadata-token-ttl-seconds"] = str(ttl)
+    req = urllib.request.Request(f"http://{address}:{port}{path}", method=method,
+                                 headers=headers, data=b"" if method == "PUT" else None)
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+    except (urllib.error.URLError, ConnectionError, OSError):
+        return None, None
+
+
+def machines_selftest(endpoint, config):
+    """/_gangway/machines and interruptions with notice."""
+    import tempfile
+
+    scope = "AKSELFTESTMACH"
+    pairs = [["127.0.250.1", "127.1.250.1"], ["127.0.250.2", "127.1.250.2"]]
+    session = boto3.session.Session(aws_access_key_id=scope, aws_secret_access_key="testing")
+    ec2 = session.client("ec2", region_name="us-east-1", endpoint_url=endpoint, config=config)
+    keys = tempfile.NamedTemporaryFile(prefix="gw-selftest-keys-", delete=False).name
+    status, view = control(endpoint, "POST", "/_gangway/machines",
+                           {"scope": scope, "addresses": pairs, "authorized_keys": keys})
+    port = view.get("imds_port") if status == 200 else None
+    check("machines: a scope gets its addresses and one metadata port", status == 200 and port, view)
+    status, _ = control(endpoint, "POST", "/_gangway/machines", {"scope": scope, "addresses": [["x", "y"]]})
+    check("machines: a bad address is refused (400)", status == 400, status)
+
+    public = Ed25519PrivateKey.generate().public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    ec2.import_key_pair(KeyName="gangway-selftest-machines", PublicKeyMaterial=public,
+                        TagSpecifications=tagspec("key-pair"))
+    ids = run(ec2, 2, KeyName="gangway-selftest-machines",
+              InstanceMarketOptions={"MarketType": "spot"})
+    got = {i["InstanceId"]: (i.get("PublicIpAddress"), i.get("PrivateIpAddress"))
+           for i in instances(ec2, ids)}
+    check("machines: each instance takes the next pair, public and private",
+          sorted(got.values()) == [tuple(p) for p in pairs], got)
+    with open(keys) as f:
+        check("machines: the key pair is in authorized_keys", public.decode() in f.read())
+    code, status = error_of(run, ec2, 1)
+    check("machines: more instances than free pairs is InsufficientInstanceCapacity (500)",
+          (code, status) == ("InsufficientInstanceCapacity", 500), (code, status))
+
+    address = got[ids[0]][0]
+    status, token = imds(address, port, "/latest/api/token", method="PUT", ttl=60)
+    check("imds: PUT /latest/api/token hands out a token", status == 200 and token, (status, token))
+    status, _ = imds(address, port, "/latest/api/token", method="PUT")
+    check("imds: a token PUT without a TTL is 400", status == 400, status)
+    status, _ = imds(address, port, "/latest/meta-data/instance-id")
+    check("imds: a GET without a token is 401", status == 401, status)
+    answers = {k: imds(address, port, f"/latest/meta-data/{k}", token)[1]
+               for k in ("instance-id", "local-ipv4", "public-ipv4", "instance-life-cycle",
+                         "placement/availability-zone")}
+    check("imds: the instance's own id, addresses, life cycle and zone",
+          answers == {"instance-id": ids[0], "local-ipv4": got[ids[0]][1], "public-ipv4": address,
+                      "instance-life-cycle": "spot", "placement/availability-zone": "us-east-1a"},
+          answers)
+    other = imds(got[ids[1]][0], port, "/latest/meta-data/instance-id", token)
+    check("imds: a token is the instance's own (another's is 401)", other[0] == 401, other)
+    status, _ = imds(address, port, "/latest/meta-data/spot/instance-action", token)
+    check("imds: no spot/instance-action before a notice (404)", status == 404, status)
+
+    status, body = control(endpoint, "POST", "/_gangway/interrupt",
+                           {"instance_id": ids[0], "region": "us-east-1", "notice_seconds": 1})
+    status_a, action = imds(address, port, "/latest/meta-data/spot/instance-action", token)
+    state = instances(ec2, [ids[0]])[0]["State"]["Name"]
+    check("notice: posted at once, the instance still running",
+          status == 200 and status_a == 200 and json.loads(action)["action"] == "terminate"
+          and json.loads(action)["time"] == body["notice"]["time"] and state == "running",
+          (status, body, status_a, action, state))
+    time.sleep(1.5)
+    inst = instances(ec2, [ids[0]])[0]
+    check("notice: terminated after notice_seconds, Server.SpotInstanceTermination",
+          inst["State"]["Name"] == "terminated"
+          and inst["StateReason"]["Code"] == "Server.SpotInstanceTermination", inst.get("StateReason"))
+    check("imds: a terminated instance's address answers nothing",
+          imds(address, port, "/latest/api/token", method="PUT", ttl=60) == (None, None))
+    ec2.terminate_instances(InstanceIds=ids)
+    inst = instances(ec2, [ids[0]])[0]
+    check("TerminateInstances leaves a reclaimed instance's reason alone",
+          inst["StateReason"]["Code"] == "Server.SpotInstanceTermination", inst.get("StateReason"))
+    again = run(ec2, 1, KeyName="gangway-selftest-machines")
+    check("machines: a terminated instance's pair is free again",
+          instances(ec2, again)[0].get("PublicIpAddress") == pairs[0][0],
+          instances(ec2, again)[0].get("PublicIpAddress"))
+    ec2.terminate_instances(InstanceIds=again)
+    ec2.delete_key_pair(KeyName="gangway-selftest-machines")
+    _, removed = control(endpoint, "DELETE", f"/_gangway/machines?scope={scope}")
+    check("machines: DELETE stops the scope's metadata service",
+          removed == {"removed": 1}
+          and imds(pairs[1][0], port, "/latest/api/token", method="PUT", ttl=60) == (None, None),
+          removed)
+    os.unlink(keys)
 
 
 def kill_points_selftest(endpoint, session, config):

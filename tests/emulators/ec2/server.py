@@ -12,11 +12,16 @@ WSGI middleware that adds what the tests need and moto lacks:
 * DescribeInstanceTopology, which moto does not implement;
 * ClientToken idempotency for RunInstances, which moto ignores;
 * kill points for gangway's fault sweep: SIGKILL the client's processes as
-  its N-th request arrives or returns (/_gangway/kill).
+  its N-th request arrives or returns (/_gangway/kill);
+* machines (machines.py): instances of a scope get addresses where a real
+  sshd listens, their key pair in its authorized_keys, and an IMDSv2-shaped
+  metadata service each; spot interruptions with a notice there first
+  (/_gangway/machines, /_gangway/interrupt with notice_seconds).
 
 Usage:
 
     python server.py --host 127.0.0.1 --port 0 [--watch-stdin] [--verbose]
+                     [--spot-notice-seconds 120]
 
 Prints exactly one line `READY http://HOST:PORT` on stdout once the server
 accepts requests (after one warm-up EC2 call, so the first real call is
@@ -50,6 +55,7 @@ from moto.core import DEFAULT_ACCOUNT_ID
 from moto.ec2 import utils as ec2_utils
 from moto.ec2.models import ec2_backends
 from moto.ec2.models.instances import StateReason
+from machines import Machines
 from moto.moto_server.werkzeug_app import (
     DomainDispatcherApplication,
     create_backend_app,
@@ -316,10 +322,11 @@ class FaultRules:
 class Emulator:
     """The WSGI middleware in front of moto."""
 
-    def __init__(self, moto_app, account_id=DEFAULT_ACCOUNT_ID):
+    def __init__(self, moto_app, account_id=DEFAULT_ACCOUNT_ID, notice_seconds=120.0):
         self.moto_app = moto_app
         self.account_id = account_id
         self.faults = FaultRules()
+        self.machines = Machines(self, notice_seconds)
         self._lock = threading.RLock()
         # region -> group name -> placement group record
         self.placement_groups = {}
@@ -373,7 +380,10 @@ class Emulator:
             if handler:
                 return self._reply(start_response, 200, handler(region, params))
             if action == "RunInstances":
-                return self.run_instances(environ, start_response, region, params)
+                scope = access_key_from_authorization(environ.get("HTTP_AUTHORIZATION"))
+                return self.run_instances(environ, start_response, region, params, scope)
+            if action == "TerminateInstances":
+                return self.terminate_instances(environ, start_response, region, params)
             if action in ("CreateTags", "DeleteTags"):
                 ids = indexed(params, "ResourceId")
                 if ids and all(i.startswith("pg-") for i in ids):
@@ -443,6 +453,7 @@ class Emulator:
             self.instance_group.clear()
             self.client_tokens.clear()
         self.faults.clear()
+        self.machines.reset()
 
     # ----- control API ----------------------------------------------------
 
@@ -473,6 +484,18 @@ class Emulator:
                     return reply(405, {"error": "use POST"})
                 spec = json.loads(self._read_body(environ) or b"null")
                 return reply(200, self.interrupt(spec))
+            if path == "/_gangway/machines":
+                if method == "POST":
+                    spec = json.loads(self._read_body(environ) or b"null")
+                    try:
+                        return reply(200, self.machines.configure(spec))
+                    except OSError as err:  # an address that cannot be bound
+                        return reply(409, {"error": f"cannot serve metadata there: {err}"})
+                if method == "GET":
+                    return reply(200, self.machines.view(query.get("scope", "")))
+                if method == "DELETE":
+                    return reply(200, {"removed": self.machines.remove(query.get("scope", ""))})
+                return reply(405, {"error": "use GET, POST or DELETE"})
             return reply(404, {"error": f"no control path {path}"})
         except LookupError as err:
             return reply(404, {"error": str(err).strip("'\"")})
@@ -488,6 +511,21 @@ class Emulator:
         if state not in ("terminated", "stopped"):
             raise ValueError('"state" is "terminated" or "stopped"')
         instance_id = spec["instance_id"]
+        seconds = spec.get("notice_seconds")
+        if seconds is not None and (
+            isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0
+        ):
+            raise ValueError('"notice_seconds" is a number of seconds, 0 or more')
+        if spec.get("notice") or seconds is not None:
+            with self._lock:
+                if self.backend(region).get_instance_by_id(instance_id) is None:
+                    raise LookupError(f"no instance {instance_id} in {region}")
+            plain = {k: v for k, v in spec.items() if k not in ("notice", "notice_seconds")}
+            action = self.machines.notice(
+                region, instance_id, seconds, state, lambda: self.interrupt(plain)
+            )
+            return {"instance_id": instance_id, "region": region, "state": "running",
+                    "notice": action}
         with self._lock:
             instance = self.backend(region).get_instance_by_id(instance_id)
             if instance is None:
@@ -509,11 +547,42 @@ class Emulator:
                 "state_reason": code,
             }
 
+    def terminate_instances(self, environ, start_response, region, params):
+        """moto's TerminateInstances, except that an instance already
+        terminated stays as it was (EC2 changes nothing there; moto would
+        overwrite a spot reclaim's state reason with a user's)."""
+        backend = self.backend(region)
+        kept = {}
+        with self._lock:
+            for instance_id in indexed(params, "InstanceId"):
+                instance = backend.get_instance_by_id(instance_id)
+                if instance is not None and instance.state == "terminated":
+                    kept[instance_id] = (instance.state_reason, instance._reason)
+        status, headers, body = self._call_moto(environ)
+        with self._lock:
+            for instance_id, (reason, text) in kept.items():
+                instance = backend.get_instance_by_id(instance_id)
+                if instance is not None:
+                    instance.state_reason, instance._reason = reason, text
+        headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
+        headers.append(("Content-Length", str(len(body))))
+        start_response(status, headers)
+        return [body]
+
     # ----- RunInstances additions -----------------------------------------
 
-    def run_instances(self, environ, start_response, region, params):
-        """Placement groups and ClientToken idempotency around moto's RunInstances."""
+    def run_instances(self, environ, start_response, region, params, scope=None):
+        """Placement groups, ClientToken idempotency and machines (addresses,
+        key, metadata service) around moto's RunInstances."""
         group = self._placement_group_of(region, params)
+        if scope:
+            try:
+                wanted = int(params.get("MinCount") or 1)
+            except ValueError:
+                wanted = 1
+            short = self.machines.shortfall(scope, wanted)
+            if short:
+                raise EmulatorError("InsufficientInstanceCapacity", short)
         token = params.get("ClientToken")
         if token:
             # EC2 compares a reused token's request parameters with the first's.
@@ -529,11 +598,11 @@ class Emulator:
                     )
                 if seen:
                     return self._reply(start_response, 200, seen[1])
-                status, headers, body = self._run_in_moto(environ, region, group)
+                status, headers, body = self._run_in_moto(environ, region, group, scope)
                 if status.startswith("200"):
                     self.client_tokens[(region, token)] = (fingerprint, body)
         else:
-            status, headers, body = self._run_in_moto(environ, region, group)
+            status, headers, body = self._run_in_moto(environ, region, group, scope)
         headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
         headers.append(("Content-Length", str(len(body))))
         start_response(status, headers)
@@ -553,17 +622,21 @@ class Emulator:
             f"The Placement Group '{name or group_id}' is unknown.",
         )
 
-    def _run_in_moto(self, environ, region, group):
+    def _run_in_moto(self, environ, region, group, scope=None):
         status, headers, body = self._call_moto(environ)
-        if group is None or not status.startswith("200"):
+        if not status.startswith("200"):
             return status, headers, body
-        # moto drops Placement.GroupName: record it on its instances so that
-        # DescribeInstances (and its placement-group-name filter) shows it,
-        # and put it into this response too.
         ids = [
             e.text for e in ET.fromstring(body).iter()
             if e.tag.rsplit("}", 1)[-1] == "instanceId"
         ]
+        if scope:
+            self.machines.place(scope, region, ids)
+        if group is None:
+            return status, headers, body
+        # moto drops Placement.GroupName: record it on its instances so that
+        # DescribeInstances (and its placement-group-name filter) shows it,
+        # and put it into this response too.
         with self._lock:
             backend = self.backend(region)
             for instance_id in ids:
@@ -1013,6 +1086,9 @@ def main():
     parser.add_argument("--warm-regions", default="us-east-1,us-west-2,eu-west-1",
                         help="regions to make one warm-up call in before READY")
     parser.add_argument("--verbose", action="store_true", help="log every request")
+    parser.add_argument("--spot-notice-seconds", type=float, default=120.0,
+                        help="seconds from a spot interruption notice to the termination "
+                             "(EC2: two minutes)")
     args = parser.parse_args()
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -1033,7 +1109,8 @@ def main():
     ec2_utils.filter_dict_attribute_mapping.setdefault("instance-lifecycle", "lifecycle")
 
     seed_deep_learning_ami()
-    app = Emulator(DomainDispatcherApplication(create_backend_app))
+    app = Emulator(DomainDispatcherApplication(create_backend_app),
+                   notice_seconds=args.spot_notice_seconds)
     extra = {"request_handler": MotoRequestHandler} if MotoRequestHandler else {}
     server = make_server(args.host, args.port, KillPointLayer(app), threaded=True, **extra)
     host, port = server.server_address[:2]

@@ -200,6 +200,67 @@ impl Ec2Emulator {
         assert_eq!(status, 200, "EC2 emulator interrupt {spec}: {body}");
     }
 
+    /// Gives the instances that a gangway signing with `scope` (its
+    /// access key id, see [`Ec2Emulator::env_as`]) launches machines to
+    /// run on: each takes the next free `(public, private)` pair of
+    /// `addresses` (more instances than free pairs is EC2's
+    /// `InsufficientInstanceCapacity`), its key pair is appended to
+    /// `authorized_keys` (a test sshd's), and each public address serves
+    /// an IMDSv2-shaped metadata service for the instance holding it.
+    /// Calling it again for the scope adds addresses and takes new
+    /// launches to the first free pairs of the new list. Returns the
+    /// metadata service's port (the same on every address).
+    pub fn machines(
+        &self,
+        scope: &str,
+        addresses: &[(String, String)],
+        authorized_keys: &Path,
+    ) -> u16 {
+        let spec = serde_json::json!({
+            "scope": scope,
+            "addresses": addresses.iter().map(|(p, q)| [p, q]).collect::<Vec<_>>(),
+            "authorized_keys": authorized_keys.display().to_string(),
+        });
+        let (status, body) = self.control("POST", "/_gangway/machines", &spec.to_string());
+        assert_eq!(status, 200, "EC2 emulator machines {spec}: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("machines JSON");
+        v["imds_port"].as_u64().expect("imds_port") as u16
+    }
+
+    /// The instances `scope` launched on machines, as placed:
+    /// `{"instance_id", "region", "public", "private", "scope"}` each (also
+    /// once terminated).
+    pub fn machines_of(&self, scope: &str) -> Vec<serde_json::Value> {
+        let (status, body) = self.control("GET", &format!("/_gangway/machines?scope={scope}"), "");
+        assert_eq!(status, 200, "EC2 emulator machines of {scope}: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("machines JSON");
+        v["instances"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Stops `scope`'s metadata services and forgets its addresses.
+    pub fn forget_machines(&self, scope: &str) {
+        self.control("DELETE", &format!("/_gangway/machines?scope={scope}"), "");
+    }
+
+    /// Interrupts a spot instance as EC2 does with notice: the notice
+    /// (`{"action": "terminate", "time": ...}`) is in its metadata at
+    /// once, and `notice_seconds` later (EC2: 120) it is terminated with
+    /// state reason `Server.SpotInstanceTermination`, unless it is gone
+    /// by then. Returns the notice.
+    pub fn interrupt_with_notice(
+        &self,
+        region: &str,
+        instance_id: &str,
+        notice_seconds: f64,
+    ) -> serde_json::Value {
+        let spec = serde_json::json!({"instance_id": instance_id, "region": region,
+            "notice_seconds": notice_seconds});
+        let (status, body) = self.control("POST", "/_gangway/interrupt", &spec.to_string());
+        assert_eq!(status, 200, "EC2 emulator interrupt {spec}: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("interrupt JSON");
+        v["notice"].clone()
+    }
+
     /// Arms the kill points of `scope`, the access key id a client signs
     /// with (see [`Ec2Emulator::env_as`]): from now on its requests are
     /// counted, request k's arrival being kill point 2k-1 and its return

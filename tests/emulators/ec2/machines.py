@@ -1,0 +1,373 @@
+"""Where the EC2 emulator's instances "run": addresses a real sshd listens
+on, the key pair installed there, and an instance metadata service per
+instance (IMDSv2-shaped), so gangway's SSH steps, its spot notice reader
+and its controller meet real protocols.
+
+A test gives a *scope* (the SigV4 access key id its gangway signs with, so
+parallel tests sharing one emulator never take each other's addresses) a
+list of address pairs, `[public, private]`, and optionally an
+`authorized_keys` file:
+
+* RunInstances of that scope takes free pairs in order (a pair is free when
+  no instance that is not `terminated` holds it) and gives each new
+  instance the pair as its public and private address; asking for more
+  instances than there are free pairs is EC2's
+  `InsufficientInstanceCapacity`, before anything is made. The instance's
+  key pair (the OpenSSH public key gangway imported) is appended to the
+  `authorized_keys` file, as EC2 puts it into the default user's on boot.
+* Every public address of the scope gets a metadata service on one port
+  (the scope's `imds_port`, the same on every address). A request is
+  answered for the live instance holding the address it arrived on; an
+  address no live instance holds closes connections unanswered. The
+  service speaks IMDSv2: `PUT /latest/api/token` with
+  `X-aws-ec2-metadata-token-ttl-seconds` (1-21600) hands out a token, every
+  `GET /latest/meta-data/...` needs a live one in
+  `X-aws-ec2-metadata-token` (else 401). Paths: `instance-id`,
+  `instance-type`, `ami-id`, `local-ipv4`, `public-ipv4`,
+  `instance-life-cycle` (`spot` / `on-demand`),
+  `placement/availability-zone`, `placement/region`,
+  `placement/group-name` (in a group only), `spot/instance-action` and
+  `spot/termination-time` (404 until a notice is posted).
+* An interruption with notice posts `{"action": "terminate", "time": T}`
+  at once and terminates the instance at T (the emulator's
+  `--spot-notice-seconds`, 120 as on EC2, or the request's
+  `notice_seconds`), with EC2's spot state reason, unless it is gone by
+  then.
+"""
+
+import http.server
+import json
+import secrets
+import socket
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+
+# The longest token TTL IMDSv2 accepts.
+MAX_TOKEN_TTL = 21600
+
+
+class MetadataServer(http.server.ThreadingHTTPServer):
+    """One listening socket of a scope's metadata service."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address, machines, scope):
+        self.machines = machines
+        self.scope = scope
+        super().__init__(address, MetadataHandler)
+
+
+class MetadataHandler(http.server.BaseHTTPRequestHandler):
+    server_version = "EC2ws"
+    sys_version = ""
+
+    def log_message(self, *args):
+        pass
+
+    def _instance(self):
+        """The live instance holding the address this request came to."""
+        address = self.connection.getsockname()[0]
+        return self.server.machines.instance_at(self.server.scope, address)
+
+    def _reply(self, code, body=b"", ctype="text/plain"):
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _gone(self):
+        # No instance there: nothing answers, as on a machine that is gone.
+        self.close_connection = True
+
+    def do_PUT(self):
+        held = self._instance()
+        if held is None:
+            return self._gone()
+        if self.path != "/latest/api/token":
+            return self._reply(404, b"Not Found")
+        try:
+            ttl = int(self.headers.get("X-aws-ec2-metadata-token-ttl-seconds", ""))
+        except ValueError:
+            ttl = 0
+        if not 1 <= ttl <= MAX_TOKEN_TTL:
+            return self._reply(400, b"Bad Request")
+        token = self.server.machines.new_token(held["instance_id"], ttl)
+        self.send_response(200)
+        self.send_header("X-aws-ec2-metadata-token-ttl-seconds", str(ttl))
+        self.send_header("Content-Length", str(len(token)))
+        self.end_headers()
+        self.wfile.write(token.encode())
+
+    def do_GET(self):
+        held = self._instance()
+        if held is None:
+            return self._gone()
+        token = self.headers.get("X-aws-ec2-metadata-token", "")
+        if not self.server.machines.token_ok(held["instance_id"], token):
+            return self._reply(401, b"Unauthorized")
+        prefix = "/latest/meta-data/"
+        if not self.path.startswith(prefix):
+            return self._reply(404, b"Not Found")
+        key = self.path[len(prefix):].rstrip("/")
+        value = self.server.machines.metadata(held, key)
+        if value is None:
+            return self._reply(404, b"Not Found")
+        self._reply(200, value.encode())
+
+    do_HEAD = do_GET
+
+
+class Machines:
+    """The scopes' address pools, their metadata services, and notices."""
+
+    def __init__(self, emulator, notice_seconds=120.0):
+        self.emulator = emulator
+        self.notice_seconds = notice_seconds
+        self._lock = threading.RLock()
+        # scope -> {"pairs": [(public, private)], "authorized_keys": path,
+        #           "imds_port": int, "servers": {public: MetadataServer}}
+        self.scopes = {}
+        # instance id -> {"instance_id", "scope", "region", "public", "private"}
+        self.held = {}
+        # instance id -> the notice JSON, once posted
+        self.notices = {}
+        # token -> (instance id, expiry as time.monotonic())
+        self.tokens = {}
+
+    # ----- control ----------------------------------------------------------
+
+    def configure(self, spec):
+        """`POST /_gangway/machines`: sets a scope's address pairs (added to
+        the ones it had; addresses still held keep serving)."""
+        if not isinstance(spec, dict):
+            raise ValueError("a machines spec is a JSON object")
+        unknown = set(spec) - {"scope", "addresses", "authorized_keys"}
+        if unknown:
+            raise ValueError(f"unknown fields {sorted(unknown)}; known: addresses, authorized_keys, scope")
+        scope = spec.get("scope")
+        if not isinstance(scope, str) or not scope:
+            raise ValueError('"scope" (the access key id of the launches) is required')
+        pairs = spec.get("addresses")
+        if (
+            not isinstance(pairs, list)
+            or not pairs
+            or not all(
+                isinstance(p, list) and len(p) == 2 and all(isinstance(a, str) for a in p)
+                for p in pairs
+            )
+        ):
+            raise ValueError('"addresses" is a list of [public, private] address pairs')
+        for public, private in pairs:
+            for a in (public, private):
+                try:
+                    socket.inet_aton(a)
+                except OSError:
+                    raise ValueError(f"{a!r} is not an IPv4 address") from None
+        keys = spec.get("authorized_keys")
+        if keys is not None and not isinstance(keys, str):
+            raise ValueError('"authorized_keys" is a file path')
+        with self._lock:
+            state = self.scopes.setdefault(
+                scope, {"pairs": [], "authorized_keys": None, "imds_port": 0, "servers": {}}
+            )
+            state["pairs"] = [tuple(p) for p in pairs]
+            if keys is not None:
+                state["authorized_keys"] = keys
+            self._serve(scope, state, [p[0] for p in pairs])
+            return self.view(scope)
+
+    def view(self, scope):
+        with self._lock:
+            state = self.scopes.get(scope)
+            if state is None:
+                raise LookupError(f"scope {scope!r} has no machines")
+            return {
+                "scope": scope,
+                "addresses": [list(p) for p in state["pairs"]],
+                "authorized_keys": state["authorized_keys"],
+                "imds_port": state["imds_port"],
+                "instances": sorted(
+                    (dict(h, state=self._state(h)) for h in self.held.values()
+                     if h["scope"] == scope),
+                    key=lambda h: h["instance_id"],
+                ),
+            }
+
+    def _serve(self, scope, state, publics):
+        """A metadata listener on every new public address, on the scope's
+        port (picked on the first address when the scope has none)."""
+        for public in publics:
+            if public in state["servers"]:
+                continue
+            server = MetadataServer((public, state["imds_port"]), self, scope)
+            state["imds_port"] = server.server_address[1]
+            state["servers"][public] = server
+            threading.Thread(
+                target=server.serve_forever, name=f"imds-{public}", daemon=True
+            ).start()
+
+    def remove(self, scope):
+        """`DELETE /_gangway/machines?scope=`: stops its listeners."""
+        with self._lock:
+            state = self.scopes.pop(scope, None)
+        if state is None:
+            return 0
+        for server in state["servers"].values():
+            server.shutdown()
+            server.server_close()
+        return 1
+
+    def reset(self):
+        for scope in list(self.scopes):
+            self.remove(scope)
+        with self._lock:
+            self.held.clear()
+            self.notices.clear()
+            self.tokens.clear()
+
+    # ----- RunInstances -----------------------------------------------------
+
+    def _state(self, held):
+        instance = self.emulator.backend(held["region"]).get_instance_by_id(held["instance_id"])
+        return instance.state if instance is not None else "gone"
+
+    def _live(self, instance_id, region):
+        instance = self.emulator.backend(region).get_instance_by_id(instance_id)
+        return instance is not None and instance.state != "terminated"
+
+    def _free_pairs(self, scope):
+        state = self.scopes[scope]
+        taken = {
+            (h["public"], h["private"])
+            for iid, h in self.held.items()
+            if h["scope"] == scope and self._live(iid, h["region"])
+        }
+        return [p for p in state["pairs"] if p not in taken]
+
+    def shortfall(self, scope, count):
+        """Why `count` new instances of `scope` would not all get an
+        address (EC2's capacity message), or None when they would."""
+        with self._lock:
+            if scope not in self.scopes:
+                return None
+            free = len(self._free_pairs(scope))
+        if free >= count:
+            return None
+        return (
+            "We currently do not have sufficient capacity in the Availability Zone you "
+            f"requested ({free} free of {count} asked for)."
+        )
+
+    def place(self, scope, region, instance_ids):
+        """Gives each new instance of `scope` a free address pair and
+        installs its key pair's public key."""
+        with self._lock:
+            if scope not in self.scopes:
+                return
+            state = self.scopes[scope]
+            free = self._free_pairs(scope)
+            backend = self.emulator.backend(region)
+            for instance_id, (public, private) in zip(instance_ids, free):
+                instance = backend.get_instance_by_id(instance_id)
+                if instance is None:
+                    continue
+                nic = instance.nics[0]
+                nic.public_ip = public
+                nic.private_ip_address = private
+                self.held[instance_id] = {
+                    "instance_id": instance_id,
+                    "scope": scope,
+                    "region": region,
+                    "public": public,
+                    "private": private,
+                }
+                self._install_key(state, backend, instance)
+
+    @staticmethod
+    def _install_key(state, backend, instance):
+        path = state["authorized_keys"]
+        pair = backend.key_pairs.get(instance.key_name) if instance.key_name else None
+        if not path or pair is None:
+            return
+        key = pair.material_public
+        key = (key.decode() if isinstance(key, bytes) else str(key)).strip()
+        try:
+            with open(path) as f:
+                have = f.read()
+        except FileNotFoundError:
+            have = ""
+        if key and key not in have:
+            with open(path, "a") as f:
+                f.write(("" if have.endswith("\n") or not have else "\n") + key + "\n")
+
+    # ----- the metadata service ---------------------------------------------
+
+    def instance_at(self, scope, address):
+        with self._lock:
+            for iid, h in self.held.items():
+                if h["scope"] == scope and h["public"] == address and self._live(iid, h["region"]):
+                    return dict(h)
+        return None
+
+    def new_token(self, instance_id, ttl):
+        token = secrets.token_urlsafe(32)
+        with self._lock:
+            self.tokens[token] = (instance_id, time.monotonic() + ttl)
+        return token
+
+    def token_ok(self, instance_id, token):
+        with self._lock:
+            held = self.tokens.get(token)
+        return held is not None and held[0] == instance_id and held[1] > time.monotonic()
+
+    def metadata(self, held, key):
+        """The value at meta-data/KEY for the instance, or None (404)."""
+        instance = self.emulator.backend(held["region"]).get_instance_by_id(held["instance_id"])
+        if instance is None:
+            return None
+        with self._lock:
+            notice = self.notices.get(held["instance_id"])
+        group = instance.placement.group_name or None
+        values = {
+            "instance-id": instance.id,
+            "instance-type": instance.instance_type,
+            "ami-id": instance.image_id,
+            "local-ipv4": held["private"],
+            "public-ipv4": held["public"],
+            "instance-life-cycle": "spot" if instance.lifecycle == "spot" else "on-demand",
+            "placement/availability-zone": instance.placement.zone,
+            "placement/region": held["region"],
+            "placement/group-name": group,
+            "spot/instance-action": json.dumps(notice) if notice else None,
+            "spot/termination-time": notice["time"] if notice else None,
+        }
+        if key == "":
+            return "\n".join(sorted({k.split("/")[0] + ("/" if "/" in k else "")
+                                     for k, v in values.items() if v is not None}))
+        return values.get(key)
+
+    # ----- interruptions with notice ----------------------------------------
+
+    def notice(self, region, instance_id, seconds, state, terminate):
+        """Posts the notice now and calls `terminate()` `seconds` later
+        (once, and only if the instance is still there)."""
+        seconds = self.notice_seconds if seconds is None else float(seconds)
+        if seconds < 0:
+            raise ValueError('"notice_seconds" is not negative')
+        when = datetime.now(timezone.utc) + timedelta(seconds=seconds)
+        action = {"action": "terminate" if state == "terminated" else "stop",
+                  "time": when.strftime("%Y-%m-%dT%H:%M:%SZ")}
+        with self._lock:
+            self.notices[instance_id] = action
+
+        def fire():
+            if self._live(instance_id, region):
+                terminate()
+
+        timer = threading.Timer(seconds, fire)
+        timer.daemon = True
+        timer.start()
+        return action
