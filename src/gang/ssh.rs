@@ -125,7 +125,7 @@ fn remote_path(p: &str) -> String {
 static NEXT_PROCESS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1 << 24);
 
 /// Variables gangway sets to paths on the node.
-const NODE_PATH_VARS: &[&str] = &["GANGWAY_CHECKPOINT_DIR"];
+const NODE_PATH_VARS: &[&str] = &["GANGWAY_CHECKPOINT_DIR", "GANGWAY_WORKDIR"];
 
 /// Node fact marking a node nobody has connected to yet: its host key is
 /// accepted on first contact, then verified strictly.
@@ -761,7 +761,11 @@ impl Transport for SshTransport {
             // gangway's own paths on the node are absolute there, as on
             // every other cloud: `~/x` would stay a literal `~` in "$VAR/f".
             let value = match v.strip_prefix("~/") {
-                Some(_) if NODE_PATH_VARS.contains(&k.as_str()) => remote_path(v),
+                Some(_)
+                    if NODE_PATH_VARS.contains(&k.as_str()) || k.starts_with("GANGWAY_MOUNT_") =>
+                {
+                    remote_path(v)
+                }
                 _ => sq(v),
             };
             env.push_str(&format!("export {k}={value}\n"));

@@ -348,7 +348,7 @@ async fn run_on(
 /// checks every one arrived whole, then writes the rank's manifest last.
 const UPLOAD: &str = r#"
 gw_fail() { echo "gangway: checkpoint: $*" >&2; exit 3; }
-ck="$GANGWAY_CHECKPOINT_DIR"; base="$GW_CK_BASE"; gen="$GW_CK_GEN"; r="$GW_CK_RANK"; prev="${GW_CK_PREV:-}"
+ck="$(gw_path "$GANGWAY_CHECKPOINT_DIR")"; base="$GW_CK_BASE"; gen="$GW_CK_GEN"; r="$GW_CK_RANK"; prev="${GW_CK_PREV:-}"
 tmp="$(mktemp -d)" || gw_fail "no temporary directory"
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$ck" || gw_fail "cannot make $ck"
@@ -410,7 +410,7 @@ echo "gangway-checkpoint files=$files unchanged=0"
 /// bytes.
 pub(crate) const RESTORE: &str = r#"
 if [ -n "${GW_CK_RESTORE:-}" ]; then
-  ck="$GANGWAY_CHECKPOINT_DIR"; base="$GW_CK_BASE"; gen="$GW_CK_RESTORE"
+  ck="$(gw_path "$GANGWAY_CHECKPOINT_DIR")"; base="$GW_CK_BASE"; gen="$GW_CK_RESTORE"
   gw_need_rclone
   t0="$(date +%s%3N)"
   tmp="$(mktemp -d)" || gw_fail "no temporary directory"

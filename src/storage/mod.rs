@@ -702,6 +702,8 @@ pub(crate) fn rclone_source_env() -> Vec<(String, String)> {
 /// rclone's static build in `~/.gangway/bin` (no root needed), once.
 pub(crate) const RCLONE_PRELUDE: &str = r#"set -u
 gw_fail() { echo "gangway: $*" >&2; exit 3; }
+# A node path as the transport spelled it (`~/x` on SSH nodes), made real.
+gw_path() { case "$1" in "~") printf '%s' "$HOME" ;; "~/"*) printf '%s/%s' "$HOME" "${1#"~/"}" ;; *) printf '%s' "$1" ;; esac; }
 gw_rclone_bin=""
 gw_need_rclone() {
   [ -n "$gw_rclone_bin" ] && return 0
@@ -740,7 +742,7 @@ if [ -n "${AWS_CA_BUNDLE:-}" ]; then export RCLONE_CA_CERT="$AWS_CA_BUNDLE"; uns
 /// alone, the whole history; then a forced checkout (untracked files stay).
 const GIT_WORKDIR: &str = r#"if [ -n "${GW_GIT_URL:-}" ]; then
   command -v git >/dev/null 2>&1 || gw_fail "workdir: git is not installed on this node (needed to clone $GW_GIT_URL)"
-  wd="$GANGWAY_WORKDIR"; ref="${GW_GIT_REF:-}"
+  wd="$(gw_path "$GANGWAY_WORKDIR")"; ref="${GW_GIT_REF:-}"
   mkdir -p "$wd" || gw_fail "workdir: cannot make $wd"
   export GIT_TERMINAL_PROMPT=0
   [ -d "$wd/.git" ] || git -C "$wd" init -q || gw_fail "workdir: git init failed in $wd"
@@ -761,6 +763,7 @@ fi
 /// Shell functions of the storage step's mounts.
 const MOUNT_FUNCTIONS: &str = r#"gw_copy() {
   gw_need_rclone
+  set -- "$1" "$(gw_path "$2")" "$3"
   # One object (s3://b/file.txt) lands at the path; a prefix fills it.
   if rclone lsjson --stat "$1" 2>/dev/null | grep -q '"IsDir": *false'; then
     mkdir -p "$(dirname "$2")" || gw_fail "$3: cannot make $(dirname "$2")"
@@ -771,6 +774,7 @@ const MOUNT_FUNCTIONS: &str = r#"gw_copy() {
   fi
 }
 gw_mount() {
+  set -- "$1" "$(gw_path "$2")" "$3" "$4"
   [ -e /dev/fuse ] || gw_fail "$4: this node has no /dev/fuse, so it cannot mount buckets (use mode: COPY)"
   command -v fusermount3 >/dev/null 2>&1 || command -v fusermount >/dev/null 2>&1 \
     || gw_fail "$4: fusermount is not installed (apt-get install fuse3), so rclone cannot mount"

@@ -1171,9 +1171,10 @@ fn a_slow_checkpoint_upload_does_not_delay_the_preemption_notice() {
         "action": "delay", "delay_ms": 12000, "times": -1,
     }));
     let (code, out, err) = parts(&run(emu, &home, &["jobs", "launch", &task, "-y"]));
+    let held = emu.fired(rule);
     emu.remove_fault(rule);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
-    assert!(emu.fired(rule) > 0, "an upload was held");
+    assert!(held > 0, "an upload was held");
     let job = crate::jobs::managed(&home, 1);
     assert_eq!(job["state"], "SUCCEEDED", "{job}");
     assert!(
