@@ -7,7 +7,8 @@ Usage: python3 bench/checkpoint.py [path/to/gangway]   (default target/release/g
 For each store (STORES, default "s3 gcs") and each data set:
   big:   BIG_FILES files (default 16) of BIG_MB MiB (default 256: 4 GiB)
   small: SMALL_FILES files (default 10000) of 4 KiB
-it times
+it times, in ABBA order (rclone, gangway, gangway, rclone; the mean of each
+side's two runs is its figure):
   - rclone: `rclone copy DIR remote:bucket/...` (16 transfers, as gangway's
     nodes use), through the emulator's front; its objects are deleted
     before gangway's turn, so both write into an emulator holding the same;
@@ -244,9 +245,19 @@ def main():
                 data = make_data(work, f"{store}-{kind}")
                 bucket = f"bench-{store}-{kind}"
                 make_bucket(store, url, bucket)
-                base = rclone_copy(store, url, data, bucket, "rclone")
+                # In ABBA order (rclone, gangway, gangway, rclone), each into
+                # a fresh prefix and rclone's deleted after it, so a store
+                # that slows as it fills or the machine's drift favours
+                # neither; each side's figure is the mean of its two.
+                b1 = rclone_copy(store, url, data, bucket, "rclone")
                 rclone_delete(store, url, bucket, "rclone")
-                first, again = gangway_checkpoint(store, url, ec2, data, bucket, "gangway", work)
+                f1, again = gangway_checkpoint(store, url, ec2, data, bucket, "gangway", work)
+                f2, again2 = gangway_checkpoint(store, url, ec2, data, bucket, "gangway2", work)
+                b2 = rclone_copy(store, url, data, bucket, "rclone")
+                rclone_delete(store, url, bucket, "rclone")
+                base, first, again = (b1 + b2) / 2, (f1 + f2) / 2, again + again2
+                print(f"  ({store} {kind}: rclone {b1:.2f} s, {b2:.2f} s; gangway {f1:.2f} s, {f2:.2f} s)",
+                      flush=True)
                 rows.append((store, kind, base, first, statistics.median(again), max(again)))
                 print(f"{store} {kind}: rclone copy {base:.2f} s; gangway checkpoint {first:.2f} s "
                       f"({(first / base - 1) * 100:+.1f}%); nothing changed: median "
