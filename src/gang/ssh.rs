@@ -148,7 +148,15 @@ pub struct SshTransport {
     sessions: Mutex<HashMap<SshTarget, Arc<Session>>>,
     /// Command id → (target, token naming the remote process group).
     remote: Mutex<HashMap<u32, (SshTarget, String)>>,
+    /// `<owner id>/<cluster>`, in the environment of everything this
+    /// transport starts (`GANGWAY_SCOPE`): what finds a cluster's processes
+    /// on a machine that other clusters and other installations (another
+    /// user, or one logged in as the same `ubuntu`) share.
+    scope: String,
 }
+
+/// The environment variable holding [`SshTransport`]'s scope.
+const SCOPE_VAR: &str = "GANGWAY_SCOPE";
 
 impl SshTransport {
     /// A transport for `cluster`, with state under `home`. `first_contact`:
@@ -159,7 +167,16 @@ impl SshTransport {
         let control_dir = home.join("ssh").join("ctl");
         let _ = std::fs::create_dir_all(&known);
         let _ = std::fs::create_dir_all(&control_dir);
+        // The owner id (made on first use); a home that cannot hold one
+        // still gets a scope of its own.
+        let owner = crate::provision::owner(home).unwrap_or_else(|_| {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            home.hash(&mut h);
+            format!("gw-{:016x}", h.finish())
+        });
         Ok(SshTransport {
+            scope: format!("{owner}/{cluster}"),
             known_hosts: known.join(cluster),
             control_dir,
             key,
@@ -751,7 +768,10 @@ impl Transport for SshTransport {
         // environment by which `signal` finds it. No pid file: a command is
         // one fork and two execs on the node, and nothing is left behind
         // when the connection drops.
-        let mut env = format!("export {TOKEN_VAR}={token}\n");
+        let mut env = format!(
+            "export {TOKEN_VAR}={token}\nexport {SCOPE_VAR}={}\n",
+            sq(&self.scope)
+        );
         for (k, v) in &node.extra {
             if let Some(n) = k.strip_prefix("env.") {
                 env.push_str(&format!("export {n}={}\n", sq(v)));
@@ -859,13 +879,35 @@ impl Transport for SshTransport {
     }
 
     fn signal_job(&self, node: &NodeRow, _pgid: u32, job: i64, signal: i32) {
-        // Another process started these: find them by their environment.
+        // Another process started these: find them by their environment,
+        // this cluster's of this installation only (run numbers repeat
+        // across clusters and installations on a shared machine).
         let remote = format!(
             "for p in /proc/[0-9]*; do grep -qxz 'GANGWAY_RUN={job}' $p/environ 2>/dev/null && \
+             grep -qxz '{SCOPE_VAR}={scope}' $p/environ 2>/dev/null && \
              kill {sig} ${{p#/proc/}} 2>/dev/null; done; true",
+            scope = self.scope,
             sig = gangway_provider::kill_option(signal)
         );
         let _ = self.run(node, &remote, None);
+    }
+
+    fn kill_cluster(&self, node: &NodeRow, _cluster: &str) {
+        // This cluster's bucket mounts first (listed by scope in
+        // ~/.gangway-mounts), so that killing their rclone leaves no dead
+        // mount; then every process of the scope.
+        let scope = &self.scope;
+        let _ = self.probe(
+            node,
+            &format!(
+                "f=\"$HOME/.gangway-mounts\"; if [ -f \"$f\" ]; then \
+                 awk -F'\\t' '$1 == \"{scope}\" {{ print $2 }}' \"$f\" | while IFS= read -r m; do \
+                 fusermount3 -u -z \"$m\" 2>/dev/null || fusermount -u -z \"$m\" 2>/dev/null || umount -l \"$m\" 2>/dev/null; done; \
+                 awk -F'\\t' '$1 != \"{scope}\"' \"$f\" > \"$f.tmp\" && mv -f \"$f.tmp\" \"$f\"; fi; \
+                 for p in /proc/[0-9]*; do grep -qxz '{SCOPE_VAR}={scope}' $p/environ 2>/dev/null && \
+                 kill -9 ${{p#/proc/}} 2>/dev/null; done; true"
+            ),
+        );
     }
 
     fn reaped(&self, _node: &NodeRow, pgid: u32) {

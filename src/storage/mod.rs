@@ -784,9 +784,9 @@ gw_mount() {
   if [ "$(stat -c %d "$real" 2>/dev/null)" != "$(stat -c %d "$real/.." 2>/dev/null)" ]; then return 0; fi
   rclone mount "$1" "$real" --daemon --daemon-wait 30s --vfs-cache-mode "$3" \
     --dir-cache-time 5s --allow-non-empty || gw_fail "$4: rclone mount failed"
-  # Teardown unmounts what is listed here (cluster, path) before it removes
-  # anything or kills the cluster's processes.
-  printf '%s\t%s\n' "${GANGWAY_CLUSTER:-}" "$real" >> "$HOME/.gangway-mounts"
+  # Teardown unmounts what is listed here (the cluster's scope, path)
+  # before it removes anything or kills the cluster's processes.
+  printf '%s\t%s\n' "${GANGWAY_SCOPE:-${GANGWAY_CLUSTER:-}}" "$real" >> "$HOME/.gangway-mounts"
 }
 "#;
 

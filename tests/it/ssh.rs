@@ -1071,3 +1071,55 @@ fn a_bucket_mount_on_a_pool_machine_is_unmounted_at_down() {
         .count();
     assert_eq!(rclones, 0, "an rclone of the mount is left");
 }
+
+/// Two installations on one pool machine, each with a cluster of the same
+/// name running run 1: one's dead driver being reaped, and its `down`,
+/// stop its own ranks only; the other's keep running.
+#[test]
+fn another_installations_cluster_of_the_same_name_is_never_touched() {
+    let Some(sshd) = Sshd::start(1) else { return };
+    let (a, b) = (pool_home(&sshd), pool_home(&sshd));
+    for home in [&a, &b] {
+        let t = home.file("idle.yaml", "resources:\n  infra: ssh/lab\nrun: \"true\"\n");
+        let (code, out, err) = crate::common::parts(&home.run(["launch", &t, "-c", "same"]));
+        assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+        let (code, _, err) = crate::common::parts(&home.run([
+            "exec",
+            "same",
+            "-d",
+            "--env",
+            &home.marker_env(),
+            "sleep 300",
+        ]));
+        assert_eq!(code, 0, "{err}");
+        home.wait_job_status("same", "RUNNING");
+        wait_for_marker(&home.marker, 1);
+    }
+    let job = a.jobs("same");
+    let run = job.last().unwrap();
+    assert_eq!(
+        run["id"],
+        b.jobs("same").last().unwrap()["id"],
+        "the same run number"
+    );
+    let pid = run["driver_pid"].as_u64().expect("driver_pid") as u32;
+    // SAFETY: kill(2) on this test's own driver (a's).
+    unsafe {
+        libc::kill(pid as i32, libc::SIGKILL);
+    }
+    a.wait_job_status("same", "FAILED_DRIVER");
+    crate::common::assert_no_marker_procs(&a.marker, "a's dead driver was reaped");
+    assert_eq!(
+        crate::common::procs_with_marker(&b.marker).len(),
+        1,
+        "b's rank survived a's reap"
+    );
+    assert_eq!(crate::common::parts(&a.run(["down", "same", "-y"])).0, 0);
+    assert_eq!(
+        crate::common::procs_with_marker(&b.marker).len(),
+        1,
+        "b's rank survived a's down"
+    );
+    assert_eq!(crate::common::parts(&b.run(["down", "same", "-y"])).0, 0);
+    crate::common::assert_no_marker_procs(&b.marker, "b's down");
+}

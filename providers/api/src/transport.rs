@@ -223,19 +223,15 @@ pub trait Transport: Send + Sync {
     fn probe(&self, node: &NodeRow, script: &str) -> Result<String, TransportError>;
 
     /// Kills every process on the node that belongs to `cluster` (found by
-    /// its environment), for teardowns where no driver is left to do it;
-    /// first unmounts the cluster's bucket mounts (listed in
-    /// `~/.gangway-mounts` by the storage step), so that killing their
-    /// rclone leaves no dead mount behind.
+    /// its environment), for teardowns where no driver is left to do it.
+    /// Transports on machines that clusters share scope this further (the
+    /// SSH transport: by installation, and unmounts the cluster's bucket
+    /// mounts first).
     fn kill_cluster(&self, node: &NodeRow, cluster: &str) {
         let _ = self.probe(
             node,
             &format!(
-                "f=\"$HOME/.gangway-mounts\"; if [ -f \"$f\" ]; then \
-                 awk -F'\\t' '$1 == \"{cluster}\" {{ print $2 }}' \"$f\" | while IFS= read -r m; do \
-                 fusermount3 -u -z \"$m\" 2>/dev/null || fusermount -u -z \"$m\" 2>/dev/null || umount -l \"$m\" 2>/dev/null; done; \
-                 awk -F'\\t' '$1 != \"{cluster}\"' \"$f\" > \"$f.tmp\" && mv -f \"$f.tmp\" \"$f\"; fi; \
-                 for p in /proc/[0-9]*; do grep -qxz 'GANGWAY_CLUSTER={cluster}' $p/environ 2>/dev/null && \
+                "for p in /proc/[0-9]*; do grep -qxz 'GANGWAY_CLUSTER={cluster}' $p/environ 2>/dev/null && \
                  kill -9 ${{p#/proc/}} 2>/dev/null; done; true"
             ),
         );
