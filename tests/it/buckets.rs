@@ -45,6 +45,14 @@ fn run(emu: &StoreEmulator, home: &TestHome, args: &[&str]) -> Output {
     Running::start(c).wait()
 }
 
+/// The S3 emulator, when the EC2 emulator (STS, for the nodes' session
+/// credentials) is there too.
+fn s3() -> Option<&'static StoreEmulator> {
+    let emu = StoreEmulator::s3();
+    crate::ec2_emulator::Ec2Emulator::shared()?;
+    emu
+}
+
 fn scheme(emu: &StoreEmulator) -> &'static str {
     match emu.store {
         Store::S3 => "s3",
@@ -171,10 +179,7 @@ fn a_missing_bucket_stops_the_launch_before_provisioning(emu: &StoreEmulator) {
 
 #[test]
 fn s3_copy_and_mount_reach_every_rank_and_down_keeps_the_bucket() {
-    let (Some(emu), Some(_)) = (
-        StoreEmulator::s3(),
-        crate::ec2_emulator::Ec2Emulator::shared(),
-    ) else {
+    let Some(emu) = s3() else {
         return;
     };
     copy_and_mount_reach_every_rank(emu);
@@ -190,10 +195,7 @@ fn gcs_copy_and_mount_reach_every_rank_and_down_keeps_the_bucket() {
 
 #[test]
 fn a_missing_s3_bucket_is_exit_2_naming_the_line_before_anything_starts() {
-    let (Some(emu), Some(_)) = (
-        StoreEmulator::s3(),
-        crate::ec2_emulator::Ec2Emulator::shared(),
-    ) else {
+    let Some(emu) = s3() else {
         return;
     };
     a_missing_bucket_stops_the_launch_before_provisioning(emu);
@@ -277,10 +279,7 @@ fn named_buckets_are_made_filled_and_deleted_unless_persistent(emu: &StoreEmulat
 
 #[test]
 fn s3_named_buckets_are_made_filled_and_deleted_at_down_unless_persistent() {
-    let (Some(emu), Some(_)) = (
-        StoreEmulator::s3(),
-        crate::ec2_emulator::Ec2Emulator::shared(),
-    ) else {
+    let Some(emu) = s3() else {
         return;
     };
     named_buckets_are_made_filled_and_deleted_unless_persistent(emu);
@@ -397,10 +396,7 @@ fn a_managed_job_resumes_from_its_bucket_checkpoint(emu: &StoreEmulator) {
 
 #[test]
 fn a_managed_job_resumes_from_its_s3_checkpoint_with_the_exact_step_count() {
-    let (Some(emu), Some(_)) = (
-        StoreEmulator::s3(),
-        crate::ec2_emulator::Ec2Emulator::shared(),
-    ) else {
+    let Some(emu) = s3() else {
         return;
     };
     a_managed_job_resumes_from_its_bucket_checkpoint(emu);
@@ -445,10 +441,7 @@ fn complete_generations(emu: &StoreEmulator, bucket: &str, prefix: &str) -> Vec<
 /// complete checkpoint, to the step.
 #[test]
 fn a_killed_checkpoint_upload_never_becomes_the_checkpoint_that_is_restored() {
-    let (Some(emu), Some(_)) = (
-        StoreEmulator::s3(),
-        crate::ec2_emulator::Ec2Emulator::shared(),
-    ) else {
+    let Some(emu) = s3() else {
         return;
     };
     let home = TestHome::new();
@@ -928,10 +921,7 @@ fn a_managed_jobs_files_travel_through_jobs_bucket(emu: &StoreEmulator) {
 
 #[test]
 fn a_managed_jobs_files_travel_through_an_s3_jobs_bucket() {
-    let (Some(emu), Some(_)) = (
-        StoreEmulator::s3(),
-        crate::ec2_emulator::Ec2Emulator::shared(),
-    ) else {
+    let Some(emu) = s3() else {
         return;
     };
     a_managed_jobs_files_travel_through_jobs_bucket(emu);
@@ -1083,10 +1073,7 @@ fn a_node_without_rclone_gets_one_installed_once() {
 /// checkpoint on both nodes, neither node uploads the restored files again.
 #[test]
 fn unchanged_checkpoint_files_are_uploaded_once_even_across_a_restore() {
-    let (Some(emu), Some(_)) = (
-        StoreEmulator::s3(),
-        crate::ec2_emulator::Ec2Emulator::shared(),
-    ) else {
+    let Some(emu) = s3() else {
         return;
     };
     let home = TestHome::new();
@@ -1142,10 +1129,7 @@ fn unchanged_checkpoint_files_are_uploaded_once_even_across_a_restore() {
 /// reads it while the upload goes and signals the run within the notice.
 #[test]
 fn a_slow_checkpoint_upload_does_not_delay_the_preemption_notice() {
-    let (Some(emu), Some(_)) = (
-        StoreEmulator::s3(),
-        crate::ec2_emulator::Ec2Emulator::shared(),
-    ) else {
+    let Some(emu) = s3() else {
         return;
     };
     let home = TestHome::new();
