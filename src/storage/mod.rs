@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use gangway_store::{Bucket, BucketUrl, Endpoints, Scheme, StoreError};
 use serde::{Deserialize, Serialize};
 
+use crate::cli::launch::runtime;
 use crate::spec::{MountSource, SpecError, Task};
 use crate::state::Store;
 use crate::Error;
@@ -569,8 +570,7 @@ pub(crate) fn check_checkpoint_bucket(
     Ok(parsed.to_string())
 }
 
-/// [`preflight`], then [`make_buckets`] for `owner`, from synchronous
-/// code: for callers that have nothing to confirm in between.
+/// [`preflight`] from synchronous code.
 pub(crate) fn preflight_now(task: &Task, file: &Path, mounts: &[BucketMount]) -> Result<(), Error> {
     if mounts.is_empty() {
         return Ok(());
@@ -592,17 +592,12 @@ pub(crate) fn make_buckets_now(
     runtime()?.block_on(make_buckets(task, file, mounts, store, owner))
 }
 
-/// [`remove_buckets`] from synchronous code; what could not be removed is
-/// said on stderr with the command that removes it.
+/// [`remove_buckets`] from synchronous code, saying on stderr what it
+/// deleted or why it could not (what it could not delete stays recorded).
 pub(crate) fn remove_buckets_now(store: &Store, owner: &str) {
     let done = runtime()
         .map_err(|e| e.to_string())
         .and_then(|rt| rt.block_on(remove_buckets(store, owner)));
-    report_removed(done);
-}
-
-/// Says what [`remove_buckets`] did.
-pub(crate) fn report_removed(done: Result<Vec<String>, String>) {
     match done {
         Ok(urls) => {
             for u in urls {
@@ -611,12 +606,6 @@ pub(crate) fn report_removed(done: Result<Vec<String>, String>) {
         }
         Err(e) => eprintln!("gangway: warning: a bucket gangway created could not be deleted: {e}"),
     }
-}
-
-fn runtime() -> Result<tokio::runtime::Runtime, std::io::Error> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
 }
 
 /// rclone's settings for every mount's bucket, with the user's current
