@@ -1120,10 +1120,7 @@ async fn observe(sh: &Shared, m: &mut Memo) -> Result<Action, crate::Error> {
     if m.job().notice_at.is_some() {
         // It ended because we asked it to checkpoint: keep that.
         if ran {
-            let r = sync(&mt, Arc::clone(&nodes), transport).await;
-            if let Some(t) = synced(sh, m.job().id, r) {
-                m.job().last_sync_at = Some(t);
-            }
+            last_sync(sh, m, &mt, nodes, transport).await;
         }
         if m.job().moving_to.is_some() {
             requeue(sh, m, "checkpointed for the deadline policy's move", false).await?;
@@ -1134,13 +1131,7 @@ async fn observe(sh: &Shared, m: &mut Memo) -> Result<Action, crate::Error> {
     }
     match run.status {
         JobStatus::Succeeded => {
-            if let Some(t) = synced(
-                sh,
-                m.job().id,
-                sync(&mt, Arc::clone(&nodes), Arc::clone(&transport)).await,
-            ) {
-                m.job().last_sync_at = Some(t);
-            }
+            last_sync(sh, m, &mt, Arc::clone(&nodes), Arc::clone(&transport)).await;
             // A scheduler that signals the ranks itself (Slurm's GraceTime)
             // can have them checkpoint and exit 0 before the notice was
             // seen here: that is a preemption, not the end.
@@ -1160,10 +1151,7 @@ async fn observe(sh: &Shared, m: &mut Memo) -> Result<Action, crate::Error> {
             // checkpoint it was asked for is kept, and it is a preemption.
             if let Some((rank, words)) = notice(Arc::clone(&nodes), Arc::clone(&transport)).await {
                 if ran {
-                    let r = sync(&mt, Arc::clone(&nodes), Arc::clone(&transport)).await;
-                    if let Some(t) = synced(sh, m.job().id, r) {
-                        m.job().last_sync_at = Some(t);
-                    }
+                    last_sync(sh, m, &mt, Arc::clone(&nodes), Arc::clone(&transport)).await;
                 }
                 let why =
                     format!("{detail}; a preemption notice was posted (rank {rank}: {words})");
@@ -1337,6 +1325,20 @@ async fn lost_node(sh: &Shared, m: &mut Memo, nodes: &[NodeRow]) -> Option<LostN
             },
         }
     })
+}
+
+/// The sync at a run's end: its time is recorded in the job (saved with
+/// the job's next state), a failure said in the controller's log.
+async fn last_sync(
+    sh: &Shared,
+    m: &mut Memo,
+    mt: &ManagedTask,
+    nodes: Arc<Vec<NodeRow>>,
+    transport: Arc<dyn Transport>,
+) {
+    if let Some(t) = synced(sh, m.job().id, sync(mt, nodes, transport).await) {
+        m.job().last_sync_at = Some(t);
+    }
 }
 
 /// Waits for the periodic sync running beside the loop and records its
