@@ -38,6 +38,8 @@ import threading
 import time
 import urllib.request
 
+from benchlib import write_sshd_config
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "target/release/gangway")
 TRIALS = int(os.environ.get("TRIALS", "3"))
@@ -71,23 +73,11 @@ def start_sshd(d, block, keys):
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", f"{d}/host"], check=True)
     cfg = f"{d}/sshd_config"
     with open(cfg, "w") as f:
-        for i in range(1, NODES + 1):
-            f.write(f"ListenAddress {block}.{i}:22\n")
-        f.write(f"""HostKey {d}/host
-PidFile {d}/sshd.pid
-AuthorizedKeysFile {keys}
-PermitRootLogin prohibit-password
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-StrictModes no
-MaxSessions 200
-MaxStartups 400:30:800
-UseDNS no
-LogLevel ERROR
-SetEnv HOME={d}/home
-ForceCommand cd "$HOME" || exit 1; . {d}/profile.sh; if [ -z "$SSH_ORIGINAL_COMMAND" ]; then exec "$SHELL" -l; fi; eval "$SSH_ORIGINAL_COMMAND"
-""")
+        write_sshd_config(
+            f, [f"{block}.{i}:22" for i in range(1, NODES + 1)], d, f"{d}/sshd.pid", keys,
+            f"{d}/home",
+            f'cd "$HOME" || exit 1; . {d}/profile.sh; if [ -z "$SSH_ORIGINAL_COMMAND" ]; '
+            'then exec "$SHELL" -l; fi; eval "$SSH_ORIGINAL_COMMAND"')
         if sshd_version() >= (9, 8):
             f.write("PerSourcePenalties no\n")
         for p in ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server"):

@@ -1,5 +1,6 @@
-"""What the bench scripts share: running gangway in a home of its own, and
-reading a process's memory and CPU time from /proc."""
+"""What the bench scripts share: running gangway in a home of its own,
+reading a process's memory and CPU time from /proc, and the configuration
+of the throwaway sshds that stand in for nodes."""
 import os
 import subprocess
 import sys
@@ -33,3 +34,27 @@ def cpu_ticks(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])
+
+
+def write_sshd_config(f, listen, key_dir, pid_file, authorized_keys, home, force_command):
+    """The throwaway sshd's configuration, written to the open file `f`:
+    `listen` (host:port each), the host key `key_dir/host`, root by key
+    only, many sessions, sessions in `home` running `force_command`. The
+    caller may write more lines after it."""
+    for a in listen:
+        f.write(f"ListenAddress {a}\n")
+    f.write(f"""HostKey {key_dir}/host
+PidFile {pid_file}
+AuthorizedKeysFile {authorized_keys}
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+MaxSessions 200
+MaxStartups 400:30:800
+UseDNS no
+LogLevel ERROR
+SetEnv HOME={home}
+ForceCommand {force_command}
+""")

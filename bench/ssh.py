@@ -19,6 +19,8 @@ import sys
 import tempfile
 import time
 
+from benchlib import write_sshd_config
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = int(os.environ.get("NODES", "64"))
 ADDRS = [f"127.0.50.{i}" for i in range(1, N + 1)]
@@ -48,23 +50,9 @@ def main():
     for g in range(0, N, 16):
         cfg = f"{d}/sshd_config.{g}"
         with open(cfg, "w") as f:
-            for a in ADDRS[g:g + 16]:
-                f.write(f"ListenAddress {a}:{port}\n")
-            f.write(f"""HostKey {d}/host
-PidFile {d}/sshd.{g}.pid
-AuthorizedKeysFile {d}/authorized_keys
-PermitRootLogin prohibit-password
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-StrictModes no
-MaxSessions 200
-MaxStartups 400:30:800
-UseDNS no
-LogLevel ERROR
-SetEnv HOME={home}
-ForceCommand cd "$HOME" || exit 1; eval "$SSH_ORIGINAL_COMMAND"
-""")
+            write_sshd_config(f, [f"{a}:{port}" for a in ADDRS[g:g + 16]], d,
+                              f"{d}/sshd.{g}.pid", f"{d}/authorized_keys", home,
+                              'cd "$HOME" || exit 1; eval "$SSH_ORIGINAL_COMMAND"')
         servers.append(subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", cfg],
                                         stderr=open(f"{d}/sshd.{g}.log", "w")))
     try:
