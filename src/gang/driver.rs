@@ -345,6 +345,7 @@ async fn run_job(
             Some(format!("no transport for {cloud} nodes yet")),
         ));
     };
+    let transport: Arc<dyn Transport> = Arc::from(transport);
     store.set_job_status(job_id, JobStatus::SettingUp, None)?;
     if let Err(e) = transport.connect(&nodes).await {
         return Ok((JobStatus::FailedSetup, Some(e.to_string())));
@@ -408,6 +409,32 @@ async fn run_job(
         mount_dirs,
         workdir_dirs,
     };
+
+    // Bucket mounts outlive the storage step: while setup and the run go
+    // on, their credentials are renewed before they expire.
+    let _renewing = crate::storage::has_fuse_mounts(&spec.bucket_mounts).then(|| {
+        let (transport, nodes) = (Arc::clone(&transport), nodes.clone());
+        let (mounts, cluster, logs) = (
+            spec.bucket_mounts.clone(),
+            cluster.to_string(),
+            logs.clone(),
+        );
+        AbortOnDrop(tokio::spawn(async move {
+            let every = crate::storage::renew_every();
+            loop {
+                tokio::time::sleep(every).await;
+                let t = Arc::clone(&transport);
+                match crate::storage::renew_mounts(&mounts, &cluster, &nodes, t).await {
+                    Ok(n) => logs.say(&format!(
+                        "renewed the bucket mounts' credentials on {n} node(s)"
+                    )),
+                    Err(e) => logs.say(&format!(
+                        "could not renew the bucket mounts' credentials: {e}"
+                    )),
+                }
+            }
+        }))
+    });
 
     // Files first, on every node.
     for (rank, n) in nodes.iter().enumerate() {
@@ -551,6 +578,15 @@ async fn preemption(
         }),
         _ => None,
     })
+}
+
+/// A task that stops when this is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 async fn phase(

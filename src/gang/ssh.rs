@@ -900,12 +900,9 @@ impl Transport for SshTransport {
         let _ = self.probe(
             node,
             &format!(
-                "f=\"$HOME/.gangway-mounts\"; if [ -f \"$f\" ]; then \
-                 awk -F'\\t' '$1 == \"{scope}\" {{ print $2 }}' \"$f\" | while IFS= read -r m; do \
-                 fusermount3 -u -z \"$m\" 2>/dev/null || fusermount -u -z \"$m\" 2>/dev/null || umount -l \"$m\" 2>/dev/null; done; \
-                 awk -F'\\t' '$1 != \"{scope}\"' \"$f\" > \"$f.tmp\" && mv -f \"$f.tmp\" \"$f\"; fi; \
-                 for p in /proc/[0-9]*; do grep -qxz '{SCOPE_VAR}={scope}' $p/environ 2>/dev/null && \
-                 kill -9 ${{p#/proc/}} 2>/dev/null; done; true"
+                "{} for p in /proc/[0-9]*; do grep -qxz '{SCOPE_VAR}={scope}' $p/environ 2>/dev/null && \
+                 kill -9 ${{p#/proc/}} 2>/dev/null; done; true",
+                gangway_provider::release_mounts(scope)
             ),
         );
     }

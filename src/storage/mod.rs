@@ -101,20 +101,53 @@ pub(crate) async fn node_env(
                 url: url.clone(),
                 reason,
             })?;
-        return Bucket::open_as(url, &endpoints, Some(&keys(c)))?
+        // A mount rereads its keys when they expire (as far as it is told):
+        // at most three renewals from now, so that keys renewed by the
+        // driver reach it even when the chain did not say when they end.
+        let cap = std::time::SystemTime::now() + 3 * renew_every();
+        let expires = c.expires.map_or(cap, |e| e.min(cap));
+        let mut env = Bucket::open_as(url, &endpoints, Some(&keys(c)))?
             .node_env(remote)
-            .await;
+            .await?;
+        env.push((expires_var(remote), unix_seconds(expires).to_string()));
+        return Ok(env);
     }
     Bucket::open(url, &endpoints)?.node_env(remote).await
 }
 
-/// How long one set of node credentials is handed out: an STS session
-/// lasts 12 hours, so what a node gets has hours left; a checkpoint sync
-/// every few seconds costs one STS call in five minutes, not one each.
-#[cfg(feature = "aws")]
-const NODE_KEYS_REUSED_FOR: std::time::Duration = std::time::Duration::from_secs(300);
+/// The variable that tells a node when `remote`'s credentials expire (Unix
+/// seconds), as [`gangway_store::Bucket::node_env`] spells it.
+fn expires_var(remote: &str) -> String {
+    format!("GW_EXPIRES_{}", remote.to_ascii_uppercase())
+}
 
-/// [`gangway_aws::node_credentials`], reused for [`NODE_KEYS_REUSED_FOR`]
+fn unix_seconds(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// How often a driver hands its nodes' bucket mounts fresh credentials
+/// while setup or the run goes on: every 10 minutes, or
+/// `GANGWAY_CREDENTIAL_RENEW_SECONDS`.
+pub(crate) fn renew_every() -> std::time::Duration {
+    let secs = std::env::var("GANGWAY_CREDENTIAL_RENEW_SECONDS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|s| *s > 0)
+        .unwrap_or(600);
+    std::time::Duration::from_secs(secs)
+}
+
+/// How long one set of node credentials is handed out again: an STS
+/// session lasts 12 hours, so what a node gets has hours left; a
+/// checkpoint sync every few seconds costs one STS call in five minutes,
+/// not one each (less when renewals come more often than that).
+#[cfg(feature = "aws")]
+fn node_keys_reused_for() -> std::time::Duration {
+    std::time::Duration::from_secs(300).min(renew_every() / 2)
+}
+
+/// [`gangway_aws::node_credentials`], reused for [`node_keys_reused_for`]
 /// (in memory only).
 #[cfg(feature = "aws")]
 async fn s3_node_credentials() -> Result<gangway_aws::StorageCredentials, String> {
@@ -122,7 +155,7 @@ async fn s3_node_credentials() -> Result<gangway_aws::StorageCredentials, String
     use std::time::Instant;
     static KEPT: Mutex<Option<(Instant, gangway_aws::StorageCredentials)>> = Mutex::new(None);
     if let Some((at, c)) = KEPT.lock().map_err(|e| e.to_string())?.as_ref() {
-        if at.elapsed() < NODE_KEYS_REUSED_FOR {
+        if at.elapsed() < node_keys_reused_for() {
             return Ok(c.clone());
         }
     }
@@ -651,20 +684,79 @@ pub(crate) fn node_script(mounts: &[BucketMount]) -> String {
                 sh(&what)
             ),
             Mode::Mount => format!(
-                "gw_mount {} \"$GANGWAY_MOUNT_{i}\" off {}\n",
+                "gw_mount {} \"$GANGWAY_MOUNT_{i}\" off {} {}\n",
                 sh(&src),
-                sh(&what)
+                sh(&what),
+                sh(&m.remote)
             ),
             Mode::MountCached => format!(
-                "gw_mount {} \"$GANGWAY_MOUNT_{i}\" full {}\n",
+                "gw_mount {} \"$GANGWAY_MOUNT_{i}\" full {} {}\n",
                 sh(&src),
-                sh(&what)
+                sh(&what),
+                sh(&m.remote)
             ),
         };
         s.push_str(&line);
     }
     s.push_str(checkpoint::RESTORE);
     s
+}
+
+/// Whether `mounts` has a FUSE mount (MOUNT, MOUNT_CACHED): those outlive
+/// the storage step, so the driver renews their credentials.
+pub(crate) fn has_fuse_mounts(mounts: &[BucketMount]) -> bool {
+    mounts.iter().any(|m| m.mode != Mode::Copy)
+}
+
+/// Hands the FUSE mounts of `mounts` on every node fresh credentials: the
+/// files their rclone rereads when its credentials expire are rewritten
+/// (the storage step wrote them first). Returns how many nodes took them,
+/// or what failed, naming the node.
+pub(crate) async fn renew_mounts(
+    mounts: &[BucketMount],
+    cluster: &str,
+    nodes: &[gangway_provider::NodeRow],
+    transport: std::sync::Arc<dyn gangway_provider::Transport>,
+) -> Result<usize, String> {
+    let mut env = vec![("GANGWAY_CLUSTER".to_string(), cluster.to_string())];
+    let mut script = format!("{RCLONE_PRELUDE}{MOUNT_FUNCTIONS}");
+    for m in mounts.iter().filter(|m| m.mode != Mode::Copy) {
+        let url = bad_url(&m.url).map_err(|e| e.to_string())?;
+        env.extend(node_env(&url, &m.remote).await.map_err(|e| e.to_string())?);
+        script.push_str(&format!("gw_creds {}\n", sh(&m.remote)));
+    }
+    let cmd = gangway_provider::NodeCommand {
+        script,
+        env,
+        cwd: "~".into(),
+    };
+    let runs = nodes.iter().map(|n| {
+        let t = std::sync::Arc::clone(&transport);
+        let (n, cmd) = (n.clone(), cmd.clone());
+        async move {
+            let (reader, writer) = std::io::pipe().map_err(|e| e.to_string())?;
+            let child = t.spawn(&n, &cmd, writer).map_err(|e| e.to_string())?;
+            let output = tokio::task::spawn_blocking(move || {
+                let mut s = String::new();
+                let _ = std::io::Read::read_to_string(&mut { reader }, &mut s);
+                s
+            });
+            let status = child.wait().await.map_err(|e| e.to_string())?;
+            let output = output.await.unwrap_or_default();
+            if status.success() {
+                Ok(())
+            } else {
+                Err(format!("{}: {status}: {}", n.label(), output.trim()))
+            }
+        }
+    });
+    let ends: Vec<Result<(), String>> = futures::future::join_all(runs).await;
+    let failed: Vec<String> = ends.into_iter().filter_map(Result::err).collect();
+    if failed.is_empty() {
+        Ok(nodes.len())
+    } else {
+        Err(failed.join("; "))
+    }
 }
 
 /// Single-quoted for bash.
@@ -762,8 +854,67 @@ const MOUNT_FUNCTIONS: &str = r#"gw_copy() {
     rclone copy --fast-list --transfers 16 --checkers 16 "$1" "$2" || gw_fail "$3: rclone copy failed"
   fi
 }
+# The directory of this cluster's renewable mount credentials on this node:
+# 0700, named by the cluster's scope, removed at down.
+gw_cred_dir() {
+  d="$HOME/.gangway/creds/$(printf %s "${GANGWAY_SCOPE:-${GANGWAY_CLUSTER:-}}" | tr -c 'A-Za-z0-9._-' '_')"
+  (umask 077 && mkdir -p "$d" && chmod 0700 "$d") || gw_fail "cannot make $d"
+  printf '%s' "$d"
+}
+# gw_creds REMOTE: writes REMOTE's settings (RCLONE_CONFIG_<R>_*) where its
+# mount rereads them when they expire (GW_EXPIRES_<R>): an rclone config
+# file, and for S3 the keys as an AWS credential_process answer. Each file
+# is 0600 and replaced whole (written aside, then renamed).
+gw_creds() {
+  r="$1"; R="$(printf %s "$r" | tr a-z A-Z)"; d="$(gw_cred_dir)" || exit 3
+  type="$(printenv "RCLONE_CONFIG_${R}_TYPE")"
+  exp="$(printenv "GW_EXPIRES_${R}")"
+  when=""; [ -n "$exp" ] && when="$(date -u -d "@$exp" +%Y-%m-%dT%H:%M:%SZ)"
+  (
+    umask 077
+    if [ "$type" = s3 ]; then
+      key="$(printenv "RCLONE_CONFIG_${R}_ACCESS_KEY_ID")"; secret="$(printenv "RCLONE_CONFIG_${R}_SECRET_ACCESS_KEY")"
+      token="$(printenv "RCLONE_CONFIG_${R}_SESSION_TOKEN")"
+      case "$key$secret$token" in *'"'*|*'\'*) gw_fail "$r: credentials with quotes" ;; esac
+      { printf '{"Version": 1, "AccessKeyId": "%s", "SecretAccessKey": "%s"' "$key" "$secret"
+        if [ -n "$token" ]; then printf ', "SessionToken": "%s"' "$token"; fi
+        if [ -n "$when" ]; then printf ', "Expiration": "%s"' "$when"; fi
+        printf '}\n'; } > "$d/$r.json.new" && mv -f "$d/$r.json.new" "$d/$r.json" || gw_fail "$r: cannot write $d/$r.json"
+      printf '[profile gangway]\ncredential_process = cat %s\n' "$d/$r.json" > "$d/$r.aws.new" \
+        && mv -f "$d/$r.aws.new" "$d/$r.aws" || gw_fail "$r: cannot write $d/$r.aws"
+    fi
+    { printf '[%s]\n' "$r"
+      env | while IFS= read -r line; do
+        case "$line" in "RCLONE_CONFIG_${R}_"*) ;; *) continue ;; esac
+        k="${line%%=*}"; k="$(printf %s "${k#RCLONE_CONFIG_"${R}"_}" | tr A-Z a-z)"; v="${line#*=}"
+        case "$type:$k" in
+          s3:access_key_id|s3:secret_access_key|s3:session_token|s3:env_auth) continue ;;
+          *:token) [ -n "$when" ] && v="${v%\}}, \"expiry\": \"$when\"}" ;;
+        esac
+        printf '%s = %s\n' "$k" "$v"
+      done
+      if [ "$type" = s3 ]; then printf 'env_auth = true\n'; fi
+    } > "$d/$r.conf.new" && mv -f "$d/$r.conf.new" "$d/$r.conf" || gw_fail "$r: cannot write $d/$r.conf"
+  ) || exit 3
+}
+# rclone for REMOTE's mount: its settings from the files above only (none
+# from the environment), S3 keys through the AWS SDK's credential_process.
+gw_mount_rclone() {
+  r="$1"; R="$(printf %s "$r" | tr a-z A-Z)"; d="$(gw_cred_dir)" || exit 3; shift
+  (
+    for v in $(env | sed -n "s/^\(RCLONE_CONFIG_${R}_[A-Za-z0-9_]*\)=.*/\1/p"); do unset "$v"; done
+    unset AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_SESSION_TOKEN AWS_PROFILE AWS_DEFAULT_PROFILE
+    if [ -f "$d/$r.aws" ]; then
+      export AWS_CONFIG_FILE="$d/$r.aws" AWS_SHARED_CREDENTIALS_FILE=/dev/null AWS_PROFILE=gangway \
+        AWS_SDK_LOAD_CONFIG=1 AWS_EC2_METADATA_DISABLED=true
+    fi
+    exec "$gw_rclone_bin" --config "$d/$r.conf" "$@"
+  )
+}
 gw_mount() {
-  set -- "$1" "$(gw_path "$2")" "$3" "$4"
+  set -- "$1" "$(gw_path "$2")" "$3" "$4" "$5"
+  gw_need_rclone
+  gw_creds "$5"
   [ -e /dev/fuse ] || gw_fail "$4: this node has no /dev/fuse, so it cannot mount buckets (use mode: COPY)"
   command -v fusermount3 >/dev/null 2>&1 || command -v fusermount >/dev/null 2>&1 \
     || gw_fail "$4: fusermount is not installed (apt-get install fuse3), so rclone cannot mount"
@@ -771,7 +922,7 @@ gw_mount() {
   real="$(cd "$2" && pwd -P)"
   # Mounted by an earlier job on this cluster: kept.
   if [ "$(stat -c %d "$real" 2>/dev/null)" != "$(stat -c %d "$real/.." 2>/dev/null)" ]; then return 0; fi
-  rclone mount "$1" "$real" --daemon --daemon-wait 30s --vfs-cache-mode "$3" \
+  gw_mount_rclone "$5" mount "$1" "$real" --daemon --daemon-wait 30s --vfs-cache-mode "$3" \
     --dir-cache-time 5s --allow-non-empty || gw_fail "$4: rclone mount failed"
   # Teardown unmounts what is listed here (the cluster's scope, path)
   # before it removes anything or kills the cluster's processes.

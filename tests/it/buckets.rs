@@ -193,6 +193,69 @@ fn gcs_copy_and_mount_reach_every_rank_and_down_keeps_the_bucket() {
     copy_and_mount_reach_every_rank(emu);
 }
 
+/// A MOUNT outlives the storage step, so its credentials are renewed while
+/// the run goes on: the files its rclone rereads (0600, in a 0700
+/// directory) are rewritten with a fresh STS session every renewal, the
+/// mount picks them up when the ones it holds expire, and reads never stop.
+#[test]
+fn a_mounts_s3_credentials_are_renewed_while_the_run_goes_on() {
+    let Some(emu) = s3() else {
+        return;
+    };
+    let home = TestHome::new();
+    let bucket = format!("gw-{}-renew", home.marker.to_ascii_lowercase());
+    emu.create_bucket(&bucket);
+    emu.put_object(&bucket, "x.txt", b"v1");
+    let task = home.file(
+        "renew.yaml",
+        &format!(
+            "resources:\n  infra: local\nenvs:\n  GW_TEST_MARKER: {m}\n\
+             file_mounts:\n  ~/m:\n    source: s3://{bucket}\n    mode: MOUNT\n\
+             run: |\n  d=$(ls -d ~/.gangway/creds/*)\n  echo \"modes=$(stat -c %a \"$d\") $(stat -c %a \"$d\"/* | sort -u | tr '\\n' ' ')\"\n\
+             \x20 for i in $(seq 1 14); do echo \"read-$i=$(cat ~/m/x.txt)\"; sleep 1; done\n",
+            m = home.marker
+        ),
+    );
+    let before = emu.last_request_id();
+    let mut c = command_in(home.path());
+    with_store(&mut c, emu);
+    c.env("GANGWAY_CREDENTIAL_RENEW_SECONDS", "2")
+        .args(["launch", &task, "-c", "rn", "-y"]);
+    let (code, out, err) = parts(&Running::start(c).wait());
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("modes=700 600 "), "{out}");
+    for i in 1..=14 {
+        assert!(out.contains(&format!("read-{i}=v1")), "read {i}:\n{out}");
+    }
+    assert!(
+        out.contains("renewed the bucket mounts' credentials on 1 node(s)"),
+        "{out}"
+    );
+    let keys: std::collections::BTreeSet<String> = emu
+        .requests_since(before)
+        .into_iter()
+        .filter(|r| {
+            r.method == "GET"
+                && r.path.contains("x.txt")
+                && r.user_agent
+                    .as_deref()
+                    .is_some_and(|u| u.starts_with("rclone"))
+        })
+        .filter_map(|r| r.key_id)
+        .collect();
+    assert!(
+        keys.len() >= 2,
+        "the mount read with renewed keys, not only its first ones: {keys:?}"
+    );
+    assert!(
+        !keys.contains(S3_KEY),
+        "the user's own keys never reach a node: {keys:?}"
+    );
+    let (code, out, err) = parts(&run(emu, &home, &["down", "-y", "rn"]));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert_no_marker_procs(&home.marker, "down of a cluster with a renewed mount");
+}
+
 #[test]
 fn a_missing_s3_bucket_is_exit_2_naming_the_line_before_anything_starts() {
     let Some(emu) = s3() else {

@@ -1053,8 +1053,24 @@ fn a_bucket_mount_on_a_pool_machine_is_unmounted_at_down() {
         "{} is a mount while the cluster is up",
         path.display()
     );
+    // The mount's credentials: 0600 files in a 0700 directory named by
+    // this installation's scope (`<owner>/pm`), which down removes.
+    let creds: Vec<std::path::PathBuf> = std::fs::read_dir(sshd.home.join(".gangway/creds"))
+        .map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p.to_string_lossy().ends_with("_pm") && p.join("gw0.conf").exists())
+        .collect();
+    assert_eq!(creds.len(), 1, "one credentials directory: {creds:?}");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&creds[0]), 0o700);
+        assert_eq!(mode(&creds[0].join("gw0.conf")), 0o600);
+    }
     let (code, _, err) = gangway(&["down", "pm", "-y"]);
     assert_eq!(code, 0, "{err}");
+    assert!(!creds[0].exists(), "{} left after down", creds[0].display());
     assert!(
         !mounted(&path),
         "{} still mounted after down",

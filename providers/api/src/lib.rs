@@ -28,8 +28,8 @@ pub use registry::{
     DEFAULT_MEMORY_GIB,
 };
 pub use transport::{
-    copy_tree, kill_option, merge_newest, output_with_input, shell, signal_token, NodeCommand,
-    NodeProcess, NodeRow, Transport, TransportError, KEPT_ENV, TOKEN_VAR,
+    copy_tree, kill_option, merge_newest, output_with_input, release_mounts, shell, signal_token,
+    NodeCommand, NodeProcess, NodeRow, Transport, TransportError, KEPT_ENV, TOKEN_VAR,
 };
 
 use serde::{Deserialize, Serialize};

@@ -231,11 +231,38 @@ pub trait Transport: Send + Sync {
         let _ = self.probe(
             node,
             &format!(
-                "for p in /proc/[0-9]*; do grep -qxz 'GANGWAY_CLUSTER={cluster}' $p/environ 2>/dev/null && \
-                 kill -9 ${{p#/proc/}} 2>/dev/null; done; true"
+                "{} for p in /proc/[0-9]*; do grep -qxz 'GANGWAY_CLUSTER={cluster}' $p/environ 2>/dev/null && \
+                 kill -9 ${{p#/proc/}} 2>/dev/null; done; true",
+                release_mounts(cluster)
             ),
         );
     }
+}
+
+/// The remote command (ending in `;`) that releases what a cluster's
+/// storage step left on a node for `scope` (its `GANGWAY_SCOPE`, else its
+/// name): the bucket mounts listed for it in `~/.gangway-mounts`, unmounted
+/// (lazily: killing their rclone next leaves no dead mount), and its mounts'
+/// credentials, `~/.gangway/creds/<scope>`, removed.
+pub fn release_mounts(scope: &str) -> String {
+    // The storage step names the directory with `tr -c 'A-Za-z0-9._-' _`.
+    let dir: String = scope
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!(
+        "f=\"$HOME/.gangway-mounts\"; if [ -f \"$f\" ]; then \
+         awk -F'\\t' '$1 == \"{scope}\" {{ print $2 }}' \"$f\" | while IFS= read -r m; do \
+         fusermount3 -u -z \"$m\" 2>/dev/null || fusermount -u -z \"$m\" 2>/dev/null || umount -l \"$m\" 2>/dev/null; done; \
+         awk -F'\\t' '$1 != \"{scope}\"' \"$f\" > \"$f.tmp\" && mv -f \"$f.tmp\" \"$f\"; fi; \
+         rm -rf \"$HOME/.gangway/creds/{dir}\";"
+    )
 }
 
 /// Runs `c` to its end with `input` on its stdin, written from a thread

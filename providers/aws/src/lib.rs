@@ -1822,6 +1822,8 @@ pub struct StorageCredentials {
     pub secret: String,
     /// `AWS_SESSION_TOKEN`: set for temporary credentials.
     pub token: Option<String>,
+    /// When temporary credentials expire, where the chain says.
+    pub expires: Option<std::time::SystemTime>,
 }
 
 impl std::fmt::Debug for StorageCredentials {
@@ -1851,6 +1853,7 @@ pub async fn user_credentials() -> std::result::Result<StorageCredentials, Strin
         key_id: c.access_key_id().to_string(),
         secret: c.secret_access_key().to_string(),
         token: c.session_token().map(str::to_string),
+        expires: c.expiry(),
     })
 }
 
@@ -1883,5 +1886,6 @@ pub async fn node_credentials() -> std::result::Result<StorageCredentials, Strin
         key_id: c.access_key_id().to_string(),
         secret: c.secret_access_key().to_string(),
         token: Some(c.session_token().to_string()),
+        expires: std::time::SystemTime::try_from(*c.expiration()).ok(),
     })
 }

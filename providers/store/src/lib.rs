@@ -334,6 +334,9 @@ impl Bucket {
     pub async fn node_env(&self, remote: &str) -> Result<Vec<(String, String)>, StoreError> {
         let p = format!("RCLONE_CONFIG_{}_", remote.to_ascii_uppercase());
         let mut env = Vec::new();
+        // When the credentials are taken to expire, for a mount to reread
+        // them then (`GW_EXPIRES_<REMOTE>`, Unix seconds).
+        let mut expires: Option<u64> = None;
         let mut set = |k: &str, v: &str| env.push((format!("{p}{k}"), v.to_string()));
         match &self.creds {
             #[cfg(feature = "s3")]
@@ -386,6 +389,7 @@ impl Bucket {
                         "token_type": "Bearer",
                     });
                     set("TOKEN", &token.to_string());
+                    expires = Some(gcs_token_expires(&c.bearer));
                 }
                 set("BUCKET_POLICY_ONLY", "true");
                 if let Some(ep) = &self.endpoints.gcs {
@@ -398,6 +402,12 @@ impl Bucket {
             }
             #[cfg(not(any(feature = "s3", feature = "gcs")))]
             Creds::Never(n) => match *n {},
+        }
+        if let Some(e) = expires {
+            env.push((
+                format!("GW_EXPIRES_{}", remote.to_ascii_uppercase()),
+                e.to_string(),
+            ));
         }
         Ok(env)
     }
@@ -453,6 +463,36 @@ fn open_s3(url: &BucketUrl, _: &Endpoints, _: Option<&S3Keys>) -> Result<Built, 
         store: "S3",
         feature: "s3",
     })
+}
+
+/// How long a GCS access token is taken to last from when this process
+/// first saw it: Google's tokens last an hour from when they were made, and
+/// object_store fetches a fresh one when it first needs one (a token from
+/// a GCE metadata server may be older: then less; docs/storage.md).
+#[cfg(feature = "gcs")]
+const GCS_TOKEN_TAKEN_TO_LAST: std::time::Duration = std::time::Duration::from_secs(50 * 60);
+
+/// When `bearer` is taken to expire (Unix seconds): [`GCS_TOKEN_TAKEN_TO_LAST`]
+/// after this process first saw it.
+#[cfg(feature = "gcs")]
+fn gcs_token_expires(bearer: &str) -> u64 {
+    use std::sync::Mutex;
+    use std::time::{SystemTime, UNIX_EPOCH};
+    static SEEN: Mutex<Option<(String, SystemTime)>> = Mutex::new(None);
+    let now = SystemTime::now();
+    let first = match SEEN.lock() {
+        Ok(mut seen) => match seen.as_ref() {
+            Some((b, at)) if b == bearer => *at,
+            _ => {
+                *seen = Some((bearer.to_string(), now));
+                now
+            }
+        },
+        Err(_) => now,
+    };
+    (first + GCS_TOKEN_TAKEN_TO_LAST)
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 #[cfg(feature = "gcs")]

@@ -133,6 +133,10 @@ def selftest(endpoint):
     sts = session.client("sts", region_name="us-east-1", endpoint_url=endpoint, config=config)
     check("STS answers on the same endpoint (moto's default account)",
           sts.get_caller_identity()["Account"] == "123456789012")
+    first, second = (sts.get_session_token(DurationSeconds=3600)["Credentials"] for _ in range(2))
+    check("each STS session has access keys of its own",
+          first["AccessKeyId"].startswith("ASIA") and first["AccessKeyId"] != second["AccessKeyId"]
+          and first["SessionToken"], (first["AccessKeyId"], second["AccessKeyId"]))
 
     # --- fault injection ----------------------------------------------------
     status, rule = control(endpoint, "POST", "/_gangway/faults", {

@@ -371,6 +371,8 @@ class Emulator:
                 "SignedHeaders=host, Signature=0"
             )
 
+        if action == "GetSessionToken":
+            return self.session_token(environ, start_response)
         try:
             rule = self.faults.take(action, region, params)
             if rule:
@@ -446,6 +448,19 @@ class Emulator:
             if hasattr(result, "close"):
                 result.close()
         return captured["status"], captured["headers"], body
+
+    def session_token(self, environ, start_response):
+        """STS GetSessionToken: moto's answer, with an access key id of its
+        own for each session, as STS gives (moto repeats one example key),
+        so that tests can tell renewed credentials from the first ones."""
+        status, headers, body = self._call_moto(environ)
+        key = "ASIAGW" + uuid.uuid4().hex[:14].upper()
+        body = re.sub(rb"<AccessKeyId>[^<]*</AccessKeyId>",
+                      f"<AccessKeyId>{key}</AccessKeyId>".encode(), body)
+        headers = [(k, str(len(body)) if k.lower() == "content-length" else v)
+                   for k, v in headers]
+        start_response(status, headers)
+        return [body]
 
     def reset(self):
         with self._lock:

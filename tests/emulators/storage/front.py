@@ -33,6 +33,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 # One piece of a streamed body.
 PIECE = 1 << 20
+def signing_key_id(authorization):
+    """The access key id an AWS SigV4 request was signed with (the public
+    half: `Credential=AKID/date/...`), or None: never a secret."""
+    if not authorization or "Credential=" not in authorization:
+        return None
+    return authorization.split("Credential=", 1)[1].split("/", 1)[0]
+
+
 # The header a client may add to say who it is; logged as `caller`.
 CALLER_HEADER = "X-Gangway-Caller"
 # Headers that belong to one connection, never handed on.
@@ -260,6 +268,7 @@ class Handler(BaseHTTPRequestHandler):
             "status": None,
             "user_agent": self.headers.get("User-Agent"),
             "caller": caller,
+            "key_id": signing_key_id(self.headers.get("Authorization")),
             "fault": None,
             "error": None,
         }

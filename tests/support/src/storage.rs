@@ -125,6 +125,9 @@ pub struct RequestRecord {
     pub user_agent: Option<String>,
     /// The client's `X-Gangway-Caller` header.
     pub caller: Option<String>,
+    /// The access key id an S3 request was signed with (SigV4's
+    /// `Credential=`; the public half only).
+    pub key_id: Option<String>,
     /// The fault rule that fired on it.
     pub fault: Option<u64>,
     /// What went wrong, when something did (`dropped by fault rule`, ...).
@@ -145,6 +148,7 @@ impl RequestRecord {
             status: v["status"].as_u64().map(|s| s as u16),
             user_agent: text("user_agent"),
             caller: text("caller"),
+            key_id: text("key_id"),
             fault: v["fault"].as_u64(),
             error: text("error"),
         }
