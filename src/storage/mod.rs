@@ -769,11 +769,14 @@ pub(crate) const RCLONE_VERSION: &str = "v1.68.2";
 
 /// The environment that tells a node where to fetch rclone when it has
 /// none: `GANGWAY_RCLONE_URL` from this machine's environment (a mirror
-/// for nodes without internet), else rclone's own download site.
+/// for nodes without internet), else rclone's own download site; and
+/// `GANGWAY_RCLONE_SHA256`, the zip's checksum, when set.
 pub(crate) fn rclone_source_env() -> Vec<(String, String)> {
     let mut env = vec![("GW_RCLONE_VERSION".to_string(), RCLONE_VERSION.to_string())];
-    if let Ok(url) = std::env::var("GANGWAY_RCLONE_URL") {
-        env.push(("GANGWAY_RCLONE_URL".to_string(), url));
+    for var in ["GANGWAY_RCLONE_URL", "GANGWAY_RCLONE_SHA256"] {
+        if let Ok(v) = std::env::var(var) {
+            env.push((var.to_string(), v));
+        }
     }
     env
 }
@@ -799,9 +802,24 @@ gw_need_rclone() {
   esac
   url="${GANGWAY_RCLONE_URL:-https://downloads.rclone.org/$v/rclone-$v-linux-$a.zip}"
   t="$(mktemp -d)" || gw_fail "no temporary directory"
-  if command -v curl >/dev/null 2>&1; then curl -fsSL --retry 3 -o "$t/rclone.zip" "$url"
-  elif command -v wget >/dev/null 2>&1; then wget -q -O "$t/rclone.zip" "$url"
-  else false; fi || { rm -rf "$t"; gw_fail "rclone is not installed on this node and it could not be downloaded from $url (install it in the image, e.g. apt-get install rclone, or set GANGWAY_RCLONE_URL to a mirror)"; }
+  gw_fetch() {
+    if command -v curl >/dev/null 2>&1; then curl -fsSL --retry 3 -o "$2" "$1"
+    elif command -v wget >/dev/null 2>&1; then wget -q -O "$2" "$1"
+    else false; fi
+  }
+  gw_fetch "$url" "$t/rclone.zip" || { rm -rf "$t"; gw_fail "rclone is not installed on this node and it could not be downloaded from $url (install it in the image, e.g. apt-get install rclone, or set GANGWAY_RCLONE_URL to a mirror)"; }
+  # Checked before it is unpacked: against GANGWAY_RCLONE_SHA256 when set,
+  # else against the SHA256SUMS published beside the zip.
+  want="${GANGWAY_RCLONE_SHA256:-}"; from="GANGWAY_RCLONE_SHA256"
+  if [ -z "$want" ]; then
+    from="${url%/*}/SHA256SUMS"
+    gw_fetch "$from" "$t/SHA256SUMS" || { rm -rf "$t"; gw_fail "cannot fetch $from to check the rclone download (set GANGWAY_RCLONE_SHA256 to the zip's SHA-256 for a mirror without one)"; }
+    want="$(awk -v f="${url##*/}" '$2 == f || $2 == "*" f { print $1; exit }' "$t/SHA256SUMS")"
+    [ -n "$want" ] || { rm -rf "$t"; gw_fail "$from lists no checksum for ${url##*/}"; }
+  fi
+  got="$(sha256sum "$t/rclone.zip" 2>/dev/null | cut -d' ' -f1)"
+  [ -n "$got" ] || got="$(python3 -c 'import hashlib,sys; print(hashlib.sha256(open(sys.argv[1],"rb").read()).hexdigest())' "$t/rclone.zip" 2>/dev/null)"
+  [ "$got" = "$want" ] || { rm -rf "$t"; gw_fail "the rclone downloaded from $url has SHA-256 ${got:-unknown (no sha256sum or python3 here)}, not $want (from $from): not installed"; }
   (cd "$t" && { unzip -q rclone.zip 2>/dev/null || python3 -m zipfile -e rclone.zip . 2>/dev/null; }) \
     || { rm -rf "$t"; gw_fail "cannot unpack $url (no unzip or python3 on this node)"; }
   f="$(find "$t" -type f -name rclone | head -n 1)"

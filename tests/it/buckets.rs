@@ -1112,6 +1112,37 @@ fn a_node_without_rclone_gets_one_installed_once() {
             .matches("GET /rclone.zip")
             .count()
     };
+    // A zip whose checksum is not the one published beside it is not
+    // installed: the storage step fails naming the URL.
+    std::fs::write(
+        site.join("SHA256SUMS"),
+        format!("{}  rclone.zip\n", "0".repeat(64)),
+    )
+    .unwrap();
+    let (code, out, err) = gangway(&["launch", &task, "-c", "bad", "-y"]);
+    assert_ne!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let said = format!("{out}{err}");
+    assert!(
+        said.contains("/rclone.zip has SHA-256 ") && said.contains("not installed"),
+        "{said}"
+    );
+    assert!(!said.contains("installed rclone from"), "{said}");
+    let (code, _, err) = gangway(&["down", "-y", "bad"]);
+    assert_eq!(code, 0, "{err}");
+    let sha = std::process::Command::new("sha256sum")
+        .arg(site.join("rclone.zip"))
+        .output()
+        .unwrap();
+    let sha = String::from_utf8_lossy(&sha.stdout);
+    std::fs::write(
+        site.join("SHA256SUMS"),
+        format!(
+            "-----BEGIN PGP SIGNED MESSAGE-----\n\n{}  rclone.zip\n",
+            sha.split_whitespace().next().unwrap()
+        ),
+    )
+    .unwrap();
+    let before = downloads();
     let (code, out, err) = gangway(&["launch", &task, "-c", "nr", "-y"]);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     for rank in 0..2 {
@@ -1122,10 +1153,10 @@ fn a_node_without_rclone_gets_one_installed_once() {
         format!("{out}{err}").contains("installed rclone from http://127.0.0.1"),
         "{out}\n{err}"
     );
-    assert_eq!(downloads(), 2, "once per node");
+    assert_eq!(downloads() - before, 2, "once per node");
     let (code, out, err) = gangway(&["exec", "nr", &task]);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
-    assert_eq!(downloads(), 2, "kept on the nodes");
+    assert_eq!(downloads() - before, 2, "kept on the nodes");
     let (code, _, err) = gangway(&["down", "-y", "nr"]);
     assert_eq!(code, 0, "{err}");
     assert_no_marker_procs(&home.marker, "down");
