@@ -383,7 +383,9 @@ fi
 dest="$base/gen-$gen/rank-$r"
 : > "$tmp/new"
 if [ -s "$tmp/up" ]; then
-  rclone copy "$ck" "$dest" --files-from-raw "$tmp/up" --no-traverse --transfers 16 --checkers 16 \
+  # The generation's prefix is new: nothing there to compare with, so no
+  # per-file lookup (--no-check-dest) before each upload.
+  rclone copy "$ck" "$dest" --files-from-raw "$tmp/up" --no-traverse --no-check-dest --transfers 16 --checkers 16 \
     || gw_fail "rclone copy to $dest failed"
   rclone lsf -R --files-only --format psh --separator "	" --hash MD5 "$dest" | LC_ALL=C sort > "$tmp/got" \
     || gw_fail "cannot list $dest"
