@@ -315,13 +315,13 @@ fn finish_output(
 ) -> Result<ExitCode, Error> {
     let job = managed(store, id)?;
     if out == Output::Json {
-        print_json(&json_of(&job))?;
+        print_json(&json_of(store, &job))?;
     } else {
         eprintln!(
             "Managed job {id} {state}: {} restart(s), {} preemption(s), ${:.4}{}",
             job.restart_count,
             job.preemptions,
-            job.cost_now(now_ms()),
+            super::cost::job_cost(store, &job, now_ms()),
             job.detail
                 .as_deref()
                 .map(|d| format!("; {d}"))
@@ -437,9 +437,9 @@ fn follow(store: &Store, id: i64, print: bool, wait: bool) -> Result<ManagedStat
     }
 }
 
-fn json_of(j: &ManagedJob) -> serde_json::Value {
+fn json_of(store: &Store, j: &ManagedJob) -> serde_json::Value {
     let mut v = serde_json::to_value(j).unwrap_or_default();
-    v["cost"] = json!(j.cost_now(now_ms()));
+    v["cost"] = json!(super::cost::job_cost(store, j, now_ms()));
     v
 }
 
@@ -450,7 +450,9 @@ fn queue(out: Output) -> Result<ExitCode, Error> {
     }
     let jobs = store.managed_all()?;
     if out == Output::Json {
-        print_json(&json!({ "jobs": jobs.iter().map(json_of).collect::<Vec<_>>() }))?;
+        print_json(
+            &json!({ "jobs": jobs.iter().map(|j| json_of(&store, j)).collect::<Vec<_>>() }),
+        )?;
         return Ok(ExitCode::Ok);
     }
     if jobs.is_empty() {
@@ -467,7 +469,7 @@ fn queue(out: Output) -> Result<ExitCode, Error> {
                 j.state.to_string(),
                 j.restart_count.to_string(),
                 j.preemptions.to_string(),
-                format!("{:.4}", j.cost_now(now)),
+                format!("{:.4}", super::cost::job_cost(&store, j, now)),
                 j.placement.clone().unwrap_or_else(|| "-".into()),
                 j.detail
                     .as_deref()
@@ -551,7 +553,9 @@ fn cancel(a: &JobsCancelArgs, out: Output) -> Result<ExitCode, Error> {
         }
     }
     if out == Output::Json {
-        print_json(&json!({ "jobs": ended.iter().map(json_of).collect::<Vec<_>>() }))?;
+        print_json(
+            &json!({ "jobs": ended.iter().map(|j| json_of(&store, j)).collect::<Vec<_>>() }),
+        )?;
     } else if ended.is_empty() {
         println!("No live managed jobs.");
     } else {

@@ -5,6 +5,7 @@
 mod catalog_cmd;
 mod check;
 mod cluster;
+mod cost;
 mod gpus;
 mod interrupts;
 mod jobs;
@@ -86,6 +87,8 @@ pub(crate) enum Command {
     },
     /// Check credentials and which clouds can be used.
     Check(check::CheckArgs),
+    /// What clusters and managed jobs cost (node-hours by market, at the plan's prices).
+    CostReport(cost::CostReportArgs),
     /// GPU types, counts and cheapest prices by cloud.
     #[command(name = "show-gpus")]
     ShowGpus(gpus::ShowGpusArgs),
@@ -192,6 +195,7 @@ pub fn run(cli: Cli) -> Result<ExitCode, Error> {
         Command::Jobs { action } => jobs::run(action, cli.catalog.as_deref(), out),
         Command::JobsController => jobs::controller_main(),
         Command::Check(a) => check::check(&a, out),
+        Command::CostReport(a) => cost::cost_report(&a, out),
     }
 }
 

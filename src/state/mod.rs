@@ -12,6 +12,7 @@
 //! drops when the process dies, however it dies.
 
 mod buckets;
+mod ledger;
 mod lock;
 mod managed;
 mod outcome;
@@ -22,6 +23,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use serde::Serialize;
 
+pub(crate) use ledger::LedgerRow;
 pub(crate) use lock::OwnerLock;
 pub(crate) use managed::{Location, ManagedJob, ManagedState, Market, Watched};
 pub(crate) use outcome::{EndReason, LossSeen, LostNode, RankEnd, RunOutcome};
@@ -146,6 +148,20 @@ const MIGRATIONS: &[&str] = &[
         created_at INTEGER NOT NULL
     );
     CREATE INDEX buckets_owner ON buckets(owner);",
+    // 7: the cost ledger (ledger.rs): rows outlive their clusters.
+    "CREATE TABLE ledger(
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        cluster TEXT NOT NULL,
+        managed_job INTEGER,
+        cloud TEXT NOT NULL, region TEXT, zone TEXT, instance_type TEXT,
+        market TEXT NOT NULL,
+        num_nodes INTEGER NOT NULL,
+        price_per_hour REAL NOT NULL,
+        started_at INTEGER NOT NULL,
+        ended_at INTEGER
+    );
+    CREATE INDEX ledger_cluster ON ledger(cluster, ended_at);
+    CREATE INDEX ledger_job ON ledger(managed_job);",
 ];
 
 /// A state database failure, naming the file.
@@ -649,6 +665,8 @@ impl Store {
                 ],
             )
             .map_err(|e| self.db(e))?;
+        // Nodes at a new placement are a new stretch, at its price.
+        ledger::close(&self.conn, name).map_err(|e| self.db(e))?;
         Ok(())
     }
 
@@ -693,6 +711,11 @@ impl Store {
             params![name, status.as_str(), now_ms()],
         )
         .map_err(db)?;
+        match status {
+            ClusterStatus::Up => ledger::open(&tx, name, nodes.len()).map_err(db)?,
+            ClusterStatus::Stopped => ledger::close(&tx, name).map_err(db)?,
+            ClusterStatus::Init | ClusterStatus::Terminating => {}
+        }
         tx.commit().map_err(db)
     }
 
@@ -733,6 +756,10 @@ impl Store {
                 params![name, status.as_str(), error, now_ms()],
             )
             .map_err(|e| self.db(e))?;
+        // Stopped nodes cost (nearly) nothing: the ledger's row closes.
+        if status == ClusterStatus::Stopped {
+            ledger::close(&self.conn, name).map_err(|e| self.db(e))?;
+        }
         Ok(())
     }
 
@@ -794,10 +821,14 @@ impl Store {
 
     /// Deletes a cluster with its nodes and jobs.
     pub(crate) fn remove_cluster(&self, name: &str) -> Result<(), StateError> {
-        self.conn
-            .execute("DELETE FROM clusters WHERE name = ?1", [name])
-            .map_err(|e| self.db(e))?;
-        Ok(())
+        let db = db_err(&self.path);
+        let tx = rusqlite::Transaction::new_unchecked(&self.conn, TransactionBehavior::Immediate)
+            .map_err(db)?;
+        // Its nodes are gone: the ledger's row closes (and stays).
+        ledger::close(&tx, name).map_err(db)?;
+        tx.execute("DELETE FROM clusters WHERE name = ?1", [name])
+            .map_err(db)?;
+        tx.commit().map_err(db)
     }
 
     /// One cluster.

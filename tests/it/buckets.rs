@@ -463,8 +463,10 @@ fn a_managed_job_resumes_from_its_bucket_checkpoint(emu: &StoreEmulator) {
             continue;
         }
         assert!(
-            !log[..i].iter().any(|r| r.method == "HEAD"
-                && unescaped(r.path.split('?').next().unwrap_or("")) == key),
+            !log[..i]
+                .iter()
+                .any(|r| r.method == "HEAD"
+                    && unescaped(r.path.split('?').next().unwrap_or("")) == key),
             "{key} was looked up before its upload"
         );
     }

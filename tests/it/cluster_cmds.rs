@@ -351,6 +351,43 @@ fn stop_kills_the_nodes_processes_and_start_brings_them_back() {
         let want = format!("(rank {}, {}) hi-again", n.rank, n.ip);
         assert!(out.contains(&want), "{want:?} not in:\n{out}");
     }
+    // The cost ledger: up, stopped (the row closes), started (a new one),
+    // and after down both rows stay, priced as planned.
+    let price = home.cluster("ss")["price_per_hour"].as_f64().unwrap();
+    assert!(price > 0.0);
+    run_ok(&home, &["down", "-y", "ss"]);
+    let report = crate::common::json_doc(&run_ok(&home, &["cost-report", "-o", "json"]));
+    let c = &report["clusters"][0];
+    assert_eq!(c["name"], "ss", "{report}");
+    assert_eq!(c["up"], false, "{report}");
+    let rows = c["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "up, then up again after start: {report}");
+    let mut sum = 0.0;
+    for r in rows {
+        assert_eq!(r["market"], "on-demand");
+        assert_eq!(r["num_nodes"], 2);
+        assert_eq!(r["price_per_hour"].as_f64(), Some(price));
+        let (a, b) = (
+            r["started_at"].as_i64().unwrap(),
+            r["ended_at"].as_i64().unwrap(),
+        );
+        sum += price * (b - a) as f64 / 3_600_000.0;
+    }
+    // The stopped stretch costs nothing: the first row ends before the
+    // second starts.
+    assert!(
+        rows[0]["ended_at"].as_i64() < rows[1]["started_at"].as_i64(),
+        "{rows:?}"
+    );
+    assert!(
+        (c["cost"].as_f64().unwrap() - sum).abs() < 1e-12,
+        "{c} vs {sum}"
+    );
+    let text = run_ok(&home, &["cost-report"]);
+    assert!(
+        text.contains("cluster ss") && text.contains("Total $"),
+        "{text}"
+    );
 }
 
 #[test]

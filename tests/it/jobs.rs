@@ -171,6 +171,49 @@ fn a_spot_job_survives_three_preemptions_and_finishes_exactly() {
     assert_no_marker_procs(&home.marker, "the managed job ended");
     // Secrets file gone, events complete.
     assert!(!home.path().join("jobs/managed-1/secrets.json").exists());
+    check_ledger(&home, &job, 3);
+}
+
+/// The cost ledger of managed job 1 after `preemptions` recoveries: one
+/// row per run (spot, the job's 2 nodes, closed, one after another), and
+/// the cost `jobs queue` and `cost-report` give is exactly their sum.
+fn check_ledger(home: &TestHome, job: &Value, preemptions: usize) {
+    let (code, out, err) = parts(&home.run(["cost-report", "-o", "json"]));
+    assert_eq!(code, 0, "{err}");
+    let report = json_doc(&out);
+    let j = &report["managed_jobs"][0];
+    assert_eq!(j["id"], 1, "{report}");
+    let rows = j["rows"].as_array().unwrap();
+    let recoveries = parts(&home.run(["jobs", "events", "1", "-o", "json"])).1;
+    let recovering = json_doc(&recoveries)["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["state"] == "RECOVERING")
+        .count();
+    assert_eq!(recovering, preemptions, "{recoveries}");
+    assert_eq!(rows.len(), preemptions + 1, "one row per run: {report}");
+    let mut sum = 0.0;
+    let mut last_end = 0;
+    for r in rows {
+        let (start, end) = (
+            r["started_at"].as_i64().unwrap(),
+            r["ended_at"].as_i64().expect("every run ended"),
+        );
+        assert!(start >= last_end && end >= start, "runs in order: {rows:?}");
+        last_end = end;
+        assert_eq!(r["market"], "spot", "{r}");
+        assert_eq!(r["num_nodes"], 2, "{r}");
+        let price = r["price_per_hour"].as_f64().unwrap();
+        assert!(price > 0.0, "{r}");
+        sum += price * (end - start) as f64 / 3_600_000.0;
+    }
+    assert!(sum > 0.0);
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(1.0);
+    assert!(close(j["cost"].as_f64().unwrap(), sum), "{j} vs {sum}");
+    assert!(close(job["cost"].as_f64().unwrap(), sum), "{job} vs {sum}");
+    assert!(close(report["total"].as_f64().unwrap(), sum), "{report}");
+    assert_eq!(j["up"], false);
 }
 
 #[test]
@@ -217,6 +260,16 @@ fn killing_the_controller_at_many_points_loses_nothing_and_doubles_nothing() {
             Err(format!("{:?}", home.instance_records()))
         }
     });
+    // The controllers killed on the way doubled no ledger row: one per run.
+    wait_for("the ledger's last row to close", DEADLINE, || {
+        let out = parts(&home.run(["cost-report", "-o", "json"])).1;
+        match json_doc(&out)["managed_jobs"][0]["up"].as_bool() {
+            Some(false) => Ok(()),
+            _ => Err(out),
+        }
+    });
+    let preempted = job["preemptions"].as_u64().unwrap() as usize;
+    check_ledger(&home, &managed(&home, 1), preempted);
     assert_no_marker_procs(&home.marker, "the managed job ended");
 }
 
