@@ -325,9 +325,20 @@ fn catalog_refresh_writes_live_spot_prices_into_the_users_overlay() {
         .filter(|l| l.starts_with("p4d.24xlarge,") && l.contains(",us-east-1,"))
         .collect();
     assert!(!p4d.is_empty(), "{text}");
+    // On-demand: the Price List API's, the same in every zone.
+    let on_demand = aws.emu.on_demand_price("p4d.24xlarge", "us-east-1");
     for l in &p4d {
         let spot: f64 = l.split(',').nth(9).unwrap().parse().expect("spot price");
         assert_eq!(spot, price, "{l}");
+        let od: f64 = l
+            .split(',')
+            .nth(8)
+            .unwrap()
+            .parse()
+            .expect("on-demand price");
+        assert_eq!(od, on_demand, "{l}");
+        // Both prices are the provider's own now: not marked estimated.
+        assert!(l.ends_with(','), "the estimated column is empty: {l}");
     }
     // Other regions keep the shipped prices; `catalog show` names the overlay.
     assert!(text.contains(",us-west-2,"), "other regions kept");
@@ -346,6 +357,59 @@ fn catalog_refresh_writes_live_spot_prices_into_the_users_overlay() {
         "{src}"
     );
     assert_eq!(src["age_days"], 0, "{src}");
+}
+
+/// Credentials that may not read the Price List API: the refresh still
+/// writes the spot prices, keeps the catalog's on-demand ones, and says
+/// why in a note naming the API and what it answered.
+#[test]
+fn catalog_refresh_without_pricing_access_keeps_on_demand_prices_and_says_why() {
+    let Some(aws) = Aws::new() else { return };
+    let key = format!("AKIANOPRICE{}", std::process::id());
+    let rule = aws.emu.inject(
+        "GetProducts",
+        &[&key],
+        "AccessDeniedException",
+        "User is not authorized to perform: pricing:GetProducts",
+        -1,
+    );
+    let mut c = crate::common::command_in(aws.home.path());
+    c.envs(aws.emu.env_as(&key)).args([
+        "catalog",
+        "refresh",
+        "--cloud",
+        "aws",
+        "--regions",
+        "us-east-1",
+    ]);
+    let (code, out, err) = parts(&crate::common::Running::start(c).wait());
+    aws.emu.remove_fault(rule);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let said = format!("{out}{err}");
+    assert!(
+        said.contains("on-demand prices not refreshed")
+            && said.contains("pricing:GetProducts")
+            && said.contains("AccessDeniedException"),
+        "{said}"
+    );
+    let text = std::fs::read_to_string(aws.home.path().join("catalog/aws.csv")).unwrap();
+    let on_demand = aws.emu.on_demand_price("p4d.24xlarge", "us-east-1");
+    let p4d: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("p4d.24xlarge,") && l.contains(",us-east-1,"))
+        .collect();
+    assert!(!p4d.is_empty(), "{text}");
+    for l in &p4d {
+        let od: f64 = l.split(',').nth(8).unwrap().parse().unwrap();
+        assert_ne!(
+            od, on_demand,
+            "the emulator's price came through anyway: {l}"
+        );
+        assert!(
+            !l.split(',').nth(9).unwrap().is_empty(),
+            "spot written: {l}"
+        );
+    }
 }
 
 /// The value of `key` among the tags of the first resource in an EC2

@@ -139,6 +139,72 @@ impl AwsProvider {
             .await
     }
 
+    /// Linux, shared-tenancy on-demand USD/hour of `instance_types` in
+    /// `regions`, from the Price List Query API (its endpoint is in
+    /// us-east-1; one query per type, all its regions at once). What the
+    /// API said when it refused, as words for a note.
+    async fn on_demand_prices(
+        &self,
+        instance_types: &[String],
+        regions: &[String],
+    ) -> std::result::Result<HashMap<(String, String), f64>, String> {
+        use aws_sdk_pricing::types::{Filter, FilterType};
+        let conf = aws_sdk_pricing::config::Builder::from(self.base().await)
+            .region(aws_config::Region::new("us-east-1"))
+            .build();
+        let pricing = aws_sdk_pricing::Client::from_conf(conf);
+        let term = |field: &str, value: &str| {
+            Filter::builder()
+                .r#type(FilterType::TermMatch)
+                .field(field)
+                .value(value)
+                .build()
+                .map_err(|e| e.to_string())
+        };
+        let mut prices = HashMap::new();
+        for t in instance_types {
+            let filters = vec![
+                term("instanceType", t)?,
+                term("operatingSystem", "Linux")?,
+                term("tenancy", "Shared")?,
+                term("preInstalledSw", "NA")?,
+                term("capacitystatus", "Used")?,
+            ];
+            let mut token: Option<String> = None;
+            loop {
+                let resp = pricing
+                    .get_products()
+                    .service_code("AmazonEC2")
+                    .format_version("aws_v1")
+                    .set_filters(Some(filters.clone()))
+                    .max_results(100)
+                    .set_next_token(token.take())
+                    .send()
+                    .await
+                    .map_err(|e| {
+                        let code = e.code().unwrap_or("error").to_string();
+                        let msg = e
+                            .message()
+                            .map(str::to_string)
+                            .unwrap_or_else(|| gangway_provider::error_chain(&e));
+                        format!("answered {code}: {msg}")
+                    })?;
+                for doc in resp.price_list() {
+                    if let Some((ty, region, price)) = on_demand_of(doc) {
+                        if regions.contains(&region) {
+                            prices.insert((ty, region), price);
+                        }
+                    }
+                }
+                match resp.next_token() {
+                    Some(t) if !t.is_empty() => token = Some(t.to_string()),
+                    _ => break,
+                }
+            }
+        }
+        Ok(prices)
+    }
+
     /// The EC2 client for `region` (one per region, reused).
     async fn ec2(&self, region: &str) -> Client {
         if let Some(c) = self.clients.lock().unwrap().get(region) {
@@ -982,6 +1048,28 @@ impl AwsProvider {
     }
 }
 
+/// (instance type, region code, USD/hour) of one Price List API product
+/// document (the JSON text GetProducts returns per product): its on-demand
+/// term's hourly dimension. `None` for anything else (a reservation fee, a
+/// price of 0 for a type no longer sold, a document of another shape).
+fn on_demand_of(doc: &str) -> Option<(String, String, f64)> {
+    let v: serde_json::Value = serde_json::from_str(doc).ok()?;
+    let attrs = &v["product"]["attributes"];
+    let ty = attrs["instanceType"].as_str()?.to_string();
+    let region = attrs["regionCode"].as_str()?.to_string();
+    let terms = v["terms"]["OnDemand"].as_object()?;
+    let price = terms.values().find_map(|term| {
+        term["priceDimensions"].as_object()?.values().find_map(|d| {
+            let hourly = d["unit"]
+                .as_str()
+                .is_some_and(|u| u.eq_ignore_ascii_case("hrs"));
+            let usd = d["pricePerUnit"]["USD"].as_str()?.parse::<f64>().ok()?;
+            (hourly && usd > 0.0).then_some(usd)
+        })
+    })?;
+    Some((ty, region, price))
+}
+
 /// AWS in the core's registry: on with an owner id to tag with, its
 /// records under `records/aws`.
 pub const REGISTRATION: gangway_provider::Registration = gangway_provider::Registration {
@@ -1358,12 +1446,29 @@ impl Provider for AwsProvider {
                 accelerator_count: None,
             }));
         }
-        Ok(Prices {
-            quotes: out,
-            notes: vec![
-                "on-demand prices are not in the EC2 API (they are in the AWS Pricing API, not read): kept from the catalog".into(),
-            ],
-        })
+        // On-demand prices are not in the EC2 API: the Price List Query API
+        // has them, per region (the same in every zone of it).
+        let mut notes = Vec::new();
+        match self.on_demand_prices(instance_types, regions).await {
+            Ok(prices) => {
+                let mut missing = 0;
+                for q in &mut out {
+                    match prices.get(&(q.instance_type.clone(), q.region.clone())) {
+                        Some(p) => q.price = Some(*p),
+                        None => missing += 1,
+                    }
+                }
+                if missing > 0 {
+                    notes.push(format!(
+                        "{missing} zone offering(s) had no Linux on-demand price in the AWS Price List API: kept from the catalog"
+                    ));
+                }
+            }
+            Err(why) => notes.push(format!(
+                "on-demand prices not refreshed (kept from the catalog): the AWS Price List API (pricing:GetProducts) {why}"
+            )),
+        }
+        Ok(Prices { quotes: out, notes })
     }
 
     async fn topology(&self, nodes: &[Node]) -> Result<Vec<Vec<String>>> {
@@ -1718,6 +1823,33 @@ fn my_public_ip() -> std::result::Result<String, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_price_list_document_gives_its_hourly_on_demand_price() {
+        let doc = |unit: &str, usd: &str| {
+            serde_json::json!({
+                "product": {"productFamily": "Compute Instance", "attributes": {
+                    "instanceType": "p4d.24xlarge", "regionCode": "us-east-1",
+                    "operatingSystem": "Linux", "tenancy": "Shared"}, "sku": "ABC"},
+                "serviceCode": "AmazonEC2",
+                "terms": {"OnDemand": {"ABC.JRTCKXETXF": {"priceDimensions": {
+                    "ABC.JRTCKXETXF.6YS6EN2CT7": {"unit": unit, "pricePerUnit": {"USD": usd},
+                        "description": "$32.7726 per On Demand Linux p4d.24xlarge Instance Hour"}},
+                    "sku": "ABC", "effectiveDate": "2026-11-01T00:00:00Z"}}},
+                "version": "20261101", "publicationDate": "2026-11-01T00:00:00Z"
+            })
+            .to_string()
+        };
+        assert_eq!(
+            on_demand_of(&doc("Hrs", "32.7726000000")),
+            Some(("p4d.24xlarge".into(), "us-east-1".into(), 32.7726))
+        );
+        // Not an hourly price, a zero price, not a product document.
+        assert_eq!(on_demand_of(&doc("Quantity", "1000")), None);
+        assert_eq!(on_demand_of(&doc("Hrs", "0.0000000000")), None);
+        assert_eq!(on_demand_of("{\"terms\": {}}"), None);
+        assert_eq!(on_demand_of("not json"), None);
+    }
 
     fn req() -> LaunchRequest {
         LaunchRequest {

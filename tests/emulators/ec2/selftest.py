@@ -134,6 +134,25 @@ def selftest(endpoint):
     check("STS answers on the same endpoint (moto's default account)",
           sts.get_caller_identity()["Account"] == "123456789012")
     first, second = (sts.get_session_token(DurationSeconds=3600)["Credentials"] for _ in range(2))
+    pricing = session.client("pricing", region_name="us-east-1", endpoint_url=endpoint, config=config)
+    got = pricing.get_products(ServiceCode="AmazonEC2", FormatVersion="aws_v1", Filters=[
+        {"Type": "TERM_MATCH", "Field": f, "Value": v} for f, v in (
+            ("instanceType", "p4d.24xlarge"), ("regionCode", "us-east-1"),
+            ("operatingSystem", "Linux"))])
+    docs = [json.loads(d) for d in got["PriceList"]]
+    usd = [d2["pricePerUnit"]["USD"] for d in docs for t in d["terms"]["OnDemand"].values()
+           for d2 in t["priceDimensions"].values()]
+    check("the Price List API answers GetProducts for one type, region and OS",
+          len(docs) == 1 and docs[0]["product"]["attributes"]["instanceType"] == "p4d.24xlarge"
+          and float(usd[0]) > 0, (len(docs), usd))
+    m5 = [{"Type": "TERM_MATCH", "Field": "instanceType", "Value": "m5.large"}]
+    first = pricing.get_products(ServiceCode="AmazonEC2", MaxResults=10, Filters=m5)
+    second = pricing.get_products(ServiceCode="AmazonEC2", MaxResults=10, Filters=m5,
+                                  NextToken=first.get("NextToken", ""))
+    check("GetProducts pages by NextToken",
+          len(first["PriceList"]) == 10 and first.get("NextToken")
+          and not set(first["PriceList"]) & set(second["PriceList"]),
+          (len(first["PriceList"]), first.get("NextToken")))
     check("each STS session has access keys of its own",
           first["AccessKeyId"].startswith("ASIA") and first["AccessKeyId"] != second["AccessKeyId"]
           and first["SessionToken"], (first["AccessKeyId"], second["AccessKeyId"]))

@@ -219,6 +219,46 @@ def filter_matches(value, patterns):
     )
 
 
+PRICE_LIST_NOTE = ("the EC2 emulator's own on-demand prices: $0.05 per vCPU-hour plus "
+                   "$3.00 per GPU-hour, Windows twice that; not AWS's")
+
+
+def price_list_products(instance_type=None):
+    """Price List API product documents (aws_v1) for `instance_type` (or
+    every type moto knows) in every EC2 region."""
+    from moto.ec2.models.instance_types import INSTANCE_TYPES
+    import boto3
+    regions = boto3.session.Session().get_available_regions("ec2")
+    types = [instance_type] if instance_type else sorted(INSTANCE_TYPES)
+    docs = []
+    for t in types:
+        info = INSTANCE_TYPES.get(t)
+        if not info:
+            continue
+        vcpus = info.get("VCpuInfo", {}).get("DefaultVCpus", 1)
+        gpus = sum(g.get("Count", 0) for g in info.get("GpuInfo", {}).get("Gpus", []))
+        linux = round(0.05 * vcpus + 3.0 * gpus, 4)
+        for region in regions:
+            for os_name, price in (("Linux", linux), ("Windows", round(2 * linux, 4))):
+                sku = hashlib.sha1(f"{t}/{region}/{os_name}".encode()).hexdigest()[:16].upper()
+                docs.append({
+                    "product": {"productFamily": "Compute Instance", "sku": sku, "attributes": {
+                        "instanceType": t, "regionCode": region, "operatingSystem": os_name,
+                        "tenancy": "Shared", "preInstalledSw": "NA", "capacitystatus": "Used",
+                        "vcpu": str(vcpus), "servicecode": "AmazonEC2"}},
+                    "serviceCode": "AmazonEC2",
+                    "terms": {"OnDemand": {f"{sku}.JRTCKXETXF": {
+                        "offerTermCode": "JRTCKXETXF", "sku": sku,
+                        "effectiveDate": "2026-11-01T00:00:00Z",
+                        "priceDimensions": {f"{sku}.JRTCKXETXF.6YS6EN2CT7": {
+                            "rateCode": f"{sku}.JRTCKXETXF.6YS6EN2CT7", "unit": "Hrs",
+                            "description": f"${price} per On Demand {os_name} {t} Instance Hour",
+                            "pricePerUnit": {"USD": f"{price:.10f}"}}}}}},
+                    "version": "20261101", "publicationDate": "2026-11-01T00:00:00Z",
+                })
+    return docs
+
+
 def region_from_authorization(header):
     """The region of a SigV4 credential scope (Credential=AK/DATE/REGION/SVC/...)."""
     match = re.search(r"Credential=[^/,\s]+/\d+/([^/,\s]+)/", header or "")
@@ -356,6 +396,10 @@ class Emulator:
             return self.moto_app(environ, start_response)
 
         body = self._read_body(environ)
+        target = environ.get("HTTP_X_AMZ_TARGET", "")
+        if target.startswith("AWSPriceListService."):
+            scope = access_key_from_authorization(environ.get("HTTP_AUTHORIZATION")) or ""
+            return self.price_list(target.split(".", 1)[1], body, start_response, scope)
         params = self._params(environ, body)
         action = params.get("Action")
         if not action:
@@ -448,6 +492,51 @@ class Emulator:
             if hasattr(result, "close"):
                 result.close()
         return captured["status"], captured["headers"], body
+
+    def price_list(self, operation, body, start_response, scope=""):
+        """The Price List Query API's GetProducts (JSON 1.1), which moto
+        lacks: EC2 instance products of every type moto knows in every EC2
+        region, Linux and Windows, each with one on-demand hourly term, in
+        the documented response shape (PriceList: JSON documents as
+        strings; NextToken paging). The prices are this emulator's own
+        figures (PRICE_LIST_NOTE), not AWS's. Fault rules apply to
+        "GetProducts" as to EC2 actions (region us-east-1), matched against
+        the caller's access key id (`contains`), so parallel tests each
+        fail only their own calls."""
+        def reply(status, doc):
+            data = json.dumps(doc).encode()
+            start_response(f"{status} {'OK' if status == 200 else 'Error'}",
+                           [("Content-Type", "application/x-amz-json-1.1"),
+                            ("Content-Length", str(len(data)))])
+            return [data]
+        if operation != "GetProducts":
+            return reply(400, {"__type": "InvalidParameterException",
+                               "message": f"{operation} is not served by the emulator"})
+        rule = self.faults.take("GetProducts", "us-east-1", {"AccessKeyId": scope})
+        if rule:
+            return reply(rule["status"], {"__type": rule["code"], "message": rule["message"]})
+        try:
+            req = json.loads(body or b"{}")
+        except ValueError:
+            return reply(400, {"__type": "InvalidParameterException", "message": "not JSON"})
+        if req.get("ServiceCode") != "AmazonEC2":
+            return reply(400, {"__type": "InvalidParameterException",
+                               "message": "Input for ServiceCode is invalid"})
+        want = {}
+        for f in req.get("Filters") or []:
+            if f.get("Type") != "TERM_MATCH":
+                return reply(400, {"__type": "InvalidParameterException",
+                                   "message": f"filter type {f.get('Type')} is not TERM_MATCH"})
+            want[f["Field"]] = f["Value"]
+        docs = [d for d in price_list_products(want.get("instanceType"))
+                if all(d["product"]["attributes"].get(k) == v for k, v in want.items())]
+        size = min(int(req.get("MaxResults") or 100), 100)
+        start = int(req.get("NextToken") or 0)
+        page = docs[start:start + size]
+        out = {"FormatVersion": "aws_v1", "PriceList": [json.dumps(d) for d in page]}
+        if start + size < len(docs):
+            out["NextToken"] = str(start + size)
+        return reply(200, out)
 
     def session_token(self, environ, start_response):
         """STS GetSessionToken: moto's answer, with an access key id of its

@@ -310,6 +310,48 @@ impl Ec2Emulator {
             .unwrap_or_else(|e| panic!("EC2 emulator at {}: {e}", self.endpoint))
     }
 
+    /// The Linux on-demand price (USD/hour) the emulator's Price List API
+    /// (GetProducts) gives `instance_type` in `region`.
+    pub fn on_demand_price(&self, instance_type: &str, region: &str) -> f64 {
+        let body = serde_json::json!({
+            "ServiceCode": "AmazonEC2",
+            "FormatVersion": "aws_v1",
+            "Filters": [
+                {"Type": "TERM_MATCH", "Field": "instanceType", "Value": instance_type},
+                {"Type": "TERM_MATCH", "Field": "regionCode", "Value": region},
+                {"Type": "TERM_MATCH", "Field": "operatingSystem", "Value": "Linux"},
+            ],
+        });
+        let headers = [
+            ("Content-Type", "application/x-amz-json-1.1"),
+            ("X-Amz-Target", "AWSPriceListService.GetProducts"),
+        ];
+        let (status, text) = self
+            .http("POST", "/", &headers, body.to_string().as_bytes())
+            .unwrap_or_else(|e| panic!("EC2 emulator at {}: {e}", self.endpoint));
+        assert_eq!(status, 200, "GetProducts: {text}");
+        let v: serde_json::Value = serde_json::from_str(&text).expect("GetProducts JSON");
+        let doc: serde_json::Value =
+            serde_json::from_str(v["PriceList"][0].as_str().expect("one product")).unwrap();
+        let term = doc["terms"]["OnDemand"]
+            .as_object()
+            .unwrap()
+            .values()
+            .next()
+            .unwrap();
+        let dim = term["priceDimensions"]
+            .as_object()
+            .unwrap()
+            .values()
+            .next()
+            .unwrap();
+        dim["pricePerUnit"]["USD"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
     /// The environment a gangway process or an SDK client needs to reach the
     /// emulator, and nothing real: endpoint, dummy credentials, region, no
     /// retries, no instance metadata, no profile files.
