@@ -16,6 +16,10 @@ use crate::Error;
 /// pools, Slurm clusters), offered at no cost. Each overlay replaces only
 /// the clouds it holds. Catalog files are parsed once per content: their
 /// parse is cached under `$GANGWAY_HOME/cache/catalog`.
+/// Where `catalog refresh` writes the interruption buckets a provider
+/// publishes, one `<cloud>.csv` each, under `$GANGWAY_HOME`.
+pub(crate) const INTERRUPTIONS_DIR: &str = "interruptions";
+
 pub(crate) fn load_catalog(home: Option<&Path>, dir: Option<&Path>) -> Result<Catalog, Error> {
     let mut c = Catalog::embedded();
     let cache = home.map(|h| h.join("cache").join("catalog"));
@@ -30,6 +34,8 @@ pub(crate) fn load_catalog(home: Option<&Path>, dir: Option<&Path>) -> Result<Ca
     }
     if let Some(home) = home {
         crate::provision::offer_capacity(&mut c, home)?;
+        // Interruption buckets a `catalog refresh` fetched.
+        c.overlay_interruptions(&home.join(INTERRUPTIONS_DIR));
     }
     Ok(c)
 }

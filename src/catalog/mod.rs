@@ -570,6 +570,12 @@ impl Catalog {
         self.keys = keys;
     }
 
+    /// Takes the interruption buckets in `dir` over the shipped ones
+    /// ([`risk::RiskTable::overlay_dir`]).
+    pub(crate) fn overlay_interruptions(&mut self, dir: &std::path::Path) {
+        self.risk.overlay_dir(dir);
+    }
+
     /// How often `o` is interrupted on spot (see [`risk`]).
     pub(crate) fn interruption(&self, o: &Offering) -> risk::Interruption {
         self.risk

@@ -85,22 +85,74 @@ impl RiskTable {
     /// The shipped table.
     pub(crate) fn embedded() -> RiskTable {
         let mut t = RiskTable::default();
-        for line in EMBEDDED_AWS.lines() {
+        t.read("aws", EMBEDDED_AWS);
+        t
+    }
+
+    /// Adds `cloud`'s buckets from `text` (`# taken: DATE`, then
+    /// `region,instance_type,bucket` lines); returns how many.
+    fn read(&mut self, cloud: &str, text: &str) -> usize {
+        let mut n = 0;
+        for line in text.lines() {
             if let Some(d) = line.strip_prefix("# taken:") {
-                t.taken = super::Date::parse(d);
+                self.taken = super::Date::parse(d);
                 continue;
             }
             let f: Vec<&str> = line.split(',').map(str::trim).collect();
             if let [region, ty, bucket] = f[..] {
                 if let Ok(b) = bucket.parse::<u8>() {
                     if b <= 4 {
-                        t.buckets
-                            .insert(("aws".into(), region.into(), ty.into()), b);
+                        self.buckets
+                            .insert((cloud.into(), region.into(), ty.into()), b);
+                        n += 1;
                     }
                 }
             }
         }
-        t
+        n
+    }
+
+    /// Replaces the buckets of each cloud that has a `<cloud>.csv` in `dir`
+    /// (what `catalog refresh` wrote: `$GANGWAY_HOME/interruptions`) with
+    /// the file's. A file that lists nothing usable changes nothing.
+    pub(crate) fn overlay_dir(&mut self, dir: &std::path::Path) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            let (Some(cloud), Some("csv")) = (
+                path.file_stem().and_then(|s| s.to_str()),
+                path.extension().and_then(|s| s.to_str()),
+            ) else {
+                continue;
+            };
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue;
+            };
+            let mut fresh = RiskTable::default();
+            if fresh.read(cloud, &text) > 0 {
+                self.buckets.retain(|(c, _, _), _| c != cloud);
+                self.buckets.extend(fresh.buckets);
+                self.taken = fresh.taken.or(self.taken);
+            }
+        }
+    }
+
+    /// `rows` (region, instance type, bucket) as a file [`overlay_dir`]
+    /// reads, dated `taken`, with `source` in a comment.
+    pub(crate) fn to_csv(
+        rows: &[(String, String, u8)],
+        taken: super::Date,
+        source: &str,
+    ) -> String {
+        let mut out = format!(
+            "# taken: {taken}\n# interruption buckets from {source}: 0 <5%, 1 5-10%, 2 10-15%, 3 15-20%, 4 >20% of spot instances interrupted a month\nregion,instance_type,bucket\n"
+        );
+        for (region, ty, b) in rows {
+            out.push_str(&format!("{region},{ty},{b}\n"));
+        }
+        out
     }
 
     /// The bucket of `ty` in `cloud`/`region`.

@@ -205,9 +205,42 @@ fn refresh(
                 println!("{c}: {n}");
             }
         }
+        // The interruption buckets the provider publishes (all regions at
+        // once), over the shipped table.
+        let buckets = match rt.block_on(provider.interruption_buckets()) {
+            Ok(Some(b)) => {
+                let path = home
+                    .join(crate::context::INTERRUPTIONS_DIR)
+                    .join(format!("{c}.csv"));
+                let text = crate::catalog::risk::RiskTable::to_csv(
+                    &b,
+                    today,
+                    &format!("the {c} API on {today}"),
+                );
+                write_atomic(&path, text.as_bytes())?;
+                if out == Output::Table {
+                    println!(
+                        "{c}: {} interruption bucket(s) from the {c} API; wrote {}",
+                        b.len(),
+                        path.display()
+                    );
+                }
+                b.len()
+            }
+            Ok(None) => 0,
+            Err(e) => {
+                let n = format!("interruption buckets not refreshed (kept as they were): {e}");
+                if out == Output::Table {
+                    println!("{c}: {n}");
+                }
+                notes.push(n);
+                0
+            }
+        };
         report.push(json!({
             "cloud": c, "regions": wanted, "offerings": rows.len(),
             "on_demand_prices": on_demand, "spot_prices": spot,
+            "interruption_buckets": buckets,
             "notes": notes, "path": path.display().to_string(),
         }));
     }

@@ -32,6 +32,8 @@ impl Aws {
     fn run(&self, args: &[&str]) -> Output {
         let mut c = command_in(self.home.path());
         c.envs(self.emu.env())
+            // No test asks AWS's own Spot Advisor feed: a closed port.
+            .env("GANGWAY_SPOT_ADVISOR_URL", "http://127.0.0.1:9/feed.json")
             .env("USER", &self.owner)
             .env("GANGWAY_AWS_SSH_CIDR", "198.51.100.0/24")
             .args(args);
@@ -357,6 +359,86 @@ fn catalog_refresh_writes_live_spot_prices_into_the_users_overlay() {
         "{src}"
     );
     assert_eq!(src["age_days"], 0, "{src}");
+}
+
+/// Serves `body` as JSON to every GET on a loopback port, on a thread, for
+/// the life of the test; its URL.
+fn serve_json(body: String) -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/spot-advisor-data.json", l.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for mut conn in l.incoming().flatten() {
+            use std::io::{Read, Write};
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    url
+}
+
+/// The Spot Instance Advisor's buckets come with the refresh: a feed
+/// saying p4d.24xlarge in us-east-1 is now `<5%` (shipped: `>20%`) turns
+/// into the bucket `optimize` shows and ranks by.
+#[test]
+fn catalog_refresh_takes_the_spot_advisors_buckets_over_the_shipped_ones() {
+    let Some(aws) = Aws::new() else { return };
+    let task = aws.home.file(
+        "p4d.yaml",
+        "resources:\n  infra: aws/us-east-1\n  accelerators: A100:8\n  use_spot: true\nrun: 'true'\n",
+    );
+    let bucket = |aws: &Aws| {
+        let (code, out, err) = parts(&aws.run(&["optimize", &task, "-o", "json"]));
+        assert_eq!(code, 0, "{out}\n{err}");
+        let v = json_doc(&out);
+        let c = v["plan"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{v}"))
+            .iter()
+            .find(|c| c["instance_type"] == "p4d.24xlarge")
+            .cloned()
+            .unwrap_or_else(|| panic!("no p4d: {v}"));
+        c["interruption"].as_str().unwrap().to_string()
+    };
+    assert_eq!(bucket(&aws), ">20%", "the shipped bucket");
+    let feed = serde_json::json!({
+        "ranges": [{"index": 0, "label": "<5%", "dots": 0, "max": 5}],
+        "spot_advisor": {"us-east-1": {
+            "Linux": {"p4d.24xlarge": {"s": 70, "r": 0}, "g5.xlarge": {"s": 60, "r": 3}},
+            "Windows": {"p4d.24xlarge": {"s": 70, "r": 4}}}},
+    });
+    let mut c = command_in(aws.home.path());
+    c.envs(aws.emu.env())
+        .env("GANGWAY_SPOT_ADVISOR_URL", serve_json(feed.to_string()))
+        .args([
+            "catalog",
+            "refresh",
+            "--cloud",
+            "aws",
+            "--regions",
+            "us-east-1",
+        ]);
+    let (code, out, err) = parts(&Running::start(c).wait());
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("aws: 2 interruption bucket(s)"), "{out}");
+    assert_eq!(bucket(&aws), "<5%", "the feed's bucket");
+    // Without the feed (a closed port), the refresh says so and the
+    // buckets fetched before stay.
+    let (code, out, err) = parts(&aws.run(&[
+        "catalog",
+        "refresh",
+        "--cloud",
+        "aws",
+        "--regions",
+        "us-east-1",
+    ]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("interruption buckets not refreshed"), "{out}");
+    assert_eq!(bucket(&aws), "<5%");
 }
 
 /// Credentials that may not read the Price List API: the refresh still

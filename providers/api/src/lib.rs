@@ -430,6 +430,14 @@ pub trait Provider: Send + Sync {
         ))
     }
 
+    /// The interruption buckets this provider publishes for its spot
+    /// offers, as `(region, instance type, bucket)` with buckets 0 (least
+    /// interrupted, `<5%` a month) to 4 (`>20%`): what `catalog refresh`
+    /// writes over the shipped table. `Ok(None)`: it publishes none.
+    async fn interruption_buckets(&self) -> Result<Option<Vec<(String, String, u8)>>> {
+        Ok(None)
+    }
+
     /// Network path per node, root first. Providers without topology data
     /// return the paths already on the nodes.
     async fn topology(&self, nodes: &[Node]) -> Result<Vec<Vec<String>>> {

@@ -1070,6 +1070,29 @@ fn on_demand_of(doc: &str) -> Option<(String, String, f64)> {
     Some((ty, region, price))
 }
 
+/// Where AWS publishes the Spot Instance Advisor's data.
+const SPOT_ADVISOR_URL: &str = "https://spot-bid-advisor.s3.amazonaws.com/spot-advisor-data.json";
+
+/// `(region, instance type, bucket)` of every Linux entry of a Spot
+/// Instance Advisor document (`spot_advisor.<region>.Linux.<type>.r`, 0 to
+/// 4), sorted; `None` when the document is not one, or lists nothing.
+fn advisor_buckets(text: &str) -> Option<Vec<(String, String, u8)>> {
+    let v: serde_json::Value = serde_json::from_str(text).ok()?;
+    let mut out = Vec::new();
+    for (region, oses) in v["spot_advisor"].as_object()? {
+        let Some(linux) = oses["Linux"].as_object() else {
+            continue;
+        };
+        for (ty, e) in linux {
+            if let Some(r) = e["r"].as_u64().filter(|r| *r <= 4) {
+                out.push((region.clone(), ty.clone(), r as u8));
+            }
+        }
+    }
+    out.sort();
+    (!out.is_empty()).then_some(out)
+}
+
 /// AWS in the core's registry: on with an owner id to tag with, its
 /// records under `records/aws`.
 pub const REGISTRATION: gangway_provider::Registration = gangway_provider::Registration {
@@ -1471,6 +1494,41 @@ impl Provider for AwsProvider {
         Ok(Prices { quotes: out, notes })
     }
 
+    /// The Spot Instance Advisor's public feed (Linux buckets), or the
+    /// copy `GANGWAY_SPOT_ADVISOR_URL` names.
+    async fn interruption_buckets(&self) -> Result<Option<Vec<(String, String, u8)>>> {
+        let url =
+            std::env::var("GANGWAY_SPOT_ADVISOR_URL").unwrap_or_else(|_| SPOT_ADVISOR_URL.into());
+        let fail = |kind: ErrorKind, why: String| {
+            ProviderError::new(kind, "aws", "spot advisor", format!("{url}: {why}"))
+        };
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|e| fail(ErrorKind::Fatal, e.to_string()))?;
+        let resp = client
+            .get(&url)
+            .send()
+            .await
+            .map_err(|e| fail(ErrorKind::Transient, gangway_provider::error_chain(&e)))?;
+        let status = resp.status();
+        if !status.is_success() {
+            return Err(fail(ErrorKind::Transient, format!("HTTP {status}")));
+        }
+        let text = resp
+            .text()
+            .await
+            .map_err(|e| fail(ErrorKind::Transient, e.to_string()))?;
+        let rows = advisor_buckets(&text).ok_or_else(|| {
+            fail(
+                ErrorKind::Fatal,
+                "not the Spot Instance Advisor feed (no spot_advisor.<region>.Linux.<type>.r)"
+                    .into(),
+            )
+        })?;
+        Ok(Some(rows))
+    }
+
     async fn topology(&self, nodes: &[Node]) -> Result<Vec<Vec<String>>> {
         let mut paths: HashMap<String, Vec<String>> = HashMap::new();
         let mut by_region: BTreeMap<&str, Vec<&Node>> = BTreeMap::new();
@@ -1823,6 +1881,24 @@ fn my_public_ip() -> std::result::Result<String, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_spot_advisor_feed_gives_linux_buckets_per_region_and_type() {
+        let feed = r#"{"ranges": [{"index": 0, "label": "<5%"}],
+            "spot_advisor": {
+              "us-east-1": {"Linux": {"p4d.24xlarge": {"s": 69, "r": 4}, "g5.xlarge": {"s": 60, "r": 1}},
+                            "Windows": {"g5.xlarge": {"s": 50, "r": 3}}},
+              "eu-west-1": {"Linux": {"bad.type": {"s": 1, "r": 9}}}}}"#;
+        assert_eq!(
+            advisor_buckets(feed),
+            Some(vec![
+                ("us-east-1".into(), "g5.xlarge".into(), 1),
+                ("us-east-1".into(), "p4d.24xlarge".into(), 4),
+            ])
+        );
+        assert_eq!(advisor_buckets(r#"{"spot_advisor": {}}"#), None);
+        assert_eq!(advisor_buckets("<html>"), None);
+    }
 
     #[test]
     fn a_price_list_document_gives_its_hourly_on_demand_price() {
