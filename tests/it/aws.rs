@@ -293,17 +293,27 @@ fn check_names_the_identity_and_regions() {
     assert!(err.contains("aws") && err.contains("local"), "{err}");
 }
 
+/// `catalog refresh` of AWS's us-east-1.
+const REFRESH_US_EAST_1: &[&str] = &[
+    "catalog",
+    "refresh",
+    "--cloud",
+    "aws",
+    "--regions",
+    "us-east-1",
+];
+
+/// The overlay's p4d.24xlarge rows in us-east-1.
+fn p4d_in_us_east_1(csv: &str) -> Vec<&str> {
+    csv.lines()
+        .filter(|l| l.starts_with("p4d.24xlarge,") && l.contains(",us-east-1,"))
+        .collect()
+}
+
 #[test]
 fn catalog_refresh_writes_live_spot_prices_into_the_users_overlay() {
     let Some(aws) = Aws::new() else { return };
-    let (code, out, err) = parts(&aws.run(&[
-        "catalog",
-        "refresh",
-        "--cloud",
-        "aws",
-        "--regions",
-        "us-east-1",
-    ]));
+    let (code, out, err) = parts(&aws.run(REFRESH_US_EAST_1));
     assert_eq!(code, 0, "{out}\n{err}");
     let path = aws.home.path().join("catalog/aws.csv");
     let text = std::fs::read_to_string(&path).expect("overlay written");
@@ -322,10 +332,7 @@ fn catalog_refresh_writes_live_spot_prices_into_the_users_overlay() {
         .and_then(|s| s.split('<').next())
         .and_then(|s| s.parse().ok())
         .expect("emulator spot price");
-    let p4d: Vec<&str> = text
-        .lines()
-        .filter(|l| l.starts_with("p4d.24xlarge,") && l.contains(",us-east-1,"))
-        .collect();
+    let p4d = p4d_in_us_east_1(&text);
     assert!(!p4d.is_empty(), "{text}");
     // On-demand: the Price List API's, the same in every zone.
     let on_demand = aws.emu.on_demand_price("p4d.24xlarge", "us-east-1");
@@ -414,28 +421,14 @@ fn catalog_refresh_takes_the_spot_advisors_buckets_over_the_shipped_ones() {
     let mut c = command_in(aws.home.path());
     c.envs(aws.emu.env())
         .env("GANGWAY_SPOT_ADVISOR_URL", serve_json(feed.to_string()))
-        .args([
-            "catalog",
-            "refresh",
-            "--cloud",
-            "aws",
-            "--regions",
-            "us-east-1",
-        ]);
+        .args(REFRESH_US_EAST_1);
     let (code, out, err) = parts(&Running::start(c).wait());
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("aws: 2 interruption bucket(s)"), "{out}");
     assert_eq!(bucket(&aws), "<5%", "the feed's bucket");
     // Without the feed (a closed port), the refresh says so and the
     // buckets fetched before stay.
-    let (code, out, err) = parts(&aws.run(&[
-        "catalog",
-        "refresh",
-        "--cloud",
-        "aws",
-        "--regions",
-        "us-east-1",
-    ]));
+    let (code, out, err) = parts(&aws.run(REFRESH_US_EAST_1));
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("interruption buckets not refreshed"), "{out}");
     assert_eq!(bucket(&aws), "<5%");
@@ -456,14 +449,7 @@ fn catalog_refresh_without_pricing_access_keeps_on_demand_prices_and_says_why() 
         -1,
     );
     let mut c = crate::common::command_in(aws.home.path());
-    c.envs(aws.emu.env_as(&key)).args([
-        "catalog",
-        "refresh",
-        "--cloud",
-        "aws",
-        "--regions",
-        "us-east-1",
-    ]);
+    c.envs(aws.emu.env_as(&key)).args(REFRESH_US_EAST_1);
     let (code, out, err) = parts(&crate::common::Running::start(c).wait());
     aws.emu.remove_fault(rule);
     assert_eq!(code, 0, "{out}\n{err}");
@@ -476,10 +462,7 @@ fn catalog_refresh_without_pricing_access_keeps_on_demand_prices_and_says_why() 
     );
     let text = std::fs::read_to_string(aws.home.path().join("catalog/aws.csv")).unwrap();
     let on_demand = aws.emu.on_demand_price("p4d.24xlarge", "us-east-1");
-    let p4d: Vec<&str> = text
-        .lines()
-        .filter(|l| l.starts_with("p4d.24xlarge,") && l.contains(",us-east-1,"))
-        .collect();
+    let p4d = p4d_in_us_east_1(&text);
     assert!(!p4d.is_empty(), "{text}");
     for l in &p4d {
         let od: f64 = l.split(',').nth(8).unwrap().parse().unwrap();
