@@ -90,7 +90,8 @@ fn commands_in(file: &Path) -> Vec<DocCommand> {
             let cmd = joined.trim_start_matches("$ ");
             let rest = cmd
                 .strip_prefix("gangway ")
-                .or_else(|| cmd.strip_prefix("cargo run --release -- "));
+                .or_else(|| cmd.strip_prefix("cargo run --release -- "))
+                .or_else(|| cmd.strip_prefix("cargo run --release --no-default-features -- "));
             if let Some(rest) = rest {
                 let rest = match rest.find(" #") {
                     Some(i) => &rest[..i],
