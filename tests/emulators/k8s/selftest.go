@@ -210,7 +210,7 @@ func (t *selftest) waitPod(name string, limit time.Duration, ok func(*corev1.Pod
 	return last, fmt.Errorf("pod %s not as wanted within %v; status %s", name, limit, b)
 }
 
-func running(p *corev1.Pod) bool {
+func podRunning(p *corev1.Pod) bool {
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
 			return p.Status.Phase == corev1.PodRunning
@@ -288,7 +288,7 @@ c,_=s.accept(); c.sendall(b"pong from "+os.environ["POD_IP"].encode()); c.close(
 	}
 
 	// Node deletion first: podgc takes its time (40 s of quarantine).
-	p, err := t.waitPod("victim", 60*time.Second, running)
+	p, err := t.waitPod("victim", 60*time.Second, podRunning)
 	var victimPID int
 	if t.check("victim runs on cpu-b", err) {
 		victimPID, _ = strconv.Atoi(strings.TrimPrefix(p.Status.ContainerStatuses[0].ContainerID, "harness://"))
@@ -305,7 +305,7 @@ c,_=s.accept(); c.sendall(b"pong from "+os.environ["POD_IP"].encode()); c.close(
 		t.check(fmt.Sprintf("deleting node cpu-b killed the victim's process (pid %d)", victimPID), err)
 	}
 
-	p, err = t.waitPod("gpu-job", 60*time.Second, running)
+	p, err = t.waitPod("gpu-job", 60*time.Second, podRunning)
 	if err == nil && p.Spec.NodeName != "gpu-a" {
 		err = fmt.Errorf("on %s", p.Spec.NodeName)
 	}
@@ -360,7 +360,7 @@ c,_=s.accept(); c.sendall(b"pong from "+os.environ["POD_IP"].encode()); c.close(
 		t.check("kubectl exec -i: stdin round-trips and the exit code (7) comes back", err)
 	}
 
-	p, err = t.waitPod("server", 60*time.Second, running)
+	p, err = t.waitPod("server", 60*time.Second, podRunning)
 	if err == nil {
 		serverIP := p.Status.PodIP
 		// Listening yet?
@@ -433,30 +433,32 @@ c,_=s.accept(); c.sendall(b"pong from "+os.environ["POD_IP"].encode()); c.close(
 	t.check("a pod that cannot fit gets a FailedScheduling event", err)
 
 	// Garbage collection of a Secret owned by a pod, and graceful deletion.
-	p, err = t.waitPod("owner", 60*time.Second, running)
+	p, err = t.waitPod("owner", 60*time.Second, podRunning)
 	if err == nil {
 		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "owned", Namespace: "default",
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: "owner", UID: p.UID}}},
 			StringData: map[string]string{"k": "v"}}
 		if _, err = core.Secrets("default").Create(t.ctx, s, metav1.CreateOptions{}); err == nil {
 			ownerPID, _ := strconv.Atoi(strings.TrimPrefix(p.Status.ContainerStatuses[0].ContainerID, "harness://"))
+			ownerDir := t.podDir(p)
 			start := time.Now()
 			err = core.Pods("default").Delete(t.ctx, "owner", metav1.DeleteOptions{})
 			if err == nil {
-				_, err = t.waitPod("owner", 20*time.Second, func(*corev1.Pod) bool { return false })
-				if err != nil && strings.Contains(err.Error(), "not as wanted") {
-					// waitPod keeps the last pod it saw; gone is what we want.
-					_, gerr := core.Pods("default").Get(t.ctx, "owner", metav1.GetOptions{})
-					if apierrors.IsNotFound(gerr) {
+				err = fmt.Errorf("pod owner still there after 20 s")
+				deadline := time.Now().Add(20 * time.Second)
+				for time.Now().Before(deadline) {
+					if _, gerr := core.Pods("default").Get(t.ctx, "owner", metav1.GetOptions{}); apierrors.IsNotFound(gerr) {
 						err = nil
+						break
 					}
+					time.Sleep(100 * time.Millisecond)
 				}
 			}
 			if err == nil && syscall.Kill(ownerPID, 0) == nil {
 				err = fmt.Errorf("pid %d alive after the pod went", ownerPID)
 			}
 			if err == nil {
-				logs, _ := os.ReadFile(filepath.Join(t.podDir(p), "logs", "main-0.log"))
+				logs, _ := os.ReadFile(filepath.Join(ownerDir, "logs", "main-0.log"))
 				if !bytes.Contains(logs, []byte("got TERM")) {
 					err = fmt.Errorf("the process did not get SIGTERM first (log %q)", logs)
 				}
