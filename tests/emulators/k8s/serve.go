@@ -68,6 +68,7 @@ type harness struct {
 	nextIndex int
 	children  []*child
 	pgidFile  string
+	etcd      *embed.Etcd
 }
 
 // child is a component process of this harness.
@@ -233,10 +234,7 @@ func startHarness(o harnessOptions) (*harness, error) {
 	case <-time.After(60 * time.Second):
 		return h, errors.New("etcd did not become ready within 60 s")
 	}
-	go func() {
-		<-h.ctx.Done()
-		etcd.Close()
-	}()
+	h.etcd = etcd
 	say(fmt.Sprintf("etcd ready on %s (%.1fs)", cu, time.Since(t0).Seconds()))
 
 	// Certificates and the admin kubeconfig.
@@ -589,8 +587,10 @@ func (h *harness) shutdown() {
 			<-c.done
 		}
 	}
-	// etcd closes on h.ctx; give it a moment.
-	time.Sleep(200 * time.Millisecond)
+	// etcd last: the apiserver drains against it.
+	if h.etcd != nil {
+		h.etcd.Close()
+	}
 }
 
 // The control endpoint: http://127.0.0.1:PORT
