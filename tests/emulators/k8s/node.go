@@ -363,14 +363,10 @@ func (a *nodeAgent) podEvent(o any) {
 	case pr != nil:
 		pr.update(pod)
 	case pod.DeletionTimestamp != nil:
-		// Deleted before it ever ran here: confirm the deletion.
-		if pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
-			_ = a.h.client.CoreV1().Pods(pod.Namespace).Delete(a.ctx, pod.Name,
-				metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0), Preconditions: metav1.NewUIDPreconditions(string(pod.UID))})
-		} else {
-			_ = a.h.client.CoreV1().Pods(pod.Namespace).Delete(a.ctx, pod.Name,
-				metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0), Preconditions: metav1.NewUIDPreconditions(string(pod.UID))})
-		}
+		// Deleted before it ever ran here (or finished before this agent
+		// saw it): nothing to stop, confirm the deletion.
+		_ = a.h.client.CoreV1().Pods(pod.Namespace).Delete(a.ctx, pod.Name,
+			metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0), Preconditions: metav1.NewUIDPreconditions(string(pod.UID))})
 	case pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed:
 		// Finished before (not by this agent): nothing to run.
 	default:
