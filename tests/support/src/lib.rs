@@ -6,6 +6,8 @@
 //! * [`ec2_emulator`]: the EC2 emulator (`tests/emulators/ec2`), started
 //!   once per test process or found through `GANGWAY_TEST_EC2_ENDPOINT`;
 //! * [`gce_fake`]: the Compute Engine fake (`tests/emulators/gce`);
+//! * [`k8s`]: a Kubernetes control plane built from source, with node
+//!   agents that run pods as local processes (`tests/emulators/k8s`);
 //! * [`slurm`]: a throwaway Slurm cluster (`tests/emulators/slurm`);
 //! * [`storage`]: the S3 and GCS emulators behind the request-logging,
 //!   fault-injecting storage front (`tests/emulators/{s3,gcs,storage}`);
@@ -22,6 +24,7 @@
 pub mod contract;
 pub mod ec2_emulator;
 pub mod gce_fake;
+pub mod k8s;
 pub mod skip;
 pub mod slurm;
 pub mod storage;

@@ -81,6 +81,10 @@ pub const SUITES: &[(&str, &str)] = &[
         "../shared/compat and ../shared/catalogs beside the checkout",
     ),
     ("traces", "../shared/traces beside the checkout"),
+    (
+        "k8s",
+        "a Kubernetes control plane built from source (tests/emulators/k8s): Go, the module proxy or a warm module cache, or GANGWAY_TEST_K8S_HARNESS",
+    ),
 ];
 
 /// Records that `suite`'s prerequisites are there and this test runs it.
