@@ -8,7 +8,7 @@ use crate::spec::Task;
 use crate::Error;
 
 /// The user's config file as JSON; `None` when there is none.
-fn user_config(home: &Path) -> Result<Option<serde_json::Value>, Error> {
+pub(crate) fn user_config(home: &Path) -> Result<Option<serde_json::Value>, Error> {
     let path = home.join("config.yaml");
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,

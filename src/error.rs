@@ -26,8 +26,29 @@ pub enum ExitCode {
     /// A teardown did not finish: instances may still be running, and the
     /// cluster is kept (`TERMINATING`) until `gangway down` removes them.
     Leftover = 6,
+    /// The managed-job controller's host could not be reached (down, no
+    /// route, refused the login): nothing of the job was decided here.
+    Unreachable = 7,
     /// A bug or an unimplemented command.
     Internal = 10,
+}
+
+impl ExitCode {
+    /// The code a process exited with, as one of these (a remote gangway's
+    /// answer); anything else is [`ExitCode::Internal`].
+    pub fn from_code(code: i32) -> ExitCode {
+        match code {
+            0 => ExitCode::Ok,
+            1 => ExitCode::JobFailed,
+            2 => ExitCode::BadInput,
+            3 => ExitCode::NoResources,
+            4 => ExitCode::Credentials,
+            5 => ExitCode::Interrupted,
+            6 => ExitCode::Leftover,
+            7 => ExitCode::Unreachable,
+            _ => ExitCode::Internal,
+        }
+    }
 }
 
 /// Everything a command can fail with.
@@ -84,6 +105,14 @@ pub enum Error {
         /// Why the teardown failed.
         reason: String,
     },
+    /// The managed-job controller's host could not be reached.
+    #[error("{message}")]
+    Unreachable {
+        /// What failed, with the address.
+        message: String,
+        /// What to check.
+        hint: String,
+    },
     /// Something the user named does not exist.
     #[error("{message}")]
     NotFound {
@@ -118,6 +147,7 @@ impl Error {
             | Error::Provider(e) => provider_exit(e),
             Error::Provision(ProvisionError::State(_)) | Error::Teardown(_) => ExitCode::Internal,
             Error::NotFound { .. } => ExitCode::BadInput,
+            Error::Unreachable { .. } => ExitCode::Unreachable,
             Error::Provision(ProvisionError::Leftover { .. }) | Error::Leftover { .. } => {
                 ExitCode::Leftover
             }
@@ -130,6 +160,7 @@ impl Error {
             Error::Usage { hint: Some(h), .. } | Error::NotFound { hint: Some(h), .. } => {
                 vec![format!("hint: {h}")]
             }
+            Error::Unreachable { hint, .. } => vec![format!("hint: {hint}")],
             Error::State(StateError::Busy { .. }) => vec![
                 "hint: wait for it to finish (`gangway status` shows it), or pick another name with -c"
                     .into(),

@@ -70,103 +70,84 @@ impl Sum {
     }
 }
 
-/// `gangway cost-report`.
+/// `gangway cost-report`: this machine's ledger, and with a hosted
+/// controller its managed jobs' (the host keeps their ledger).
 pub(crate) fn cost_report(a: &CostReportArgs, out: Output) -> Result<ExitCode, Error> {
-    let store = Store::open(&gangway_home()?)?;
-    let to = now_ms();
-    let from = to - i64::from(a.days) * 86_400_000;
-    let rows = store.ledger(from, to)?;
-    let mut clusters: BTreeMap<String, Sum> = BTreeMap::new();
-    let mut jobs: BTreeMap<i64, Sum> = BTreeMap::new();
-    for r in &rows {
-        match r.managed_job {
-            Some(id) => jobs.entry(id).or_default().add(r, from, to),
-            None => clusters
-                .entry(r.cluster.clone())
-                .or_default()
-                .add(r, from, to),
+    let home = gangway_home()?;
+    let store = Store::open(&home)?;
+    let mut report = report(&store, a.days)?;
+    if let Some(h) = super::hosted::Hosted::configured(&home)? {
+        let args: Vec<String> = ["cost-report", "--days", &a.days.to_string(), "-o", "json"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let (code, answer) = h.output(&args, super::hosted::Input::Nothing)?;
+        if code != 0 {
+            return Ok(ExitCode::from_code(code));
         }
+        let remote: serde_json::Value = serde_json::from_slice(&answer).map_err(|e| {
+            Error::usage(
+                format!(
+                    "the controller at {} answered cost-report with something else than JSON: {e}",
+                    h.address()
+                ),
+                None,
+            )
+        })?;
+        for key in ["clusters", "managed_jobs"] {
+            let theirs = remote[key].as_array().cloned().unwrap_or_default();
+            if let Some(ours) = report[key].as_array_mut() {
+                ours.extend(theirs);
+            }
+        }
+        let total =
+            report["total"].as_f64().unwrap_or(0.0) + remote["total"].as_f64().unwrap_or(0.0);
+        report["total"] = json!(total);
+        // An SSH host is yours already: gangway knows no price for it.
+        report["controller"] = json!({ "host": h.address(), "cost": 0.0 });
     }
-    let job_rows: Vec<(i64, Option<ManagedJob>, &Sum)> = jobs
-        .iter()
-        .map(|(id, s)| (*id, store.managed(*id).ok().flatten(), s))
-        .collect();
-    let total: f64 = clusters.values().chain(jobs.values()).map(|s| s.cost).sum();
     if out == Output::Json {
-        let sum_json = |s: &Sum| {
-            json!({
-                "runs": s.runs,
-                "node_hours": s.node_hours,
-                "cost": s.cost,
-                "by_market": s.by_market,
-                "up": s.up,
-                // Each stretch of nodes up: one per run of a managed job.
-                "rows": s.rows,
-            })
-        };
-        let clusters: Vec<serde_json::Value> = clusters
-            .iter()
-            .map(|(name, s)| {
-                let mut v = sum_json(s);
-                v["name"] = json!(name);
-                v
-            })
-            .collect();
-        let jobs: Vec<serde_json::Value> = job_rows
-            .iter()
-            .map(|(id, j, s)| {
-                let mut v = sum_json(s);
-                v["id"] = json!(id);
-                v["name"] = json!(j.as_ref().and_then(|j| j.name.clone()));
-                v["state"] = json!(j.as_ref().map(|j| j.state.to_string()));
-                v
-            })
-            .collect();
-        print_json(&json!({
-            "since": from,
-            "until": to,
-            "days": a.days,
-            "clusters": clusters,
-            "managed_jobs": jobs,
-            // The managed-job controller runs on this machine: it costs
-            // nothing of its own.
-            "controller": { "host": "local", "cost": 0.0 },
-            "total": total,
-        }))?;
+        print_json(&report)?;
         return Ok(ExitCode::Ok);
     }
-    if rows.is_empty() {
+    let list = |k: &str| report[k].as_array().cloned().unwrap_or_default();
+    let (clusters, jobs) = (list("clusters"), list("managed_jobs"));
+    if clusters.is_empty() && jobs.is_empty() {
         println!(
             "Nothing was up in the last {} day(s): no cost recorded.",
             a.days
         );
         return Ok(ExitCode::Ok);
     }
+    let cells = |what: String, state: String, v: &serde_json::Value| {
+        vec![
+            what,
+            state,
+            v["where"].as_str().unwrap_or("-").to_string(),
+            v["runs"].to_string(),
+            format!("{:.2}", v["node_hours"].as_f64().unwrap_or(0.0)),
+            format!("{:.4}", v["cost"].as_f64().unwrap_or(0.0)),
+        ]
+    };
     let mut table_rows: Vec<Vec<String>> = Vec::new();
-    for (name, s) in &clusters {
-        table_rows.push(vec![
-            format!("cluster {name}"),
-            if s.up { "UP" } else { "down" }.into(),
-            s.where_(),
-            s.runs.to_string(),
-            format!("{:.2}", s.node_hours),
-            format!("{:.4}", s.cost),
-        ]);
+    for c in &clusters {
+        let up = if c["up"] == true { "UP" } else { "down" };
+        table_rows.push(cells(
+            format!("cluster {}", c["name"].as_str().unwrap_or("-")),
+            up.into(),
+            c,
+        ));
     }
-    for (id, j, s) in &job_rows {
-        let name = j
-            .as_ref()
-            .and_then(|j| j.name.clone())
+    for j in &jobs {
+        let name = j["name"]
+            .as_str()
             .map(|n| format!(" ({n})"))
             .unwrap_or_default();
-        table_rows.push(vec![
-            format!("job {id}{name}"),
-            j.as_ref().map_or("-".into(), |j| j.state.to_string()),
-            s.where_(),
-            s.runs.to_string(),
-            format!("{:.2}", s.node_hours),
-            format!("{:.4}", s.cost),
-        ]);
+        table_rows.push(cells(
+            format!("job {}{name}", j["id"]),
+            j["state"].as_str().unwrap_or("-").to_string(),
+            j,
+        ));
     }
     table::print(
         &[
@@ -179,9 +160,80 @@ pub(crate) fn cost_report(a: &CostReportArgs, out: Output) -> Result<ExitCode, E
         ],
         &table_rows,
     )?;
+    let controller = match report["controller"]["host"].as_str() {
+        Some("local") | None => {
+            "the managed-job controller runs on this machine (no cost of its own)".to_string()
+        }
+        Some(host) => format!(
+            "the managed-job controller runs on {host} (an SSH host: no price known, shown as $0)"
+        ),
+    };
     println!(
-        "Total ${total:.4} over the last {} day(s), at the plan's prices; the managed-job controller runs on this machine (no cost of its own).",
+        "Total ${:.4} over the last {} day(s), at the plan's prices; {controller}.",
+        report["total"].as_f64().unwrap_or(0.0),
         a.days
     );
     Ok(ExitCode::Ok)
+}
+
+/// This machine's ledger over the last `days`, as `cost-report -o json`
+/// prints it.
+fn report(store: &Store, days: u32) -> Result<serde_json::Value, Error> {
+    let to = now_ms();
+    let from = to - i64::from(days) * 86_400_000;
+    let rows = store.ledger(from, to)?;
+    let mut clusters: BTreeMap<String, Sum> = BTreeMap::new();
+    let mut jobs: BTreeMap<i64, Sum> = BTreeMap::new();
+    for r in &rows {
+        match r.managed_job {
+            Some(id) => jobs.entry(id).or_default().add(r, from, to),
+            None => clusters
+                .entry(r.cluster.clone())
+                .or_default()
+                .add(r, from, to),
+        }
+    }
+    let total: f64 = clusters.values().chain(jobs.values()).map(|s| s.cost).sum();
+    let sum_json = |s: &Sum| {
+        json!({
+            "runs": s.runs,
+            "node_hours": s.node_hours,
+            "cost": s.cost,
+            "by_market": s.by_market,
+            "up": s.up,
+            "where": s.where_(),
+            // Each stretch of nodes up: one per run of a managed job.
+            "rows": s.rows,
+        })
+    };
+    let clusters: Vec<serde_json::Value> = clusters
+        .iter()
+        .map(|(name, s)| {
+            let mut v = sum_json(s);
+            v["name"] = json!(name);
+            v
+        })
+        .collect();
+    let jobs: Vec<serde_json::Value> = jobs
+        .iter()
+        .map(|(id, s)| {
+            let j: Option<ManagedJob> = store.managed(*id).ok().flatten();
+            let mut v = sum_json(s);
+            v["id"] = json!(id);
+            v["name"] = json!(j.as_ref().and_then(|j| j.name.clone()));
+            v["state"] = json!(j.as_ref().map(|j| j.state.to_string()));
+            v
+        })
+        .collect();
+    Ok(json!({
+        "since": from,
+        "until": to,
+        "days": days,
+        "clusters": clusters,
+        "managed_jobs": jobs,
+        // The managed-job controller runs on this machine: it costs
+        // nothing of its own.
+        "controller": { "host": "local", "cost": 0.0 },
+        "total": total,
+    }))
 }

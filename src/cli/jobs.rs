@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use serde_json::json;
 
+use super::hosted::{Hosted, Input, HOSTED_ENV};
 use super::launch::{gangway_home, job_spec, secrets_of};
 use super::{interrupts, print_json, table, Output, TaskArgs};
 use crate::jobs::controller::{controller_paths, Controller, Until};
@@ -29,6 +30,15 @@ pub(crate) enum JobsCommand {
     Cancel(JobsCancelArgs),
     /// Every transition of a managed job, with time, placement and reason.
     Events {
+        /// Job id.
+        id: i64,
+    },
+    /// Internal, on a controller host: registers the job read from stdin.
+    #[command(name = "__submit", hide = true)]
+    Submit,
+    /// Internal, on a controller host: follows a job as `jobs launch` does.
+    #[command(name = "__follow", hide = true)]
+    Follow {
         /// Job id.
         id: i64,
     },
@@ -84,8 +94,21 @@ pub(crate) fn run(
     catalog: Option<&Path>,
     out: Output,
 ) -> Result<ExitCode, Error> {
+    if !matches!(cmd, JobsCommand::Launch(_)) {
+        if let Some(h) = Hosted::configured(&gangway_home()?)? {
+            return hosted(&h, &cmd, out);
+        }
+    }
     match cmd {
         JobsCommand::Launch(a) => launch(&a, catalog, out),
+        JobsCommand::Submit => submit(out),
+        JobsCommand::Follow { id } => {
+            let (home, store) = open()?;
+            managed(&store, id)?;
+            ensure_controller(&home)?;
+            let state = follow(&store, id, out != Output::Json, false)?;
+            finish_output(&store, id, state, out)
+        }
         JobsCommand::Queue => queue(out),
         JobsCommand::Logs(a) => logs(&a),
         JobsCommand::Cancel(a) => cancel(&a, out),
@@ -107,17 +130,29 @@ fn managed(store: &Store, id: i64) -> Result<ManagedJob, Error> {
 }
 
 /// Starts a detached controller unless one runs already.
+///
+/// On a controller host the supervisor is started instead, which keeps a
+/// controller running (restarting it when it dies) while any job needs one.
 pub(crate) fn ensure_controller(home: &Path) -> Result<(), Error> {
-    let (lock, _) = controller_paths(home);
+    let supervised = std::env::var_os(HOSTED_ENV).is_some();
+    let (lock, _) = if supervised {
+        (supervisor_lock(home), PathBuf::new())
+    } else {
+        controller_paths(home)
+    };
     if OwnerLock::is_held(&lock) {
         return Ok(());
     }
     let mut cmd = std::process::Command::new(std::env::current_exe()?);
-    cmd.arg("__jobs-controller")
-        .env("GANGWAY_HOME", home)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
+    cmd.arg(if supervised {
+        "__controller-supervisor"
+    } else {
+        "__jobs-controller"
+    })
+    .env("GANGWAY_HOME", home)
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null());
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     cmd.spawn()?;
     Ok(())
@@ -140,6 +175,319 @@ pub(crate) fn controller_main() -> Result<ExitCode, Error> {
             return Ok(ExitCode::Ok);
         }
     }
+}
+
+/// The supervisor's lock on a controller host.
+fn supervisor_lock(home: &Path) -> PathBuf {
+    home.join("locks").join("supervisor.lock")
+}
+
+/// A line in the controller's log, as the controller writes them.
+fn log_line(home: &Path, line: &str) {
+    let (_, log) = controller_paths(home);
+    if let Some(d) = log.parent() {
+        let _ = std::fs::create_dir_all(d);
+    }
+    if let Ok(mut f) = std::fs::File::options().create(true).append(true).open(log) {
+        let _ = writeln!(f, "{} {line}", now_ms());
+    }
+}
+
+/// How long a controller host's supervisor waits with no job before it
+/// ends (`GANGWAY_CONTROLLER_IDLE_SECONDS`, default 10 minutes); the next
+/// `gangway jobs` command starts it again.
+fn supervisor_idle() -> Duration {
+    Duration::from_secs(
+        std::env::var("GANGWAY_CONTROLLER_IDLE_SECONDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(600),
+    )
+}
+
+/// `gangway __controller-supervisor`, on a controller host: keeps one
+/// controller running while any job needs one, starting it again when it
+/// dies (killed, crashed, the host's OOM killer) within a second, without
+/// waiting for anyone's command; ends after [`supervisor_idle`] with none.
+/// One per `$GANGWAY_HOME` (a lock).
+pub(crate) fn supervisor_main() -> Result<ExitCode, Error> {
+    let home = gangway_home()?;
+    let Some(_lock) = OwnerLock::try_acquire(&supervisor_lock(&home))? else {
+        return Ok(ExitCode::Ok);
+    };
+    let (controller_lock, _) = controller_paths(&home);
+    let store = Store::open(&home)?;
+    let exe = std::env::current_exe()?;
+    log_line(&home, &format!("supervisor {} started", std::process::id()));
+    let mut idle_since = std::time::Instant::now();
+    let mut quick_deaths = 0u32;
+    loop {
+        if !needs_controller(&store)? {
+            if idle_since.elapsed() >= supervisor_idle() {
+                log_line(
+                    &home,
+                    "supervisor: no managed job needs a controller; ending",
+                );
+                return Ok(ExitCode::Ok);
+            }
+            std::thread::sleep(Duration::from_millis(500));
+            continue;
+        }
+        idle_since = std::time::Instant::now();
+        if OwnerLock::is_held(&controller_lock) {
+            // One started before this supervisor: watched until it ends.
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        }
+        let started = std::time::Instant::now();
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.arg("__jobs-controller")
+            .env("GANGWAY_HOME", &home)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let status = cmd.spawn()?.wait()?;
+        if status.success() {
+            quick_deaths = 0;
+            continue;
+        }
+        // Killed or failed: again at once, then backing off to 30 s when it
+        // keeps dying young (a broken host should not spin).
+        quick_deaths = if started.elapsed() < Duration::from_secs(10) {
+            quick_deaths + 1
+        } else {
+            0
+        };
+        let wait =
+            Duration::from_millis(500 * 2u64.pow(quick_deaths.min(6))).min(Duration::from_secs(30));
+        log_line(
+            &home,
+            &format!("supervisor: the controller ended ({status}); starting it again in {wait:?}"),
+        );
+        std::thread::sleep(wait);
+    }
+}
+
+/// `gangway __controller-stop`, on a controller host, by a binary replacing
+/// another: stops the supervisor, then the controller, whatever version
+/// runs them (by their locks' holders, checked to be gangway's processes
+/// of this home), and waits until both locks are free.
+pub(crate) fn controller_stop_main() -> Result<ExitCode, Error> {
+    let home = gangway_home()?;
+    let (controller_lock, _) = controller_paths(&home);
+    for (lock, what) in [
+        (supervisor_lock(&home), "__controller-supervisor"),
+        (controller_lock, "__jobs-controller"),
+    ] {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while OwnerLock::is_held(&lock) {
+            let pid = OwnerLock::holder(&lock).filter(|p| {
+                // `ps`, not /proc: the same binary runs on macOS.
+                std::process::Command::new("ps")
+                    .args(["-o", "command=", "-p", &p.to_string()])
+                    .output()
+                    .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(what))
+            });
+            if let Some(pid) = pid {
+                let sig = if deadline.saturating_duration_since(std::time::Instant::now())
+                    < Duration::from_secs(10)
+                {
+                    libc::SIGKILL
+                } else {
+                    libc::SIGTERM
+                };
+                // SAFETY: a plain kill(2) of a process this user runs.
+                unsafe { libc::kill(pid as libc::pid_t, sig) };
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(Error::usage(
+                    format!("{} is still held after 20 s", lock.display()),
+                    Some("stop the old gangway controller on this host by hand"),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    log_line(&home, "controller stopped for a new gangway binary");
+    Ok(ExitCode::Ok)
+}
+
+/// `gangway jobs __submit`, on a controller host: registers the job the
+/// laptop sends on stdin and starts the controller; prints `{"job_id": N}`.
+fn submit(out: Output) -> Result<ExitCode, Error> {
+    let _ = out;
+    let mut body = Vec::new();
+    std::io::stdin().read_to_end(&mut body)?;
+    let sub: Submission = serde_json::from_slice(&body)
+        .map_err(|e| Error::usage(format!("the job sent to this controller host is not readable: {e}"), Some("the laptop's and the host's gangway must be the same version; run the command again")))?;
+    let (home, store) = open()?;
+    let id = register(&store, sub, None)?;
+    ensure_controller(&home)?;
+    print_json(&json!({ "job_id": id }))?;
+    Ok(ExitCode::Ok)
+}
+
+/// Whether our stdout is a pipe or socket whose reader has gone (the
+/// laptop that followed a job over SSH disconnected).
+fn stdout_gone() -> bool {
+    let mut p = libc::pollfd {
+        fd: 1,
+        events: 0,
+        revents: 0,
+    };
+    // SAFETY: one pollfd, no wait.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLERR | libc::POLLHUP) != 0
+}
+
+/// `jobs queue|logs|events|cancel` with a hosted controller: the same
+/// command, run there.
+fn hosted(h: &Hosted, cmd: &JobsCommand, out: Output) -> Result<ExitCode, Error> {
+    let mut args: Vec<String> = vec!["jobs".into()];
+    let follows = match cmd {
+        JobsCommand::Launch(_) => unreachable!("launch is handled apart"),
+        JobsCommand::Queue => {
+            args.push("queue".into());
+            false
+        }
+        JobsCommand::Logs(a) => {
+            args.extend(["logs".into(), a.id.to_string()]);
+            if a.follow {
+                args.push("--follow".into());
+            }
+            if a.controller {
+                args.push("--controller".into());
+            }
+            a.follow
+        }
+        JobsCommand::Cancel(a) => {
+            args.push("cancel".into());
+            args.extend(a.ids.iter().map(i64::to_string));
+            if a.all {
+                args.push("--all".into());
+            }
+            false
+        }
+        JobsCommand::Events { id } => {
+            args.extend(["events".into(), id.to_string()]);
+            false
+        }
+        JobsCommand::Submit | JobsCommand::Follow { .. } => {
+            return Err(Error::usage(
+                "this command is for a controller host, not for a machine that uses one",
+                None,
+            ))
+        }
+    };
+    if out == Output::Json {
+        args.extend(["-o".into(), "json".into()]);
+    }
+    run_following(h, &args, follows, None)
+}
+
+/// Runs `args` on the controller host; when `follows`, Ctrl-C stops the
+/// following (the job goes on) instead of failing.
+fn run_following(
+    h: &Hosted,
+    args: &[String],
+    follows: bool,
+    id: Option<i64>,
+) -> Result<ExitCode, Error> {
+    if follows {
+        interrupts::install();
+    }
+    let start = interrupts::count();
+    let result = h.run(args, Input::Nothing);
+    if follows && interrupts::count() > start {
+        eprintln!(
+            "gangway: stopped following; {} keeps running on the controller at {}",
+            id.map_or("the managed job".to_string(), |i| format!(
+                "managed job {i}"
+            )),
+            h.address()
+        );
+        return Ok(ExitCode::Ok);
+    }
+    Ok(ExitCode::from_code(result?))
+}
+
+/// `jobs launch` with a hosted controller: the task is read, checked and
+/// staged here (the workdir into jobs.bucket), handed to the host over the
+/// connection's stdin, and followed there unless `--detach`.
+fn launch_hosted(
+    h: &Hosted,
+    a: &JobsLaunchArgs,
+    catalog: Option<&Path>,
+    store: &Store,
+    out: Output,
+) -> Result<ExitCode, Error> {
+    if let Some(dir) = catalog {
+        return Err(Error::usage(
+            format!(
+                "--catalog {} is a directory on this machine; the controller at {} plans with its own catalog",
+                dir.display(),
+                h.address()
+            ),
+            Some("run `gangway catalog refresh` on the controller host, or unset GANGWAY_CATALOG_DIR"),
+        ));
+    }
+    let pending = pending_owner();
+    let sub = prepare(a, None, store, &pending, Some(&h.address()))?;
+    let job_files = sub.task.job_files.clone();
+    let undo = || {
+        crate::storage::remove_buckets_now(store, &pending);
+        if let Some(url) = &job_files {
+            if let Ok(rt) = crate::cli::launch::runtime() {
+                let _ = rt.block_on(crate::storage::remove_job_files(url));
+            }
+        }
+    };
+    let body = serde_json::to_vec(&sub).map_err(std::io::Error::from)?;
+    let (code, answer) = match h.output(&["jobs".into(), "__submit".into()], Input::Bytes(&body)) {
+        Ok(r) => r,
+        Err(e) => {
+            undo();
+            return Err(e);
+        }
+    };
+    let id = (code == 0)
+        .then(|| serde_json::from_slice::<serde_json::Value>(&answer).ok())
+        .flatten()
+        .and_then(|v| v["job_id"].as_i64());
+    let Some(id) = id else {
+        undo();
+        // The host said why on stderr.
+        return Ok(if code == 0 {
+            ExitCode::Internal
+        } else {
+            ExitCode::from_code(code)
+        });
+    };
+    // The buckets are the host's to delete now.
+    for b in store.buckets_of(&pending)? {
+        store.forget_bucket(&b.url)?;
+    }
+    if a.detach {
+        if out == Output::Json {
+            print_json(&json!({ "job_id": id, "state": "PENDING", "controller": h.address() }))?;
+        } else {
+            eprintln!(
+                "Managed job {id} submitted to the controller at {}; `gangway jobs logs {id} --follow` follows it",
+                h.address()
+            );
+        }
+        return Ok(ExitCode::Ok);
+    }
+    eprintln!(
+        "Managed job {id} submitted to the controller at {} (Ctrl-C stops following, not the job)",
+        h.address()
+    );
+    let mut args = vec!["jobs".into(), "__follow".into(), id.to_string()];
+    if out == Output::Json {
+        args.extend(["-o".into(), "json".into()]);
+    }
+    run_following(h, &args, true, Some(id))
 }
 
 /// `checkpoint.storage`: a local directory (default: the job's own), or a
@@ -166,52 +514,151 @@ fn checkpoint_storage(
     }
 }
 
-fn launch(a: &JobsLaunchArgs, catalog: Option<&Path>, out: Output) -> Result<ExitCode, Error> {
+/// A managed job ready for a controller: everything but its id, as the
+/// laptop sends it to a hosted controller (over the SSH connection's
+/// stdin: secrets included, never on a command line).
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(crate) struct Submission {
+    /// `--name`, or the task's.
+    name: Option<String>,
+    /// The task file with literal secret values taken out.
+    task_text: String,
+    /// The job; `task_file`, and `storage` where `own_storage`, are placed
+    /// by the side that registers it.
+    task: ManagedTask,
+    /// Whether the checkpoints go to the job's own directory.
+    own_storage: bool,
+    /// The task's secrets, for its recoveries.
+    secrets: Vec<(String, String)>,
+    /// Buckets made for the job (URL, persistent): the job's end deletes
+    /// the others.
+    buckets: Vec<(String, bool)>,
+}
+
+/// Reads, checks and stages a task for `jobs launch`: buckets it makes are
+/// recorded in `store` under `pending` until the job is registered.
+fn prepare(
+    a: &JobsLaunchArgs,
+    catalog: Option<&Path>,
+    store: &Store,
+    pending: &str,
+    hosted: Option<&str>,
+) -> Result<Submission, Error> {
     let task = a.task.load()?;
     super::plan::require_values(&task, &a.task.task)?;
     let mut spec = job_spec(&task, &a.task.task, true, false)?;
     crate::storage::preflight_now(&task, &a.task.task, &spec.bucket_mounts)?;
     // With jobs.bucket, the workdir and local file mounts go to the store
     // once, now: recoveries fetch them from there, not from this machine.
-    let job_files = match crate::config::jobs_bucket(&task, &gangway_home()?)? {
-        Some(b) if spec.workdir.is_some() || !spec.file_mounts.is_empty() => {
+    let local_files = spec.workdir.is_some() || !spec.file_mounts.is_empty();
+    let job_files = match crate::config::jobs_bucket(&task, store.home())? {
+        Some(b) if local_files => {
             let tag = format!("{}-{}", crate::state::now_ms(), std::process::id());
             Some(
                 crate::cli::launch::runtime()?
                     .block_on(crate::storage::stage_job_files(&b, &mut spec, &tag))?,
             )
         }
+        None if local_files && hosted.is_some() => {
+            return Err(Error::usage(
+                format!(
+                    "{}: the job has a workdir or local file mounts, and its controller runs on {} where this machine's files are not",
+                    a.task.task.display(),
+                    hosted.unwrap_or_default()
+                ),
+                Some("set jobs.bucket (config.yaml or the task's config:) to a bucket: the files go there once and every recovery fetches them from it"),
+            ));
+        }
         _ => None,
     };
     let secrets = secrets_of(&task);
     // The copy recoveries plan from, with literal secret values taken out
-    // (they are in secrets.json below, owner-only, until the job ends).
+    // (they are in secrets.json, owner-only, until the job ends).
     let text = std::fs::read_to_string(&a.task.task)?;
     let redacted = crate::spec::redact_secrets(&text, &a.task.task.display().to_string())
         .map_err(|e| Error::usage(e.to_string(), None))?;
-    let (home, store) = open()?;
     // Buckets the task names and lacks are made now, once: recoveries
     // reuse them. Held under a placeholder owner until the job has an id.
-    let pending = format!(
-        "job:pending-{}-{}",
-        std::process::id(),
-        crate::state::now_ms()
-    );
     if let Err(e) =
-        crate::storage::make_buckets_now(&task, &a.task.task, &spec.bucket_mounts, &store, &pending)
+        crate::storage::make_buckets_now(&task, &a.task.task, &spec.bucket_mounts, store, pending)
     {
-        crate::storage::remove_buckets_now(&store, &pending);
+        crate::storage::remove_buckets_now(store, pending);
         return Err(e);
     }
-    let name = a.name.clone().or_else(|| task.name.clone());
+    let ck = task.checkpoint.clone().unwrap_or_default();
+    let (storage, storage_url) = checkpoint_storage(&task, &a.task.task, PathBuf::new())?;
+    let own_storage = storage.as_os_str().is_empty();
+    if own_storage && storage_url.is_none() && task.checkpoint.is_some() {
+        if let Some(host) = hosted {
+            eprintln!(
+                "gangway: the checkpoints are kept on the controller host {host}; \
+                 checkpoint.storage: s3://... or gs://... keeps them in a bucket the nodes write themselves"
+            );
+        }
+    }
+    let recovery = task.resources.job_recovery.clone();
+    let buckets = store
+        .buckets_of(pending)?
+        .into_iter()
+        .map(|b| (b.url, b.persistent))
+        .collect();
+    Ok(Submission {
+        name: a.name.clone().or_else(|| task.name.clone()),
+        task_text: redacted,
+        own_storage,
+        secrets,
+        buckets,
+        task: ManagedTask {
+            task_file: PathBuf::new(),
+            task_path: a.task.task.display().to_string(),
+            overrides: a.task.overrides(),
+            // Absolute: the controller runs elsewhere in the file system.
+            catalog_dir: catalog
+                .map(|d| std::path::absolute(d).unwrap_or_else(|_| d.to_path_buf())),
+            spec,
+            storage,
+            storage_url,
+            job_files,
+            keep: ck.keep,
+            sync_interval_s: ck.sync_interval_s as f64,
+            signal: signal_number(&ck.signal),
+            grace_s: ck.grace_s as f64,
+            strategy: recovery
+                .as_ref()
+                .and_then(|r| r.strategy.clone())
+                .unwrap_or_else(|| "EAGER_NEXT_REGION".into()),
+            max_restarts_on_errors: recovery.as_ref().map_or(0, |r| r.max_restarts_on_errors),
+            recover_on_exit_codes: recovery
+                .as_ref()
+                .map(|r| r.recover_on_exit_codes.clone())
+                .unwrap_or_default(),
+            deadline_s: task.deadline_s.map(|d| d as f64),
+            work_s: task.deadline_work_s.map(|w| w as f64),
+            policy: task.deadline_policy.clone(),
+        },
+    })
+}
+
+/// Gives a prepared job an id in `store`: its directory, the redacted task,
+/// its secrets (owner-only) and its buckets (those under `pending` in this
+/// store, or the submission's list).
+fn register(store: &Store, sub: Submission, pending: Option<&str>) -> Result<i64, Error> {
     let placeholder = "{}";
-    let job = store.add_managed(name.as_deref(), placeholder)?;
-    store.move_buckets(&pending, &format!("job:{}", job.id))?;
+    let job = store.add_managed(sub.name.as_deref(), placeholder)?;
+    let owner = format!("job:{}", job.id);
+    match pending {
+        Some(p) => store.move_buckets(p, &owner)?,
+        None => {
+            for (url, persistent) in &sub.buckets {
+                store.add_bucket(url, &owner, *persistent)?;
+            }
+        }
+    }
     let dir = store.managed_dir(job.id);
     std::fs::create_dir_all(&dir)?;
     let task_file = dir.join("task.yaml");
-    std::fs::write(&task_file, redacted)?;
-    if !secrets.is_empty() {
+    std::fs::write(&task_file, &sub.task_text)?;
+    if !sub.secrets.is_empty() {
         // Kept only so a recovery can hand them to the new nodes; owner-only,
         // removed when the job ends.
         let mut f = std::fs::File::options()
@@ -221,44 +668,37 @@ fn launch(a: &JobsLaunchArgs, catalog: Option<&Path>, out: Output) -> Result<Exi
             .mode(0o600)
             .open(dir.join("secrets.json"))?;
         f.write_all(
-            serde_json::to_string(&secrets)
+            serde_json::to_string(&sub.secrets)
                 .map_err(std::io::Error::from)?
                 .as_bytes(),
         )?;
     }
-    let ck = task.checkpoint.clone().unwrap_or_default();
-    let (storage, storage_url) = checkpoint_storage(&task, &a.task.task, dir.join("checkpoint"))?;
-    let recovery = task.resources.job_recovery.clone();
-    let mt = ManagedTask {
-        task_file,
-        task_path: a.task.task.display().to_string(),
-        overrides: a.task.overrides(),
-        // Absolute: the controller runs elsewhere in the file system.
-        catalog_dir: catalog.map(|d| std::path::absolute(d).unwrap_or_else(|_| d.to_path_buf())),
-        spec,
-        storage,
-        storage_url,
-        job_files,
-        keep: ck.keep,
-        sync_interval_s: ck.sync_interval_s as f64,
-        signal: signal_number(&ck.signal),
-        grace_s: ck.grace_s as f64,
-        strategy: recovery
-            .as_ref()
-            .and_then(|r| r.strategy.clone())
-            .unwrap_or_else(|| "EAGER_NEXT_REGION".into()),
-        max_restarts_on_errors: recovery.as_ref().map_or(0, |r| r.max_restarts_on_errors),
-        recover_on_exit_codes: recovery
-            .as_ref()
-            .map(|r| r.recover_on_exit_codes.clone())
-            .unwrap_or_default(),
-        deadline_s: task.deadline_s.map(|d| d as f64),
-        work_s: task.deadline_work_s.map(|w| w as f64),
-        policy: task.deadline_policy.clone(),
-    };
+    let mut mt = sub.task;
+    mt.task_file = task_file;
+    if sub.own_storage {
+        mt.storage = dir.join("checkpoint");
+    }
     let text = serde_json::to_string(&mt).map_err(std::io::Error::from)?;
     store.set_managed_task(job.id, &text)?;
-    let id = job.id;
+    Ok(job.id)
+}
+
+fn pending_owner() -> String {
+    format!(
+        "job:pending-{}-{}",
+        std::process::id(),
+        crate::state::now_ms()
+    )
+}
+
+fn launch(a: &JobsLaunchArgs, catalog: Option<&Path>, out: Output) -> Result<ExitCode, Error> {
+    let (home, store) = open()?;
+    if let Some(h) = Hosted::configured(&home)? {
+        return launch_hosted(&h, a, catalog, &store, out);
+    }
+    let pending = pending_owner();
+    let sub = prepare(a, catalog, &store, &pending, None)?;
+    let id = register(&store, sub, Some(&pending))?;
     if a.wait {
         // The controller in this process, the follower beside it.
         let home2 = home.clone();
@@ -427,6 +867,10 @@ fn follow(store: &Store, id: i64, print: bool, wait: bool) -> Result<ManagedStat
             }
         }
         if job.state.is_terminal() {
+            return Ok(job.state);
+        }
+        if std::env::var_os(HOSTED_ENV).is_some() && stdout_gone() {
+            // Followed over SSH by a laptop that has gone: the job goes on.
             return Ok(job.state);
         }
         if !wait && interrupts::count() > start {

@@ -7,6 +7,7 @@ mod check;
 mod cluster;
 mod cost;
 mod gpus;
+mod hosted;
 mod interrupts;
 mod jobs;
 pub(crate) mod launch;
@@ -116,6 +117,12 @@ pub(crate) enum Command {
     /// Internal: the managed-job controller (started on demand).
     #[command(name = "__jobs-controller", hide = true)]
     JobsController,
+    /// Internal, on a controller host: keeps the controller running.
+    #[command(name = "__controller-supervisor", hide = true)]
+    ControllerSupervisor,
+    /// Internal, on a controller host: stops its supervisor and controller.
+    #[command(name = "__controller-stop", hide = true)]
+    ControllerStop,
     /// Internal: wait for a cluster to be idle, then stop it.
     #[command(name = "__autostop", hide = true)]
     AutostopWatch {
@@ -194,6 +201,8 @@ pub fn run(cli: Cli) -> Result<ExitCode, Error> {
         Command::AutostopWatch { cluster } => cluster::autostop_watch(&cluster),
         Command::Jobs { action } => jobs::run(action, cli.catalog.as_deref(), out),
         Command::JobsController => jobs::controller_main(),
+        Command::ControllerSupervisor => jobs::supervisor_main(),
+        Command::ControllerStop => jobs::controller_stop_main(),
         Command::Check(a) => check::check(&a, out),
         Command::CostReport(a) => cost::cost_report(&a, out),
     }

@@ -117,10 +117,12 @@ pub(crate) async fn node_env(
 
 /// The variable that tells a node when `remote`'s credentials expire (Unix
 /// seconds), as [`gangway_store::Bucket::node_env`] spells it.
+#[cfg(feature = "aws")]
 fn expires_var(remote: &str) -> String {
     format!("GW_EXPIRES_{}", remote.to_ascii_uppercase())
 }
 
+#[cfg(feature = "aws")]
 fn unix_seconds(t: std::time::SystemTime) -> u64 {
     t.duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())

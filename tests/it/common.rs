@@ -553,6 +553,18 @@ impl Drop for TestHome {
         loop {
             let mut left = procs_with_marker(&self.marker);
             left.extend(procs_with_env(&home_entry));
+            // An ssh master kept open for the next command (a hosted
+            // controller's connection) has no next command here.
+            left.retain(|pid| {
+                let ssh = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .is_ok_and(|c| c.trim() == "ssh");
+                if ssh {
+                    // SAFETY: kill(2) of an ssh this test's gangway started
+                    // (it carries the test's GANGWAY_HOME).
+                    unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+                }
+                !ssh
+            });
             if left.is_empty() {
                 break;
             }

@@ -22,7 +22,7 @@ pub(crate) fn managed(home: &TestHome, id: i64) -> Value {
         .unwrap_or_else(|| panic!("no managed job {id}: {out}"))
 }
 
-fn wait_ended(home: &TestHome, id: i64) -> Value {
+pub(crate) fn wait_ended(home: &TestHome, id: i64) -> Value {
     wait_for("the managed job to end", DEADLINE, || {
         let j = managed(home, id);
         match j["state"].as_str() {
@@ -36,14 +36,19 @@ fn wait_ended(home: &TestHome, id: i64) -> Value {
 
 /// Watches the local cloud's instance records in the background and
 /// remembers the most nodes seen at once.
-struct CloudWatch {
+pub(crate) struct CloudWatch {
     stop: Arc<AtomicBool>,
     handle: Option<std::thread::JoinHandle<(usize, BTreeSet<String>)>>,
 }
 
 impl CloudWatch {
     fn start(home: &TestHome) -> CloudWatch {
-        let dir = home.path().join("local/instances");
+        CloudWatch::start_at(home.path())
+    }
+
+    /// Watches the local cloud of the gangway home at `home`.
+    pub(crate) fn start_at(home: &std::path::Path) -> CloudWatch {
+        let dir = home.join("local/instances");
         let stop = Arc::new(AtomicBool::new(false));
         let s = Arc::clone(&stop);
         let handle = std::thread::spawn(move || {
@@ -73,7 +78,7 @@ impl CloudWatch {
         }
     }
 
-    fn finish(mut self) -> (usize, BTreeSet<String>) {
+    pub(crate) fn finish(mut self) -> (usize, BTreeSet<String>) {
         self.stop.store(true, Ordering::SeqCst);
         self.handle.take().unwrap().join().unwrap()
     }
@@ -177,7 +182,7 @@ fn a_spot_job_survives_three_preemptions_and_finishes_exactly() {
 /// The cost ledger of managed job 1 after `preemptions` recoveries: one
 /// row per run (spot, the job's 2 nodes, closed, one after another), and
 /// the cost `jobs queue` and `cost-report` give is exactly their sum.
-fn check_ledger(home: &TestHome, job: &Value, preemptions: usize) {
+pub(crate) fn check_ledger(home: &TestHome, job: &Value, preemptions: usize) {
     let (code, out, err) = parts(&home.run(["cost-report", "-o", "json"]));
     assert_eq!(code, 0, "{err}");
     let report = json_doc(&out);

@@ -11,6 +11,7 @@ mod common;
 mod compat;
 mod docs;
 mod gcp;
+mod hosted;
 mod imds;
 mod jobs;
 mod k8s_harness;

@@ -1,0 +1,621 @@
+//! A managed-job controller on another machine: `jobs.controller` names an
+//! SSH host, and every `gangway jobs` command runs there, in gangway's own
+//! binary, over one SSH master connection kept open between commands.
+//!
+//! The host keeps everything under `~/.gangway-controller`: `bin/gangway`
+//! (this machine's own binary when the platforms match, else the build
+//! `jobs.controller_binary` names), `bin/stamp` (the SHA-256 of the laptop
+//! binary it stands for) and `home/` (its `GANGWAY_HOME`: the state
+//! database, job logs, checkpoints kept there). Each command is one `ssh`
+//! whose remote shell first compares the stamp with this binary's hash:
+//! a mismatch answers [`INSTALL_EXIT`] and the platform, and this side
+//! installs (replacing the old binary and stopping its controller, never
+//! running two versions on one state) and runs the command again. Nothing
+//! of the job is decided here: the host's answer is printed as it comes.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+use crate::Error;
+
+/// What the host's shell exits with when its binary is not this one's.
+const INSTALL_EXIT: i32 = 97;
+/// The line it prints then, followed by `uname -s` and `uname -m`.
+const INSTALL_MARK: &str = "gangway-controller-install-needed";
+/// What `ssh` exits with when it could not connect or log in.
+const SSH_FAILED: i32 = 255;
+/// The environment variable that tells a gangway it is the hosted one.
+pub(crate) const HOSTED_ENV: &str = "GANGWAY_HOSTED_CONTROLLER";
+/// `jobs.controller`'s value for "on this machine" (the default): a
+/// place, not a provider, though the local cloud shares the word.
+const THIS_MACHINE: &str = "local";
+/// The controller host given in the environment, over config.yaml.
+const CONTROLLER_ENV: &str = "GANGWAY_JOBS_CONTROLLER";
+
+/// An SSH host the controller runs on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Host {
+    /// Name or address.
+    pub(crate) host: String,
+    /// Login user (`ssh`'s default when `None`).
+    pub(crate) user: Option<String>,
+    /// Port (22 when `None`).
+    pub(crate) port: Option<u16>,
+    /// Private key (your ssh agent and configuration when `None`).
+    pub(crate) identity_file: Option<PathBuf>,
+    /// A gangway build for the host's platform, when it is not this
+    /// machine's (a macOS laptop driving a Linux host).
+    pub(crate) binary: Option<PathBuf>,
+}
+
+impl Host {
+    /// `user@host:port`, as messages name it.
+    pub(crate) fn address(&self) -> String {
+        let mut s = String::new();
+        if let Some(u) = &self.user {
+            s.push_str(u);
+            s.push('@');
+        }
+        s.push_str(&self.host);
+        if let Some(p) = self.port {
+            s.push_str(&format!(":{p}"));
+        }
+        s
+    }
+
+    /// `[user@]host[:port]`.
+    fn parse_address(text: &str) -> Option<Host> {
+        let text = text.trim();
+        let (user, rest) = match text.split_once('@') {
+            Some((u, r)) if !u.is_empty() => (Some(u.to_string()), r),
+            Some(_) => return None,
+            None => (None, text),
+        };
+        let (host, port) = match rest.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p.parse::<u16>().ok()?)),
+            None => (rest, None),
+        };
+        if host.is_empty() || host.contains(char::is_whitespace) || host.starts_with('-') {
+            return None;
+        }
+        Some(Host {
+            host: host.to_string(),
+            user,
+            port,
+            identity_file: None,
+            binary: None,
+        })
+    }
+}
+
+/// `jobs.controller` from the environment or `$GANGWAY_HOME/config.yaml`:
+/// `None` for `local` (the default) and on the hosted side itself.
+pub(crate) fn configured(home: &Path) -> Result<Option<Host>, Error> {
+    if std::env::var_os(HOSTED_ENV).is_some() {
+        return Ok(None);
+    }
+    let bad = |what: String| {
+        Error::usage(
+            what,
+            Some(
+                "write jobs: {controller: local} or jobs: {controller: user@host:port}, or \
+                 jobs: {controller: {host: H, user: U, port: P, identity_file: KEY}}",
+            ),
+        )
+    };
+    let config = crate::config::user_config(home)?;
+    let section = config
+        .as_ref()
+        .map(|c| c["jobs"].clone())
+        .unwrap_or(Value::Null);
+    let from_env = std::env::var(CONTROLLER_ENV)
+        .ok()
+        .filter(|v| !v.trim().is_empty());
+    let value = match (&from_env, &section["controller"]) {
+        (Some(v), _) => Value::String(v.clone()),
+        (None, v) => v.clone(),
+    };
+    let origin = if from_env.is_some() {
+        CONTROLLER_ENV.to_string()
+    } else {
+        format!("{}: jobs.controller", home.join("config.yaml").display())
+    };
+    let mut host = match &value {
+        Value::Null => return Ok(None),
+        Value::String(s) if s.trim() == THIS_MACHINE => return Ok(None),
+        Value::String(s) => Host::parse_address(s)
+            .ok_or_else(|| bad(format!("{origin}: '{s}' is not local or user@host[:port]")))?,
+        Value::Object(m) => {
+            for k in m.keys() {
+                if !["host", "user", "port", "identity_file"].contains(&k.as_str()) {
+                    return Err(bad(format!("{origin}: unknown key '{k}'")));
+                }
+            }
+            let host = m["host"]
+                .as_str()
+                .and_then(Host::parse_address)
+                .ok_or_else(|| bad(format!("{origin}.host: a host name or address is needed")))?;
+            let port = match &m.get("port") {
+                None => host.port,
+                Some(p) => Some(
+                    p.as_u64()
+                        .and_then(|p| u16::try_from(p).ok())
+                        .ok_or_else(|| bad(format!("{origin}.port: {p} is not a port")))?,
+                ),
+            };
+            Host {
+                user: m.get("user").and_then(Value::as_str).map(str::to_string),
+                port,
+                identity_file: m
+                    .get("identity_file")
+                    .and_then(Value::as_str)
+                    .map(expand_home),
+                ..host
+            }
+        }
+        other => return Err(bad(format!("{origin}: {other} is not a host"))),
+    };
+    host.binary = section["controller_binary"].as_str().map(expand_home);
+    Ok(Some(host))
+}
+
+fn expand_home(p: &str) -> PathBuf {
+    match (p.strip_prefix("~/"), std::env::var_os("HOME")) {
+        (Some(rest), Some(h)) => PathBuf::from(h).join(rest),
+        _ => PathBuf::from(p),
+    }
+}
+
+/// Quotes a word for the remote POSIX shell.
+fn sh(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,@%+".contains(c))
+    {
+        return s.to_string();
+    }
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// The host, as this machine talks to it.
+pub(crate) struct Hosted {
+    host: Host,
+    /// `$GANGWAY_HOME/ssh` here: known hosts and the master's socket.
+    ssh_dir: PathBuf,
+    /// SHA-256 of this binary (hex).
+    stamp: String,
+}
+
+/// How a remote command's standard input is fed.
+pub(crate) enum Input<'a> {
+    /// Nothing (`/dev/null`).
+    Nothing,
+    /// These bytes, then end of file.
+    Bytes(&'a [u8]),
+}
+
+impl Hosted {
+    /// The configured host, or `None` for a local controller.
+    pub(crate) fn configured(home: &Path) -> Result<Option<Hosted>, Error> {
+        let Some(host) = configured(home)? else {
+            return Ok(None);
+        };
+        Ok(Some(Hosted {
+            host,
+            ssh_dir: home.join("ssh"),
+            stamp: self_hash(home)?,
+        }))
+    }
+
+    /// `user@host:port`.
+    pub(crate) fn address(&self) -> String {
+        self.host.address()
+    }
+
+    /// `ssh` to the host, options set, ready for the remote command. One
+    /// master connection is shared by every command and kept 10 minutes
+    /// after the last (`ControlPersist`), so a command costs one round
+    /// trip once it is open. `BatchMode`: never a prompt. Host keys: your
+    /// `~/.ssh/known_hosts` is checked; a host found in neither it nor
+    /// gangway's `ssh/known_hosts_controller` is recorded there on first
+    /// contact, then checked strictly.
+    fn ssh(&self) -> Command {
+        let ctl = self.ssh_dir.join("ctl");
+        let _ = std::fs::create_dir_all(&ctl);
+        let mut c = Command::new("ssh");
+        c.args(["-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15"])
+            .args(["-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"])
+            .args(["-o", "ControlMaster=auto", "-o", "ControlPersist=600"])
+            .args(["-o", "StrictHostKeyChecking=accept-new"])
+            .arg("-o")
+            .arg(format!(
+                "UserKnownHostsFile={}/known_hosts_controller %d/.ssh/known_hosts",
+                self.ssh_dir.display()
+            ))
+            .arg("-o")
+            .arg(format!("ControlPath={}/ctrl-%C", ctl.display()));
+        if let Some(p) = self.host.port {
+            c.arg("-p").arg(p.to_string());
+        }
+        if let Some(u) = &self.host.user {
+            c.arg("-l").arg(u);
+        }
+        if let Some(k) = &self.host.identity_file {
+            c.arg("-o").arg("IdentitiesOnly=yes").arg("-i").arg(k);
+        }
+        c.arg(&self.host.host);
+        c
+    }
+
+    /// The remote shell command that runs `gangway ARGS` on the host, if
+    /// its binary is this one's.
+    fn remote(&self, args: &[String]) -> String {
+        let words: Vec<String> = args.iter().map(|a| sh(a)).collect();
+        format!(
+            "D=\"$HOME/.gangway-controller\"; \
+             if [ \"$(cat \"$D/bin/stamp\" 2>/dev/null)\" != {stamp} ]; then \
+             echo \"{INSTALL_MARK} $(uname -s) $(uname -m)\" >&2; exit {INSTALL_EXIT}; fi; \
+             GANGWAY_HOME=\"$D/home\" {HOSTED_ENV}={addr} exec \"$D/bin/gangway\" {args}",
+            stamp = sh(&self.stamp),
+            addr = sh(&self.address()),
+            args = words.join(" "),
+        )
+    }
+
+    /// Runs `gangway ARGS` on the host: its stdout and stderr are passed
+    /// through as they come, its exit code is returned. Installs the binary
+    /// first when the host's is not this one's.
+    pub(crate) fn run(&self, args: &[String], input: Input<'_>) -> Result<i32, Error> {
+        self.run_into(args, &input, None)
+    }
+
+    /// Like [`Hosted::run`], with stdout captured instead of printed.
+    pub(crate) fn output(
+        &self,
+        args: &[String],
+        input: Input<'_>,
+    ) -> Result<(i32, Vec<u8>), Error> {
+        let mut out = Vec::new();
+        let code = self.run_into(args, &input, Some(&mut out))?;
+        Ok((code, out))
+    }
+
+    fn run_into(
+        &self,
+        args: &[String],
+        input: &Input<'_>,
+        mut out: Option<&mut Vec<u8>>,
+    ) -> Result<i32, Error> {
+        for round in 0..2 {
+            match self.attempt_into(args, input, out.as_deref_mut())? {
+                Attempt::Done(code) => return Ok(code),
+                Attempt::Install { os, arch } if round == 0 => self.install(&os, &arch)?,
+                Attempt::Install { .. } => break,
+            }
+        }
+        Err(Error::usage(
+            format!(
+                "the controller host {} still has another gangway after installing this one",
+                self.address()
+            ),
+            Some("check that ~/.gangway-controller on the host is writable"),
+        ))
+    }
+
+    fn attempt_into(
+        &self,
+        args: &[String],
+        input: &Input<'_>,
+        out: Option<&mut Vec<u8>>,
+    ) -> Result<Attempt, Error> {
+        let mut c = self.ssh();
+        c.arg(self.remote(args))
+            .stdin(match input {
+                Input::Nothing => Stdio::null(),
+                Input::Bytes(_) => Stdio::piped(),
+            })
+            .stdout(if out.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::inherit()
+            })
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().map_err(|e| {
+            Error::usage(
+                format!("cannot run ssh to reach the controller host: {e}"),
+                Some("install OpenSSH's client (ssh)"),
+            )
+        })?;
+        if let (Input::Bytes(b), Some(mut w)) = (input, child.stdin.take()) {
+            // A host that refuses early closes the pipe: its answer says why.
+            let _ = w.write_all(b);
+        }
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let relay = std::thread::spawn(move || relay_stderr(stderr));
+        if let (Some(out), Some(mut r)) = (out, child.stdout.take()) {
+            r.read_to_end(out)?;
+        }
+        let status = child.wait()?;
+        let (install, held) = relay.join().unwrap_or_default();
+        let code = status.code().unwrap_or(128 + 2);
+        if code == INSTALL_EXIT {
+            if let Some((os, arch)) = install {
+                return Ok(Attempt::Install { os, arch });
+            }
+        }
+        if code == SSH_FAILED {
+            return Err(self.unreachable(&held));
+        }
+        Ok(Attempt::Done(code))
+    }
+
+    fn unreachable(&self, held: &[String]) -> Error {
+        let why = if held.is_empty() {
+            "ssh failed without saying why".to_string()
+        } else {
+            held.join("; ")
+        };
+        Error::Unreachable {
+            message: format!(
+                "cannot reach the managed-job controller at {}: {why}",
+                self.address()
+            ),
+            hint: format!(
+                "check that the host is up and that `ssh{}{} {}` works; jobs.controller in {} names it",
+                self.host.port.map(|p| format!(" -p {p}")).unwrap_or_default(),
+                self.host
+                    .identity_file
+                    .as_ref()
+                    .map(|k| format!(" -i {}", k.display()))
+                    .unwrap_or_default(),
+                self.host
+                    .user
+                    .as_ref()
+                    .map(|u| format!("{u}@{}", self.host.host))
+                    .unwrap_or_else(|| self.host.host.clone()),
+                self.ssh_dir
+                    .parent()
+                    .map(|h| h.join("config.yaml").display().to_string())
+                    .unwrap_or_else(|| "config.yaml".into()),
+            ),
+        }
+    }
+
+    /// Puts the gangway for `os arch` on the host as `bin/gangway`, stops
+    /// the controller of the binary it replaces, and writes the stamp.
+    fn install(&self, os: &str, arch: &str) -> Result<(), Error> {
+        let binary = if same_platform(os, arch) {
+            std::env::current_exe()?
+        } else {
+            self.host.binary.clone().ok_or_else(|| {
+                Error::usage(
+                    format!(
+                        "the controller host {} is {os} {arch}, and this gangway is built for {} {}",
+                        self.address(),
+                        std::env::consts::OS,
+                        std::env::consts::ARCH
+                    ),
+                    Some(&format!(
+                        "set jobs.controller_binary in config.yaml to the path of a gangway {} build for {os} {arch}",
+                        env!("CARGO_PKG_VERSION")
+                    )),
+                )
+            })?
+        };
+        let version = format!("gangway {}", env!("CARGO_PKG_VERSION"));
+        eprintln!(
+            "gangway: installing {version} on the controller host {} ({os} {arch}, from {})",
+            self.address(),
+            binary.display()
+        );
+        let script = format!(
+            "set -e; umask 077; D=\"$HOME/.gangway-controller\"; mkdir -p \"$D/bin\" \"$D/home\"; \
+             N=\"$D/bin/gangway.new.$$\"; trap 'rm -f \"$N\"' EXIT; cat > \"$N\"; chmod 700 \"$N\"; \
+             v=$(\"$N\" --version 2>&1) || true; \
+             if [ \"$v\" != {version} ]; then echo \"the binary for the host says '$v', not '{version}'\" >&2; exit 98; fi; \
+             mv -f \"$N\" \"$D/bin/gangway\"; \
+             GANGWAY_HOME=\"$D/home\" {HOSTED_ENV}=1 \"$D/bin/gangway\" __controller-stop; \
+             printf '%s\\n' {stamp} > \"$D/bin/stamp\"",
+            version = sh(&version),
+            stamp = sh(&self.stamp),
+        );
+        let mut file = std::fs::File::open(&binary).map_err(|e| {
+            Error::usage(
+                format!(
+                    "cannot read {} for the controller host: {e}",
+                    binary.display()
+                ),
+                None,
+            )
+        })?;
+        let mut c = self.ssh();
+        c.arg(script)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn()?;
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let relay = std::thread::spawn(move || relay_stderr(stderr));
+        if let Some(mut w) = child.stdin.take() {
+            let _ = std::io::copy(&mut file, &mut w);
+        }
+        let status = child.wait()?;
+        let (_, held) = relay.join().unwrap_or_default();
+        match status.code() {
+            Some(0) => Ok(()),
+            Some(SSH_FAILED) => Err(self.unreachable(&held)),
+            Some(98) => Err(Error::usage(
+                format!(
+                    "{} is not a gangway {} for the controller host {}",
+                    binary.display(),
+                    env!("CARGO_PKG_VERSION"),
+                    self.address()
+                ),
+                Some("jobs.controller_binary names a build of this very version"),
+            )),
+            other => Err(Error::usage(
+                format!(
+                    "installing gangway on the controller host {} failed (exit {})",
+                    self.address(),
+                    other.map_or("by a signal".to_string(), |c| c.to_string())
+                ),
+                Some("the lines above are the host's; it needs a writable home and a POSIX shell"),
+            )),
+        }
+    }
+}
+
+enum Attempt {
+    Done(i32),
+    Install { os: String, arch: String },
+}
+
+/// Copies the remote stderr to ours, line by line as it comes, except
+/// the install mark (returned as `(os, arch)`) and ssh's own complaints
+/// (held back and returned, for the unreachable error to say once).
+fn relay_stderr(r: impl Read) -> (Option<(String, String)>, Vec<String>) {
+    let mut install = None;
+    let mut held = Vec::new();
+    let mut err = std::io::stderr();
+    for line in BufReader::new(r).lines().map_while(Result::ok) {
+        if let Some(rest) = line.strip_prefix(INSTALL_MARK) {
+            let mut w = rest.split_whitespace();
+            install = Some((
+                w.next().unwrap_or_default().to_string(),
+                w.next().unwrap_or_default().to_string(),
+            ));
+        } else if line.starts_with("ssh: ")
+            || line.contains("Permission denied")
+            || line.starts_with("kex_exchange_identification")
+            || line.starts_with("Host key verification failed")
+            || line.starts_with("@@@")
+        {
+            held.push(line);
+        } else {
+            let _ = writeln!(err, "{line}");
+        }
+    }
+    (install, held)
+}
+
+/// Whether `uname -s`/`uname -m` name this binary's own platform.
+fn same_platform(os: &str, arch: &str) -> bool {
+    let os_ok = os.eq_ignore_ascii_case(std::env::consts::OS)
+        || (os == "Darwin" && std::env::consts::OS == "macos");
+    let arch_ok = arch == std::env::consts::ARCH
+        || (arch == "arm64" && std::env::consts::ARCH == "aarch64")
+        || (arch == "amd64" && std::env::consts::ARCH == "x86_64");
+    os_ok && arch_ok
+}
+
+/// SHA-256 of this binary, kept in `$GANGWAY_HOME/controller/self.sha256`
+/// with the path, size and modification time it was computed for (a
+/// release binary is tens of MB: hashed once per build, not per command).
+fn self_hash(home: &Path) -> Result<String, Error> {
+    use sha2::{Digest, Sha256};
+    let exe = std::env::current_exe()?;
+    let meta = std::fs::metadata(&exe)?;
+    let key = format!(
+        "{} {} {}.{}",
+        exe.display(),
+        meta.len(),
+        meta.mtime(),
+        meta.mtime_nsec()
+    );
+    let cache = home.join("controller").join("self.sha256");
+    if let Ok(text) = std::fs::read_to_string(&cache) {
+        if let Some((k, h)) = text.trim_end().rsplit_once('\n') {
+            if k == key && h.len() == 64 {
+                return Ok(h.to_string());
+            }
+        }
+    }
+    let mut f = std::fs::File::open(&exe)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    let hash: String = hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    if let Some(dir) = cache.parent() {
+        let _ = std::fs::create_dir_all(dir);
+        let tmp = cache.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, format!("{key}\n{hash}\n")).is_ok() {
+            let _ = std::fs::rename(&tmp, &cache);
+        }
+    }
+    Ok(hash)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_parse_with_user_and_port_or_not_at_all() {
+        let h = Host::parse_address("ops@ctl.example.com:2222").unwrap();
+        assert_eq!(
+            (h.user.as_deref(), h.host.as_str(), h.port),
+            (Some("ops"), "ctl.example.com", Some(2222))
+        );
+        assert_eq!(h.address(), "ops@ctl.example.com:2222");
+        let h = Host::parse_address("10.0.0.5").unwrap();
+        assert_eq!((h.user, h.port), (None, None));
+        for bad in ["", "@h", "h:port", "h:70000", "-oProxyCommand=x", "a b"] {
+            assert!(Host::parse_address(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_config_names_the_host_and_refuses_what_it_cannot_read() {
+        let home = tempfile::tempdir().unwrap();
+        assert_eq!(configured(home.path()).unwrap(), None);
+        let write = |t: &str| std::fs::write(home.path().join("config.yaml"), t).unwrap();
+        write("jobs:\n  controller: local\n");
+        assert_eq!(configured(home.path()).unwrap(), None);
+        write("jobs:\n  controller: {host: 127.0.0.9, port: 2200, user: gw, identity_file: /k}\n  controller_binary: /b/gangway\n");
+        let h = configured(home.path()).unwrap().unwrap();
+        assert_eq!(h.address(), "gw@127.0.0.9:2200");
+        assert_eq!(h.identity_file.as_deref(), Some(Path::new("/k")));
+        assert_eq!(h.binary.as_deref(), Some(Path::new("/b/gangway")));
+        write("jobs:\n  controller: {host: h, pot: 1}\n");
+        let e = configured(home.path()).unwrap_err().to_string();
+        assert!(e.contains("jobs.controller") && e.contains("'pot'"), "{e}");
+        write("jobs:\n  controller: 'a b'\n");
+        assert!(configured(home.path()).is_err());
+    }
+
+    #[test]
+    fn remote_words_are_quoted_and_the_stamp_is_checked_first() {
+        let h = Hosted {
+            host: Host::parse_address("u@h:22").unwrap(),
+            ssh_dir: PathBuf::from("/x/ssh"),
+            stamp: "ab".repeat(32),
+        };
+        let r = h.remote(&["jobs".into(), "logs".into(), "it's 1".into()]);
+        assert!(r.starts_with("D=\"$HOME/.gangway-controller\"; if"), "{r}");
+        assert!(r.contains(&"ab".repeat(32)), "{r}");
+        assert!(r.ends_with("jobs logs 'it'\\''s 1'"), "{r}");
+        assert!(same_platform(
+            if cfg!(target_os = "macos") {
+                "Darwin"
+            } else {
+                "Linux"
+            },
+            std::env::consts::ARCH
+        ));
+        assert!(!same_platform("Plan9", std::env::consts::ARCH));
+    }
+}
