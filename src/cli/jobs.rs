@@ -149,6 +149,7 @@ fn checkpoint_storage(
     task: &crate::spec::Task,
     file: &Path,
     default: PathBuf,
+    own: &crate::storage::OwnIdentity,
 ) -> Result<(PathBuf, Option<String>), Error> {
     let Some(ck) = task.checkpoint.as_ref() else {
         return Ok((default, None));
@@ -156,7 +157,7 @@ fn checkpoint_storage(
     match ck.storage.clone() {
         None => Ok((default, None)),
         Some(s) if s.contains("://") => {
-            let url = crate::storage::check_checkpoint_bucket(&s, file, ck.storage_at)?;
+            let url = crate::storage::check_checkpoint_bucket(&s, file, ck.storage_at, own)?;
             Ok((default, Some(url)))
         }
         Some(s) => {
@@ -170,7 +171,17 @@ fn launch(a: &JobsLaunchArgs, catalog: Option<&Path>, out: Output) -> Result<Exi
     let task = a.task.load()?;
     super::plan::require_values(&task, &a.task.task)?;
     let mut spec = job_spec(&task, &a.task.task, true, false)?;
-    crate::storage::preflight_now(&task, &a.task.task, &spec.bucket_mounts)?;
+    // Nodes with an identity of their own need no credentials from here:
+    // those are checked (and made) at each run's storage step instead.
+    let own = {
+        let home = gangway_home()?;
+        let config = crate::config::launch_config(&task, &home)?;
+        crate::storage::OwnIdentity::configured(
+            config.as_ref(),
+            &crate::provision::Providers::new(&home),
+        )
+    };
+    crate::storage::preflight_now(&task, &a.task.task, &spec.bucket_mounts, &own)?;
     // With jobs.bucket, the workdir and local file mounts go to the store
     // once, now: recoveries fetch them from there, not from this machine.
     let job_files = match crate::config::jobs_bucket(&task, &gangway_home()?)? {
@@ -227,7 +238,8 @@ fn launch(a: &JobsLaunchArgs, catalog: Option<&Path>, out: Output) -> Result<Exi
         )?;
     }
     let ck = task.checkpoint.clone().unwrap_or_default();
-    let (storage, storage_url) = checkpoint_storage(&task, &a.task.task, dir.join("checkpoint"))?;
+    let (storage, storage_url) =
+        checkpoint_storage(&task, &a.task.task, dir.join("checkpoint"), &own)?;
     let recovery = task.resources.job_recovery.clone();
     let mt = ManagedTask {
         task_file,
