@@ -972,7 +972,9 @@ gw_cred_dir() {
 # gw_creds REMOTE: writes REMOTE's settings (RCLONE_CONFIG_<R>_*) where its
 # mount rereads them when they expire (GW_EXPIRES_<R>): an rclone config
 # file, and for S3 keys the keys as an AWS credential_process answer (a
-# node's own identity has none: env_auth alone). Each file
+# node's own identity has none: env_auth alone). Written aside under this
+# shell's pid, so two writers (nodes sharing a home) never take each
+# other's file. Each file
 # is 0600 and replaced whole (written aside, then renamed).
 gw_creds() {
   r="$1"; R="$(printf %s "$r" | tr a-z A-Z)"; d="$(gw_cred_dir)" || exit 3
@@ -992,9 +994,9 @@ gw_creds() {
       { printf '{"Version": 1, "AccessKeyId": "%s", "SecretAccessKey": "%s"' "$key" "$secret"
         if [ -n "$token" ]; then printf ', "SessionToken": "%s"' "$token"; fi
         if [ -n "$when" ]; then printf ', "Expiration": "%s"' "$when"; fi
-        printf '}\n'; } > "$d/$r.json.new" && mv -f "$d/$r.json.new" "$d/$r.json" || gw_fail "$r: cannot write $d/$r.json"
-      printf '[profile gangway]\ncredential_process = cat %s\n' "$d/$r.json" > "$d/$r.aws.new" \
-        && mv -f "$d/$r.aws.new" "$d/$r.aws" || gw_fail "$r: cannot write $d/$r.aws"
+        printf '}\n'; } > "$d/$r.json.$$" && mv -f "$d/$r.json.$$" "$d/$r.json" || gw_fail "$r: cannot write $d/$r.json"
+      printf '[profile gangway]\ncredential_process = cat %s\n' "$d/$r.json" > "$d/$r.aws.$$" \
+        && mv -f "$d/$r.aws.$$" "$d/$r.aws" || gw_fail "$r: cannot write $d/$r.aws"
     fi
     { printf '[%s]\n' "$r"
       env | while IFS= read -r line; do
@@ -1007,7 +1009,7 @@ gw_creds() {
         printf '%s = %s\n' "$k" "$v"
       done
       if [ "$type" = s3 ]; then printf 'env_auth = true\n'; fi
-    } > "$d/$r.conf.new" && mv -f "$d/$r.conf.new" "$d/$r.conf" || gw_fail "$r: cannot write $d/$r.conf"
+    } > "$d/$r.conf.$$" && mv -f "$d/$r.conf.$$" "$d/$r.conf" || gw_fail "$r: cannot write $d/$r.conf"
   ) || exit 3
 }
 # rclone for REMOTE's mount: its settings from the files above only (none
