@@ -667,7 +667,10 @@ pub(crate) fn exec(a: &ExecArgs, out: Output) -> Result<ExitCode, Error> {
         let task = args.load()?;
         super::plan::require_values(&task, &args.task)?;
         let spec = job_spec(&task, &args.task, false, false)?;
-        crate::storage::preflight_now(&task, &args.task, &spec.bucket_mounts)?;
+        // The cluster's nodes are there: what they reach by themselves
+        // needs no credentials from here.
+        let own = crate::storage::OwnIdentity::of_nodes(&store.nodes(&a.cluster)?);
+        crate::storage::preflight_now(&task, &args.task, &spec.bucket_mounts, &own)?;
         crate::storage::make_buckets_now(
             &task,
             &args.task,

@@ -497,6 +497,7 @@ fn checkpoint_storage(
     task: &crate::spec::Task,
     file: &Path,
     default: PathBuf,
+    own: &crate::storage::OwnIdentity,
 ) -> Result<(PathBuf, Option<String>), Error> {
     let Some(ck) = task.checkpoint.as_ref() else {
         return Ok((default, None));
@@ -504,7 +505,7 @@ fn checkpoint_storage(
     match ck.storage.clone() {
         None => Ok((default, None)),
         Some(s) if s.contains("://") => {
-            let url = crate::storage::check_checkpoint_bucket(&s, file, ck.storage_at)?;
+            let url = crate::storage::check_checkpoint_bucket(&s, file, ck.storage_at, own)?;
             Ok((default, Some(url)))
         }
         Some(s) => {
@@ -547,7 +548,17 @@ fn prepare(
     let task = a.task.load()?;
     super::plan::require_values(&task, &a.task.task)?;
     let mut spec = job_spec(&task, &a.task.task, true, false)?;
-    crate::storage::preflight_now(&task, &a.task.task, &spec.bucket_mounts)?;
+    // Nodes with an identity of their own need no credentials from here:
+    // those are checked (and made) at each run's storage step instead.
+    let own = {
+        let home = gangway_home()?;
+        let config = crate::config::launch_config(&task, &home)?;
+        crate::storage::OwnIdentity::configured(
+            config.as_ref(),
+            &crate::provision::Providers::new(&home),
+        )
+    };
+    crate::storage::preflight_now(&task, &a.task.task, &spec.bucket_mounts, &own)?;
     // With jobs.bucket, the workdir and local file mounts go to the store
     // once, now: recoveries fetch them from there, not from this machine.
     let local_files = spec.workdir.is_some() || !spec.file_mounts.is_empty();
@@ -586,7 +597,7 @@ fn prepare(
         return Err(e);
     }
     let ck = task.checkpoint.clone().unwrap_or_default();
-    let (storage, storage_url) = checkpoint_storage(&task, &a.task.task, PathBuf::new())?;
+    let (storage, storage_url) = checkpoint_storage(&task, &a.task.task, PathBuf::new(), &own)?;
     let own_storage = storage.as_os_str().is_empty();
     if own_storage && storage_url.is_none() && task.checkpoint.is_some() {
         if let Some(host) = hosted {

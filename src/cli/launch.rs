@@ -190,17 +190,19 @@ pub(crate) fn launch(
     };
     check_name(&name)?;
     let spec = job_spec(&task, &a.task.task, true, a.down)?;
-    // Buckets are checked before anything is provisioned.
-    crate::storage::preflight_now(&task, &a.task.task, &spec.bucket_mounts)?;
-    let secrets = secrets_of(&task);
     let home = gangway_home()?;
     let store = Store::open(&home)?;
+    let launch_config = crate::config::launch_config(&task, &home)?;
+    let providers = Providers::new(&home);
+    // Buckets are checked before anything is provisioned.
+    let own = crate::storage::OwnIdentity::configured(launch_config.as_ref(), &providers);
+    crate::storage::preflight_now(&task, &a.task.task, &spec.bucket_mounts, &own)?;
+    let secrets = secrets_of(&task);
     let progress = Progress::new(out);
 
     let lock = store.lock_cluster(&name, "launching")?;
-    let config = task.config.as_ref().map(|c| c.to_string());
+    let config = launch_config.map(|c| c.to_string());
     let token = format!("{name}-{}", generated_name().trim_start_matches("gangway-"));
-    let providers = Providers::new(&home);
     let rt = runtime()?;
     let mut replaced = false;
     let reserved = loop {

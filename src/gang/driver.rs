@@ -377,14 +377,19 @@ async fn run_job(
         .unwrap_or(super::DEFAULT_CHECKPOINT_DIR);
     let checkpoint_dirs: Vec<String> = nodes.iter().map(|n| transport.node_path(n, ck)).collect();
     // Bucket credentials are made now, from the user's own chain, for
-    // this run only: never stored, never on the driver's pipe.
-    let storage_env =
-        match crate::storage::node_credentials(&spec.bucket_mounts, spec.restore_bucket.as_ref())
-            .await
-        {
-            Ok(env) => env,
-            Err(e) => return Ok((JobStatus::FailedSetup, Some(e.to_string()))),
-        };
+    // this run only: never stored, never on the driver's pipe; none for
+    // the buckets every node reaches with an identity of its own.
+    let own = crate::storage::OwnIdentity::of_nodes(&nodes);
+    let storage_env = match crate::storage::node_credentials(
+        &spec.bucket_mounts,
+        spec.restore_bucket.as_ref(),
+        &own,
+    )
+    .await
+    {
+        Ok(env) => env,
+        Err(e) => return Ok((JobStatus::FailedSetup, Some(e.to_string()))),
+    };
     let mount_dirs: Vec<Vec<String>> = nodes
         .iter()
         .map(|n| {
@@ -412,13 +417,10 @@ async fn run_job(
 
     // Bucket mounts outlive the storage step: while setup and the run go
     // on, their credentials are renewed before they expire.
-    let _renewing = crate::storage::has_fuse_mounts(&spec.bucket_mounts).then(|| {
+    let renewed = crate::storage::renewed_mounts(&spec.bucket_mounts, &own);
+    let _renewing = (!renewed.is_empty()).then(|| {
         let (transport, nodes) = (Arc::clone(&transport), nodes.clone());
-        let (mounts, cluster, logs) = (
-            spec.bucket_mounts.clone(),
-            cluster.to_string(),
-            logs.clone(),
-        );
+        let (mounts, cluster, logs) = (renewed, cluster.to_string(), logs.clone());
         AbortOnDrop(tokio::spawn(async move {
             let every = crate::storage::renew_every();
             loop {

@@ -665,7 +665,12 @@ async fn provision_and_submit(sh: &Shared, m: &mut Memo) -> Result<Action, crate
     };
     let config = crate::spec::load(&mt.task_file)
         .ok()
-        .and_then(|t| t.config.map(|c| c.to_string()));
+        // A user file broken since the job was launched leaves the task's.
+        .and_then(|t| {
+            let own = t.config.clone();
+            crate::config::launch_config(&t, store.home()).unwrap_or(own)
+        })
+        .map(|c| c.to_string());
     let token = format!("{}-{}", job.cluster, job.restart_count);
     let reserved = store.reserve_cluster(&NewCluster {
         name: &job.cluster,

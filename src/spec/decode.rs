@@ -507,6 +507,7 @@ fn config(cx: &Cx, v: &Node) -> R<Option<serde_json::Value>> {
             "write provider settings as `key: value` lines indented under config:",
         ));
     }
+    crate::config::check_identities(cx.file, v, "config.")?;
     Ok(Some(to_json(v)))
 }
 

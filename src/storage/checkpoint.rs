@@ -100,7 +100,8 @@ pub(crate) async fn sync(
 ) -> Result<Synced, CheckpointError> {
     let done = complete(bucket).await?;
     let prev = done.last().copied();
-    let creds = super::node_env(bucket.url(), REMOTE).await?;
+    let own = super::OwnIdentity::of_nodes(nodes);
+    let creds = super::bucket_env(bucket.url(), REMOTE, &own).await?;
     let base = bucket.url().rclone_path(REMOTE);
     let mut runs = Vec::new();
     for (rank, node) in nodes.iter().enumerate() {

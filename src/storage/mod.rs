@@ -115,6 +115,77 @@ pub(crate) async fn node_env(
     Bucket::open(url, &endpoints)?.node_env(remote).await
 }
 
+/// The stores (URL schemes, `s3`, `gs`) that a run's nodes reach with an
+/// identity of their own (an instance profile, a service account their
+/// provider attached, see [`gangway_provider::IDENTITY_STORES_FACT`]):
+/// for those buckets the nodes' rclone uses it, and no credentials of the
+/// user's are made or leave this machine.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct OwnIdentity(Vec<String>);
+
+impl OwnIdentity {
+    /// What every one of `nodes` reaches by itself (nothing for no nodes):
+    /// a bucket is reached so only when no node of the run needs more.
+    pub(crate) fn of_nodes(nodes: &[gangway_provider::NodeRow]) -> OwnIdentity {
+        let mut each = nodes
+            .iter()
+            .map(|n| gangway_provider::identity_stores(&n.extra));
+        let Some(first) = each.next() else {
+            return OwnIdentity::default();
+        };
+        let common = each.fold(first, |all, n| {
+            all.into_iter().filter(|s| n.contains(s)).collect()
+        });
+        OwnIdentity(common)
+    }
+
+    /// What nodes launched with `config` (the launch's whole `config:`,
+    /// see [`crate::config::launch_config`]) may reach by themselves, on
+    /// any provider it has a section for. Only for checks made before
+    /// there are nodes: their credentials are then left to the storage
+    /// step, which makes them if the nodes turn out to need them.
+    pub(crate) fn configured(
+        config: Option<&serde_json::Value>,
+        providers: &crate::provision::Providers,
+    ) -> OwnIdentity {
+        let mut stores = Vec::new();
+        if let Some(serde_json::Value::Object(sections)) = config {
+            for (cloud, section) in sections {
+                if let Some(p) = providers.get(cloud) {
+                    stores.extend(p.identity_stores(Some(section)));
+                }
+            }
+        }
+        stores.sort();
+        stores.dedup();
+        OwnIdentity(stores)
+    }
+
+    /// Whether the nodes reach `url` with their own identity.
+    pub(crate) fn covers(&self, url: &BucketUrl) -> bool {
+        self.0.iter().any(|s| s == url.scheme.url_scheme())
+    }
+}
+
+/// rclone's settings for `remote` reaching `url` from nodes that have
+/// `own` identity: that identity where it covers the bucket (nothing
+/// secret, nothing to renew), else credentials made from the user's
+/// ([`node_env`]).
+pub(crate) async fn bucket_env(
+    url: &BucketUrl,
+    remote: &str,
+    own: &OwnIdentity,
+) -> Result<Vec<(String, String)>, StoreError> {
+    if own.covers(url) {
+        return Ok(gangway_store::identity_env(
+            url,
+            &Endpoints::from_env(),
+            remote,
+        ));
+    }
+    node_env(url, remote).await
+}
+
 /// The variable that tells a node when `remote`'s credentials expire (Unix
 /// seconds), as [`gangway_store::Bucket::node_env`] spells it.
 #[cfg(feature = "aws")]
@@ -389,6 +460,7 @@ pub(crate) async fn preflight(
     task: &Task,
     file: &Path,
     mounts: &[BucketMount],
+    own: &OwnIdentity,
 ) -> Result<(), Error> {
     let file_s = file.display().to_string();
     for m in mounts {
@@ -403,8 +475,11 @@ pub(crate) async fn preflight(
                 other => other.map_err(fail)?,
             }
         }
-        // Credentials for the nodes must be had now, not first there.
-        node_env(&url, &m.remote).await.map_err(fail)?;
+        // Credentials for the nodes must be had now, not first there
+        // (unless the nodes will have an identity of their own).
+        if !own.covers(&url) {
+            node_env(&url, &m.remote).await.map_err(fail)?;
+        }
     }
     Ok(())
 }
@@ -578,6 +653,7 @@ pub(crate) fn check_checkpoint_bucket(
     url: &str,
     file: &Path,
     at: (usize, usize),
+    own: &OwnIdentity,
 ) -> Result<String, Error> {
     let file_s = file.display().to_string();
     let here = Located {
@@ -594,7 +670,9 @@ pub(crate) fn check_checkpoint_bucket(
     runtime()?
         .block_on(async {
             user_bucket(&parsed).await?.check().await?;
-            node_env(&parsed, checkpoint::REMOTE).await.map(|_| ())
+            bucket_env(&parsed, checkpoint::REMOTE, own)
+                .await
+                .map(|_| ())
         })
         .map_err(|e: StoreError| {
             here.error(
@@ -606,11 +684,16 @@ pub(crate) fn check_checkpoint_bucket(
 }
 
 /// [`preflight`] from synchronous code.
-pub(crate) fn preflight_now(task: &Task, file: &Path, mounts: &[BucketMount]) -> Result<(), Error> {
+pub(crate) fn preflight_now(
+    task: &Task,
+    file: &Path,
+    mounts: &[BucketMount],
+    own: &OwnIdentity,
+) -> Result<(), Error> {
     if mounts.is_empty() {
         return Ok(());
     }
-    runtime()?.block_on(preflight(task, file, mounts))
+    runtime()?.block_on(preflight(task, file, mounts, own))
 }
 
 /// [`make_buckets`] from synchronous code.
@@ -643,22 +726,23 @@ pub(crate) fn remove_buckets_now(store: &Store, owner: &str) {
     }
 }
 
-/// rclone's settings for every mount's bucket, with the user's current
-/// credentials (see [`node_env`]): made for one run, given to its storage
-/// step only.
+/// rclone's settings for every mount's bucket, with the nodes' `own`
+/// identity or the user's current credentials (see [`bucket_env`]): made
+/// for one run, given to its storage step only.
 pub(crate) async fn node_credentials(
     mounts: &[BucketMount],
     restore: Option<&Restore>,
+    own: &OwnIdentity,
 ) -> Result<Vec<(String, String)>, StoreError> {
     let mut env = rclone_source_env();
     if let Some(r) = restore {
         let url = bad_url(&r.url)?;
-        env.extend(node_env(&url, checkpoint::REMOTE).await?);
+        env.extend(bucket_env(&url, checkpoint::REMOTE, own).await?);
         env.extend(checkpoint::restore_env(&url, r.generation));
     }
     for m in mounts {
         let url = bad_url(&m.url)?;
-        env.extend(node_env(&url, &m.remote).await?);
+        env.extend(bucket_env(&url, &m.remote, own).await?);
     }
     Ok(env)
 }
@@ -704,15 +788,21 @@ pub(crate) fn node_script(mounts: &[BucketMount]) -> String {
     s
 }
 
-/// Whether `mounts` has a FUSE mount (MOUNT, MOUNT_CACHED): those outlive
-/// the storage step, so the driver renews their credentials.
-pub(crate) fn has_fuse_mounts(mounts: &[BucketMount]) -> bool {
-    mounts.iter().any(|m| m.mode != Mode::Copy)
+/// The FUSE mounts (MOUNT, MOUNT_CACHED) of `mounts` whose credentials
+/// the driver renews: they outlive the storage step. Those the nodes
+/// reach with their `own` identity need none.
+pub(crate) fn renewed_mounts(mounts: &[BucketMount], own: &OwnIdentity) -> Vec<BucketMount> {
+    mounts
+        .iter()
+        .filter(|m| m.mode != Mode::Copy)
+        .filter(|m| BucketUrl::parse(&m.url).map_or(true, |u| !own.covers(&u)))
+        .cloned()
+        .collect()
 }
 
-/// Hands the FUSE mounts of `mounts` on every node fresh credentials: the
-/// files their rclone rereads when its credentials expire are rewritten
-/// (the storage step wrote them first). Returns how many nodes took them,
+/// Hands the FUSE mounts of `mounts` (see [`renewed_mounts`]) on every
+/// node fresh credentials: the files their rclone rereads when its
+/// credentials expire are rewritten (the storage step wrote them first). Returns how many nodes took them,
 /// or what failed, naming the node.
 pub(crate) async fn renew_mounts(
     mounts: &[BucketMount],
@@ -883,7 +973,10 @@ gw_cred_dir() {
 }
 # gw_creds REMOTE: writes REMOTE's settings (RCLONE_CONFIG_<R>_*) where its
 # mount rereads them when they expire (GW_EXPIRES_<R>): an rclone config
-# file, and for S3 the keys as an AWS credential_process answer. Each file
+# file, and for S3 keys the keys as an AWS credential_process answer (a
+# node's own identity has none: env_auth alone). Written aside under this
+# shell's pid, so two writers (nodes sharing a home) never take each
+# other's file. Each file
 # is 0600 and replaced whole (written aside, then renamed).
 gw_creds() {
   r="$1"; R="$(printf %s "$r" | tr a-z A-Z)"; d="$(gw_cred_dir)" || exit 3
@@ -892,16 +985,20 @@ gw_creds() {
   when=""; [ -n "$exp" ] && when="$(date -u -d "@$exp" +%Y-%m-%dT%H:%M:%SZ)"
   (
     umask 077
-    if [ "$type" = s3 ]; then
+    if [ "$type" = s3 ] && [ -z "$(printenv "RCLONE_CONFIG_${R}_ACCESS_KEY_ID")" ]; then
+      # The node's own identity (env_auth: the instance profile): no keys
+      # to keep, and the SDK must be free to ask the metadata service.
+      rm -f "$d/$r.json" "$d/$r.aws"
+    elif [ "$type" = s3 ]; then
       key="$(printenv "RCLONE_CONFIG_${R}_ACCESS_KEY_ID")"; secret="$(printenv "RCLONE_CONFIG_${R}_SECRET_ACCESS_KEY")"
       token="$(printenv "RCLONE_CONFIG_${R}_SESSION_TOKEN")"
       case "$key$secret$token" in *'"'*|*'\'*) gw_fail "$r: credentials with quotes" ;; esac
       { printf '{"Version": 1, "AccessKeyId": "%s", "SecretAccessKey": "%s"' "$key" "$secret"
         if [ -n "$token" ]; then printf ', "SessionToken": "%s"' "$token"; fi
         if [ -n "$when" ]; then printf ', "Expiration": "%s"' "$when"; fi
-        printf '}\n'; } > "$d/$r.json.new" && mv -f "$d/$r.json.new" "$d/$r.json" || gw_fail "$r: cannot write $d/$r.json"
-      printf '[profile gangway]\ncredential_process = cat %s\n' "$d/$r.json" > "$d/$r.aws.new" \
-        && mv -f "$d/$r.aws.new" "$d/$r.aws" || gw_fail "$r: cannot write $d/$r.aws"
+        printf '}\n'; } > "$d/$r.json.$$" && mv -f "$d/$r.json.$$" "$d/$r.json" || gw_fail "$r: cannot write $d/$r.json"
+      printf '[profile gangway]\ncredential_process = cat %s\n' "$d/$r.json" > "$d/$r.aws.$$" \
+        && mv -f "$d/$r.aws.$$" "$d/$r.aws" || gw_fail "$r: cannot write $d/$r.aws"
     fi
     { printf '[%s]\n' "$r"
       env | while IFS= read -r line; do
@@ -914,7 +1011,7 @@ gw_creds() {
         printf '%s = %s\n' "$k" "$v"
       done
       if [ "$type" = s3 ]; then printf 'env_auth = true\n'; fi
-    } > "$d/$r.conf.new" && mv -f "$d/$r.conf.new" "$d/$r.conf" || gw_fail "$r: cannot write $d/$r.conf"
+    } > "$d/$r.conf.$$" && mv -f "$d/$r.conf.$$" "$d/$r.conf" || gw_fail "$r: cannot write $d/$r.conf"
   ) || exit 3
 }
 # rclone for REMOTE's mount: its settings from the files above only (none
@@ -997,6 +1094,82 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("$NOPE has no value"), "{e}");
+    }
+
+    fn node(stores: Option<&str>) -> gangway_provider::NodeRow {
+        gangway_provider::NodeRow {
+            rank: 0,
+            instance_id: "i-1".into(),
+            private_ip: "10.0.0.1".into(),
+            public_ip: None,
+            zone: "z".into(),
+            topology: String::new(),
+            state: "running".into(),
+            extra: stores
+                .map(|s| {
+                    [(
+                        gangway_provider::IDENTITY_STORES_FACT.to_string(),
+                        s.to_string(),
+                    )]
+                    .into_iter()
+                    .collect()
+                })
+                .unwrap_or_default(),
+        }
+    }
+
+    #[test]
+    fn a_bucket_is_reached_by_the_nodes_own_identity_only_when_every_node_has_it() {
+        let s3 = BucketUrl::parse("s3://bkt/p").unwrap();
+        let gs = BucketUrl::parse("gs://bkt/p").unwrap();
+        let own = OwnIdentity::of_nodes(&[node(Some("s3")), node(Some("s3"))]);
+        assert!(own.covers(&s3) && !own.covers(&gs));
+        // One node without it (or with another store's): the user's way.
+        let mixed = OwnIdentity::of_nodes(&[node(Some("s3")), node(None)]);
+        assert!(!mixed.covers(&s3));
+        let other = OwnIdentity::of_nodes(&[node(Some("s3")), node(Some("gs"))]);
+        assert!(!other.covers(&s3) && !other.covers(&gs));
+        assert!(!OwnIdentity::of_nodes(&[]).covers(&s3));
+        // Covered: env_auth, and nothing secret made or sent.
+        let env = runtime()
+            .unwrap()
+            .block_on(bucket_env(&s3, "gw0", &own))
+            .unwrap();
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("RCLONE_CONFIG_GW0_TYPE"), Some("s3"), "{env:?}");
+        assert_eq!(get("RCLONE_CONFIG_GW0_ENV_AUTH"), Some("true"), "{env:?}");
+        for secret in [
+            "ACCESS_KEY_ID",
+            "SECRET_ACCESS_KEY",
+            "SESSION_TOKEN",
+            "TOKEN",
+        ] {
+            assert_eq!(get(&format!("RCLONE_CONFIG_GW0_{secret}")), None, "{env:?}");
+        }
+        assert_eq!(get("GW_EXPIRES_GW0"), None, "{env:?}");
+        let own_gs = OwnIdentity::of_nodes(&[node(Some("gs,s3"))]);
+        let env = runtime()
+            .unwrap()
+            .block_on(bucket_env(&gs, "gw1", &own_gs))
+            .unwrap();
+        assert!(
+            env.contains(&(
+                "RCLONE_CONFIG_GW1_TYPE".into(),
+                "google cloud storage".into()
+            )) && env.contains(&("RCLONE_CONFIG_GW1_ENV_AUTH".into(), "true".into()))
+                && !env.iter().any(|(k, _)| k.ends_with("_TOKEN")),
+            "{env:?}"
+        );
+        // A mount the nodes reach by themselves has nothing to renew.
+        let m = |url: &str| BucketMount {
+            dest: "/d".into(),
+            url: url.into(),
+            remote: "gw0".into(),
+            mode: Mode::Mount,
+            create: None,
+        };
+        let renewed = renewed_mounts(&[m("s3://bkt"), m("gs://bkt")], &own);
+        assert_eq!(renewed, vec![m("gs://bkt")]);
     }
 
     #[test]

@@ -68,8 +68,11 @@ impl Cloud {
         self.imds_port = port;
         // Where a node finds its metadata service: on the address its
         // session came to, as an instance does at 169.254.169.254.
+        // The AWS SDKs (rclone's) find it the same way, through their own
+        // variable: instance profile credentials come from there.
         sshd.session_profile(&format!(
-            "set -- $SSH_CONNECTION; export GANGWAY_IMDS_ENDPOINT=\"http://$3:{port}\"; set --\n{}",
+            "set -- $SSH_CONNECTION; export GANGWAY_IMDS_ENDPOINT=\"http://$3:{port}\" \
+             AWS_EC2_METADATA_SERVICE_ENDPOINT=\"http://$3:{port}/\"; set --\n{}",
             self.profile
         ));
     }
@@ -780,4 +783,256 @@ fn a_managed_aws_spot_job_moves_to_another_region_after_a_notice_by_default() {
         },
     );
     crate::common::assert_no_marker_procs(&cloud.home.marker, "the managed job ended");
+}
+
+/// The emulator's Deep Learning AMI (in every region): CPU types have no
+/// default image there.
+const AMI: &str = "ami-0d1a0b1e2c3d4e5f6";
+
+/// An IAM role `name` that EC2 may pass to instances, in an instance
+/// profile of the same name, made through IAM's API as a user would.
+fn make_instance_profile(emu: &Ec2Emulator, name: &str) -> String {
+    let trust = r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"Service":"ec2.amazonaws.com"},"Action":"sts:AssumeRole"}]}"#;
+    for params in [
+        vec![
+            ("Action", "CreateRole"),
+            ("RoleName", name),
+            ("AssumeRolePolicyDocument", trust),
+        ],
+        vec![
+            ("Action", "CreateInstanceProfile"),
+            ("InstanceProfileName", name),
+        ],
+        vec![
+            ("Action", "AddRoleToInstanceProfile"),
+            ("InstanceProfileName", name),
+            ("RoleName", name),
+        ],
+    ] {
+        let (status, xml) = emu.iam(&params);
+        assert_eq!(status, 200, "{params:?}: {xml}");
+    }
+    let (status, xml) = emu.iam(&[
+        ("Action", "GetInstanceProfile"),
+        ("InstanceProfileName", name),
+    ]);
+    assert_eq!(status, 200, "{xml}");
+    tag(&xml, "Arn")
+}
+
+/// What a node's rclone would get from its metadata service: the role's
+/// access key id, printed as `imds-key=...` (empty without a profile).
+const IMDS_KEY: &str = "  T=$(curl -s -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 60' $GANGWAY_IMDS_ENDPOINT/latest/api/token)\n\
+\x20 R=$(curl -sf -H \"X-aws-ec2-metadata-token: $T\" $GANGWAY_IMDS_ENDPOINT/latest/meta-data/iam/security-credentials/)\n\
+\x20 echo \"imds-key=$(curl -sf -H \"X-aws-ec2-metadata-token: $T\" $GANGWAY_IMDS_ENDPOINT/latest/meta-data/iam/security-credentials/$R | sed -n 's/.*\"AccessKeyId\": *\"\\([^\"]*\\)\".*/\\1/p')\"\n";
+
+/// The access key ids the nodes' rclone signed its S3 requests with since
+/// request `since` of the store's front.
+fn rclone_keys(
+    s3: &gangway_test::storage::StoreEmulator,
+    since: u64,
+) -> std::collections::BTreeSet<String> {
+    s3.requests_since(since)
+        .into_iter()
+        .filter(|r| {
+            r.user_agent
+                .as_deref()
+                .is_some_and(|u| u.starts_with("rclone"))
+        })
+        .filter_map(|r| r.key_id)
+        .collect()
+}
+
+/// `aws.remote_identity` (the user's config.yaml, SkyPilot's key): the
+/// nodes are launched with that instance profile, their rclone reaches S3
+/// as its role through the metadata service (a COPY and a MOUNT on every
+/// node, the store's log showing only the keys the nodes' metadata served),
+/// gangway makes no STS session for them, and the mount keeps no keys. A
+/// task that says LOCAL_CREDENTIALS gets today's STS session keys instead.
+#[test]
+fn an_aws_cluster_with_remote_identity_reaches_s3_as_its_instance_profile_and_makes_no_sts_session()
+{
+    let Some(s3) = gangway_test::storage::StoreEmulator::s3() else {
+        return;
+    };
+    let Some(sshd) = machines(2) else { return };
+    let Some(cloud) = Cloud::new(&sshd) else {
+        return;
+    };
+    let m = cloud.home.marker.to_ascii_lowercase();
+    let profile = format!("gw-{m}-nodes");
+    let arn = make_instance_profile(cloud.emu, &profile);
+    let bucket = format!("gw-{m}-ident");
+    s3.create_bucket(&bucket);
+    s3.put_object(&bucket, "x.txt", b"v1");
+    std::fs::write(
+        cloud.home.path().join("config.yaml"),
+        format!("aws:\n  remote_identity: {profile}\n"),
+    )
+    .expect("config.yaml");
+    let task = |name: &str, config: &str, mounts: &str| {
+        cloud.home.file(
+            name,
+            &format!(
+                "num_nodes: 2\nresources:\n  infra: aws/{REGION}\n  image_id: {AMI}\n\
+                 envs:\n  GW_TEST_MARKER: {marker}\n\
+                 config:\n  aws:\n    ssh_user: root\n    poll_ms: 50\n{config}\
+                 file_mounts:\n{mounts}\
+                 run: |\n{IMDS_KEY}\
+                 \x20 echo \"rank=$SKYPILOT_NODE_RANK copy=$(cat ~/c/x.txt) mount=$(cat ~/m/x.txt 2>/dev/null)\"\n\
+                 \x20 echo \"kept=$(ls ~/.gangway/creds/*/ 2>/dev/null | tr '\\n' ' ')\"\n",
+                marker = cloud.home.marker
+            ),
+        )
+    };
+    let mounts =
+        format!("  ~/c: s3://{bucket}\n  ~/m:\n    source: s3://{bucket}\n    mode: MOUNT\n");
+    let own = task("own.yaml", "", &mounts);
+    let with_s3 = |args: &[&str]| {
+        let mut c = cloud.command(args);
+        c.env("GANGWAY_S3_ENDPOINT", &s3.endpoint)
+            .env("AWS_REGION", gangway_test::storage::S3_REGION);
+        parts(&Running::start(c).wait())
+    };
+
+    let before = s3.last_request_id();
+    let (code, out, err) = with_s3(&["launch", &own, "-c", "ident", "-y"]);
+    let all = format!("{out}\n{err}");
+    assert_eq!(code, 0, "{all}");
+    for rank in 0..2 {
+        assert!(
+            all.contains(&format!("rank={rank} copy=v1 mount=v1")),
+            "rank {rank}: {all}"
+        );
+    }
+    let imds_keys: std::collections::BTreeSet<String> = all
+        .lines()
+        .filter_map(|l| l.split("imds-key=").nth(1))
+        .map(|k| k.trim().to_string())
+        .collect();
+    assert!(
+        imds_keys.len() == 2 && imds_keys.iter().all(|k| k.starts_with("ASIAIMDS")),
+        "each node's metadata serves its role's keys: {imds_keys:?}\n{all}"
+    );
+    let used = rclone_keys(s3, before);
+    assert!(
+        !used.is_empty() && used.is_subset(&imds_keys),
+        "the nodes' rclone signed with the keys of their metadata only: {used:?} (served: {imds_keys:?})"
+    );
+    assert_eq!(
+        cloud.emu.sts_sessions(&cloud.scope),
+        0,
+        "no STS session was made from the user's keys"
+    );
+    // The mount's credentials directory holds its rclone config only: no
+    // keys, no credential_process answer.
+    let kept = all
+        .lines()
+        .find_map(|l| l.split("kept=").nth(1))
+        .unwrap_or_default();
+    assert!(
+        kept.contains("gw1.conf") && !kept.contains(".json") && !kept.contains(".aws"),
+        "{kept}"
+    );
+    assert!(
+        !all.contains("renewed the bucket mounts' credentials"),
+        "nothing to renew: {all}"
+    );
+    // Both instances carry the profile.
+    let (status, xml) = cloud.emu.call(
+        REGION,
+        &[
+            ("Action", "DescribeInstances"),
+            ("Filter.1.Name", "tag:gangway-cluster"),
+            ("Filter.1.Value.1", "ident"),
+            ("Filter.2.Name", "instance-state-name"),
+            ("Filter.2.Value.1", "running"),
+        ],
+    );
+    assert_eq!(status, 200, "{xml}");
+    assert_eq!(xml.matches(&arn).count(), 2, "{arn} on both: {xml}");
+    let (code, out, err) = with_s3(&["down", "-y", "ident"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(cloud.left("ident"), Vec::<String>::new());
+    // A VM goes with its mount; these machines outlive the cluster (the
+    // mount is in their sshd's mount namespace).
+    // (Its known_hosts names no port-22 entries: no host key check.)
+    let args: Vec<String> = sshd
+        .ssh_args()
+        .into_iter()
+        .map(|a| match a.as_str() {
+            "StrictHostKeyChecking=yes" => "StrictHostKeyChecking=no".to_string(),
+            a if a.starts_with("UserKnownHostsFile=") => "UserKnownHostsFile=/dev/null".into(),
+            _ => a,
+        })
+        .collect();
+    let unmount = std::process::Command::new("ssh")
+        .args(&args)
+        .arg(&sshd.addrs[0])
+        .arg("fusermount3 -uz ~/m || fusermount -uz ~/m")
+        .output()
+        .expect("ssh");
+    assert!(unmount.status.success(), "{unmount:?}");
+
+    // LOCAL_CREDENTIALS in the task wins over the user's file: today's
+    // way, an STS session of the user's keys, no profile on the nodes.
+    let local = task(
+        "local.yaml",
+        "    remote_identity: LOCAL_CREDENTIALS\n",
+        &format!("  ~/c: s3://{bucket}\n"),
+    );
+    let before = s3.last_request_id();
+    let (code, out, err) = with_s3(&["launch", &local, "-c", "ident-local", "-y", "--down"]);
+    let all = format!("{out}\n{err}");
+    assert_eq!(code, 0, "{all}");
+    assert!(all.contains("rank=1 copy=v1"), "{all}");
+    assert!(
+        all.contains("imds-key=\n") || all.contains("imds-key=\r"),
+        "no profile: {all}"
+    );
+    let used = rclone_keys(s3, before);
+    assert!(
+        !used.is_empty() && used.iter().all(|k| k.starts_with("ASIAGW")),
+        "STS session keys: {used:?}"
+    );
+    assert!(cloud.emu.sts_sessions(&cloud.scope) > 0);
+    assert_eq!(cloud.left("ident-local"), Vec::<String>::new());
+    crate::common::assert_no_marker_procs(&cloud.home.marker, "down");
+}
+
+/// A `remote_identity` that names no instance profile stops the launch
+/// with EC2's words, the region and the key to fix, and leaves nothing.
+#[test]
+fn an_aws_remote_identity_that_does_not_exist_fails_clearly_and_leaves_nothing() {
+    let Some(sshd) = machines(1) else { return };
+    let Some(cloud) = Cloud::new(&sshd) else {
+        return;
+    };
+    let missing = format!("gw-{}-missing", cloud.home.marker.to_ascii_lowercase());
+    let task = cloud.home.file(
+        "missing.yaml",
+        &format!(
+            "resources:\n  infra: aws/{REGION}\n  image_id: {AMI}\n\
+             config:\n  aws:\n    ssh_user: root\n    poll_ms: 50\n    remote_identity: {missing}\n\
+             run: echo never\n"
+        ),
+    );
+    let (code, out, err) = cloud.run(&["launch", &task, "-c", "noprofile", "-y"]);
+    let all = format!("{out}\n{err}");
+    assert_ne!(code, 0, "{all}");
+    assert!(!all.contains("never"), "{all}");
+    assert!(
+        all.contains(REGION)
+            && all.contains("InvalidParameterValue")
+            && all.contains(&format!(
+                "Value ({missing}) for parameter iamInstanceProfile.name is invalid"
+            ))
+            && all.contains("config.aws.remote_identity"),
+        "{all}"
+    );
+    assert_eq!(cloud.left("noprofile"), Vec::<String>::new());
+    assert!(cloud
+        .instances("noprofile")
+        .iter()
+        .all(|i| i.state == "terminated"));
 }

@@ -759,3 +759,183 @@ fn the_documented_gcp_example_provisions_as_shipped_and_down_leaves_nothing() {
     assert_eq!(code, 0, "{out}\n{err}");
     assert_eq!(leftovers(&gce), Vec::<String>::new());
 }
+
+/// `gcp.remote_identity` (the user's config.yaml, SkyPilot's key): every
+/// VM is inserted running as that service account with the Cloud Storage
+/// read_write scope only, and a gs:// COPY and MOUNT on it reach the store
+/// with the token of its metadata server (the GCS front logs which token:
+/// the one the node's metadata served, and no other); nothing is renewed.
+/// The fake's metadata server stands in for GCE's, reached through
+/// `GCE_METADATA_HOST` as Google's libraries (rclone's) read it.
+#[test]
+fn a_gcp_cluster_with_remote_identity_reaches_gcs_with_its_service_accounts_token() {
+    let Some(gcs) = gangway_test::storage::StoreEmulator::gcs() else {
+        return;
+    };
+    let Some((gce, sshd, home)) = vms_with_sshd(1) else {
+        return;
+    };
+    let email = "gangway-nodes@gangway-test.iam.gserviceaccount.com";
+    let set = gce.call(
+        "POST",
+        "/_gangway/settings",
+        &serde_json::json!({ "service_accounts": [email] }).to_string(),
+    );
+    assert_eq!(set["service_accounts"][0], email, "{set}");
+    std::fs::write(
+        home.path().join("config.yaml"),
+        format!("gcp:\n  remote_identity: {email}\n"),
+    )
+    .expect("config.yaml");
+    let bucket = format!("gw-{}-ident", home.marker.to_ascii_lowercase());
+    gcs.create_bucket(&bucket);
+    gcs.put_object(&bucket, "x.txt", b"v1");
+    let with_gcs = |args: &[&str]| {
+        let mut c = crate::common::command_in(home.path());
+        c.args(args)
+            .env("GANGWAY_GCP_ENDPOINT", &gce.url)
+            .env("GOOGLE_CLOUD_PROJECT", "gangway-test")
+            .env("GANGWAY_GCP_SSH_CIDR", "192.0.2.0/24")
+            .env("GANGWAY_GCS_ENDPOINT", &gcs.endpoint)
+            .env(
+                "GOOGLE_SERVICE_ACCOUNT_KEY",
+                gangway_test::storage::GCS_NO_AUTH_KEY,
+            );
+        parts(&crate::common::Running::start(c).wait())
+    };
+    let up = home.file(
+        "up.yaml",
+        &format!(
+            "resources:\n  infra: gcp/us-central1\n  instance_type: n2-standard-8\n\
+             envs:\n  GW_TEST_MARKER: {}\n\
+             config:\n  gcp:\n    ssh_user: root\nrun: echo up\n",
+            home.marker
+        ),
+    );
+    let (code, out, err) = with_gcs(&["launch", &up, "-c", "ident", "-y"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    // The insert carried the account, with the storage scope only.
+    let vms = gce.named("instances", "gw-ident-");
+    assert_eq!(vms.len(), 1, "{vms:#?}");
+    assert_eq!(
+        vms[0]["serviceAccounts"],
+        serde_json::json!([{
+            "email": email,
+            "scopes": ["https://www.googleapis.com/auth/devstorage.read_write"]
+        }]),
+        "{:#}",
+        vms[0]
+    );
+    // The node's metadata server, where its sessions find it.
+    let name = vms[0]["name"].as_str().expect("name");
+    let md = gce.call(
+        "POST",
+        "/_gangway/metadata-server",
+        &serde_json::json!({ "instance": name }).to_string(),
+    );
+    let host = md["host"].as_str().expect("metadata host").to_string();
+    sshd.session_profile(&format!("export GCE_METADATA_HOST={host}\n"));
+
+    let task = home.file(
+        "ident.yaml",
+        &format!(
+            "envs:\n  GW_TEST_MARKER: {m}\n\
+             file_mounts:\n  ~/c: gs://{bucket}\n  ~/m:\n    source: gs://{bucket}\n    mode: MOUNT\n\
+             run: |\n\
+             \x20 t=$(curl -s -H 'Metadata-Flavor: Google' http://$GCE_METADATA_HOST/computeMetadata/v1/instance/service-accounts/default/token | sed -n 's/.*\"access_token\": *\"\\([^\"]*\\)\".*/\\1/p')\n\
+             \x20 echo \"token=bearer-sha256:$(printf %s \"$t\" | sha256sum | cut -c1-16)\"\n\
+             \x20 echo \"copy=$(cat ~/c/x.txt) mount=$(cat ~/m/x.txt)\"\n\
+             \x20 echo \"kept=$(ls ~/.gangway/creds/*/ | tr '\\n' ' ')\"\n",
+            m = home.marker
+        ),
+    );
+    let before = gcs.last_request_id();
+    let (code, out, err) = with_gcs(&["exec", "ident", &task]);
+    let all = format!("{out}\n{err}");
+    assert_eq!(code, 0, "{all}");
+    assert!(all.contains("copy=v1 mount=v1"), "{all}");
+    let token = all
+        .lines()
+        .find_map(|l| l.split("token=").nth(1))
+        .map(|t| t.trim().to_string())
+        .unwrap_or_default();
+    assert!(token.len() == "bearer-sha256:".len() + 16, "{all}");
+    let seen = gcs.requests_since(before);
+    let used: std::collections::BTreeSet<Option<String>> = seen
+        .iter()
+        // The node's rclone: Debian's build says `google-api-go-client` or
+        // `Go-http-client` to GCS, not `rclone/`; object_store is gangway's
+        // own preflight on this machine.
+        .filter(|r| {
+            !r.user_agent
+                .as_deref()
+                .is_some_and(|u| u.starts_with("object_store"))
+        })
+        .map(|r| r.key_id.clone())
+        .collect();
+    assert_eq!(
+        used,
+        [Some(token)].into_iter().collect(),
+        "every rclone request carried the metadata server's token: {seen:#?}"
+    );
+    let kept = all
+        .lines()
+        .find_map(|l| l.split("kept=").nth(1))
+        .unwrap_or_default();
+    assert!(
+        kept.contains("gw1.conf") && !kept.contains(".json"),
+        "{kept}"
+    );
+    assert!(!all.contains("renewed the bucket mounts"), "{all}");
+
+    // A VM goes with its mount; the test's machine stays (the mount is in
+    // its sshd's mount namespace).
+    let args: Vec<String> = sshd
+        .ssh_args()
+        .into_iter()
+        .map(|a| match a.as_str() {
+            "StrictHostKeyChecking=yes" => "StrictHostKeyChecking=no".to_string(),
+            a if a.starts_with("UserKnownHostsFile=") => "UserKnownHostsFile=/dev/null".into(),
+            _ => a,
+        })
+        .collect();
+    let unmount = std::process::Command::new("ssh")
+        .args(&args)
+        .arg(&sshd.addrs[0])
+        .arg("fusermount3 -uz ~/m || fusermount -uz ~/m")
+        .output()
+        .expect("ssh");
+    assert!(unmount.status.success(), "{unmount:?}");
+    let (code, out, err) = with_gcs(&["down", "-y", "ident"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(leftovers(&gce), Vec::<String>::new());
+}
+
+/// A `remote_identity` GCE refuses (an account that does not exist, or
+/// that the user may not act as) stops the launch with GCE's words, the
+/// key to fix, and leaves nothing.
+#[test]
+fn a_gcp_remote_identity_gce_refuses_fails_clearly_and_leaves_nothing() {
+    let Some(gce) = GceFake::start() else { return };
+    let home = TestHome::new();
+    let email = "missing@gangway-test.iam.gserviceaccount.com";
+    let task = home.file(
+        "missing.yaml",
+        &format!(
+            "resources:\n  infra: gcp/us-central1\n  instance_type: n2-standard-8\n\
+             config:\n  gcp:\n    remote_identity: {email}\nrun: echo never\n"
+        ),
+    );
+    let (code, out, err) = parts(&run(&gce, &home, &["launch", &task, "-c", "nosa", "-y"]));
+    let all = format!("{out}\n{err}");
+    assert_ne!(code, 0, "{all}");
+    assert!(
+        all.contains("us-central1")
+            && all.contains(&format!(
+                "The user does not have access to service account '{email}'"
+            ))
+            && all.contains("config.gcp.remote_identity"),
+        "{all}"
+    );
+    assert_eq!(leftovers(&gce), Vec::<String>::new());
+}

@@ -160,6 +160,29 @@ pub struct Node {
 /// are told apart by port instead of address.
 pub const PORT_RANGE_FACT: &str = "port_range";
 
+/// The [`Node::extra`] key that says which stores a node reaches with its
+/// own identity (an instance profile, a service account attached by its
+/// provider): URL schemes, comma-separated (`s3`, `gs`). Where every node
+/// of a run has a bucket's scheme here, the nodes' rclone is told to use
+/// that identity and no credentials of the user's leave this machine for
+/// that bucket. Only the provider sets it, from what the node really has.
+pub const IDENTITY_STORES_FACT: &str = "identity_stores";
+
+/// The stores (URL schemes) a node's own identity reaches, from its
+/// [`IDENTITY_STORES_FACT`].
+pub fn identity_stores(extra: &BTreeMap<String, String>) -> Vec<String> {
+    extra
+        .get(IDENTITY_STORES_FACT)
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Parses a [`PORT_RANGE_FACT`] value, `FIRST-LAST` with FIRST <= LAST.
 pub fn parse_port_range(text: &str) -> Option<(u16, u16)> {
     let (a, b) = text.trim().split_once('-')?;
@@ -487,6 +510,17 @@ pub trait Provider: Send + Sync {
     /// cluster still runs there. Cloud VMs go with everything on them.
     fn machines_outlive_clusters(&self) -> bool {
         false
+    }
+
+    /// The stores (URL schemes: `s3`, `gs`) that nodes launched with
+    /// `provider_config` (the task's `config.<provider>` section, with the
+    /// user's `<provider>.remote_identity`) will reach with an identity of
+    /// their own, so gangway need not make credentials for them before
+    /// they exist. Where nodes have one, [`IDENTITY_STORES_FACT`] says so
+    /// on each. Default: none.
+    fn identity_stores(&self, provider_config: Option<&serde_json::Value>) -> Vec<String> {
+        let _ = provider_config;
+        Vec::new()
     }
 
     /// Every cluster this provider holds resources for under gangway's

@@ -62,6 +62,10 @@ pub struct AwsOptions {
     pub boot_timeout_s: u64,
     /// Milliseconds between state polls.
     pub poll_ms: u64,
+    /// `remote_identity`: the IAM instance profile every node is launched
+    /// with, by name, so its rclone reaches S3 as that role (through the
+    /// metadata service) and no credentials of the user's go to it.
+    pub remote_identity: Option<String>,
 }
 
 impl Default for AwsOptions {
@@ -78,6 +82,7 @@ impl Default for AwsOptions {
             ami_owner: None,
             boot_timeout_s: 600,
             poll_ms: 2000,
+            remote_identity: None,
         }
     }
 }
@@ -95,6 +100,7 @@ pub const KEYS: &[&str] = &[
     "ami_owner",
     "boot_timeout_s",
     "poll_ms",
+    "remote_identity",
 ];
 
 impl AwsOptions {
@@ -139,6 +145,8 @@ impl AwsOptions {
                 "ami_owner" => o.ami_owner = Some(text(k, x)?),
                 "boot_timeout_s" => o.boot_timeout_s = number(k, x)?,
                 "poll_ms" => o.poll_ms = number(k, x)?.max(10),
+                // The core has taken out LOCAL_CREDENTIALS (the default).
+                "remote_identity" => o.remote_identity = Some(text(k, x)?),
                 other => {
                     return Err(ConfigError::UnknownKey {
                         key: other.to_string(),
@@ -174,9 +182,10 @@ mod tests {
             "ssh_user": "ec2-user", "ssh_cidr": "10.0.0.0/8", "vpc_id": "vpc-1",
             "use_internal_ips": true, "ssh_jump": "me@bastion", "placement_group": false,
             "efa": true, "ami_name": "my-ami-*", "ami_owner": "self",
-            "boot_timeout_s": 30, "poll_ms": 50
+            "boot_timeout_s": 30, "poll_ms": 50, "remote_identity": "gangway-nodes"
         })))
         .unwrap();
+        assert_eq!(o.remote_identity.as_deref(), Some("gangway-nodes"));
         assert_eq!(o.ssh_user, "ec2-user");
         assert_eq!(o.ssh_cidr.as_deref(), Some("10.0.0.0/8"));
         assert!(o.use_internal_ips);

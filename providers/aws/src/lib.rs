@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 use aws_sdk_ec2::error::ProvideErrorMetadata;
 use aws_sdk_ec2::primitives::Blob;
 use aws_sdk_ec2::types::{
-    BlockDeviceMapping, EbsBlockDevice, Filter, HttpTokensState, Instance,
-    InstanceInterruptionBehavior, InstanceLifecycleType, InstanceMarketOptionsRequest,
+    BlockDeviceMapping, EbsBlockDevice, Filter, HttpTokensState, IamInstanceProfileSpecification,
+    Instance, InstanceInterruptionBehavior, InstanceLifecycleType, InstanceMarketOptionsRequest,
     InstanceMetadataOptionsRequest, InstanceNetworkInterfaceSpecification, InstanceStateName,
     InstanceType, IpPermission, IpRange, MarketType, Placement as Ec2Placement, PlacementStrategy,
     ResourceType, SpotInstanceType, SpotMarketOptions, Tag, TagSpecification, UserIdGroupPair,
@@ -361,6 +361,15 @@ impl AwsProvider {
             if !g.is_empty() {
                 extra.insert("placement_group".to_string(), g.to_string());
             }
+        }
+        // Launched with an instance profile: its role is what the node's
+        // rclone reaches S3 as.
+        if let Some(arn) = i.iam_instance_profile().and_then(|p| p.arn()) {
+            extra.insert("iam_instance_profile".to_string(), arn.to_string());
+            extra.insert(
+                gangway_provider::IDENTITY_STORES_FACT.to_string(),
+                "s3".to_string(),
+            );
         }
         Node {
             id: InstanceId(i.instance_id().unwrap_or_default().to_string()),
@@ -817,9 +826,29 @@ impl AwsProvider {
                     .build(),
             );
         }
-        call.send()
-            .await
-            .map_err(|e| from_sdk(e, loc, "RunInstances"))?;
+        if let Some(profile) = &opts.remote_identity {
+            call = call.iam_instance_profile(
+                IamInstanceProfileSpecification::builder()
+                    .name(profile)
+                    .build(),
+            );
+        }
+        call.send().await.map_err(|e| {
+            let mut e = from_sdk(e, loc, "RunInstances");
+            if let Some(profile) = &opts.remote_identity {
+                if e.message
+                    .to_ascii_lowercase()
+                    .contains("iaminstanceprofile")
+                {
+                    e.message.push_str(&format!(
+                        " (config.aws.remote_identity names the instance profile '{profile}': \
+                         create it with a role that may use your buckets, or fix the name; \
+                         docs/aws.md, \"Node identity\", says which)"
+                    ));
+                }
+            }
+            e
+        })?;
         Ok(())
     }
 
@@ -1117,6 +1146,13 @@ impl Provider for AwsProvider {
         spot_notice_probe(node)
     }
 
+    fn identity_stores(&self, provider_config: Option<&serde_json::Value>) -> Vec<String> {
+        match AwsOptions::from_value(provider_config) {
+            Ok(o) if o.remote_identity.is_some() => vec!["s3".to_string()],
+            _ => Vec::new(),
+        }
+    }
+
     fn name(&self) -> &str {
         "aws"
     }
@@ -1194,6 +1230,12 @@ impl Provider for AwsProvider {
             i.placement().and_then(|p| p.availability_zone()) == Some(req.placement.zone.as_str())
                 && i.instance_type().map(|t| t.as_str()) == Some(req.instance_type.as_str())
                 && (i.instance_lifecycle() == Some(&InstanceLifecycleType::Spot)) == req.use_spot
+                // The identity asked for (an instance profile's ARN ends
+                // with its name), or none.
+                && i.iam_instance_profile()
+                    .and_then(|p| p.arn())
+                    .and_then(|a| a.rsplit('/').next())
+                    == opts.remote_identity.as_deref()
         };
         let (mut keep, strays): (Vec<Instance>, Vec<Instance>) =
             existing.into_iter().partition(fits);

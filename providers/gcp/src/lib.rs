@@ -149,6 +149,24 @@ struct Options {
     placement: Option<bool>,
     boot_timeout_s: Option<u64>,
     preemption_notice_s: Option<u64>,
+    /// `remote_identity`: the service account (email) every VM runs as,
+    /// with [`STORAGE_SCOPE`], so its rclone reaches GCS through the
+    /// metadata server and no token of the user's goes to it.
+    remote_identity: Option<String>,
+}
+
+/// The one OAuth scope a VM with `remote_identity` gets: Cloud Storage,
+/// read and write (objects and buckets, not their IAM policies). The
+/// tokens the VM's metadata server hands out can then reach nothing but
+/// Storage, whatever other roles the service account holds; a wider
+/// scope (`cloud-platform`, SkyPilot's) would let them use every role.
+pub const STORAGE_SCOPE: &str = "https://www.googleapis.com/auth/devstorage.read_write";
+
+/// Scopes whose tokens reach GCS objects.
+fn reaches_storage(scope: &str) -> bool {
+    scope.ends_with("/auth/devstorage.read_write")
+        || scope.ends_with("/auth/devstorage.full_control")
+        || scope.ends_with("/auth/cloud-platform")
 }
 
 const OPTION_KEYS: &[&str] = &[
@@ -160,6 +178,7 @@ const OPTION_KEYS: &[&str] = &[
     "placement_policy",
     "boot_timeout_s",
     "preemption_notice_s",
+    "remote_identity",
 ];
 
 fn options(v: Option<&serde_json::Value>, loc: &str) -> Result<Options> {
@@ -201,6 +220,17 @@ fn options(v: Option<&serde_json::Value>, loc: &str) -> Result<Options> {
             }
             "preemption_notice_s" => {
                 o.preemption_notice_s = Some(v.as_u64().ok_or_else(|| bad(k, "must be seconds"))?)
+            }
+            // The core has taken out LOCAL_CREDENTIALS (the default).
+            "remote_identity" => {
+                let email = s()?;
+                if !email.contains('@') {
+                    return Err(bad(
+                        k,
+                        &format!("'{email}' is not a service account's email (NAME@PROJECT.iam.gserviceaccount.com)"),
+                    ));
+                }
+                o.remote_identity = Some(email)
             }
             other => {
                 return Err(bad(
@@ -840,6 +870,22 @@ impl GcpProvider {
         if let Some(t) = &i.machine_type {
             extra.insert("instance_type".to_string(), last(t).to_string());
         }
+        // Runs as a service account whose tokens reach Storage: its
+        // rclone uses the metadata server's.
+        if let Some(sa) = i
+            .service_accounts
+            .iter()
+            .find(|a| a.scopes.iter().any(|s| reaches_storage(s)))
+        {
+            extra.insert(
+                "service_account".to_string(),
+                sa.email.clone().unwrap_or_default(),
+            );
+            extra.insert(
+                gangway_provider::IDENTITY_STORES_FACT.to_string(),
+                "gs".to_string(),
+            );
+        }
         let topology = i
             .resource_status
             .as_ref()
@@ -1276,6 +1322,13 @@ impl Provider for GcpProvider {
         preempted_notice_probe(node)
     }
 
+    fn identity_stores(&self, provider_config: Option<&serde_json::Value>) -> Vec<String> {
+        match options(provider_config, "") {
+            Ok(o) if o.remote_identity.is_some() => vec!["gs".to_string()],
+            _ => Vec::new(),
+        }
+    }
+
     fn name(&self) -> &str {
         "gcp"
     }
@@ -1372,7 +1425,12 @@ impl Provider for GcpProvider {
             let z = zone_of(&i);
             let ty = last(i.machine_type.as_deref().unwrap_or_default()).to_string();
             let spot = is_spot(&i);
-            let fits = z == zone && ty == req.instance_type && spot == req.use_spot;
+            // The identity asked for, or none.
+            let runs_as = i.service_accounts.first().and_then(|a| a.email.as_deref());
+            let fits = z == zone
+                && ty == req.instance_type
+                && spot == req.use_spot
+                && runs_as == opts.remote_identity.as_deref();
             match i.status.as_ref() {
                 _ if !fits => strays.push(i),
                 Some(instance::Status::Running)
@@ -1784,7 +1842,20 @@ impl GcpProvider {
             "instances.bulkInsert",
             Duration::from_secs(900),
         )
-        .await?;
+        .await
+        .map_err(|mut e| {
+            if let Some(email) = &opts.remote_identity {
+                if e.message.to_ascii_lowercase().contains("serviceaccount") {
+                    e.message.push_str(&format!(
+                        " (config.gcp.remote_identity names the service account '{email}': \
+                         create it, let it use your buckets and let yourself act as it \
+                         (roles/iam.serviceAccountUser), or fix the name; docs/gcp.md, \
+                         \"Node identity\", says how)"
+                    ));
+                }
+            }
+            e
+        })?;
         Ok(())
     }
 
@@ -1881,6 +1952,11 @@ impl GcpProvider {
             )
             .set_tags(model::Tags::new().set_items([names.tag.clone()]))
             .set_labels(labels);
+        if let Some(email) = &opts.remote_identity {
+            props = props.set_service_accounts([model::ServiceAccount::new()
+                .set_email(email)
+                .set_scopes([STORAGE_SCOPE])]);
+        }
         // N1 hosts take attached GPUs; A2/A3/G2 types carry their own.
         if let Some((name, n)) = gpu {
             if req.instance_type.starts_with("n1-") {
@@ -1903,6 +1979,24 @@ impl GcpProvider {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn remote_identity_is_a_service_account_email() {
+        let o = options(
+            Some(&serde_json::json!({"remote_identity": "nodes@p.iam.gserviceaccount.com"})),
+            "x",
+        )
+        .unwrap();
+        assert_eq!(
+            o.remote_identity.as_deref(),
+            Some("nodes@p.iam.gserviceaccount.com")
+        );
+        let e = options(Some(&serde_json::json!({"remote_identity": "nodes"})), "x").unwrap_err();
+        assert!(
+            e.message.contains("config.gcp.remote_identity") && e.message.contains("email"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn task_settings_are_checked_by_name() {

@@ -413,6 +413,47 @@ impl Bucket {
     }
 }
 
+/// The environment that lets rclone on a node reach `url` as `remote:`
+/// with the node's own identity (an instance profile through the EC2
+/// metadata service, a service account through the GCE metadata server):
+/// rclone's `env_auth`, and no credentials at all. Nothing in it is
+/// secret, and nothing expires.
+pub fn identity_env(url: &BucketUrl, endpoints: &Endpoints, remote: &str) -> Vec<(String, String)> {
+    let p = format!("RCLONE_CONFIG_{}_", remote.to_ascii_uppercase());
+    let mut env = Vec::new();
+    let mut set = |k: &str, v: &str| env.push((format!("{p}{k}"), v.to_string()));
+    match url.scheme {
+        Scheme::S3 => {
+            set("TYPE", "s3");
+            set("ENV_AUTH", "true");
+            if let Some(r) = &endpoints.s3_region {
+                set("REGION", r);
+            }
+            match &endpoints.s3 {
+                Some(ep) => {
+                    set("PROVIDER", "Other");
+                    set("ENDPOINT", ep);
+                    set("FORCE_PATH_STYLE", "true");
+                }
+                None => set("PROVIDER", "AWS"),
+            }
+            set("NO_CHECK_BUCKET", "true");
+        }
+        Scheme::Gcs => {
+            set("TYPE", "google cloud storage");
+            set("ENV_AUTH", "true");
+            set("BUCKET_POLICY_ONLY", "true");
+            if let Some(ep) = &endpoints.gcs {
+                set(
+                    "ENDPOINT",
+                    &format!("{}/storage/v1/", ep.trim_end_matches('/')),
+                );
+            }
+        }
+    }
+    env
+}
+
 /// `location` below `base`, without the separating `/`.
 fn relative(base: &ObjectPath, location: &ObjectPath) -> String {
     let b = base.as_ref();

@@ -27,7 +27,10 @@ list of address pairs, `[public, private]`, and optionally an
   `instance-life-cycle` (`spot` / `on-demand`),
   `placement/availability-zone`, `placement/region`,
   `placement/group-name` (in a group only), `spot/instance-action` and
-  `spot/termination-time` (404 until a notice is posted).
+  `spot/termination-time` (404 until a notice is posted), and for an
+  instance launched with an IAM instance profile `iam/info`,
+  `iam/security-credentials/` and `iam/security-credentials/ROLE` (the
+  role's temporary keys, EC2's JSON; 404 without a profile).
 * An interruption with notice posts `{"action": "terminate", "time": T}`
   at once and terminates the instance at T (the emulator's
   `--spot-notice-seconds`, 120 as on EC2, or the request's
@@ -35,6 +38,7 @@ list of address pairs, `[public, private]`, and optionally an
   then.
 """
 
+import hashlib
 import http.server
 import json
 import secrets
@@ -136,6 +140,8 @@ class Machines:
         self.notices = {}
         # token -> (instance id, expiry as time.monotonic())
         self.tokens = {}
+        # instance id -> the role credentials its metadata service hands out
+        self.role_keys = {}
 
     # ----- control ----------------------------------------------------------
 
@@ -227,6 +233,7 @@ class Machines:
             self.held.clear()
             self.notices.clear()
             self.tokens.clear()
+            self.role_keys.clear()
 
     # ----- RunInstances -----------------------------------------------------
 
@@ -331,7 +338,8 @@ class Machines:
         with self._lock:
             notice = self.notices.get(held["instance_id"])
         group = instance.placement.group_name or None
-        values = {
+        values = {**self._iam(held)}
+        values.update({
             "instance-id": instance.id,
             "instance-type": instance.instance_type,
             "ami-id": instance.image_id,
@@ -343,11 +351,66 @@ class Machines:
             "placement/group-name": group,
             "spot/instance-action": json.dumps(notice) if notice else None,
             "spot/termination-time": notice["time"] if notice else None,
+        })
+        if values.get(key) is not None:
+            return values[key]
+        # A directory (the root, `iam/`): its entries, sub-directories
+        # with a trailing slash.
+        under = key + "/" if key else ""
+        entries = set()
+        for k, v in values.items():
+            if v is None or not k.startswith(under):
+                continue
+            rest = k[len(under):]
+            entries.add(rest.split("/")[0] + ("/" if "/" in rest else ""))
+        entries -= {e[:-1] for e in entries if e.endswith("/")}
+        return "\n".join(sorted(entries)) if entries else None
+
+    def _iam(self, held):
+        """The `iam/` keys of an instance launched with an instance profile
+        (none without one, so they answer 404): `iam/info`,
+        `iam/security-credentials/` (the role's name) and
+        `iam/security-credentials/ROLE`, in EC2's JSON shapes. The role's
+        keys are the instance's own (`ASIAIMDS...`), made once and valid
+        for six hours from then, as EC2 rotates them well before they end."""
+        profile = self.emulator.instance_profile(held["region"], held["instance_id"])
+        if profile is None:
+            return {}
+        roles = [r.name for r in getattr(profile, "roles", [])]
+        now = datetime.now(timezone.utc)
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        values = {
+            "iam/info": json.dumps({
+                "Code": "Success",
+                "LastUpdated": stamp,
+                "InstanceProfileArn": profile.arn,
+                "InstanceProfileId": profile.id,
+            }, indent=2),
+            "iam/security-credentials": "\n".join(roles),
         }
-        if key == "":
-            return "\n".join(sorted({k.split("/")[0] + ("/" if "/" in k else "")
-                                     for k, v in values.items() if v is not None}))
-        return values.get(key)
+        for role in roles:
+            with self._lock:
+                keys = self.role_keys.get(held["instance_id"])
+                if keys is None:
+                    digest = hashlib.sha256(held["instance_id"].encode()).hexdigest().upper()
+                    keys = {
+                        "AccessKeyId": "ASIAIMDS" + digest[:12],
+                        "SecretAccessKey": secrets.token_urlsafe(30),
+                        "Token": secrets.token_urlsafe(96),
+                        "LastUpdated": stamp,
+                        "Expiration": (now + timedelta(hours=6)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    }
+                    self.role_keys[held["instance_id"]] = keys
+            values[f"iam/security-credentials/{role}"] = json.dumps({
+                "Code": "Success",
+                "LastUpdated": keys["LastUpdated"],
+                "Type": "AWS-HMAC",
+                "AccessKeyId": keys["AccessKeyId"],
+                "SecretAccessKey": keys["SecretAccessKey"],
+                "Token": keys["Token"],
+                "Expiration": keys["Expiration"],
+            }, indent=2)
+        return values
 
     # ----- interruptions with notice ----------------------------------------
 

@@ -156,6 +156,10 @@ def selftest(endpoint):
     check("each STS session has access keys of its own",
           first["AccessKeyId"].startswith("ASIA") and first["AccessKeyId"] != second["AccessKeyId"]
           and first["SessionToken"], (first["AccessKeyId"], second["AccessKeyId"]))
+    _, counted = control(endpoint, "GET", "/_gangway/sts?scope=testing")
+    _, other = control(endpoint, "GET", "/_gangway/sts?scope=AKNOSTSCALLS")
+    check("GET /_gangway/sts counts a scope's GetSessionToken calls",
+          counted["GetSessionToken"] >= 2 and other["GetSessionToken"] == 0, (counted, other))
 
     # --- fault injection ----------------------------------------------------
     status, rule = control(endpoint, "POST", "/_gangway/faults", {
@@ -485,6 +489,59 @@ def machines_selftest(endpoint, config):
           instances(ec2, again)[0].get("PublicIpAddress") == pairs[0][0],
           instances(ec2, again)[0].get("PublicIpAddress"))
     ec2.terminate_instances(InstanceIds=again)
+
+    # Instance profiles: IAM made as a user would, then every instance of
+    # the launch has it and its metadata service hands out the role's keys.
+    iam = session.client("iam", region_name="us-east-1", endpoint_url=endpoint, config=config)
+    iam.create_role(RoleName="gangway-selftest-nodes", AssumeRolePolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                "Principal": {"Service": "ec2.amazonaws.com"}}]}))
+    profile = iam.create_instance_profile(InstanceProfileName="gangway-selftest-nodes")
+    iam.add_role_to_instance_profile(InstanceProfileName="gangway-selftest-nodes",
+                                     RoleName="gangway-selftest-nodes")
+    code, status = error_of(run, ec2, 1, IamInstanceProfile={"Name": "gangway-selftest-none"})
+    check("RunInstances with an unknown instance profile: InvalidParameterValue (400)",
+          (code, status) == ("InvalidParameterValue", 400), (code, status))
+    with_profile = run(ec2, 2, KeyName="gangway-selftest-machines",
+                       IamInstanceProfile={"Name": "gangway-selftest-nodes"})
+    arns = [i.get("IamInstanceProfile", {}).get("Arn") for i in instances(ec2, with_profile)]
+    check("RunInstances gives every instance the profile (moto: only the first)",
+          arns == [profile["InstanceProfile"]["Arn"]] * 2, arns)
+    keys_seen = []
+    for iid in with_profile:
+        at = instances(ec2, [iid])[0]["PublicIpAddress"]
+        _, tok = imds(at, port, "/latest/api/token", method="PUT", ttl=60)
+        listing = imds(at, port, "/latest/meta-data/iam/", tok)
+        roles = imds(at, port, "/latest/meta-data/iam/security-credentials/", tok)
+        info = imds(at, port, "/latest/meta-data/iam/info", tok)
+        creds = imds(at, port, "/latest/meta-data/iam/security-credentials/gangway-selftest-nodes", tok)
+        body = json.loads(creds[1]) if creds[0] == 200 else {}
+        keys_seen.append(body.get("AccessKeyId"))
+        check("imds: iam/, iam/info and iam/security-credentials/ROLE in EC2's shapes",
+              listing == (200, "info\nsecurity-credentials/")
+              and roles == (200, "gangway-selftest-nodes")
+              and info[0] == 200
+              and json.loads(info[1])["InstanceProfileArn"] == profile["InstanceProfile"]["Arn"]
+              and {k for k in body} == {"Code", "LastUpdated", "Type", "AccessKeyId",
+                                        "SecretAccessKey", "Token", "Expiration"}
+              and body["Code"] == "Success" and body["Type"] == "AWS-HMAC"
+              and body["AccessKeyId"].startswith("ASIA"),
+              (listing, roles, info, creds))
+    check("imds: each instance's role keys are its own", len(set(keys_seen)) == 2, keys_seen)
+    ec2.terminate_instances(InstanceIds=with_profile)
+    plain = run(ec2, 1, KeyName="gangway-selftest-machines")
+    at = instances(ec2, plain)[0]["PublicIpAddress"]
+    _, tok = imds(at, port, "/latest/api/token", method="PUT", ttl=60)
+    root = imds(at, port, "/latest/meta-data/", tok)
+    check("imds: no iam/ without an instance profile (404)",
+          imds(at, port, "/latest/meta-data/iam/info", tok)[0] == 404
+          and imds(at, port, "/latest/meta-data/iam/security-credentials/", tok)[0] == 404
+          and root[0] == 200 and "iam/" not in root[1].split("\n"), root)
+    ec2.terminate_instances(InstanceIds=plain)
+    iam.remove_role_from_instance_profile(InstanceProfileName="gangway-selftest-nodes",
+                                          RoleName="gangway-selftest-nodes")
+    iam.delete_instance_profile(InstanceProfileName="gangway-selftest-nodes")
+    iam.delete_role(RoleName="gangway-selftest-nodes")
     ec2.delete_key_pair(KeyName="gangway-selftest-machines")
     _, removed = control(endpoint, "DELETE", f"/_gangway/machines?scope={scope}")
     check("machines: DELETE stops the scope's metadata service",

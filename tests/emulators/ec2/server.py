@@ -55,6 +55,7 @@ from moto.core import DEFAULT_ACCOUNT_ID
 from moto.ec2 import utils as ec2_utils
 from moto.ec2.models import ec2_backends
 from moto.ec2.models.instances import StateReason
+from moto.iam.models import iam_backends
 from machines import Machines
 from moto.moto_server.werkzeug_app import (
     DomainDispatcherApplication,
@@ -375,6 +376,8 @@ class Emulator:
         # (region, client token) -> (request fingerprint, response body)
         self.client_tokens = {}
         self._run_lock = threading.Lock()
+        # access key id -> GetSessionToken calls signed with it
+        self.sts_sessions = {}
         self.own_actions = {
             "CreatePlacementGroup": self.create_placement_group,
             "DescribePlacementGroups": self.describe_placement_groups,
@@ -416,6 +419,9 @@ class Emulator:
             )
 
         if action == "GetSessionToken":
+            scope = access_key_from_authorization(environ.get("HTTP_AUTHORIZATION"))
+            with self._lock:
+                self.sts_sessions[scope] = self.sts_sessions.get(scope, 0) + 1
             return self.session_token(environ, start_response)
         try:
             rule = self.faults.take(action, region, params)
@@ -551,8 +557,52 @@ class Emulator:
         start_response(status, headers)
         return [body]
 
+    def instance_profile(self, region, instance_id):
+        """The IAM instance profile an instance was launched with (moto's
+        InstanceProfile), or None."""
+        association = self.backend(region).iam_instance_profile_associations.get(instance_id)
+        return association.iam_instance_profile if association is not None else None
+
+    def _check_instance_profile(self, params):
+        """EC2's answer to a RunInstances naming an instance profile IAM
+        does not have (moto would answer IAM's NoSuchEntity, with 404)."""
+        name = params.get("IamInstanceProfile.Name")
+        arn = params.get("IamInstanceProfile.Arn")
+        if not name and not arn:
+            return
+        iam = iam_backends[self.account_id]["aws"]
+        try:
+            if arn:
+                iam.get_instance_profile_by_arn(arn)
+            else:
+                iam.get_instance_profile(name)
+        except Exception:
+            which = "arn" if arn else "name"
+            raise EmulatorError(
+                "InvalidParameterValue",
+                f"Value ({arn or name}) for parameter iamInstanceProfile.{which} is invalid. "
+                f"Invalid IAM Instance Profile {which}",
+            ) from None
+
+    def _associate_profile(self, region, params, ids):
+        """moto associates a RunInstances' instance profile with its first
+        instance only; EC2 gives it to every one."""
+        name = params.get("IamInstanceProfile.Name")
+        arn = params.get("IamInstanceProfile.Arn")
+        if not name and not arn:
+            return
+        backend = self.backend(region)
+        for instance_id in ids:
+            if instance_id not in backend.iam_instance_profile_associations:
+                backend.associate_iam_instance_profile(
+                    instance_id=instance_id,
+                    iam_instance_profile_name=name,
+                    iam_instance_profile_arn=arn,
+                )
+
     def reset(self):
         with self._lock:
+            self.sts_sessions.clear()
             self.placement_groups.clear()
             self.instance_group.clear()
             self.client_tokens.clear()
@@ -583,6 +633,11 @@ class Emulator:
                     spec = json.loads(self._read_body(environ) or b"null")
                     return reply(201, self.faults.add(spec))
                 return reply(405, {"error": "use GET, POST or DELETE"})
+            if path == "/_gangway/sts" and method == "GET":
+                scope = query.get("scope", "")
+                with self._lock:
+                    n = self.sts_sessions.get(scope, 0)
+                return reply(200, {"scope": scope, "GetSessionToken": n})
             if path == "/_gangway/interrupt":
                 if method != "POST":
                     return reply(405, {"error": "use POST"})
@@ -679,6 +734,7 @@ class Emulator:
         """Placement groups, ClientToken idempotency and machines (addresses,
         key, metadata service) around moto's RunInstances."""
         group = self._placement_group_of(region, params)
+        self._check_instance_profile(params)
         if scope:
             try:
                 wanted = int(params.get("MinCount") or 1)
@@ -702,11 +758,11 @@ class Emulator:
                     )
                 if seen:
                     return self._reply(start_response, 200, seen[1])
-                status, headers, body = self._run_in_moto(environ, region, group, scope)
+                status, headers, body = self._run_in_moto(environ, region, group, scope, params)
                 if status.startswith("200"):
                     self.client_tokens[(region, token)] = (fingerprint, body)
         else:
-            status, headers, body = self._run_in_moto(environ, region, group, scope)
+            status, headers, body = self._run_in_moto(environ, region, group, scope, params)
         headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
         headers.append(("Content-Length", str(len(body))))
         start_response(status, headers)
@@ -726,7 +782,7 @@ class Emulator:
             f"The Placement Group '{name or group_id}' is unknown.",
         )
 
-    def _run_in_moto(self, environ, region, group, scope=None):
+    def _run_in_moto(self, environ, region, group, scope=None, params=None):
         status, headers, body = self._call_moto(environ)
         if not status.startswith("200"):
             return status, headers, body
@@ -734,6 +790,7 @@ class Emulator:
             e.text for e in ET.fromstring(body).iter()
             if e.tag.rsplit("}", 1)[-1] == "instanceId"
         ]
+        self._associate_profile(region, params or {}, ids)
         if scope:
             self.machines.place(scope, region, ids)
         if group is None:

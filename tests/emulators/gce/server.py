@@ -292,6 +292,9 @@ DEFAULT_SETTINGS = {
     "nat_ip_prefix": "203.0.113.",
     # Longest wait of a metadata wait_for_change request without timeout_sec.
     "metadata_timeout_s": 60.0,
+    # Service accounts (emails) that exist and the caller may act as,
+    # besides the project's default compute one (NUMBER-compute@...).
+    "service_accounts": [],
 }
 
 
@@ -1014,6 +1017,23 @@ class Emulator:
         if accelerators and scheduling.get("onHostMaintenance") == "MIGRATE":
             raise invalid(f"{field}.scheduling.onHostMaintenance", "MIGRATE",
                           "Instances with guest accelerators do not support live migration.")
+        accounts = body.get("serviceAccounts") or []
+        if len(accounts) > 1:
+            raise invalid(f"{field}.serviceAccounts", "",
+                          "At most one service account can be attached to an instance.")
+        for i, account in enumerate(accounts):
+            default = f"{project_number(project)}-compute@developer.gserviceaccount.com"
+            email = account.get("email") or "default"
+            if email == "default":
+                account["email"] = default
+            elif email != default and email not in self.settings["service_accounts"]:
+                # What GCE answers for an account that does not exist or
+                # that the caller may not act as (it does not say which).
+                raise invalid(f"{field}.serviceAccounts[{i}].email", email,
+                              f"The user does not have access to service account '{email}'.  "
+                              f"User: 'gangway-test@{project}.iam.gserviceaccount.com'.  Ask a project "
+                              "owner to grant you the iam.serviceAccountUser role on the service account")
+            account.setdefault("scopes", [])
         scheduling.setdefault("provisioningModel", "STANDARD")
         scheduling.setdefault("automaticRestart", not spot)
         scheduling.setdefault("onHostMaintenance", "TERMINATE" if spot or accelerators else "MIGRATE")
@@ -2087,7 +2107,25 @@ class Emulator:
         }
         for key, value in attributes.items():
             values[f"instance/attributes/{key}"] = value
-        key = path.strip("/") if not path.endswith("attributes/") else path.lstrip("/")
+        # The service account it runs as: its email, scopes and an OAuth
+        # access token (the instance's own, made up; a GCS emulator takes
+        # any), under `default/` and under its email. None without one.
+        accounts = inst.body.get("serviceAccounts") or []
+        if accounts:
+            email = accounts[0]["email"]
+            values["instance/service-accounts/"] = f"default/\n{email}/\n"
+            token = json.dumps({
+                "access_token": "ya29.gw-" + hexhash(40, "token", inst.project, inst.zone, inst.name),
+                "expires_in": 3599,
+                "token_type": "Bearer",
+            })
+            for who in ("default", email):
+                values[f"instance/service-accounts/{who}/email"] = email
+                values[f"instance/service-accounts/{who}/scopes"] = "".join(
+                    f"{scope}\n" for scope in accounts[0].get("scopes", []))
+                values[f"instance/service-accounts/{who}/token"] = token
+        key = path.strip("/") if not path.endswith("/") or path.lstrip("/") not in values \
+            else path.lstrip("/")
         if key not in values:
             return 404, "Not Found\n"
         return 200, values[key]

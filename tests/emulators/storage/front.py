@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+import hashlib
 import urllib.parse
 import http.client
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -35,7 +36,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 PIECE = 1 << 20
 def signing_key_id(authorization):
     """The access key id an AWS SigV4 request was signed with (the public
-    half: `Credential=AKID/date/...`), or None: never a secret."""
+    half: `Credential=AKID/date/...`); for an OAuth bearer token
+    `bearer-sha256:` and the first 16 hex digits of its SHA-256 (which
+    token, never the token); else None."""
+    if authorization and authorization.startswith("Bearer "):
+        token = authorization[len("Bearer "):].strip()
+        return "bearer-sha256:" + hashlib.sha256(token.encode()).hexdigest()[:16]
     if not authorization or "Credential=" not in authorization:
         return None
     return authorization.split("Credential=", 1)[1].split("/", 1)[0]

@@ -352,6 +352,33 @@ impl Ec2Emulator {
             .unwrap()
     }
 
+    /// One raw IAM query call (moto's IAM on the same endpoint; `Version`
+    /// is added), as a user makes roles and instance profiles: the HTTP
+    /// status and the XML body.
+    pub fn iam(&self, params: &[(&str, &str)]) -> (u16, String) {
+        let mut form = form_encode(params);
+        form.push_str("&Version=2010-05-08");
+        let auth = "AWS4-HMAC-SHA256 Credential=testing/20000101/us-east-1/iam/aws4_request, SignedHeaders=host, Signature=0";
+        let headers = [
+            (
+                "Content-Type",
+                "application/x-www-form-urlencoded; charset=utf-8",
+            ),
+            ("Authorization", auth),
+        ];
+        self.http("POST", "/", &headers, form.as_bytes())
+            .unwrap_or_else(|e| panic!("EC2 emulator (IAM) at {}: {e}", self.endpoint))
+    }
+
+    /// How many STS `GetSessionToken` calls were signed with `scope`'s
+    /// access key: the sessions gangway made from a user's keys.
+    pub fn sts_sessions(&self, scope: &str) -> u64 {
+        let (status, body) = self.control("GET", &format!("/_gangway/sts?scope={scope}"), "");
+        assert_eq!(status, 200, "EC2 emulator sts of {scope}: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("sts JSON");
+        v["GetSessionToken"].as_u64().expect("GetSessionToken")
+    }
+
     /// The environment a gangway process or an SDK client needs to reach the
     /// emulator, and nothing real: endpoint, dummy credentials, region, no
     /// retries, no instance metadata, no profile files.

@@ -126,7 +126,8 @@ pub struct RequestRecord {
     /// The client's `X-Gangway-Caller` header.
     pub caller: Option<String>,
     /// The access key id an S3 request was signed with (SigV4's
-    /// `Credential=`; the public half only).
+    /// `Credential=`; the public half only); for a GCS request with an
+    /// OAuth token, `bearer-sha256:` and 16 hex digits of its SHA-256.
     pub key_id: Option<String>,
     /// The fault rule that fired on it.
     pub fault: Option<u64>,
