@@ -105,6 +105,12 @@ fn a_managed_job_survives_its_preemptions_with_the_laptop_gone() {
         "{err}"
     );
     let watch = CloudWatch::start_at(&host_home(&sshd));
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = sshd.home.join(".gangway-controller");
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "{} is the host user's alone", dir.display());
+    }
 
     // The laptop goes: every process of its home, then the home itself.
     kill_home(laptop.path());
@@ -313,4 +319,29 @@ fn an_unreachable_controller_host_is_a_clear_error_and_decides_nothing() {
         err.contains("jobs.bucket") && err.contains("ops@127.0.0.1:9"),
         "{err}"
     );
+}
+
+#[test]
+fn launch_follows_a_hosted_job_to_its_end_and_exits_with_its_code() {
+    let Some(sshd) = host() else { return };
+    let _guard = HostGuard(host_home(&sshd));
+    let laptop = TestHome::new();
+    use_host(&laptop, &sshd);
+    let task = laptop.file(
+        "fails.yaml",
+        "resources:\n  infra: local\nsecrets:\n  TOKEN: s3cr3t-value\nrun: |\n  echo \"hello from the host, token ${#TOKEN} chars\"\n  exit 3\n",
+    );
+    let (code, out, err) =
+        parts(&laptop.run(["jobs", "launch", &task, "-y", "--env", &laptop.marker_env()]));
+    assert_eq!(code, 1, "the job failed: exit 1\n{out}\n{err}");
+    assert!(out.contains("hello from the host, token 12 chars"), "{out}");
+    assert!(err.contains("Managed job 1 FAILED"), "{err}");
+    assert!(!out.contains("s3cr3t-value") && !err.contains("s3cr3t-value"));
+    // The host's copy of the task has no secret value in it.
+    let kept = std::fs::read_to_string(host_home(&sshd).join("jobs/managed-1/task.yaml")).unwrap();
+    assert!(!kept.contains("s3cr3t-value"), "{kept}");
+    assert!(!host_home(&sshd)
+        .join("jobs/managed-1/secrets.json")
+        .exists());
+    kill_home(laptop.path());
 }
