@@ -13,6 +13,7 @@ mod docs;
 mod gcp;
 mod imds;
 mod jobs;
+mod k8s;
 mod k8s_harness;
 mod launch;
 mod netns;
