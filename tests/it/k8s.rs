@@ -356,3 +356,68 @@ fn check_lists_the_context_its_gpus_and_free_gpus() {
         "no 4-GPU pod shape offered:\n{out}"
     );
 }
+
+#[test]
+fn a_managed_job_survives_kubectl_delete_node_from_its_checkpoint() {
+    let Some(k8s) = start(&gpu_nodes(3, 1)) else {
+        return;
+    };
+    let home = TestHome::new();
+    configure(&home, &k8s, "30s");
+    let flags = home.path().join("flags");
+    std::fs::create_dir_all(&flags).unwrap();
+    // Run 0 checkpoints step 7, says so once gangway kept it (and which
+    // node rank 1's pod is on), then trains on; the test deletes that
+    // node. Run 1 must find step 7 restored in its (new) pods.
+    let t = home.file(
+        "managed.yaml",
+        &format!(
+            "num_nodes: 2\nresources:\n  infra: k8s/harness\n  accelerators: A100:1\n\
+             checkpoint:\n  sync_interval: 1\nenvs:\n  {}: {}\n  FLAGS: {}\n\
+             run: |\n  ck=\"$GANGWAY_CHECKPOINT_DIR/step\"\n  \
+             if [ \"$GANGWAY_RESTART_COUNT\" = 0 ]; then\n    t=$(date +%s%3N)\n    \
+             [ \"$NODE_RANK\" = 0 ] && echo 7 > \"$ck\"\n    \
+             while [ \"$(cat \"$GANGWAY_CHECKPOINT_DIR/.gangway-synced\" 2>/dev/null || echo 0)\" -lt \"$t\" ]; do sleep 0.05; done\n    \
+             echo \"$HARNESS_NODE_NAME\" > \"$FLAGS/rank$NODE_RANK\"\n    sleep 300\n  fi\n  \
+             echo \"rank $NODE_RANK resumed at step $(cat \"$ck\") in run $GANGWAY_RESTART_COUNT on $HARNESS_NODE_NAME\"\n",
+            crate::common::MARKER_ENV,
+            home.marker,
+            flags.display()
+        ),
+    );
+    let launch = home.spawn(["jobs", "launch", &t, "-y"]);
+    crate::common::wait_for("run 0 to checkpoint", crate::common::DEADLINE, || {
+        std::fs::read_to_string(flags.join("rank1"))
+            .map_err(|e| format!("{e}; launch says: {}", launch.stdout_now()))
+    });
+    let lost = std::fs::read_to_string(flags.join("rank1"))
+        .unwrap()
+        .trim()
+        .to_string();
+    k8s.kubectl(&["delete", "node", &lost])
+        .expect("kubectl delete node");
+    let o = launch.wait();
+    let (code, out, err) = parts(&o);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    for r in 0..2 {
+        let line = out
+            .lines()
+            .find(|l| l.contains(&format!("rank {r} resumed at step 7 in run 1")))
+            .unwrap_or_else(|| panic!("rank {r} did not resume from step 7:\n{out}\n{err}"));
+        assert!(
+            !line.ends_with(&format!(" on {lost}")),
+            "rank {r} ran again on the deleted node: {line}"
+        );
+    }
+    let (_, q, _) = parts(&home.run(["jobs", "queue", "-o", "json"]));
+    let j = crate::common::json_doc(&q)["jobs"][0].clone();
+    assert_eq!(j["state"], "SUCCEEDED", "{j}");
+    assert_eq!(j["preemptions"], 1, "a deleted node is a preemption: {j}");
+    let (_, ev, _) = parts(&home.run(["jobs", "events", "1"]));
+    assert!(
+        ev.contains(&format!("node {lost} is gone")),
+        "the reason is not the node: {ev}"
+    );
+    assert_nothing_left(&k8s, "the managed job ended");
+    assert_no_marker_procs(&home.marker, "the managed job ended");
+}

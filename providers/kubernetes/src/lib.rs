@@ -677,7 +677,9 @@ impl Inner {
                 Err(e) => return Err(api_err(loc, &format!("cannot delete pod {name}"), e)),
             }
         }
-        let deadline = Instant::now() + Duration::from_secs(120);
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs(120);
+        let mut forced = now;
         let mut pause = Duration::from_millis(100);
         loop {
             let left: Vec<String> = self
@@ -688,6 +690,25 @@ impl Inner {
                 .collect();
             if left.is_empty() {
                 return Ok(());
+            }
+            // A pod whose kubelet is gone (its node deleted or cut off)
+            // never confirms a graceful deletion: past the pods' own grace
+            // period it is deleted without one.
+            if !forced && started.elapsed() > Duration::from_secs(12) {
+                forced = true;
+                let force = DeleteParams {
+                    grace_period_seconds: Some(0),
+                    ..DeleteParams::default()
+                };
+                for name in &left {
+                    match api.delete(name, &force).await {
+                        Ok(_) => {}
+                        Err(kube::Error::Api(s)) if s.code == 404 => {}
+                        Err(e) => {
+                            return Err(api_err(loc, &format!("cannot delete pod {name}"), e))
+                        }
+                    }
+                }
             }
             if Instant::now() > deadline {
                 return Err(err(
