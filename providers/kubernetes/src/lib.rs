@@ -963,11 +963,14 @@ impl Inner {
                 Err(kube::Error::Api(s)) if s.code == 409 => {}
                 Err(e) => {
                     let e = api_err(&loc, &format!("cannot create pod {name}"), e);
-                    let kind = match e.kind {
-                        ErrorKind::Transient | ErrorKind::Auth => e.kind,
-                        // A quota (ResourceQuota, LimitRange) refuses with 403 Forbidden.
-                        _ if e.message.contains("exceeded quota") => ErrorKind::Quota,
-                        k => k,
+                    // A ResourceQuota refuses with 403 Forbidden, like
+                    // RBAC: told apart by its words.
+                    let kind = if e.message.contains("exceeded quota")
+                        || e.message.contains("status unknown for quota")
+                    {
+                        ErrorKind::Quota
+                    } else {
+                        e.kind
                     };
                     let _ = self
                         .delete_and_wait(&api, &loc, &selector, None, true)

@@ -3,8 +3,8 @@
 //! (tests/emulators/k8s: kube-apiserver, kube-scheduler and
 //! kube-controller-manager v1.37.2, two nodes of two A100s each). Failures
 //! are what the scheduler and the API really answer: pods that cannot be
-//! scheduled (more GPUs than a node has, or every node cordoned), a shape
-//! that is no pod shape. What a cluster holds is its labelled pods, read
+//! scheduled (more GPUs than a node has, or every node cordoned), a
+//! ResourceQuota of no pods, a shape that is no pod shape. What a cluster holds is its labelled pods, read
 //! with kubectl. Without the harness the test says `SKIPPED k8s: why`.
 
 use std::sync::Mutex;
@@ -27,6 +27,7 @@ struct K8s {
     /// cluster refuses.
     next: Mutex<Option<String>>,
     cordoned: Mutex<bool>,
+    quota: Mutex<bool>,
 }
 
 fn provider(k8s: &K8sHarness, owner: &str) -> KubernetesProvider {
@@ -39,6 +40,37 @@ fn provider(k8s: &K8sHarness, owner: &str) -> KubernetesProvider {
 }
 
 impl K8s {
+    /// A ResourceQuota of no pods in the namespace: the apiserver's quota
+    /// admission refuses every pod (403, "exceeded quota"), once the quota
+    /// controller has written the quota's status.
+    fn no_pods_quota(&self) {
+        self.k8s
+            .kubectl_stdin(
+                &["apply", "-f", "-"],
+                r#"{"apiVersion": "v1", "kind": "ResourceQuota",
+                    "metadata": {"name": "contract-no-pods", "namespace": "default"},
+                    "spec": {"hard": {"pods": "0"}}}"#,
+            )
+            .expect("kubectl apply quota");
+        for _ in 0..100 {
+            let hard = self
+                .k8s
+                .kubectl(&[
+                    "get",
+                    "resourcequota",
+                    "contract-no-pods",
+                    "-o",
+                    "jsonpath={.status.hard.pods}",
+                ])
+                .unwrap_or_default();
+            if hard.trim() == "0" {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        *self.quota.lock().unwrap() = true;
+    }
+
     fn nodes(&self, verb: &str) {
         for n in ["node-0", "node-1"] {
             self.k8s
@@ -100,31 +132,34 @@ impl Harness for K8s {
     }
 
     fn fail_with(&self, _cluster: &ClusterName, kind: ErrorKind) -> Result<(), Unsupported> {
-        let next =
-            match kind {
-                // Three GPUs per pod where nodes have two: the scheduler says
-                // Insufficient nvidia.com/gpu until the launch timeout.
-                ErrorKind::Capacity => "A100x3-0.5c-1g",
-                ErrorKind::InvalidRequest => "m5.large",
-                ErrorKind::Quota => {
-                    return Err(Unsupported(
-                        "a ResourceQuota refusal is read from its words; the harness's admission \
-                     chain has the quota plugin off"
-                            .into(),
-                    ))
-                }
-                _ => return Err(Unsupported(
-                    "the harness's apiserver has one admin identity; a refused credential would \
-                     need a second kubeconfig user"
+        let next = match kind {
+            // Three GPUs per pod where nodes have two: the scheduler says
+            // Insufficient nvidia.com/gpu until the launch timeout.
+            ErrorKind::Capacity => "A100x3-0.5c-1g",
+            ErrorKind::InvalidRequest => "m5.large",
+            ErrorKind::Quota => {
+                self.no_pods_quota();
+                return Ok(());
+            }
+            _ => {
+                return Err(Unsupported(
+                    "the harness's apiserver has one admin identity; a refused credential \
+                     would need a second kubeconfig user"
                         .into(),
-                )),
-            };
+                ))
+            }
+        };
         *self.next.lock().unwrap() = Some(next.to_string());
         Ok(())
     }
 
     fn clear_failures(&self, _cluster: &ClusterName) {
         self.next.lock().unwrap().take();
+        if std::mem::take(&mut *self.quota.lock().unwrap()) {
+            self.k8s
+                .kubectl(&["delete", "resourcequota", "contract-no-pods"])
+                .expect("kubectl delete quota");
+        }
         let mut cordoned = self.cordoned.lock().unwrap();
         if *cordoned {
             self.nodes("uncordon");
@@ -193,6 +228,7 @@ async fn the_kubernetes_provider_keeps_the_provider_contract() {
         k8s,
         next: Mutex::new(None),
         cordoned: Mutex::new(false),
+        quota: Mutex::new(false),
     };
     contract::run(&h).await;
 }
