@@ -421,3 +421,54 @@ fn a_managed_job_survives_kubectl_delete_node_from_its_checkpoint() {
     assert_nothing_left(&k8s, "the managed job ended");
     assert_no_marker_procs(&home.marker, "the managed job ended");
 }
+
+#[test]
+fn an_unreachable_cluster_offers_nothing_and_fails_no_other_command() {
+    let Some(k8s) = start(&gpu_nodes(1, 1)) else {
+        return;
+    };
+    let home = TestHome::new();
+    configure(&home, &k8s, "30s");
+    // The kubeconfig stays; the cluster behind it goes away.
+    let kubeconfig = std::fs::read_to_string(k8s.kubeconfig()).expect("kubeconfig");
+    drop(k8s);
+    let kept = home.file("kubeconfig", &kubeconfig);
+    home.file(
+        "kubernetes.yaml",
+        &format!("kubeconfig: {kept}\nlaunch_timeout: 30s\n"),
+    );
+    let started = std::time::Instant::now();
+    let (code, out, err) = parts(&home.run(["optimize", "examples/hello.yaml"]));
+    assert_eq!(
+        code, 0,
+        "a dead cluster failed another cloud's plan:\n{out}\n{err}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "optimize waited {:?}",
+        started.elapsed()
+    );
+    let (code, out, err) = parts(&home.run(["catalog", "show"]));
+    assert_eq!(code, 0, "catalog show failed:\n{out}\n{err}");
+    assert!(
+        out.contains("no offers from context harness"),
+        "the catalog does not say why Kubernetes offers nothing:\n{out}"
+    );
+    let (code, out, err) = parts(&home.run([
+        "launch",
+        "examples/hello.yaml",
+        "--infra",
+        "k8s/harness",
+        "-y",
+    ]));
+    assert_eq!(code, 3, "no offers is no resources:\n{out}\n{err}");
+    let (code, out, err) = parts(&home.run(["check", "kubernetes"]));
+    assert_eq!(
+        code, 4,
+        "check must say the cluster is not usable:\n{out}\n{err}"
+    );
+    assert!(
+        out.contains("context harness"),
+        "check does not name the context:\n{out}\n{err}"
+    );
+}
