@@ -472,3 +472,66 @@ fn an_unreachable_cluster_offers_nothing_and_fails_no_other_command() {
         "check does not name the context:\n{out}\n{err}"
     );
 }
+
+#[test]
+fn down_orphans_finds_this_installations_pods_by_label_and_leaves_anothers() {
+    let Some(k8s) = start(&gpu_nodes(2, 2)) else {
+        return;
+    };
+    let (a, b) = (TestHome::new(), TestHome::new());
+    configure(&a, &k8s, "30s");
+    configure(&b, &k8s, "30s");
+    // A cluster name that is no label value: hashed in the label, exact in
+    // an annotation.
+    for (home, name) in [(&a, "orphan.a_"), (&b, "orph-b")] {
+        let (code, out, err) = parts(&home.run([
+            "launch",
+            "examples/hello.yaml",
+            "--infra",
+            "k8s/harness",
+            "-c",
+            name,
+            "-y",
+            "--provision-only",
+        ]));
+        assert_eq!(code, 0, "launch {name}:\n{out}\n{err}");
+    }
+    let all: serde_json::Value = serde_json::from_str(
+        &k8s.kubectl(&["get", "pods", "-o", "json"])
+            .expect("kubectl get pods"),
+    )
+    .expect("JSON");
+    let hashed = all["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter(|p| p["metadata"]["annotations"]["gangway.dev/cluster-name"] == "orphan.a_")
+        .map(|p| {
+            p["metadata"]["labels"]["gangway-cluster"]
+                .as_str()
+                .unwrap_or("")
+        })
+        .collect::<Vec<_>>();
+    assert!(
+        hashed.len() == 2 && hashed.iter().all(|l| l.starts_with("h-")),
+        "A's pods' cluster labels: {hashed:?}"
+    );
+    for f in ["state.db", "state.db-wal", "state.db-shm"] {
+        let _ = std::fs::remove_file(a.path().join(f));
+    }
+    let (code, out, err) = parts(&a.run(["down", "--orphans", "-y"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("orphan.a_"), "{out}");
+    assert!(!out.contains("orph-b"), "another installation's: {out}");
+    let left = gangway_objects(&k8s, "pods");
+    assert_eq!(left.len(), 2, "only B's two pods stay: {left:?}");
+    let b_pods = pods_json(&k8s, "orph-b");
+    assert_eq!(
+        b_pods["items"].as_array().map(Vec::len),
+        Some(2),
+        "{b_pods}"
+    );
+    let (code, out, err) = parts(&b.run(["down", "-y", "orph-b"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_nothing_left(&k8s, "both sweeps");
+}
