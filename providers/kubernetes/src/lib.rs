@@ -1475,9 +1475,12 @@ impl Provider for KubernetesProvider {
     fn transport(
         &self,
         _home: &Path,
-        _cluster: &str,
+        cluster: &str,
     ) -> Option<Box<dyn gangway_provider::Transport>> {
-        Some(Box::new(ExecTransport::new(self.inner.shared.clone())))
+        Some(Box::new(ExecTransport::new(
+            self.inner.shared.clone(),
+            self.inner.selector(cluster),
+        )))
     }
 
     async fn check(&self) -> Result<CheckReport> {

@@ -137,15 +137,30 @@ pub(crate) async fn exec_collect(
 /// The exec transport.
 pub struct ExecTransport {
     shared: Arc<Shared>,
+    /// The label selector of the cluster's pods.
+    selector: String,
     /// Process id → token of its command in the pod.
     tokens: Mutex<HashMap<u32, String>>,
+    /// The last reading of every pod's notice per (context, namespace):
+    /// one list of the cluster's pods and one read of each of their nodes
+    /// answers every node's question for [`NOTICE_TTL`] (the controller
+    /// asks each node twice a second).
+    notices: Mutex<HashMap<(String, String), (std::time::Instant, Notices)>>,
 }
 
+/// Pod name → its notice (`None`: none).
+type Notices = HashMap<String, Option<String>>;
+
+/// How long one reading of the cluster's pods answers notice questions.
+const NOTICE_TTL: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl ExecTransport {
-    pub(crate) fn new(shared: Arc<Shared>) -> ExecTransport {
+    pub(crate) fn new(shared: Arc<Shared>, selector: String) -> ExecTransport {
         ExecTransport {
             shared,
+            selector,
             tokens: Mutex::default(),
+            notices: Mutex::default(),
         }
     }
 
@@ -203,15 +218,21 @@ fn fail(node: &NodeRow, what: impl Into<String>, source: std::io::Error) -> Tran
 static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
 
 /// The pod side of a spawned command: the wrapper arrives on stdin and is
-/// run from a temporary file in a session of its own. Only the session's
-/// bash starts with the token (not `setsid` waiting for it), so a signal
-/// reaches the command's group and the exec still reports how it ended.
+/// run from a temporary file, by a bash that leads a process group of its
+/// own with `GANGWAY_TOKEN` in its starting environment (only it, not a
+/// `setsid` waiting for it), so a signal reaches the command's group and
+/// the exec still reports how it ended. Where the exec already leads its
+/// group (the bash keeps that pid) nothing more is done; elsewhere
+/// `setsid -w` makes one. (The harness kills an exec's group with its pod,
+/// and only that group: a command moved out of it by `setsid` outlived its
+/// pod there. In a real container the container's end takes everything.)
 fn launcher(token: &str) -> String {
     format!(
         "t=$(mktemp) || exit 125; cat > \"$t\" || exit 125; \
-         if command -v setsid >/dev/null 2>&1 && setsid -w true 2>/dev/null; then \
+         g=; read -r _ _ _ _ g _ < /proc/$$/stat 2>/dev/null; \
+         if [ \"$g\" != \"$$\" ] && command -v setsid >/dev/null 2>&1 && setsid -w true 2>/dev/null; then \
          exec setsid -w env {TOKEN_VAR}={token} bash \"$t\" </dev/null; \
-         else {TOKEN_VAR}={token} exec bash \"$t\" </dev/null; fi"
+         else exec env {TOKEN_VAR}={token} bash \"$t\" </dev/null; fi"
     )
 }
 
@@ -444,27 +465,65 @@ impl Transport for ExecTransport {
     }
 
     fn preemption_notice(&self, node: &NodeRow) -> Option<String> {
-        let shared = self.shared.clone();
-        let context = node.fact(keys::CONTEXT).to_string();
-        let namespace = node.fact(keys::NAMESPACE).to_string();
+        let place = (
+            node.fact(keys::CONTEXT).to_string(),
+            node.fact(keys::NAMESPACE).to_string(),
+        );
         let pod = node.instance_id.clone();
-        rt::block(async move {
+        if let Some((at, n)) = self.notices.lock().ok()?.get(&place) {
+            if at.elapsed() < NOTICE_TTL {
+                return match n.get(&pod) {
+                    Some(notice) => notice.clone(),
+                    None => Some(format!("pod {pod} is gone")),
+                };
+            }
+        }
+        let shared = self.shared.clone();
+        let selector = self.selector.clone();
+        let (context, namespace) = place.clone();
+        // A reading that fails reads as no notice: it never fails a job.
+        let read = rt::block(async move {
             let client = shared.client(&context).await.ok()?;
             let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
-            let p = pods.get_opt(&pod).await.ok()?;
-            let Some(p) = p else {
-                return Some(format!("pod {pod} is gone"));
-            };
-            let node_name = p.spec.as_ref()?.node_name.clone()?;
+            let list = pods
+                .list(&kube::api::ListParams::default().labels(&selector))
+                .await
+                .ok()?
+                .items;
             let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client);
-            let n = nodes.get_opt(&node_name).await.ok()?;
-            match crate::pod_state(&p, Some(n.as_ref()), shared.cfg.not_ready_tolerance) {
-                gangway_provider::NodeState::Preempted { reason } => Some(reason),
-                _ => None,
+            let mut seen: HashMap<String, Option<k8s_openapi::api::core::v1::Node>> =
+                HashMap::new();
+            let mut out = Notices::new();
+            for p in list {
+                let name = p.metadata.name.clone().unwrap_or_default();
+                let node_name = p
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.clone())
+                    .unwrap_or_default();
+                if !node_name.is_empty() && !seen.contains_key(&node_name) {
+                    let n = nodes.get_opt(&node_name).await.ok()?;
+                    seen.insert(node_name.clone(), n);
+                }
+                let n = seen.get(&node_name).map(Option::as_ref);
+                let notice = match crate::pod_state(&p, n, shared.cfg.not_ready_tolerance) {
+                    gangway_provider::NodeState::Preempted { reason } => Some(reason),
+                    _ => None,
+                };
+                out.insert(name, notice);
             }
+            Some(out)
         })
         .ok()
-        .flatten()
+        .flatten()?;
+        let answer = match read.get(&pod) {
+            Some(notice) => notice.clone(),
+            None => Some(format!("pod {pod} is gone")),
+        };
+        if let Ok(mut m) = self.notices.lock() {
+            m.insert(place, (std::time::Instant::now(), read));
+        }
+        answer
     }
 
     fn probe(&self, node: &NodeRow, script: &str) -> Result<String, TransportError> {
