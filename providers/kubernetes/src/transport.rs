@@ -54,6 +54,17 @@ fn exit_code(status: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Stat
         .unwrap_or(LOST)
 }
 
+/// Reads from `r`; never ends without one (a closed stream's branch).
+async fn read_some(
+    r: Option<&mut tokio::io::ReadHalf<tokio::io::SimplexStream>>,
+    buf: &mut [u8],
+) -> std::io::Result<usize> {
+    match r {
+        Some(r) => r.read(buf).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Runs `command` in `pod`'s container with `stdin` (then closed), sending
 /// stdout and stderr to `out` as they come; the exit code.
 async fn exec_stream(
@@ -89,11 +100,11 @@ async fn exec_stream(
     let mut b2 = vec![0u8; 32 * 1024];
     while so.is_some() || se.is_some() {
         tokio::select! {
-            r = async { so.as_mut().unwrap().read(&mut b1).await }, if so.is_some() => match r {
+            r = read_some(so.as_mut(), &mut b1), if so.is_some() => match r {
                 Ok(0) | Err(_) => so = None,
                 Ok(n) => out(false, &b1[..n]),
             },
-            r = async { se.as_mut().unwrap().read(&mut b2).await }, if se.is_some() => match r {
+            r = read_some(se.as_mut(), &mut b2), if se.is_some() => match r {
                 Ok(0) | Err(_) => se = None,
                 Ok(n) => out(true, &b2[..n]),
             },
