@@ -36,6 +36,8 @@ const REGISTRY: &[Registration] = &[
     gangway_aws::REGISTRATION,
     #[cfg(feature = "gcp")]
     gangway_gcp::REGISTRATION,
+    #[cfg(feature = "kubernetes")]
+    gangway_kubernetes::REGISTRATION,
 ];
 
 /// The names of every provider this build has, whether or not it can be

@@ -14,6 +14,7 @@ mod gcp;
 mod hosted;
 mod imds;
 mod jobs;
+mod k8s;
 mod k8s_harness;
 mod launch;
 mod netns;

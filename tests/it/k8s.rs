@@ -1,0 +1,537 @@
+//! Gangs of pods on a real Kubernetes control plane: each test starts its
+//! own harness (tests/emulators/k8s: etcd, kube-apiserver, kube-scheduler,
+//! kube-controller-manager from k8s.io/kubernetes v1.37.2, node agents
+//! that run pods as local processes with their own loopback address) and
+//! drives the binary against it through `$GANGWAY_HOME/kubernetes.yaml`.
+//!
+//! Without the harness (no Go, no `GANGWAY_TEST_K8S_HARNESS`) each test
+//! says `SKIPPED k8s: why` (tests/support/src/skip.rs) and passes.
+
+use std::collections::BTreeSet;
+
+use crate::common::{assert_no_marker_procs, parts, TestHome};
+use gangway_test::k8s::{K8sHarness, NodeSpec};
+use gangway_test::skip;
+
+/// `n` nodes with `gpus` A100s each (named `node-0`...).
+fn gpu_nodes(n: usize, gpus: u32) -> Vec<NodeSpec> {
+    (0..n)
+        .map(|i| {
+            NodeSpec::new(&format!("node-{i}"))
+                .label("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB")
+                .capacity("cpu", "8")
+                .capacity("memory", "32Gi")
+                .capacity("nvidia.com/gpu", &gpus.to_string())
+        })
+        .collect()
+}
+
+fn start(nodes: &[NodeSpec]) -> Option<K8sHarness> {
+    skip::gate("k8s", K8sHarness::try_start(nodes))
+}
+
+/// Points `home`'s Kubernetes provider at the harness (its kubeconfig's
+/// context is `harness`, namespace `default`); the image is ignored there.
+fn configure(home: &TestHome, k8s: &K8sHarness, launch_timeout: &str) {
+    home.file(
+        "kubernetes.yaml",
+        &format!(
+            "kubeconfig: {}\nimage: ignored-by-the-harness\nlaunch_timeout: {launch_timeout}\n",
+            k8s.kubeconfig().display()
+        ),
+    );
+}
+
+/// The names of the objects of `kinds` labelled with gangway's cluster tag.
+fn gangway_objects(k8s: &K8sHarness, kinds: &str) -> Vec<String> {
+    k8s.kubectl(&["get", kinds, "-A", "-l", "gangway-cluster", "-o", "name"])
+        .expect("kubectl get")
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Waits until no pod or secret carries gangway's cluster label.
+fn assert_nothing_left(k8s: &K8sHarness, after: &str) {
+    let left = gangway_objects(k8s, "pods,secrets");
+    assert!(left.is_empty(), "left after {after}: {left:?}");
+}
+
+fn pods_json(k8s: &K8sHarness, cluster: &str) -> serde_json::Value {
+    let out = k8s
+        .kubectl(&[
+            "get",
+            "pods",
+            "-l",
+            &format!("gangway-cluster={cluster}"),
+            "-o",
+            "json",
+        ])
+        .expect("kubectl get pods");
+    serde_json::from_str(&out).expect("JSON")
+}
+
+#[test]
+fn hello_runs_in_pods_with_secrets_off_the_pod_spec_and_down_leaves_nothing() {
+    let Some(k8s) = start(&gpu_nodes(2, 2)) else {
+        return;
+    };
+    let home = TestHome::new();
+    configure(&home, &k8s, "30s");
+    let task = home.file(
+        "hello.yaml",
+        &format!(
+            "name: hello\nnum_nodes: 2\nresources:\n  accelerators: A100:1\nenvs:\n  {}: {}\n\
+             run: |\n  echo \"rank $GANGWAY_NODE_RANK of $GANGWAY_NUM_NODES at $HARNESS_POD_IP head $GANGWAY_HEAD_IP secret=${{#GW_SECRET}}\"\n",
+            crate::common::MARKER_ENV,
+            home.marker
+        ),
+    );
+    let o = home.run([
+        "launch",
+        &task,
+        "--infra",
+        "k8s/harness",
+        "-c",
+        "hello",
+        "-y",
+        "--secret",
+        "GW_SECRET=hunter2-not-in-the-pod-spec",
+    ]);
+    let (code, out, err) = parts(&o);
+    assert_eq!(code, 0, "launch failed:\n{out}\n{err}");
+    let pods = pods_json(&k8s, "hello");
+    let items = pods["items"].as_array().expect("items");
+    assert_eq!(items.len(), 2, "{pods}");
+    let ips: BTreeSet<&str> = items
+        .iter()
+        .map(|p| p["status"]["podIP"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(ips.len(), 2, "two pods, two addresses: {ips:?}");
+    let nodes = home.nodes("hello");
+    let head = nodes
+        .iter()
+        .find(|n| n.rank == 0)
+        .expect("rank 0")
+        .ip
+        .clone();
+    for n in &nodes {
+        assert!(
+            ips.contains(n.ip.as_str()),
+            "{} is no pod's IP: {ips:?}",
+            n.ip
+        );
+        let want = format!("rank {} of 2 at {} head {head} secret=27", n.rank, n.ip);
+        assert!(out.contains(&want), "no '{want}' in:\n{out}\n{err}");
+    }
+    for p in items {
+        assert_eq!(
+            p["metadata"]["labels"]["gangway-owner"]
+                .as_str()
+                .map(|o| o.starts_with("gw-")),
+            Some(true),
+            "{p}"
+        );
+        assert_eq!(p["spec"]["restartPolicy"], "Never", "{p}");
+        assert_eq!(
+            p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"], "1",
+            "{p}"
+        );
+    }
+    let everything = k8s
+        .kubectl(&["get", "pods,secrets,configmaps", "-A", "-o", "json"])
+        .expect("kubectl get");
+    assert!(
+        !everything.contains("hunter2"),
+        "the secret is in an API object"
+    );
+    assert!(!out.contains("hunter2") && !err.contains("hunter2"));
+    // describe through status --refresh: both pods running.
+    let (code, out, err) = parts(&home.run(["status", "-r", "hello"]));
+    assert_eq!(code, 0, "status failed:\n{out}\n{err}");
+    assert!(out.contains("UP"), "{out}");
+    let o = home.run(["down", "-y", "hello"]);
+    assert_eq!(parts(&o).0, 0, "down failed: {}", parts(&o).2);
+    assert_nothing_left(&k8s, "down");
+    assert_no_marker_procs(&home.marker, "down");
+}
+
+#[test]
+fn ddp_rendezvous_runs_unchanged_on_four_pods() {
+    let Some(k8s) = start(&gpu_nodes(4, 1)) else {
+        return;
+    };
+    let home = TestHome::new();
+    configure(&home, &k8s, "30s");
+    let o = home.run([
+        "launch",
+        "examples/ddp-rendezvous.yaml",
+        "--infra",
+        "k8s/harness",
+        "-c",
+        "rdv",
+        "-y",
+        "--down",
+    ]);
+    let (code, out, err) = parts(&o);
+    assert_eq!(code, 0, "launch failed:\n{out}\n{err}");
+    assert!(
+        out.contains("sum of ranks 6, expected 6: ok"),
+        "the rendezvous did not add up:\n{out}\n{err}"
+    );
+    let heard = out
+        .lines()
+        .find(|l| l.contains("rank 0 heard from"))
+        .unwrap_or_else(|| panic!("no rank 0 line:\n{out}"));
+    let ips: BTreeSet<&str> = heard
+        .split('\'')
+        .filter(|s| s.starts_with("127."))
+        .collect();
+    assert_eq!(ips.len(), 4, "four distinct pod IPs: {heard}");
+    assert_nothing_left(&k8s, "launch --down");
+}
+
+#[test]
+fn a_failing_rank_stops_the_gang_and_is_named() {
+    let Some(k8s) = start(&gpu_nodes(3, 1)) else {
+        return;
+    };
+    let home = TestHome::new();
+    configure(&home, &k8s, "30s");
+    let task = home.file(
+        "fail.yaml",
+        &format!(
+            "name: fail\nnum_nodes: 3\nresources:\n  accelerators: A100:1\nenvs:\n  {}: {}\n\
+             run: |\n  if [ \"$NODE_RANK\" = 1 ]; then sleep 1; exit 3; fi\n  sleep 300\n",
+            crate::common::MARKER_ENV,
+            home.marker
+        ),
+    );
+    let o = home.run(["launch", &task, "--infra", "k8s/harness", "-c", "fl", "-y"]);
+    let (code, out, err) = parts(&o);
+    assert_eq!(code, 1, "a failed rank must fail the launch:\n{out}\n{err}");
+    let all = format!("{out}\n{err}");
+    assert!(
+        all.contains("rank 1") && all.contains("code 3"),
+        "the failure does not name rank 1 and its code:\n{all}"
+    );
+    // The other ranks were stopped in their pods.
+    assert_no_marker_procs(&home.marker, "a rank failed");
+    let o = home.run(["down", "-y", "fl"]);
+    assert_eq!(parts(&o).0, 0, "down failed: {}", parts(&o).2);
+    assert_nothing_left(&k8s, "down");
+}
+
+#[test]
+fn ranks_follow_the_nodes_block_and_sub_block_labels() {
+    // Names and labels deliberately out of order.
+    let layout = [
+        ("node-a", "b2", "s1"),
+        ("node-b", "b1", "s2"),
+        ("node-c", "b2", "s2"),
+        ("node-d", "b1", "s1"),
+    ];
+    let nodes: Vec<NodeSpec> = layout
+        .iter()
+        .map(|(n, b, s)| {
+            NodeSpec::new(n)
+                .label("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB")
+                .label("cloud.google.com/gce-topology-block", b)
+                .label("cloud.google.com/gce-topology-subblock", s)
+                .capacity("cpu", "8")
+                .capacity("memory", "32Gi")
+                .capacity("nvidia.com/gpu", "1")
+        })
+        .collect();
+    let Some(k8s) = start(&nodes) else {
+        return;
+    };
+    let home = TestHome::new();
+    configure(&home, &k8s, "30s");
+    let task = home.file(
+        "topo.yaml",
+        "num_nodes: 4\nresources:\n  accelerators: A100:1\n\
+         run: echo \"R=$NODE_RANK/$NNODES node=$HARNESS_NODE_NAME topo=$GANGWAY_NODE_TOPOLOGY\"\n",
+    );
+    let o = home.run([
+        "launch",
+        &task,
+        "--infra",
+        "k8s/harness",
+        "-c",
+        "topo",
+        "-y",
+        "--down",
+    ]);
+    let (code, out, err) = parts(&o);
+    assert_eq!(code, 0, "launch failed:\n{out}\n{err}");
+    for (rank, want) in [
+        (0, "node=node-d topo=b1/s1/node-d"),
+        (1, "node=node-b topo=b1/s2/node-b"),
+        (2, "node=node-a topo=b2/s1/node-a"),
+        (3, "node=node-c topo=b2/s2/node-c"),
+    ] {
+        let want = format!("R={rank}/4 {want}");
+        assert!(out.contains(&want), "no '{want}' in:\n{out}\n{err}");
+    }
+    assert_nothing_left(&k8s, "launch --down");
+}
+
+#[test]
+fn too_few_gpus_deletes_the_pods_and_an_ordered_task_falls_back_to_local() {
+    let Some(k8s) = start(&gpu_nodes(2, 1)) else {
+        return;
+    };
+    let home = TestHome::new();
+    configure(&home, &k8s, "3s");
+    let task = home.file(
+        "ordered.yaml",
+        &format!(
+            "num_nodes: 3\nresources:\n  accelerators: A100:1\n  ordered:\n    - infra: k8s/harness\n    - infra: local\n\
+             envs:\n  {}: {}\nrun: echo \"ran on $GANGWAY_CLUSTER rank $NODE_RANK pod=${{HARNESS_POD_IP:-none}}\"\n",
+            crate::common::MARKER_ENV,
+            home.marker
+        ),
+    );
+    let o = home.run(["launch", &task, "-c", "ord", "-y"]);
+    let (code, out, err) = parts(&o);
+    assert_eq!(code, 0, "launch failed:\n{out}\n{err}");
+    let all = format!("{out}\n{err}");
+    assert!(
+        all.contains("kubernetes/harness/default")
+            && all.contains("unschedulable")
+            && all.contains("Insufficient nvidia.com/gpu"),
+        "the scheduler's reason is not reported:\n{all}"
+    );
+    for r in 0..3 {
+        let want = format!("ran on ord rank {r} pod=none");
+        assert!(out.contains(&want), "no '{want}' (not on local):\n{all}");
+    }
+    assert_eq!(
+        home.cluster("ord")["cloud"],
+        "local",
+        "{}",
+        home.cluster("ord")
+    );
+    // The two pods that did run were deleted with the third.
+    assert_nothing_left(&k8s, "falling back");
+    let o = home.run(["down", "-y", "ord"]);
+    assert_eq!(parts(&o).0, 0, "down failed: {}", parts(&o).2);
+}
+
+#[test]
+fn check_lists_the_context_its_gpus_and_free_gpus() {
+    let Some(k8s) = start(&gpu_nodes(2, 4)) else {
+        return;
+    };
+    let home = TestHome::new();
+    configure(&home, &k8s, "30s");
+    let (code, out, err) = parts(&home.run(["check", "kubernetes", "-o", "json"]));
+    assert_eq!(code, 0, "check failed:\n{out}\n{err}");
+    let doc = crate::common::json_doc(&out);
+    let k = doc["clouds"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["cloud"] == "kubernetes"))
+        .unwrap_or_else(|| panic!("no kubernetes in {doc}"))
+        .clone();
+    assert_eq!(k["ok"], true, "{k}");
+    assert_eq!(
+        k["regions"][0], "harness/default (2 nodes; A100 8/8 free)",
+        "{k}"
+    );
+    // Offers from the nodes: up to 4 A100s per pod, at price 0.
+    let (code, out, err) = parts(&home.run([
+        "optimize",
+        "examples/hello.yaml",
+        "--infra",
+        "k8s/harness",
+        "--gpus",
+        "A100:4",
+        "-o",
+        "json",
+    ]));
+    assert_eq!(code, 0, "optimize failed:\n{out}\n{err}");
+    assert!(
+        out.contains("A100x4-7.2c-28.8g"),
+        "no 4-GPU pod shape offered:\n{out}"
+    );
+}
+
+#[test]
+fn a_managed_job_survives_kubectl_delete_node_from_its_checkpoint() {
+    let Some(k8s) = start(&gpu_nodes(3, 1)) else {
+        return;
+    };
+    let home = TestHome::new();
+    configure(&home, &k8s, "30s");
+    let flags = home.path().join("flags");
+    std::fs::create_dir_all(&flags).unwrap();
+    // Run 0 checkpoints step 7, says so once gangway kept it (and which
+    // node rank 1's pod is on), then trains on; the test deletes that
+    // node. Run 1 must find step 7 restored in its (new) pods.
+    let t = home.file(
+        "managed.yaml",
+        &format!(
+            "num_nodes: 2\nresources:\n  infra: k8s/harness\n  accelerators: A100:1\n\
+             checkpoint:\n  sync_interval: 1\nenvs:\n  {}: {}\n  FLAGS: {}\n\
+             run: |\n  ck=\"$GANGWAY_CHECKPOINT_DIR/step\"\n  \
+             if [ \"$GANGWAY_RESTART_COUNT\" = 0 ]; then\n    t=$(date +%s%3N)\n    \
+             [ \"$NODE_RANK\" = 0 ] && echo 7 > \"$ck\"\n    \
+             while [ \"$(cat \"$GANGWAY_CHECKPOINT_DIR/.gangway-synced\" 2>/dev/null || echo 0)\" -lt \"$t\" ]; do sleep 0.05; done\n    \
+             echo \"$HARNESS_NODE_NAME\" > \"$FLAGS/rank$NODE_RANK\"\n    sleep 300\n  fi\n  \
+             echo \"rank $NODE_RANK resumed at step $(cat \"$ck\") in run $GANGWAY_RESTART_COUNT on $HARNESS_NODE_NAME\"\n",
+            crate::common::MARKER_ENV,
+            home.marker,
+            flags.display()
+        ),
+    );
+    let launch = home.spawn(["jobs", "launch", &t, "-y"]);
+    crate::common::wait_for("run 0 to checkpoint", crate::common::DEADLINE, || {
+        std::fs::read_to_string(flags.join("rank1"))
+            .map_err(|e| format!("{e}; launch says: {}", launch.stdout_now()))
+    });
+    let lost = std::fs::read_to_string(flags.join("rank1"))
+        .unwrap()
+        .trim()
+        .to_string();
+    k8s.kubectl(&["delete", "node", &lost])
+        .expect("kubectl delete node");
+    let o = launch.wait();
+    let (code, out, err) = parts(&o);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    for r in 0..2 {
+        let line = out
+            .lines()
+            .find(|l| l.contains(&format!("rank {r} resumed at step 7 in run 1")))
+            .unwrap_or_else(|| panic!("rank {r} did not resume from step 7:\n{out}\n{err}"));
+        assert!(
+            !line.ends_with(&format!(" on {lost}")),
+            "rank {r} ran again on the deleted node: {line}"
+        );
+    }
+    let (_, q, _) = parts(&home.run(["jobs", "queue", "-o", "json"]));
+    let j = crate::common::json_doc(&q)["jobs"][0].clone();
+    assert_eq!(j["state"], "SUCCEEDED", "{j}");
+    assert_eq!(j["preemptions"], 1, "a deleted node is a preemption: {j}");
+    let (_, ev, _) = parts(&home.run(["jobs", "events", "1"]));
+    assert!(
+        ev.contains(&format!("node {lost} is gone")),
+        "the reason is not the node: {ev}"
+    );
+    assert_nothing_left(&k8s, "the managed job ended");
+    assert_no_marker_procs(&home.marker, "the managed job ended");
+}
+
+#[test]
+fn an_unreachable_cluster_offers_nothing_and_fails_no_other_command() {
+    let Some(k8s) = start(&gpu_nodes(1, 1)) else {
+        return;
+    };
+    let home = TestHome::new();
+    configure(&home, &k8s, "30s");
+    // The kubeconfig stays; the cluster behind it goes away.
+    let kubeconfig = std::fs::read_to_string(k8s.kubeconfig()).expect("kubeconfig");
+    drop(k8s);
+    let kept = home.file("kubeconfig", &kubeconfig);
+    home.file(
+        "kubernetes.yaml",
+        &format!("kubeconfig: {kept}\nlaunch_timeout: 30s\n"),
+    );
+    let started = std::time::Instant::now();
+    let (code, out, err) = parts(&home.run(["optimize", "examples/hello.yaml"]));
+    assert_eq!(
+        code, 0,
+        "a dead cluster failed another cloud's plan:\n{out}\n{err}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "optimize waited {:?}",
+        started.elapsed()
+    );
+    let (code, out, err) = parts(&home.run(["catalog", "show"]));
+    assert_eq!(code, 0, "catalog show failed:\n{out}\n{err}");
+    assert!(
+        out.contains("no offers from context harness"),
+        "the catalog does not say why Kubernetes offers nothing:\n{out}"
+    );
+    let (code, out, err) = parts(&home.run([
+        "launch",
+        "examples/hello.yaml",
+        "--infra",
+        "k8s/harness",
+        "-y",
+    ]));
+    assert_eq!(code, 3, "no offers is no resources:\n{out}\n{err}");
+    let (code, out, err) = parts(&home.run(["check", "kubernetes"]));
+    assert_eq!(
+        code, 4,
+        "check must say the cluster is not usable:\n{out}\n{err}"
+    );
+    assert!(
+        out.contains("context harness"),
+        "check does not name the context:\n{out}\n{err}"
+    );
+}
+
+#[test]
+fn down_orphans_finds_this_installations_pods_by_label_and_leaves_anothers() {
+    let Some(k8s) = start(&gpu_nodes(2, 2)) else {
+        return;
+    };
+    let (a, b) = (TestHome::new(), TestHome::new());
+    configure(&a, &k8s, "30s");
+    configure(&b, &k8s, "30s");
+    // A cluster name that is no label value: hashed in the label, exact in
+    // an annotation.
+    for (home, name) in [(&a, "orphan.a_"), (&b, "orph-b")] {
+        let (code, out, err) = parts(&home.run([
+            "launch",
+            "examples/hello.yaml",
+            "--infra",
+            "k8s/harness",
+            "-c",
+            name,
+            "-y",
+            "--provision-only",
+        ]));
+        assert_eq!(code, 0, "launch {name}:\n{out}\n{err}");
+    }
+    let all: serde_json::Value = serde_json::from_str(
+        &k8s.kubectl(&["get", "pods", "-o", "json"])
+            .expect("kubectl get pods"),
+    )
+    .expect("JSON");
+    let hashed = all["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter(|p| p["metadata"]["annotations"]["gangway.dev/cluster-name"] == "orphan.a_")
+        .map(|p| {
+            p["metadata"]["labels"]["gangway-cluster"]
+                .as_str()
+                .unwrap_or("")
+        })
+        .collect::<Vec<_>>();
+    assert!(
+        hashed.len() == 2 && hashed.iter().all(|l| l.starts_with("h-")),
+        "A's pods' cluster labels: {hashed:?}"
+    );
+    for f in ["state.db", "state.db-wal", "state.db-shm"] {
+        let _ = std::fs::remove_file(a.path().join(f));
+    }
+    let (code, out, err) = parts(&a.run(["down", "--orphans", "-y"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("orphan.a_"), "{out}");
+    assert!(!out.contains("orph-b"), "another installation's: {out}");
+    let left = gangway_objects(&k8s, "pods");
+    assert_eq!(left.len(), 2, "only B's two pods stay: {left:?}");
+    let b_pods = pods_json(&k8s, "orph-b");
+    assert_eq!(
+        b_pods["items"].as_array().map(Vec::len),
+        Some(2),
+        "{b_pods}"
+    );
+    let (code, out, err) = parts(&b.run(["down", "-y", "orph-b"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_nothing_left(&k8s, "both sweeps");
+}
