@@ -20,6 +20,7 @@ Build first: cargo build --release --no-default-features (the local
 provider is all it uses). Needs root and /usr/sbin/sshd.
 """
 import json
+import math
 import os
 import shutil
 import socket
@@ -41,7 +42,7 @@ ADDR = "127.0.60.1"
 TASK = """name: hosted-bench
 resources:
   infra: local
-  cpus: 1
+  cpus: 4
 config:
   local:
     capacity: 100000
@@ -80,7 +81,7 @@ def submit_to_running(home, task):
 
 def fmt(xs):
     xs = sorted(xs)
-    return f"median {statistics.median(xs) * 1000:.1f} ms, p90 {xs[int(0.9 * (len(xs) - 1))] * 1000:.1f} ms"
+    return f"median {statistics.median(xs) * 1000:.1f} ms, p90 {xs[min(len(xs) - 1, math.ceil(0.9 * len(xs)) - 1)] * 1000:.1f} ms"
 
 
 def measure(label, home, task, floor=None):
@@ -89,7 +90,10 @@ def measure(label, home, task, floor=None):
     deadline = time.time() + 300
     while sum(j["state"] == "RUNNING" for j in queue(home)) < JOBS:
         if time.time() > deadline:
-            sys.exit(f"{label}: the {JOBS} jobs did not all reach RUNNING in 300 s")
+            states = {}
+            for j in queue(home):
+                states[j["state"]] = states.get(j["state"], 0) + 1
+            sys.exit(f"{label}: the {JOBS} jobs did not all reach RUNNING in 300 s: {states}")
         time.sleep(0.5)
     assert len(queue(home)) == JOBS
     q = [timed(lambda: queue(home)) for _ in range(REPEAT)]
@@ -108,7 +112,7 @@ def main():
     if not os.path.exists(BIN):
         sys.exit(f"{BIN}: build it first (cargo build --release --no-default-features)")
     d = tempfile.mkdtemp(prefix="gw-hosted-bench-")
-    host_home = os.path.join(d, "host")
+    host_home = os.path.join(d, "host-home")
     os.makedirs(host_home)
     os.makedirs("/run/sshd", exist_ok=True)
     for k in ("host", "client"):
