@@ -459,6 +459,9 @@ impl Catalog {
             .collect();
         let rows = offerings.len();
         let mut c = Catalog::from_offerings(offerings);
+        if capacity.only_when_named {
+            c.offer_only_when_named(cloud);
+        }
         c.sources.push(Source {
             cloud: cloud.to_string(),
             origin: capacity.origin,

@@ -357,6 +357,50 @@ fn check_lists_the_context_its_gpus_and_free_gpus() {
     );
 }
 
+/// A kubeconfig alone (no `$GANGWAY_HOME/kubernetes.yaml`) may name a
+/// workplace's clusters: they are offered to tasks that name k8s, never
+/// picked for a task that does not for being free; with the file they are.
+#[test]
+fn a_kubeconfig_alone_offers_its_clusters_only_to_tasks_that_name_k8s() {
+    let Some(k8s) = start(&gpu_nodes(1, 2)) else {
+        return;
+    };
+    let home = TestHome::new();
+    let task = home.file(
+        "anywhere.yaml",
+        "resources:\n  accelerators: A100:1\nrun: nvidia-smi\n",
+    );
+    let clouds = |extra: &[&str]| -> BTreeSet<String> {
+        let mut c = crate::common::command_in(home.path());
+        c.env("KUBECONFIG", k8s.kubeconfig())
+            .args(["optimize", &task, "-o", "json"])
+            .args(extra);
+        let (code, out, err) = parts(&crate::common::Running::start(c).wait());
+        assert_eq!(code, 0, "optimize failed:\n{out}\n{err}");
+        crate::common::json_doc(&out)["plan"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|r| r["cloud"].as_str().map(str::to_string))
+            .collect()
+    };
+    let anywhere = clouds(&[]);
+    assert!(
+        !anywhere.is_empty() && !anywhere.contains("kubernetes"),
+        "a kubeconfig's cluster picked for a task that did not name it: {anywhere:?}"
+    );
+    assert_eq!(
+        clouds(&["--infra", "k8s/harness"]),
+        ["kubernetes".to_string()].into_iter().collect()
+    );
+    // Listed in kubernetes.yaml: the user's own, offered to every task.
+    home.file(
+        "kubernetes.yaml",
+        &format!("kubeconfig: {}\n", k8s.kubeconfig().display()),
+    );
+    assert!(clouds(&[]).contains("kubernetes"));
+}
+
 #[test]
 fn a_managed_job_survives_kubectl_delete_node_from_its_checkpoint() {
     let Some(k8s) = start(&gpu_nodes(3, 1)) else {

@@ -41,6 +41,11 @@ pub struct Capacity {
     pub origin: String,
     /// The offers, in file order.
     pub offers: Vec<Offer>,
+    /// Offered only to tasks that name the provider in `infra:`, never
+    /// picked for being cheapest: machines found without the user's say
+    /// (a kubeconfig's clusters, which may be someone else's), as opposed
+    /// to those a gangway configuration file lists.
+    pub only_when_named: bool,
 }
 
 /// What every provider is built from.

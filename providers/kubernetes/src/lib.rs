@@ -1417,6 +1417,10 @@ fn capacity(home: &Path) -> std::result::Result<Option<Capacity>, gangway_provid
     let Some(cfg) = config::load(home)? else {
         return Ok(None);
     };
+    // Without $GANGWAY_HOME/kubernetes.yaml the clusters are the
+    // kubeconfig's, which may be a workplace's: offered only to tasks that
+    // name k8s, never picked for a price of 0.
+    let only_when_named = cfg.path.is_empty();
     let shared = Arc::new(Shared::new(cfg));
     let origin = match &shared.kubeconfig {
         Some(p) => format!("kubeconfig {}", p.display()),
@@ -1429,6 +1433,7 @@ fn capacity(home: &Path) -> std::result::Result<Option<Capacity>, gangway_provid
             return Ok(Some(Capacity {
                 origin: format!("{origin} (no offers: {})", e.message),
                 offers: Vec::new(),
+                only_when_named,
             }));
         }
     };
@@ -1462,6 +1467,7 @@ fn capacity(home: &Path) -> std::result::Result<Option<Capacity>, gangway_provid
             format!("{origin} (no offers from {})", notes.join("; "))
         },
         offers,
+        only_when_named,
     }))
 }
 

@@ -304,6 +304,7 @@ impl SlurmClusters {
         Capacity {
             origin: self.path.display().to_string(),
             offers,
+            only_when_named: false,
         }
     }
 }

@@ -307,6 +307,7 @@ impl Inventory {
         Capacity {
             origin: self.path.display().to_string(),
             offers,
+            only_when_named: false,
         }
     }
 }
