@@ -138,21 +138,7 @@ const KEYS: &[&str] = &[
 const TOLERATION_KEYS: &[&str] = &["key", "operator", "value", "effect"];
 
 /// Seconds (`600`) or `30s`, `10m`, `2h`.
-pub fn parse_duration(text: &str) -> Option<Duration> {
-    let t = text.trim();
-    let (num, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => (&t[..i], &t[i..]),
-        None => (t, "s"),
-    };
-    let n: u64 = num.parse().ok()?;
-    let secs = match unit.trim() {
-        "s" => Some(n),
-        "m" | "min" => n.checked_mul(60),
-        "h" => n.checked_mul(3600),
-        _ => None,
-    }?;
-    Some(Duration::from_secs(secs))
-}
+pub use gangway_yaml::parse_duration;
 
 fn list(cx: &Cx<'_>, v: &yaml::Node, field: &str) -> Result<Vec<String>, LocatedError> {
     match &v.kind {

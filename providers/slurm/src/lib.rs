@@ -629,23 +629,7 @@ pub fn check_config(cfg: Option<&serde_json::Value>) -> std::result::Result<(), 
 }
 
 /// `config.slurm.max_queue_wait`: seconds (`600`) or `10m`, `2h`, `30s`.
-pub fn parse_duration(text: &str) -> Option<Duration> {
-    let t = text.trim();
-    let (num, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => (&t[..i], &t[i..]),
-        None => (t, "s"),
-    };
-    let n: u64 = num.parse().ok()?;
-    // Checked: 1844674407370955161m overflowed (a panic in debug builds, a
-    // wrong wait in release ones).
-    let secs = match unit.trim() {
-        "s" => Some(n),
-        "m" | "min" => n.checked_mul(60),
-        "h" => n.checked_mul(3600),
-        _ => None,
-    }?;
-    Some(Duration::from_secs(secs))
-}
+pub use gangway_yaml::parse_duration;
 
 /// The Slurm provider in the core's registry: there when
 /// `$GANGWAY_HOME/slurm.yaml` lists clusters (a broken file is reported
@@ -1062,16 +1046,6 @@ mod tests {
         assert!(p.owns(&with("")));
         let anyone = SlurmProvider::new(Vec::new(), PathBuf::new());
         assert!(anyone.owns(&with("gangway-owner=gw-00000000000000bb")));
-    }
-
-    #[test]
-    fn queue_waits_read_as_durations() {
-        assert_eq!(parse_duration("600"), Some(Duration::from_secs(600)));
-        assert_eq!(parse_duration("10m"), Some(Duration::from_secs(600)));
-        assert_eq!(parse_duration("2h"), Some(Duration::from_secs(7200)));
-        assert_eq!(parse_duration("ten"), None);
-        assert_eq!(parse_duration("1844674407370955161m"), None);
-        assert_eq!(parse_duration("5124095576030432h"), None);
     }
 
     fn job(state: &str, restarts: u32) -> Job {

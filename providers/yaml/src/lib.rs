@@ -158,3 +158,39 @@ pub fn expand_home(p: &str) -> String {
         _ => p.to_string(),
     }
 }
+
+/// A duration in a configuration file: seconds (`600`) or `30s`, `10m`,
+/// `2h`; `None` for anything else, or one too long to count in seconds.
+pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
+    let t = text.trim();
+    let (num, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => (&t[..i], &t[i..]),
+        None => (t, "s"),
+    };
+    let n: u64 = num.parse().ok()?;
+    // Checked: 1844674407370955161m overflowed (a panic in debug builds, a
+    // wrong wait in release ones).
+    let secs = match unit.trim() {
+        "s" => Some(n),
+        "m" | "min" => n.checked_mul(60),
+        "h" => n.checked_mul(3600),
+        _ => None,
+    }?;
+    Some(std::time::Duration::from_secs(secs))
+}
+
+#[cfg(test)]
+mod duration_tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_read_in_seconds_minutes_and_hours() {
+        assert_eq!(parse_duration("600"), Some(Duration::from_secs(600)));
+        assert_eq!(parse_duration("10m"), Some(Duration::from_secs(600)));
+        assert_eq!(parse_duration("2h"), Some(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("ten"), None);
+        assert_eq!(parse_duration("1844674407370955161m"), None);
+        assert_eq!(parse_duration("5124095576030432h"), None);
+    }
+}
