@@ -29,7 +29,8 @@ pub use registry::{
 };
 pub use transport::{
     copy_tree, kill_option, merge_newest, output_with_input, release_mounts, shell, signal_token,
-    NodeCommand, NodeProcess, NodeRow, Transport, TransportError, KEPT_ENV, TOKEN_VAR,
+    unpack_merging, NodeCommand, NodeProcess, NodeRow, Transport, TransportError, KEPT_ENV,
+    TOKEN_VAR,
 };
 
 use serde::{Deserialize, Serialize};

@@ -376,6 +376,65 @@ pub fn copy_tree(src: &Path, dest: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Unpacks a tar stream of a node's directory (what `tar -C DIR -cf - .`
+/// wrote there) into `dest` as [`Transport::download`] merges: into a fresh
+/// directory beside `dest` first, then [`merge_newest`], so a stream that
+/// does not unpack changes nothing in `dest`. Needs `tar` here.
+pub fn unpack_merging(packed: &[u8], dest: &Path) -> std::io::Result<()> {
+    use std::io::Write;
+    let context = |what: String| {
+        move |e: std::io::Error| std::io::Error::new(e.kind(), format!("{what}: {e}"))
+    };
+    std::fs::create_dir_all(dest).map_err(context(format!("cannot create {}", dest.display())))?;
+    let tmp = tempdir_beside(dest).map_err(context("cannot make a temporary directory".into()))?;
+    let unpacked = (|| {
+        let mut tar = std::process::Command::new("tar")
+            .arg("-C")
+            .arg(&tmp)
+            .arg("-xf")
+            .arg("-")
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(context("cannot run tar".into()))?;
+        if let Some(mut w) = tar.stdin.take() {
+            let _ = w.write_all(packed);
+        }
+        let out = tar
+            .wait_with_output()
+            .map_err(context("cannot run tar".into()))?;
+        if out.status.success() {
+            merge_newest(&tmp, dest)
+        } else {
+            Err(std::io::Error::other(
+                String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            ))
+        }
+    })();
+    let _ = std::fs::remove_dir_all(&tmp);
+    unpacked
+}
+
+/// A new, empty directory beside `dest` (same file system: the merge can
+/// rename), named after this process and the time.
+fn tempdir_beside(dest: &Path) -> std::io::Result<std::path::PathBuf> {
+    let parent = dest.parent().unwrap_or(dest);
+    for i in 0..100u32 {
+        let p = parent.join(format!(
+            ".gangway-download-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64)
+                + u64::from(i)
+        ));
+        if std::fs::create_dir(&p).is_ok() {
+            return Ok(p);
+        }
+    }
+    Err(std::io::Error::other("no free temporary directory name"))
+}
+
 /// Like [`copy_tree`], but a file already at the destination wins when it
 /// is at least as new as the source.
 pub fn merge_newest(src: &Path, dest: &Path) -> std::io::Result<()> {

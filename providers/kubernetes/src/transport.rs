@@ -19,7 +19,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
 use gangway_provider::{
-    merge_newest, sh_quote, signal_token, NodeCommand, NodeProcess, NodeRow, Transport,
+    sh_quote, signal_token, unpack_merging, NodeCommand, NodeProcess, NodeRow, Transport,
     TransportError, TOKEN_VAR,
 };
 use k8s_openapi::api::core::v1::Pod;
@@ -435,34 +435,8 @@ impl Transport for ExecTransport {
         if packed.is_empty() {
             return Ok(());
         }
-        std::fs::create_dir_all(dest)
-            .map_err(|e| fail(node, format!("cannot create {}", dest.display()), e))?;
-        let tmp =
-            tempdir_beside(dest).map_err(|e| fail(node, "cannot make a temporary directory", e))?;
-        let mut tar = std::process::Command::new("tar")
-            .arg("-C")
-            .arg(&tmp)
-            .arg("-xf")
-            .arg("-")
-            .stdin(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| fail(node, "cannot run tar", e))?;
-        if let Some(mut w) = tar.stdin.take() {
-            let _ = w.write_all(&packed);
-        }
-        let out = tar
-            .wait_with_output()
-            .map_err(|e| fail(node, "cannot run tar", e))?;
-        let merged = if out.status.success() {
-            merge_newest(&tmp, dest)
-        } else {
-            Err(std::io::Error::other(
-                String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            ))
-        };
-        let _ = std::fs::remove_dir_all(&tmp);
-        merged.map_err(|e| fail(node, format!("cannot copy {path} to {}", dest.display()), e))
+        unpack_merging(&packed, dest)
+            .map_err(|e| fail(node, format!("cannot copy {path} to {}", dest.display()), e))
     }
 
     fn write_file(&self, node: &NodeRow, path: &str, data: &[u8]) -> Result<(), TransportError> {
@@ -541,18 +515,6 @@ impl Transport for ExecTransport {
         self.run(node, "probe", script, None)
             .map(|c| String::from_utf8_lossy(&c.stdout).into_owned())
     }
-}
-
-/// A fresh directory beside `dest` (same filesystem, so the merge renames).
-fn tempdir_beside(dest: &Path) -> std::io::Result<std::path::PathBuf> {
-    let parent = dest.parent().unwrap_or(dest);
-    for i in 0..100u32 {
-        let p = parent.join(format!(".gangway-download-{}-{i}", std::process::id()));
-        if std::fs::create_dir(&p).is_ok() {
-            return Ok(p);
-        }
-    }
-    Err(std::io::Error::other("no free temporary directory name"))
 }
 
 #[cfg(test)]

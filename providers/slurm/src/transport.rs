@@ -14,7 +14,7 @@ use std::process::Stdio;
 use std::sync::Mutex;
 
 use gangway_provider::{
-    merge_newest, output_with_input, shell, signal_token, NodeCommand, NodeProcess, NodeRow,
+    output_with_input, shell, signal_token, unpack_merging, NodeCommand, NodeProcess, NodeRow,
     Transport, TransportError, KEPT_ENV, TOKEN_VAR,
 };
 
@@ -363,35 +363,8 @@ impl Transport for SlurmTransport {
         if packed.is_empty() {
             return Ok(());
         }
-        std::fs::create_dir_all(dest)
-            .map_err(|e| fail(node, format!("cannot create {}", dest.display()), e))?;
-        // Unpacked beside, then merged newest-wins like every transport.
-        let tmp =
-            tempdir_in(dest).map_err(|e| fail(node, "cannot make a temporary directory", e))?;
-        let mut tar = std::process::Command::new("tar")
-            .arg("-C")
-            .arg(&tmp)
-            .arg("-xf")
-            .arg("-")
-            .stdin(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| fail(node, "cannot run tar", e))?;
-        if let Some(mut w) = tar.stdin.take() {
-            let _ = w.write_all(&packed);
-        }
-        let out = tar
-            .wait_with_output()
-            .map_err(|e| fail(node, "cannot run tar", e))?;
-        let merged = if out.status.success() {
-            merge_newest(&tmp, dest)
-        } else {
-            Err(std::io::Error::other(
-                String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            ))
-        };
-        let _ = std::fs::remove_dir_all(&tmp);
-        merged.map_err(|e| fail(node, format!("cannot copy {path} to {}", dest.display()), e))
+        unpack_merging(&packed, dest)
+            .map_err(|e| fail(node, format!("cannot copy {path} to {}", dest.display()), e))
     }
 
     fn write_file(&self, node: &NodeRow, path: &str, data: &[u8]) -> Result<(), TransportError> {
@@ -442,23 +415,4 @@ impl Transport for SlurmTransport {
     fn probe(&self, node: &NodeRow, script: &str) -> Result<String, TransportError> {
         run(self, node, script, None).map(|o| String::from_utf8_lossy(&o).into_owned())
     }
-}
-
-/// A fresh directory beside `dest` (same filesystem, so the merge renames).
-fn tempdir_in(dest: &Path) -> std::io::Result<std::path::PathBuf> {
-    let parent = dest.parent().unwrap_or(dest);
-    for i in 0..100u32 {
-        let p = parent.join(format!(
-            ".gangway-download-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64)
-                + u64::from(i)
-        ));
-        if std::fs::create_dir(&p).is_ok() {
-            return Ok(p);
-        }
-    }
-    Err(std::io::Error::other("no free temporary directory name"))
 }
