@@ -153,21 +153,16 @@ pub(crate) fn configured(home: &Path) -> Result<Option<Host>, Error> {
                 identity_file: m
                     .get("identity_file")
                     .and_then(Value::as_str)
-                    .map(expand_home),
+                    .map(|p| PathBuf::from(gangway_yaml::expand_home(p))),
                 ..host
             }
         }
         other => return Err(bad(format!("{origin}: {other} is not a host"))),
     };
-    host.binary = section["controller_binary"].as_str().map(expand_home);
+    host.binary = section["controller_binary"]
+        .as_str()
+        .map(|p| PathBuf::from(gangway_yaml::expand_home(p)));
     Ok(Some(host))
-}
-
-fn expand_home(p: &str) -> PathBuf {
-    match (p.strip_prefix("~/"), std::env::var_os("HOME")) {
-        (Some(rest), Some(h)) => PathBuf::from(h).join(rest),
-        _ => PathBuf::from(p),
-    }
 }
 
 /// Quotes a word for the remote POSIX shell.
@@ -312,11 +307,39 @@ impl Hosted {
         input: &Input<'_>,
         out: Option<&mut Vec<u8>>,
     ) -> Result<Attempt, Error> {
+        let mut bytes: &[u8] = match input {
+            Input::Nothing => &[],
+            Input::Bytes(b) => b,
+        };
+        let stdin: Option<&mut dyn Read> = match input {
+            Input::Nothing => None,
+            Input::Bytes(_) => Some(&mut bytes),
+        };
+        let (code, install) = self.exchange(self.remote(args), stdin, out)?;
+        let code = code.unwrap_or(128 + 2);
+        match install {
+            Some((os, arch)) if code == INSTALL_EXIT => Ok(Attempt::Install { os, arch }),
+            _ => Ok(Attempt::Done(code)),
+        }
+    }
+
+    /// One `ssh` to the host running `remote`: `stdin` fed to it (else
+    /// `/dev/null`), its stdout into `out` (else ours), its stderr relayed
+    /// to ours as it comes. Returns its exit code (`None`: killed by a
+    /// signal) and the install mark, if the host printed one; ssh's own
+    /// failure to connect or log in is the unreachable error.
+    fn exchange(
+        &self,
+        remote: String,
+        stdin: Option<&mut dyn Read>,
+        out: Option<&mut Vec<u8>>,
+    ) -> Result<(Option<i32>, Option<Platform>), Error> {
         let mut c = self.ssh();
-        c.arg(self.remote(args))
-            .stdin(match input {
-                Input::Nothing => Stdio::null(),
-                Input::Bytes(_) => Stdio::piped(),
+        c.arg(remote)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
             })
             .stdout(if out.is_some() {
                 Stdio::piped()
@@ -330,27 +353,21 @@ impl Hosted {
                 Some("install OpenSSH's client (ssh)"),
             )
         })?;
-        if let (Input::Bytes(b), Some(mut w)) = (input, child.stdin.take()) {
-            // A host that refuses early closes the pipe: its answer says why.
-            let _ = w.write_all(b);
-        }
         let stderr = child.stderr.take().expect("stderr is piped");
         let relay = std::thread::spawn(move || relay_stderr(stderr));
+        if let (Some(r), Some(mut w)) = (stdin, child.stdin.take()) {
+            // A host that refuses early closes the pipe: its answer says why.
+            let _ = std::io::copy(r, &mut w);
+        }
         if let (Some(out), Some(mut r)) = (out, child.stdout.take()) {
             r.read_to_end(out)?;
         }
         let status = child.wait()?;
         let (install, held) = relay.join().unwrap_or_default();
-        let code = status.code().unwrap_or(128 + 2);
-        if code == INSTALL_EXIT {
-            if let Some((os, arch)) = install {
-                return Ok(Attempt::Install { os, arch });
-            }
-        }
-        if code == SSH_FAILED {
+        if status.code() == Some(SSH_FAILED) {
             return Err(self.unreachable(&held));
         }
-        Ok(Attempt::Done(code))
+        Ok((status.code(), install))
     }
 
     fn unreachable(&self, held: &[String]) -> Error {
@@ -432,22 +449,10 @@ impl Hosted {
                 None,
             )
         })?;
-        let mut c = self.ssh();
-        c.arg(script)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = c.spawn()?;
-        let stderr = child.stderr.take().expect("stderr is piped");
-        let relay = std::thread::spawn(move || relay_stderr(stderr));
-        if let Some(mut w) = child.stdin.take() {
-            let _ = std::io::copy(&mut file, &mut w);
-        }
-        let status = child.wait()?;
-        let (_, held) = relay.join().unwrap_or_default();
-        match status.code() {
+        // Its stdout (nothing, unless the host's shell talks) is dropped.
+        let (code, _) = self.exchange(script, Some(&mut file), Some(&mut Vec::new()))?;
+        match code {
             Some(0) => Ok(()),
-            Some(SSH_FAILED) => Err(self.unreachable(&held)),
             Some(98) => Err(Error::usage(
                 format!(
                     "{} is not a gangway {} for the controller host {}",
@@ -469,6 +474,9 @@ impl Hosted {
     }
 }
 
+/// A host's `uname -s` and `uname -m`.
+type Platform = (String, String);
+
 enum Attempt {
     Done(i32),
     Install { os: String, arch: String },
@@ -477,7 +485,7 @@ enum Attempt {
 /// Copies the remote stderr to ours, line by line as it comes, except
 /// the install mark (returned as `(os, arch)`) and ssh's own complaints
 /// (held back and returned, for the unreachable error to say once).
-fn relay_stderr(r: impl Read) -> (Option<(String, String)>, Vec<String>) {
+fn relay_stderr(r: impl Read) -> (Option<Platform>, Vec<String>) {
     let mut install = None;
     let mut held = Vec::new();
     let mut err = std::io::stderr();
