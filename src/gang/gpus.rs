@@ -234,7 +234,13 @@ fn is_query_header(line: &str) -> bool {
 /// which are skipped. The header must list `GPU0 GPU1 ...` in order, and a
 /// row must follow for each of them, in order, with `X` exactly on the
 /// diagonal; anything else is an error naming the line.
+///
+/// Terminal escape sequences are dropped first: nvidia-smi underlines the
+/// header with `ESC[4m` ... `ESC[0m` even when its output is a pipe (seen
+/// with driver 580 on an H200, `tests/fixtures/nvidia-smi/topo-1xH200-recorded.txt`),
+/// which left the header unrecognised and every real node in index order.
 pub(crate) fn parse_topo(text: &str) -> Result<Topo, TopoError> {
+    let text = without_escapes(text);
     let mut lines = text.lines().enumerate();
     let n = loop {
         let Some((_, line)) = lines.next() else {
@@ -327,6 +333,30 @@ pub(crate) enum TopoError {
         /// The line.
         line: String,
     },
+}
+
+/// `text` without ANSI CSI sequences (`ESC [` parameters, then a final
+/// letter), the only escapes nvidia-smi prints; other text as it is.
+fn without_escapes(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains('\x1b') {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' && chars.peek() == Some(&'[') {
+            chars.next();
+            // Parameters and intermediates, up to the final byte (@ to ~).
+            for p in chars.by_ref() {
+                if ('@'..='~').contains(&p) {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// `GPU12` -> `Some(12)`.
@@ -422,13 +452,14 @@ mod tests {
         };
     }
 
-    const QUERIES: [(&str, &str); 3] = [
+    const QUERIES: [(&str, &str); 4] = [
         fixture!("query-8xH100-SXM.csv"),
         fixture!("query-2xA100-PCIE-40GB.csv"),
         fixture!("query-1xL4.csv"),
+        fixture!("query-1xH200-recorded.csv"),
     ];
 
-    const TOPOS: [(&str, &str); 11] = [
+    const TOPOS: [(&str, &str); 12] = [
         fixture!("topo-aws-p4d-8xA100-NV12.txt"),
         fixture!("topo-aws-g6e-4xL40S-NODE.txt"),
         fixture!("topo-8xH100-NV18.txt"),
@@ -440,6 +471,7 @@ mod tests {
         fixture!("topo-8xRTX4090-SYS-nics.txt"),
         fixture!("topo-2xRTX5090-PHB.txt"),
         fixture!("topo-1xTeslaP4.txt"),
+        fixture!("topo-1xH200-recorded.txt"),
     ];
 
     fn topo(name: &str) -> Topo {
@@ -512,6 +544,46 @@ mod tests {
             .map(|g| accelerator_name(&g.name))
             .collect();
         assert_eq!(names, ["H100", "A100", "L4"]);
+    }
+
+    /// Recorded on a real node (an H200, driver 580.159.04), not taken
+    /// from a post: what the driver's discovery really reads.
+    #[test]
+    fn a_recorded_h200_node_is_discovered_whole() {
+        let text = include_str!("../../tests/fixtures/nvidia-smi/discover-1xH200-recorded.txt");
+        assert!(
+            text.contains('\x1b'),
+            "the recording keeps nvidia-smi's escapes"
+        );
+        assert_eq!(discovered(text), (1, vec![0]));
+        let (_, topo_text) = text.split_once("---gangway-topo---").unwrap();
+        let t = parse_topo(topo_text.trim()).expect("the recorded matrix parses");
+        assert_eq!(t.rows(), &[vec![Link::Itself]]);
+        let gpus = parse_query(QUERIES[3].1).unwrap();
+        assert_eq!(
+            (gpus.len(), gpus[0].name.as_str(), gpus[0].memory_mib),
+            (1, "NVIDIA H200", 143771)
+        );
+        assert_eq!(accelerator_name(&gpus[0].name), "H200");
+    }
+
+    /// The header underlined as the recorded H200 output has it, on a
+    /// matrix with NVLink pairs 0-2 and 1-3: each pair still comes out
+    /// adjacent (index order would be the silent fallback).
+    #[test]
+    fn an_underlined_header_keeps_the_matrix() {
+        let name = "topo-4xRTX3090-NV4-pairs.txt";
+        let plain = TOPOS.iter().find(|(n, _)| *n == name).unwrap().1;
+        let (header, rest) = plain.trim_start().split_once('\n').unwrap();
+        let underlined = format!("\t\x1b[4m{}\x1b[0m\n{rest}", header.trim());
+        let got = parse_topo(&underlined).expect("an underlined header parses");
+        assert_eq!(got, topo(name));
+        assert_eq!(ordered(&gpus(4), Some(&got)), [0, 2, 3, 1]);
+        let output = format!(
+            "{}\n---gangway-topo---\n{underlined}",
+            QUERIES[0].1.lines().take(4).collect::<Vec<_>>().join("\n")
+        );
+        assert_eq!(discovered(&output), (4, vec![0, 2, 3, 1]));
     }
 
     #[test]
