@@ -13,6 +13,15 @@ multiplier interruptions put on the price. Compares it with the estimate
 from the offer's advisor bucket (src/catalog/risk.rs HOURLY_RATE), no
 checkpoint loss (the simulator keeps all work).
 
+Two sets of traces, reported apart:
+  - calibration: the preemption traces (April 2023), the ones the top
+    bucket's rate (0.5/h) was set from: in-sample;
+  - held out: the 1-node p3.2xlarge availability traces
+    (../shared/traces/availability/1-node/*/*_v100_1.json: Oct-Dec 2022 and
+    Feb-Apr 2023, 2 and 9 zones, 27 and 45 days), never used to set a rate.
+    Running spot while a zone has capacity and losing it when capacity
+    drops is the same replay.
+
 Usage: python3 bench/spot_risk.py [path/to/gangway]
 Environment: JOB_HOURS (default 10), RESTART_HOURS (default 0.05),
 START_EVERY (default 12).
@@ -30,7 +39,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import ROOT  # noqa: E402
 
 BIN = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "target/release/gangway")
-TRACES = os.path.join(os.path.dirname(ROOT), "shared/traces/preemption/1-node")
+SHARED = os.path.join(os.path.dirname(ROOT), "shared/traces")
+SETS = [
+    ("calibration (in-sample)", os.path.join(SHARED, "preemption/1-node"), "*.json"),
+    ("held out", os.path.join(SHARED, "availability/1-node"), "*_v100_1.json"),
+]
 JOB = float(os.environ.get("JOB_HOURS", "10"))
 RESTART = float(os.environ.get("RESTART_HOURS", "0.05"))
 STEP = float(os.environ.get("START_EVERY", "12"))
@@ -80,43 +93,49 @@ def sim(path, start, home):
     return r["cost"] / JOB
 
 
+def replay(title, root, pattern, table, home):
+    print(f"-- {title}: {os.path.relpath(root, SHARED)}")
+    print(f"{'trace':45} {'bucket':>8} {'est. x':>7} {'sim x (median, n)':>19} {'error':>7} {'trace rate/h':>12}")
+    errors = []
+    for path in sorted(glob.glob(os.path.join(root, "*", pattern))):
+        o = offer(path)
+        if o is None:
+            continue
+        b = table.get((o[1], o[2]), DEFAULT_BUCKET) if o[0] == "aws" else DEFAULT_BUCKET
+        default = o[0] != "aws" or (o[1], o[2]) not in table
+        est = 1 / (1 - HOURLY_RATE[b] * RESTART)
+        rate, hours = trace_rate(path)
+        runs = []
+        start = 0.0
+        while start + JOB < hours:
+            m = sim(path, start, home)
+            if m is not None:
+                runs.append(m)
+            start += STEP
+        if not runs:
+            continue
+        med = statistics.median(runs)
+        err = (est - med) / med
+        errors.append(abs(err))
+        name = os.path.relpath(path, root)
+        label = LABELS[b] + ("?" if default else "")
+        print(f"{name:45} {label:>8} {est:7.4f} {med:12.4f} ({len(runs):3}) {err:+7.1%} {rate:12.3f}")
+    if errors:
+        print(f"{title}: median |error| of the expected-cost multiplier {statistics.median(errors):.1%}, "
+              f"max {max(errors):.1%} over {len(errors)} traces")
+
+
 def main():
     if not os.path.exists(BIN):
         sys.exit(f"{BIN} not found: run `cargo build --release` first")
-    if not os.path.isdir(TRACES):
-        print(f"SKIPPED spot_risk: {TRACES} is not there")
-        return
     table = buckets()
     print(f"job {JOB} h of work, restart {RESTART} h, starts every {STEP} h, greedy, spot price 1")
-    print(f"{'trace':45} {'bucket':>8} {'est. x':>7} {'sim x (median, n)':>19} {'error':>7} {'trace rate/h':>12}")
-    errors = []
     with tempfile.TemporaryDirectory() as home:
-        for path in sorted(glob.glob(os.path.join(TRACES, "*", "*.json"))):
-            o = offer(path)
-            if o is None:
+        for title, root, pattern in SETS:
+            if not os.path.isdir(root):
+                print(f"SKIPPED spot_risk {title}: {root} is not there")
                 continue
-            b = table.get((o[1], o[2]), DEFAULT_BUCKET) if o[0] == "aws" else DEFAULT_BUCKET
-            default = o[0] != "aws" or (o[1], o[2]) not in table
-            est = 1 / (1 - HOURLY_RATE[b] * RESTART)
-            rate, hours = trace_rate(path)
-            runs = []
-            start = 0.0
-            while start + JOB < hours:
-                m = sim(path, start, home)
-                if m is not None:
-                    runs.append(m)
-                start += STEP
-            if not runs:
-                continue
-            med = statistics.median(runs)
-            err = (est - med) / med
-            errors.append(abs(err))
-            name = os.path.relpath(path, TRACES)
-            label = LABELS[b] + ("?" if default else "")
-            print(f"{name:45} {label:>8} {est:7.4f} {med:12.4f} ({len(runs):3}) {err:+7.1%} {rate:12.3f}")
-    if errors:
-        print(f"median |error| of the expected-cost multiplier: {statistics.median(errors):.1%}, "
-              f"max {max(errors):.1%} over {len(errors)} traces")
+            replay(title, root, pattern, table, home)
 
 
 if __name__ == "__main__":
