@@ -115,8 +115,8 @@ def listing(store, url, bucket, prefix):
     return [prefix + line for line in p.stdout.splitlines()]
 
 
-def make_data(root, kind):
-    d = os.path.join(root, kind)
+def make_data(root, store, kind):
+    d = os.path.join(root, f"{store}-{kind}")
     os.makedirs(d)
     if kind == "big":
         for i in range(BIG_FILES):
@@ -242,7 +242,7 @@ def main():
             py = "target/ec2-venv/bin/python" if store == "s3" else "target/gcs-venv/bin/python"
             url = start(os.path.join(ROOT, py), f"tests/emulators/{store}/server.py")
             for kind in SETS:
-                data = make_data(work, f"{store}-{kind}")
+                data = make_data(work, store, kind)
                 bucket = f"bench-{store}-{kind}"
                 make_bucket(store, url, bucket)
                 # In ABBA order (rclone, gangway, gangway, rclone), each into

@@ -101,10 +101,7 @@ pub(crate) async fn node_env(
                 url: url.clone(),
                 reason,
             })?;
-        // A mount rereads its keys when they expire (as far as it is told):
-        // at most three renewals from now, so that keys renewed by the
-        // driver reach it even when the chain did not say when they end.
-        let cap = std::time::SystemTime::now() + 3 * renew_every();
+        let cap = reread_by();
         let expires = c.expires.map_or(cap, |e| e.min(cap));
         let mut env = Bucket::open_as(url, &endpoints, Some(&keys(c)))?
             .node_env(remote)
@@ -112,7 +109,27 @@ pub(crate) async fn node_env(
         env.push((expires_var(remote), unix_seconds(expires).to_string()));
         return Ok(env);
     }
-    Bucket::open(url, &endpoints)?.node_env(remote).await
+    let mut env = Bucket::open(url, &endpoints)?.node_env(remote).await?;
+    // A GCS token is told to expire when it is taken to (50 minutes after
+    // it was first seen) or, sooner, by the same rule as S3 keys.
+    let (var, cap) = (expires_var(remote), unix_seconds(reread_by()));
+    for (k, v) in &mut env {
+        if *k == var {
+            if let Ok(e) = v.parse::<u64>() {
+                *v = e.min(cap).to_string();
+            }
+        }
+    }
+    Ok(env)
+}
+
+/// When a mount is told its credentials expire at the latest: three
+/// renewals from now. It rereads them then (as far as it is told), so
+/// credentials renewed by the driver reach it even when the chain did not
+/// say when they end, and a GCS mount takes a renewed token long before
+/// the one it holds runs out.
+fn reread_by() -> std::time::SystemTime {
+    std::time::SystemTime::now() + 3 * renew_every()
 }
 
 /// The stores (URL schemes, `s3`, `gs`) that a run's nodes reach with an
@@ -188,12 +205,10 @@ pub(crate) async fn bucket_env(
 
 /// The variable that tells a node when `remote`'s credentials expire (Unix
 /// seconds), as [`gangway_store::Bucket::node_env`] spells it.
-#[cfg(feature = "aws")]
 fn expires_var(remote: &str) -> String {
     format!("GW_EXPIRES_{}", remote.to_ascii_uppercase())
 }
 
-#[cfg(feature = "aws")]
 fn unix_seconds(t: std::time::SystemTime) -> u64 {
     t.duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())

@@ -256,6 +256,90 @@ fn a_mounts_s3_credentials_are_renewed_while_the_run_goes_on() {
     assert_no_marker_procs(&home.marker, "down of a cluster with a renewed mount");
 }
 
+/// The same for a GCS MOUNT, with a real token: a service-account key
+/// (an RSA key made here) signs a fresh bearer for every renewal; the
+/// token file the mount rereads (0600) carries it and its expiry, the
+/// mount takes each renewed one when the one it holds runs out, and reads
+/// never stop. (The other GCS tests use a key that signs nothing: no
+/// token, nothing to renew.)
+#[test]
+fn a_mounts_gcs_token_is_renewed_while_the_run_goes_on() {
+    let Some(emu) = StoreEmulator::gcs() else {
+        return;
+    };
+    let home = TestHome::new();
+    let pem = std::process::Command::new("openssl")
+        .args(["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"])
+        .output()
+        .expect("openssl genpkey");
+    assert!(pem.status.success(), "openssl: {pem:?}");
+    let key = serde_json::json!({
+        "type": "service_account",
+        "client_email": "gw-renew@test.iam.gserviceaccount.com",
+        "private_key_id": "k1",
+        "private_key": String::from_utf8(pem.stdout).unwrap(),
+    })
+    .to_string();
+    let bucket = format!("gw-{}-renew", home.marker.to_ascii_lowercase());
+    emu.create_bucket(&bucket);
+    emu.put_object(&bucket, "x.txt", b"v1");
+    let task = home.file(
+        "renew.yaml",
+        &format!(
+            "resources:\n  infra: local\nenvs:\n  GW_TEST_MARKER: {m}\n\
+             file_mounts:\n  ~/m:\n    source: gs://{bucket}\n    mode: MOUNT\n\
+             run: |\n  d=$(ls -d ~/.gangway/creds/*)\n  echo \"modes=$(stat -c %a \"$d\") $(stat -c %a \"$d\"/* | sort -u | tr '\\n' ' ')\"\n\
+             \x20 grep -c '\"expiry\"' \"$d\"/*.conf | sed 's/^/expiry-lines=/'\n\
+             \x20 for i in $(seq 1 14); do echo \"read-$i=$(cat ~/m/x.txt)\"; sleep 1; done\n",
+            m = home.marker
+        ),
+    );
+    let before = emu.last_request_id();
+    let mut c = command_in(home.path());
+    with_store(&mut c, emu);
+    c.env("GOOGLE_SERVICE_ACCOUNT_KEY", &key)
+        .env("GANGWAY_CREDENTIAL_RENEW_SECONDS", "2")
+        .args(["launch", &task, "-c", "rn", "-y"]);
+    let (code, out, err) = parts(&Running::start(c).wait());
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("modes=700 600 "), "{out}");
+    assert!(out.contains("expiry-lines=1"), "the token file says when it ends: {out}");
+    for i in 1..=14 {
+        assert!(out.contains(&format!("read-{i}=v1")), "read {i}:\n{out}");
+    }
+    assert!(
+        out.contains("renewed the bucket mounts' credentials on 1 node(s)"),
+        "{out}"
+    );
+    let reads: Vec<_> = emu
+        .requests_since(before)
+        .into_iter()
+        .filter(|r| r.method == "GET" && r.path.contains("x.txt"))
+        .collect();
+    let bearers: std::collections::BTreeSet<String> =
+        reads.iter().filter_map(|r| r.key_id.clone()).collect();
+    assert!(
+        bearers.iter().all(|b| b.starts_with("bearer-sha256:")),
+        "every read carried a token: {bearers:?}"
+    );
+    assert!(
+        reads.iter().all(|r| r.key_id.is_some()),
+        "no read went without a token: {} reads",
+        reads.len()
+    );
+    assert!(
+        bearers.len() >= 2,
+        "the mount read with renewed tokens, not only its first: {bearers:?}"
+    );
+    assert!(
+        !err.contains("PRIVATE KEY") && !out.contains("PRIVATE KEY"),
+        "the key is never printed"
+    );
+    let (code, out, err) = parts(&run(emu, &home, &["down", "-y", "rn"]));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert_no_marker_procs(&home.marker, "down of a cluster with a renewed GCS mount");
+}
+
 #[test]
 fn a_missing_s3_bucket_is_exit_2_naming_the_line_before_anything_starts() {
     let Some(emu) = s3() else {
