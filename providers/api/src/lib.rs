@@ -429,6 +429,22 @@ pub trait Provider: Send + Sync {
     /// clusters and when nothing exists.
     async fn terminate(&self, cluster: &ClusterName) -> Result<()>;
 
+    /// Stops the machine this process runs on, one of this provider's,
+    /// found through the provider's metadata service and asked with the
+    /// machine's own identity (its credentials from the SDK's default
+    /// chain, never a user's keys): what a managed-job controller host
+    /// does when it has been idle. Its disk is kept and
+    /// [`Provider::start`] brings it back. Default: refused
+    /// ([`ErrorKind::InvalidRequest`]).
+    async fn stop_this_machine(&self) -> Result<()> {
+        Err(ProviderError::new(
+            ErrorKind::InvalidRequest,
+            self.name(),
+            "",
+            "this provider cannot stop the machine gangway runs on",
+        ))
+    }
+
     /// Whether [`Provider::prices`] asks a live price API (what `gangway
     /// catalog refresh` offers to refresh). Say `true` where it is
     /// implemented.
