@@ -32,7 +32,7 @@ const SSH_FAILED: i32 = 255;
 pub(crate) const HOSTED_ENV: &str = "GANGWAY_HOSTED_CONTROLLER";
 /// `jobs.controller`'s value for "on this machine" (the default): a
 /// place, not a provider, though the local cloud shares the word.
-const THIS_MACHINE: &str = "local";
+pub(crate) const THIS_MACHINE: &str = "local";
 /// The controller host given in the environment, over config.yaml.
 const CONTROLLER_ENV: &str = "GANGWAY_JOBS_CONTROLLER";
 
@@ -92,9 +92,18 @@ impl Host {
     }
 }
 
+/// Where `jobs.controller` puts the controller.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Place {
+    /// An SSH host the user has.
+    Ssh(Host),
+    /// A cloud VM gangway provisions, stops when idle and starts again.
+    Cloud(super::cloud_host::CloudHost),
+}
+
 /// `jobs.controller` from the environment or `$GANGWAY_HOME/config.yaml`:
 /// `None` for `local` (the default) and on the hosted side itself.
-pub(crate) fn configured(home: &Path) -> Result<Option<Host>, Error> {
+pub(crate) fn configured(home: &Path) -> Result<Option<Place>, Error> {
     if std::env::var_os(HOSTED_ENV).is_some() {
         return Ok(None);
     }
@@ -103,7 +112,8 @@ pub(crate) fn configured(home: &Path) -> Result<Option<Host>, Error> {
             what,
             Some(
                 "write jobs: {controller: local} or jobs: {controller: user@host:port}, or \
-                 jobs: {controller: {host: H, user: U, port: P, identity_file: KEY}}",
+                 jobs: {controller: {host: H, user: U, port: P, identity_file: KEY}}, or \
+                 jobs: {controller: {cloud: aws, remote_identity: NAME}} (docs/managed-jobs.md)",
             ),
         )
     };
@@ -127,6 +137,14 @@ pub(crate) fn configured(home: &Path) -> Result<Option<Host>, Error> {
     let mut host = match &value {
         Value::Null => return Ok(None),
         Value::String(s) if s.trim() == THIS_MACHINE => return Ok(None),
+        Value::String(s) if super::cloud_host::is_cloud(s.trim()) => {
+            return super::cloud_host::CloudHost::from_word(s.trim()).map(|c| Some(Place::Cloud(c)))
+        }
+        Value::Object(m) if m.contains_key("cloud") => {
+            return super::cloud_host::CloudHost::from_map(m, &origin)
+                .map(|c| Some(Place::Cloud(c)))
+                .map_err(bad)
+        }
         Value::String(s) => Host::parse_address(s)
             .ok_or_else(|| bad(format!("{origin}: '{s}' is not local or user@host[:port]")))?,
         Value::Object(m) => {
@@ -162,7 +180,7 @@ pub(crate) fn configured(home: &Path) -> Result<Option<Host>, Error> {
     host.binary = section["controller_binary"]
         .as_str()
         .map(|p| PathBuf::from(gangway_yaml::expand_home(p)));
-    Ok(Some(host))
+    Ok(Some(Place::Ssh(host)))
 }
 
 /// Quotes a word for the remote POSIX shell.
@@ -183,6 +201,14 @@ pub(crate) struct Hosted {
     ssh_dir: PathBuf,
     /// SHA-256 of this binary (hex).
     stamp: String,
+    /// The host keys it is checked against: `ssh/known_hosts_controller`
+    /// for an SSH host, one file per cloud host (a new VM has new keys).
+    known_hosts: PathBuf,
+    /// Variables the host's gangway runs with (a cloud host's idle time
+    /// and how it stops itself).
+    remote_env: Vec<(String, String)>,
+    /// The cloud host's cluster, when gangway provisioned the host.
+    pub(crate) cluster: Option<String>,
 }
 
 /// How a remote command's standard input is fed.
@@ -195,15 +221,66 @@ pub(crate) enum Input<'a> {
 
 impl Hosted {
     /// The configured host, or `None` for a local controller.
+    /// A cloud host is provisioned, or started when it stopped itself,
+    /// before this returns (see [`super::cloud_host::reach`]).
     pub(crate) fn configured(home: &Path) -> Result<Option<Hosted>, Error> {
-        let Some(host) = configured(home)? else {
-            return Ok(None);
-        };
-        Ok(Some(Hosted {
+        match configured(home)? {
+            None => Ok(None),
+            Some(Place::Ssh(host)) => Ok(Some(Hosted::new(home, host)?)),
+            Some(Place::Cloud(c)) => super::cloud_host::reach(home, &c).map(Some),
+        }
+    }
+
+    /// The host `host`, checked against gangway's own known hosts.
+    pub(crate) fn new(home: &Path, host: Host) -> Result<Hosted, Error> {
+        Ok(Hosted {
             host,
             ssh_dir: home.join("ssh"),
             stamp: self_hash(home)?,
-        }))
+            known_hosts: home.join("ssh").join("known_hosts_controller"),
+            remote_env: Vec::new(),
+            cluster: None,
+        })
+    }
+
+    /// The same host, its keys kept in `known_hosts`, its gangway run with
+    /// `env`, standing for the cluster `cluster`.
+    pub(crate) fn for_cluster(
+        mut self,
+        cluster: &str,
+        known_hosts: PathBuf,
+        env: Vec<(String, String)>,
+    ) -> Hosted {
+        self.cluster = Some(cluster.to_string());
+        self.known_hosts = known_hosts;
+        self.remote_env = env;
+        self
+    }
+
+    /// Whether this machine's master connection to the host is open (a
+    /// local check through its socket, no round trip): a host that
+    /// stopped or went away has dropped it.
+    pub(crate) fn master_alive(&self) -> bool {
+        let mut c = self.ssh();
+        c.args(["-O", "check"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        c.status().is_ok_and(|s| s.success())
+    }
+
+    /// Waits until `true` runs on the host (a VM just started or made),
+    /// up to `limit`; the last failure otherwise.
+    pub(crate) fn wait_reachable(&self, limit: std::time::Duration) -> Result<(), Error> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            let r = self.exchange("true".to_string(), None, Some(&mut Vec::new()));
+            match r {
+                Ok(_) => return Ok(()),
+                Err(e) if std::time::Instant::now() >= deadline => return Err(e),
+                Err(_) => std::thread::sleep(std::time::Duration::from_secs(2)),
+            }
+        }
     }
 
     /// `user@host:port`.
@@ -228,8 +305,8 @@ impl Hosted {
             .args(["-o", "StrictHostKeyChecking=accept-new"])
             .arg("-o")
             .arg(format!(
-                "UserKnownHostsFile={}/known_hosts_controller %d/.ssh/known_hosts",
-                self.ssh_dir.display()
+                "UserKnownHostsFile={} %d/.ssh/known_hosts",
+                self.known_hosts.display()
             ))
             .arg("-o")
             .arg(format!("ControlPath={}/ctrl-%C", ctl.display()));
@@ -254,9 +331,14 @@ impl Hosted {
             "D=\"$HOME/.gangway-controller\"; \
              if [ \"$(cat \"$D/bin/stamp\" 2>/dev/null)\" != {stamp} ]; then \
              echo \"{INSTALL_MARK} $(uname -s) $(uname -m)\" >&2; exit {INSTALL_EXIT}; fi; \
-             GANGWAY_HOME=\"$D/home\" {HOSTED_ENV}={addr} exec \"$D/bin/gangway\" {args}",
+             GANGWAY_HOME=\"$D/home\" {HOSTED_ENV}={addr} {env}exec \"$D/bin/gangway\" {args}",
             stamp = sh(&self.stamp),
             addr = sh(&self.address()),
+            env = self
+                .remote_env
+                .iter()
+                .map(|(k, v)| format!("{k}={} ", sh(v)))
+                .collect::<String>(),
             args = words.join(" "),
         )
     }
@@ -594,7 +676,9 @@ mod tests {
         write("jobs:\n  controller: local\n");
         assert_eq!(configured(home.path()).unwrap(), None);
         write("jobs:\n  controller: {host: 127.0.0.9, port: 2200, user: gw, identity_file: /k}\n  controller_binary: /b/gangway\n");
-        let h = configured(home.path()).unwrap().unwrap();
+        let Some(Place::Ssh(h)) = configured(home.path()).unwrap() else {
+            panic!("an SSH host")
+        };
         assert_eq!(h.address(), "gw@127.0.0.9:2200");
         assert_eq!(h.identity_file.as_deref(), Some(Path::new("/k")));
         assert_eq!(h.binary.as_deref(), Some(Path::new("/b/gangway")));
@@ -611,6 +695,9 @@ mod tests {
             host: Host::parse_address("u@h:22").unwrap(),
             ssh_dir: PathBuf::from("/x/ssh"),
             stamp: "ab".repeat(32),
+            known_hosts: PathBuf::from("/x/ssh/known_hosts_controller"),
+            remote_env: Vec::new(),
+            cluster: None,
         };
         let r = h.remote(&["jobs".into(), "logs".into(), "it's 1".into()]);
         assert!(r.starts_with("D=\"$HOME/.gangway-controller\"; if"), "{r}");

@@ -45,7 +45,7 @@ fn host() -> Option<Sshd> {
 
 /// Kills what runs with `GANGWAY_HOME=home` (the laptop's ssh master, a
 /// follower; or the host's supervisor and controller).
-fn kill_home(home: &Path) {
+pub(crate) fn kill_home(home: &Path) {
     for pid in procs_with_env(&format!("GANGWAY_HOME={}", home.display())) {
         // SAFETY: kill(2) of a process this test started (it carries the
         // test's own GANGWAY_HOME).

@@ -293,6 +293,19 @@ class Machines:
                 }
                 self._install_key(state, backend, instance)
 
+    def restore(self, region, instance_ids):
+        """Puts started instances back at their machines' addresses."""
+        with self._lock:
+            backend = self.emulator.backend(region)
+            for instance_id in instance_ids:
+                held = self.held.get(instance_id)
+                instance = backend.get_instance_by_id(instance_id)
+                if held is None or instance is None:
+                    continue
+                nic = instance.nics[0]
+                nic.public_ip = held["public"]
+                nic.private_ip_address = held["private"]
+
     @staticmethod
     def _install_key(state, backend, instance):
         path = state["authorized_keys"]
