@@ -23,7 +23,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use gangway_provider::{ClusterName, NodeState, SshEndpoint};
+use gangway_provider::{ClusterName, NodeState, SshEndpoint, CONTROLLER_LABEL};
 use serde_json::{Map, Value};
 
 use super::hosted::{Host, Hosted};
@@ -32,8 +32,6 @@ use crate::provision::Providers;
 use crate::state::{ClusterStatus, Store};
 use crate::Error;
 
-/// The label every controller host carries (and the prefix of its name).
-pub(crate) const CONTROLLER_LABEL: &str = "gangway-controller";
 /// The hosted gangway's variable naming the provider it stops itself with.
 pub(crate) const SELF_STOP_ENV: &str = "GANGWAY_CONTROLLER_SELF_STOP";
 /// How long a VM just made or started may take to answer on SSH.
@@ -197,15 +195,21 @@ impl CloudHost {
         r
     }
 
-    /// What the hosted gangway runs with.
-    fn remote_env(&self) -> Vec<(String, String)> {
-        vec![
+    /// What the hosted gangway runs with: the idle time, how it stops
+    /// itself, and where its provider acts (never credentials).
+    fn remote_env(&self, home: &Path) -> Vec<(String, String)> {
+        let mut env = Providers::new(home)
+            .get(&self.cloud)
+            .map(|p| p.host_env())
+            .unwrap_or_default();
+        env.extend([
             (
                 "GANGWAY_CONTROLLER_IDLE_SECONDS".into(),
                 ((self.idle_minutes * 60.0).round().max(1.0) as u64).to_string(),
             ),
             (SELF_STOP_ENV.into(), self.cloud.clone()),
-        ]
+        ]);
+        env
     }
 }
 
@@ -279,7 +283,7 @@ fn hosted_of(home: &Path, c: &CloudHost, store: &Store, name: &str) -> Result<Ho
     Ok(host_of_record(home, store, name)?.for_cluster(
         name,
         home.join("ssh").join(format!("known_hosts_{name}")),
-        c.remote_env(),
+        c.remote_env(home),
     ))
 }
 
@@ -485,7 +489,12 @@ mod tests {
         .unwrap();
         let c = CloudHost::from_map(&m, "jobs.controller").unwrap();
         assert_eq!(c.cluster_name(), "gangway-controller-gcp-us-central1");
-        assert_eq!(c.remote_env()[0].1, "30");
+        let home = tempfile::tempdir().unwrap();
+        let env = c.remote_env(home.path());
+        assert!(
+            env.contains(&("GANGWAY_CONTROLLER_IDLE_SECONDS".into(), "30".into())),
+            "{env:?}"
+        );
         let t = c.task_yaml("ctl@p.iam.gserviceaccount.com");
         assert!(t.contains("infra: \"gcp/us-central1\""), "{t}");
         assert!(

@@ -330,3 +330,107 @@ fn a_cloud_controller_without_an_identity_is_refused_naming_what_to_create() {
     let (code, _, err) = parts(&home.run(["jobs", "queue"]));
     assert_eq!(code, 2, "{err}");
 }
+
+/// `jobs.controller: {cloud: gcp}` on the GCE fake: the VM (of the
+/// configured type: the fake has no e2-standard-4, the cheapest fitting
+/// type in the catalog) is provisioned on-demand with the named service account (Storage and Compute scopes,
+/// the controller label), a job submitted to it succeeds, the hosted
+/// gangway stops its own VM after the idle time (its name, zone and project
+/// from its metadata server; the fake takes the call without credentials),
+/// and `down --all` leaves nothing in the fake.
+#[test]
+fn a_gcp_controller_host_runs_as_its_service_account_stops_when_idle_and_goes_with_down() {
+    let Some((gce, sshd, home)) = crate::gcp::vms_with_sshd(1) else {
+        return;
+    };
+    let host_home = sshd.home.join(".gangway-controller/home");
+    let _guard = HostGuard(host_home.clone());
+    let email = "gangway-ctl@gangway-test.iam.gserviceaccount.com";
+    gce.call(
+        "POST",
+        "/_gangway/settings",
+        &serde_json::json!({ "service_accounts": [email] }).to_string(),
+    );
+    std::fs::write(
+        home.path().join("config.yaml"),
+        format!(
+            "jobs:\n  controller:\n    cloud: gcp\n    region: us-central1\n    remote_identity: {email}\n\
+             \x20   instance_type: n2-standard-8\n\
+             \x20   idle_minutes: 0.1\n    config: {{ssh_user: root}}\n"
+        ),
+    )
+    .unwrap();
+    let gcp = |args: &[&str]| {
+        let mut c = command_in(home.path());
+        c.args(args)
+            .env("GANGWAY_GCP_ENDPOINT", &gce.url)
+            .env("GOOGLE_CLOUD_PROJECT", "gangway-test")
+            .env("GANGWAY_GCP_SSH_CIDR", "192.0.2.0/24");
+        parts(&Running::start(c).wait())
+    };
+    // The host's API endpoint (the fake); the project comes from here.
+    sshd.session_profile(&format!("export GANGWAY_GCP_ENDPOINT={}\n", gce.url));
+    let (code, out, err) = gcp(&["jobs", "queue"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        err.contains(
+            "provisioning the managed-job controller host 'gangway-controller-gcp-us-central1'"
+        ),
+        "{err}"
+    );
+    let vms = gce.named("instances", "gw-");
+    assert_eq!(vms.len(), 1, "{vms:#?}");
+    let vm = &vms[0];
+    assert_ne!(vm["scheduling"]["provisioningModel"], "SPOT", "{vm:#}");
+    assert_eq!(vm["serviceAccounts"][0]["email"], email, "{vm:#}");
+    let scopes = vm["serviceAccounts"][0]["scopes"].to_string();
+    assert!(
+        scopes.contains("auth/compute") && scopes.contains("devstorage"),
+        "{scopes}"
+    );
+    assert_eq!(vm["labels"]["gangway-controller"], "true", "{vm:#}");
+    // Its metadata server (the fake serves one per VM on request, once
+    // the VM exists; a VM has it from boot): the host's supervisor,
+    // started by the command above without it, starts again with it.
+    let name = vm["name"].as_str().unwrap().to_string();
+    let md = gce.call(
+        "POST",
+        "/_gangway/metadata-server",
+        &serde_json::json!({ "instance": name }).to_string(),
+    );
+    let mdhost = md["host"].as_str().expect("metadata host").to_string();
+    sshd.session_profile(&format!(
+        "export GANGWAY_GCP_ENDPOINT={} GCE_METADATA_HOST={mdhost}\n",
+        gce.url
+    ));
+    kill_home(&host_home);
+    let task = home.file(
+        "hello.yaml",
+        "resources:\n  infra: local\nrun: echo hello\n",
+    );
+    let (code, out, err) = gcp(&["jobs", "launch", &task, "-y", "-d"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    wait_for("the job to succeed", DEADLINE, || {
+        let (_, out, err) = gcp(&["jobs", "queue", "-o", "json"]);
+        let v: Value = serde_json::from_str(&out).map_err(|e| format!("{e}: {out}{err}"))?;
+        match v["jobs"][0]["state"].as_str() {
+            Some("SUCCEEDED") => Ok(()),
+            s => Err(format!("{s:?}")),
+        }
+    });
+    wait_for("the VM to stop itself when idle", DEADLINE, || {
+        let vms = gce.named("instances", "gw-");
+        match vms.first().and_then(|v| v["status"].as_str()) {
+            Some("TERMINATED" | "STOPPED") => Ok(()),
+            s => Err(format!("{s:?}")),
+        }
+    });
+    let log = std::fs::read_to_string(host_home.join("jobs/controller.log")).unwrap();
+    assert!(
+        log.contains("supervisor: this machine is stopping"),
+        "{log}"
+    );
+    let (code, out, err) = gcp(&["down", "--all", "-y"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(crate::gcp::leftovers(&gce), Vec::<String>::new());
+}

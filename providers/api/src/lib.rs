@@ -429,6 +429,15 @@ pub trait Provider: Send + Sync {
     /// clusters and when nothing exists.
     async fn terminate(&self, cluster: &ClusterName) -> Result<()>;
 
+    /// Variables a gangway running on one of this provider's machines
+    /// (a managed-job controller host) needs from the gangway that
+    /// launched it to act as the same account: never credentials (the
+    /// machine has its own identity), only where to act (a project).
+    /// Default: none.
+    fn host_env(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+
     /// Stops the machine this process runs on, one of this provider's,
     /// found through the provider's metadata service and asked with the
     /// machine's own identity (its credentials from the SDK's default
@@ -551,6 +560,12 @@ pub trait Provider: Send + Sync {
         Ok(Vec::new())
     }
 }
+
+/// The label (tag) of a managed-job controller host's nodes: they launch,
+/// stop and terminate machines with their own identity, so a provider that
+/// narrows its nodes' identity (GCP's OAuth scopes) widens it to that for
+/// these.
+pub const CONTROLLER_LABEL: &str = "gangway-controller";
 
 /// What precedes a preemption notice in the output of a
 /// [`Provider::notice_probe`], so that nothing else a node's shell prints
