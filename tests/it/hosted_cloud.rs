@@ -122,8 +122,9 @@ impl Drop for HostGuard {
 /// after the idle time, with the only credentials its sessions have: the
 /// instance profile's, from the metadata service (no key variables, the
 /// SDK's files /dev/null); the next `jobs queue` starts it and still lists
-/// the job; `cost-report` shows its cost apart; `down --all` removes it
-/// and leaves nothing tagged.
+/// the job; `cost-report` shows its cost apart; `down --all` refuses it
+/// (exit 2) while the job runs, and once it has ended removes it and
+/// leaves nothing tagged.
 #[test]
 fn a_cloud_controller_host_is_provisioned_outlives_the_laptop_stops_when_idle_and_goes_with_down() {
     let Some(sshd) = crate::aws_e2e::machines(1) else {
@@ -193,6 +194,16 @@ fn a_cloud_controller_host_is_provisioned_outlives_the_laptop_stops_when_idle_an
     // `status` shows it as the controller.
     let (_, status, _) = run(&cloud, &laptop, &["status"]);
     assert!(status.contains("(jobs controller)"), "{status}");
+    // Not torn down under a running job without --yes.
+    let (code, out, err) = run(&cloud, &laptop, &["down", "--all"]);
+    assert_eq!(code, 2, "{out}\n{err}");
+    assert!(
+        err.contains(
+            "is the managed-job controller host, and 1 of its managed job(s) have not finished"
+        ),
+        "{err}"
+    );
+    assert_eq!(host_instances(&cloud, &owner)[0].1, "running");
 
     // The laptop goes: its processes, then its home. Its owner id and key
     // are what the user's other machine is given (as an ssh key is).
