@@ -233,11 +233,21 @@ fn no_identity(c: &CloudHost) -> Error {
     )
 }
 
+/// Set for the `gangway launch` of the controller host: the one launch
+/// that may take a `gangway-controller...` name.
+const LAUNCHING_ENV: &str = "GANGWAY_LAUNCHING_CONTROLLER_HOST";
+
+/// Whether this process launches the controller host (see [`LAUNCHING_ENV`]).
+pub(crate) fn launching_controller() -> bool {
+    std::env::var_os(LAUNCHING_ENV).is_some()
+}
+
 /// Runs this gangway with `args` (same `$GANGWAY_HOME`), its output on
 /// our stderr (the command's own stdout is the host's answer).
 fn run_self(args: &[&str]) -> Result<i32, Error> {
     let err = std::io::stderr().as_fd().try_clone_to_owned()?;
     let status = Command::new(std::env::current_exe()?)
+        .env(LAUNCHING_ENV, "1")
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::from(err))

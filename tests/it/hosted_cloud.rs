@@ -122,7 +122,9 @@ impl Drop for HostGuard {
 /// after the idle time, with the only credentials its sessions have: the
 /// instance profile's, from the metadata service (no key variables, the
 /// SDK's files /dev/null); the next `jobs queue` starts it and still lists
-/// the job; `cost-report` shows its cost apart; `down --all` refuses it
+/// the job; `cost-report` shows its cost apart; an instance terminated
+/// behind gangway's back is provisioned again with a note; a user's
+/// launch may not take the reserved name; `down --all` refuses the host
 /// (exit 2) while the job runs, and once it has ended removes it and
 /// leaves nothing tagged.
 #[test]
@@ -301,6 +303,39 @@ fn a_cloud_controller_host_is_provisioned_outlives_the_laptop_stops_when_idle_an
             .as_array()
             .is_some_and(|l| l.iter().all(|c| c["name"] != host_cluster(REGION).as_str())),
         "{out}"
+    );
+
+    // Terminated behind gangway's back: provisioned again, with a note.
+    let (status, xml) = cloud.emu.call(
+        REGION,
+        &[("Action", "TerminateInstances"), ("InstanceId.1", id)],
+    );
+    assert_eq!(status, 200, "{xml}");
+    close_masters(&home);
+    let (code, out, err) = run(&cloud, &home, &["jobs", "queue", "-o", "json"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        err.contains(
+            "is gone (terminated outside gangway): its jobs, logs and ledger went with it"
+        ),
+        "{err}"
+    );
+    let now = host_instances(&cloud, &owner);
+    assert!(
+        now.len() == 1 && &now[0].0 != id && now[0].1 == "running",
+        "a new instance: {now:?}"
+    );
+    // The reserved name is the controller's alone.
+    let plain = other.file("plain.yaml", "resources:\n  infra: local\nrun: \"true\"\n");
+    let (code, _, err) = run(
+        &cloud,
+        &home,
+        &["launch", &plain, "-c", &host_cluster(REGION), "-y"],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("are the managed-job controller host's"),
+        "{err}"
     );
 
     let (code, out, err) = run(&cloud, &home, &["down", "--all", "-y"]);
