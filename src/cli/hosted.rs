@@ -101,9 +101,14 @@ pub(crate) enum Place {
     Cloud(super::cloud_host::CloudHost),
 }
 
-/// `jobs.controller` from the environment or `$GANGWAY_HOME/config.yaml`:
-/// `None` for `local` (the default) and on the hosted side itself.
-pub(crate) fn configured(home: &Path) -> Result<Option<Place>, Error> {
+/// `jobs.controller`: the task's `config.jobs.controller` (for a job
+/// whose task names its own), else the environment, else
+/// `$GANGWAY_HOME/config.yaml`; `None` for `local` (the default) and on
+/// the hosted side itself.
+pub(crate) fn configured_for(
+    home: &Path,
+    task_config: Option<&Value>,
+) -> Result<Option<Place>, Error> {
     if std::env::var_os(HOSTED_ENV).is_some() {
         return Ok(None);
     }
@@ -125,14 +130,16 @@ pub(crate) fn configured(home: &Path) -> Result<Option<Place>, Error> {
     let from_env = std::env::var(CONTROLLER_ENV)
         .ok()
         .filter(|v| !v.trim().is_empty());
-    let value = match (&from_env, &section["controller"]) {
-        (Some(v), _) => Value::String(v.clone()),
-        (None, v) => v.clone(),
-    };
-    let origin = if from_env.is_some() {
-        CONTROLLER_ENV.to_string()
-    } else {
-        format!("{}: jobs.controller", home.join("config.yaml").display())
+    let from_task = task_config
+        .map(|c| c["jobs"]["controller"].clone())
+        .filter(|v| !v.is_null());
+    let (value, origin) = match (from_task, &from_env, &section["controller"]) {
+        (Some(v), _, _) => (v, "the task's config.jobs.controller".to_string()),
+        (None, Some(v), _) => (Value::String(v.clone()), CONTROLLER_ENV.to_string()),
+        (None, None, v) => (
+            v.clone(),
+            format!("{}: jobs.controller", home.join("config.yaml").display()),
+        ),
     };
     let mut host = match &value {
         Value::Null => return Ok(None),
@@ -224,7 +231,16 @@ impl Hosted {
     /// A cloud host is provisioned, or started when it stopped itself,
     /// before this returns (see [`super::cloud_host::reach`]).
     pub(crate) fn configured(home: &Path) -> Result<Option<Hosted>, Error> {
-        match configured(home)? {
+        Hosted::configured_for(home, None)
+    }
+
+    /// [`Hosted::configured`] for a job whose task may name its own
+    /// controller (`config.jobs.controller`).
+    pub(crate) fn configured_for(
+        home: &Path,
+        task_config: Option<&Value>,
+    ) -> Result<Option<Hosted>, Error> {
+        match configured_for(home, task_config)? {
             None => Ok(None),
             Some(Place::Ssh(host)) => Ok(Some(Hosted::new(home, host)?)),
             Some(Place::Cloud(c)) => super::cloud_host::reach(home, &c).map(Some),
@@ -671,22 +687,36 @@ mod tests {
     #[test]
     fn the_config_names_the_host_and_refuses_what_it_cannot_read() {
         let home = tempfile::tempdir().unwrap();
-        assert_eq!(configured(home.path()).unwrap(), None);
+        assert_eq!(configured_for(home.path(), None).unwrap(), None);
         let write = |t: &str| std::fs::write(home.path().join("config.yaml"), t).unwrap();
         write("jobs:\n  controller: local\n");
-        assert_eq!(configured(home.path()).unwrap(), None);
+        assert_eq!(configured_for(home.path(), None).unwrap(), None);
         write("jobs:\n  controller: {host: 127.0.0.9, port: 2200, user: gw, identity_file: /k}\n  controller_binary: /b/gangway\n");
-        let Some(Place::Ssh(h)) = configured(home.path()).unwrap() else {
+        let Some(Place::Ssh(h)) = configured_for(home.path(), None).unwrap() else {
             panic!("an SSH host")
         };
         assert_eq!(h.address(), "gw@127.0.0.9:2200");
         assert_eq!(h.identity_file.as_deref(), Some(Path::new("/k")));
         assert_eq!(h.binary.as_deref(), Some(Path::new("/b/gangway")));
         write("jobs:\n  controller: {host: h, pot: 1}\n");
-        let e = configured(home.path()).unwrap_err().to_string();
+        let e = configured_for(home.path(), None).unwrap_err().to_string();
         assert!(e.contains("jobs.controller") && e.contains("'pot'"), "{e}");
         write("jobs:\n  controller: 'a b'\n");
-        assert!(configured(home.path()).is_err());
+        assert!(configured_for(home.path(), None).is_err());
+        // A task's own controller comes first.
+        write("jobs:\n  controller: u@file-host\n");
+        let task: Value = serde_json::json!({"jobs": {"controller": "u@task-host:2222"}});
+        let Some(Place::Ssh(h)) = configured_for(home.path(), Some(&task)).unwrap() else {
+            panic!("an SSH host")
+        };
+        assert_eq!(h.address(), "u@task-host:2222");
+        let local = serde_json::json!({"jobs": {"controller": "local"}});
+        assert_eq!(configured_for(home.path(), Some(&local)).unwrap(), None);
+        let other = serde_json::json!({"aws": {}});
+        let Some(Place::Ssh(h)) = configured_for(home.path(), Some(&other)).unwrap() else {
+            panic!("the file's host")
+        };
+        assert_eq!(h.address(), "u@file-host");
     }
 
     #[test]

@@ -775,7 +775,9 @@ fn pending_owner() -> String {
 
 fn launch(a: &JobsLaunchArgs, catalog: Option<&Path>, out: Output) -> Result<ExitCode, Error> {
     let (home, store) = open()?;
-    if let Some(h) = Hosted::configured(&home)? {
+    // The task may name its own controller (`config.jobs.controller`).
+    let task_config = a.task.load()?.config;
+    if let Some(h) = Hosted::configured_for(&home, task_config.as_ref())? {
         return launch_hosted(&h, a, catalog, &store, out);
     }
     let pending = pending_owner();

@@ -345,3 +345,35 @@ fn launch_follows_a_hosted_job_to_its_end_and_exits_with_its_code() {
         .exists());
     kill_home(laptop.path());
 }
+
+/// A task's own `config.jobs.controller` sends that job to its host with
+/// no `jobs.controller` in config.yaml; `jobs queue` asks the configured
+/// controller only (here: this machine's, which has no job), so the job is
+/// listed where the host is configured.
+#[test]
+fn a_tasks_own_controller_takes_its_job_and_queue_asks_the_configured_one() {
+    let Some(sshd) = host() else { return };
+    let _guard = HostGuard(host_home(&sshd));
+    let laptop = TestHome::new();
+    let task = laptop.file(
+        "own.yaml",
+        &format!(
+            "resources:\n  infra: local\nconfig:\n  jobs:\n    controller:\n      host: {}\n      port: {}\n      user: {}\n      identity_file: {}\nrun: echo from-the-task\n",
+            sshd.addrs[0],
+            sshd.port,
+            sshd.user,
+            sshd.client_key.display()
+        ),
+    );
+    let err = launch_detached(&laptop, &task);
+    assert!(err.contains("submitted to the controller at"), "{err}");
+    let (code, out, _) = parts(&laptop.run(["jobs", "queue", "-o", "json"]));
+    assert_eq!(code, 0);
+    assert_eq!(json_doc(&out)["jobs"], serde_json::json!([]), "{out}");
+    let other = TestHome::new();
+    use_host(&other, &sshd);
+    let job = wait_ended(&other, 1);
+    assert_eq!(job["state"], "SUCCEEDED", "{job}");
+    kill_home(laptop.path());
+    kill_home(other.path());
+}
