@@ -290,11 +290,13 @@ fn describe(home: &Path, cloud: &str, name: &str) -> Result<Seen, Error> {
 /// The host as the cluster's record has it: its head's SSH endpoint,
 /// gangway's own key unless the provider recorded another.
 fn hosted_of(home: &Path, c: &CloudHost, store: &Store, name: &str) -> Result<Hosted, Error> {
-    Ok(host_of_record(home, store, name)?.for_cluster(
-        name,
-        home.join("ssh").join(format!("known_hosts_{name}")),
-        c.remote_env(home),
-    ))
+    Ok(host_of_record(home, store, name)?
+        .for_cluster(
+            name,
+            home.join("ssh").join(format!("known_hosts_{name}")),
+            c.remote_env(home),
+        )
+        .reached_by(home, c))
 }
 
 /// The host of a controller cluster's record, as an SSH host.

@@ -216,6 +216,9 @@ pub(crate) struct Hosted {
     remote_env: Vec<(String, String)>,
     /// The cloud host's cluster, when gangway provisioned the host.
     pub(crate) cluster: Option<String>,
+    /// This machine's `$GANGWAY_HOME` and the cloud host's configuration,
+    /// to reach it again when it went away under a command.
+    cloud: Option<(PathBuf, super::cloud_host::CloudHost)>,
 }
 
 /// How a remote command's standard input is fed.
@@ -256,6 +259,7 @@ impl Hosted {
             known_hosts: home.join("ssh").join("known_hosts_controller"),
             remote_env: Vec::new(),
             cluster: None,
+            cloud: None,
         })
     }
 
@@ -270,6 +274,17 @@ impl Hosted {
         self.cluster = Some(cluster.to_string());
         self.known_hosts = known_hosts;
         self.remote_env = env;
+        self
+    }
+
+    /// The same host, reached again through [`super::cloud_host::reach`]
+    /// when it goes away under a command.
+    pub(crate) fn reached_by(
+        mut self,
+        home: &Path,
+        cloud: &super::cloud_host::CloudHost,
+    ) -> Hosted {
+        self.cloud = Some((home.to_path_buf(), cloud.clone()));
         self
     }
 
@@ -378,6 +393,37 @@ impl Hosted {
     }
 
     fn run_into(
+        &self,
+        args: &[String],
+        input: &Input<'_>,
+        mut out: Option<&mut Vec<u8>>,
+    ) -> Result<i32, Error> {
+        let first = self.run_here(args, input, out.as_deref_mut());
+        // A cloud host that stopped itself while this machine's master
+        // connection still looked open (ssh notices within 15 s): ask its
+        // provider, start it, and run the command once more. Not for a
+        // command fed on stdin (a submission): it may have arrived.
+        let (Err(Error::Unreachable { .. }), Some((home, cloud)), Input::Nothing) =
+            (&first, &self.cloud, input)
+        else {
+            return first;
+        };
+        self.close_master();
+        let again = super::cloud_host::reach(home, cloud)?;
+        again.run_here(args, input, out)
+    }
+
+    /// Closes this machine's master connection to the host, if open.
+    fn close_master(&self) {
+        let mut c = self.ssh();
+        c.args(["-O", "exit"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let _ = c.status();
+    }
+
+    fn run_here(
         &self,
         args: &[String],
         input: &Input<'_>,
@@ -728,6 +774,7 @@ mod tests {
             known_hosts: PathBuf::from("/x/ssh/known_hosts_controller"),
             remote_env: Vec::new(),
             cluster: None,
+            cloud: None,
         };
         let r = h.remote(&["jobs".into(), "logs".into(), "it's 1".into()]);
         assert!(r.starts_with("D=\"$HOME/.gangway-controller\"; if"), "{r}");

@@ -289,6 +289,20 @@ fn a_cloud_controller_host_is_provisioned_outlives_the_laptop_stops_when_idle_an
     assert!(err.contains("is stopped (idle); starting it"), "{err}");
     assert_eq!(json_doc(&out)["jobs"][0]["state"], "SUCCEEDED", "{out}");
     assert_eq!(host_instances(&cloud, &owner)[0].1, "running");
+    // Warm (the master connection open): no provider call, a local check.
+    let mut took: Vec<std::time::Duration> = (0..5)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            let (code, _, err) = run(&cloud, &home, &["jobs", "queue", "-o", "json"]);
+            assert_eq!(code, 0, "{err}");
+            t.elapsed()
+        })
+        .collect();
+    took.sort();
+    eprintln!(
+        "warm jobs queue against the cloud host (debug build): median {:?}",
+        took[2]
+    );
     // The controller's cost is its own line.
     let (code, out, err) = run(&cloud, &home, &["cost-report", "-o", "json"]);
     assert_eq!(code, 0, "{err}");
