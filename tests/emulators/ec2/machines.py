@@ -12,7 +12,9 @@ list of address pairs, `[public, private]`, and optionally an
   no instance that is not `terminated` holds it) and gives each new
   instance the pair as its public and private address; asking for more
   instances than there are free pairs is EC2's
-  `InsufficientInstanceCapacity`, before anything is made. The instance's
+  `InsufficientInstanceCapacity`, before anything is made. A stopped
+  instance keeps its pair; StartInstances puts it back at the pair's
+  addresses (moto gives a started instance a new public one). The instance's
   key pair (the OpenSSH public key gangway imported) is appended to the
   `authorized_keys` file, as EC2 puts it into the default user's on boot.
 * Every public address of the scope gets a metadata service on one port
