@@ -152,6 +152,29 @@ pub(crate) fn configured_for(
                 .map(|c| Some(Place::Cloud(c)))
                 .map_err(bad)
         }
+        Value::String(s) if s.contains('/') => {
+            let (provider, region) = s.trim().split_once('/').unwrap_or_default();
+            let e = crate::provision::Providers::new(home)
+                .get(provider)
+                .and_then(|p| p.configured_host(region))
+                .ok_or_else(|| {
+                    bad(format!(
+                        "{origin}: '{s}' names no machine (PROVIDER/POOL: the first host of an SSH pool in ssh_pools.yaml)"
+                    ))
+                })?;
+            if e.jump.is_some() {
+                return Err(bad(format!(
+                    "{origin}: the first host of '{s}' is reached through a jump host, which a controller host cannot be yet"
+                )));
+            }
+            Host {
+                host: e.host,
+                user: (!e.user.is_empty()).then_some(e.user),
+                port: Some(e.port),
+                identity_file: e.key,
+                binary: None,
+            }
+        }
         Value::String(s) => Host::parse_address(s)
             .ok_or_else(|| bad(format!("{origin}: '{s}' is not local or user@host[:port]")))?,
         Value::Object(m) => {

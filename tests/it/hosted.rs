@@ -377,3 +377,50 @@ fn a_tasks_own_controller_takes_its_job_and_queue_asks_the_configured_one() {
     kill_home(laptop.path());
     kill_home(other.path());
 }
+
+/// `jobs.controller: ssh/POOL`: the first host of that pool in
+/// ssh_pools.yaml (address, port, user, key) is the controller host.
+#[test]
+fn an_ssh_pools_first_host_is_the_controller_host() {
+    let Some(sshd) = host() else { return };
+    let _guard = HostGuard(host_home(&sshd));
+    let laptop = TestHome::new();
+    std::fs::write(
+        laptop.path().join("ssh_pools.yaml"),
+        format!(
+            "pools:\n  ctl:\n    defaults:\n      port: {}\n      user: {}\n      key: {}\n    hosts:\n      - {{address: {}, name: first}}\n      - {{address: 192.0.2.1, name: second}}\n",
+            sshd.port,
+            sshd.user,
+            sshd.client_key.display(),
+            sshd.addrs[0],
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        laptop.path().join("config.yaml"),
+        "jobs:\n  controller: ssh/ctl\n",
+    )
+    .unwrap();
+    let task = laptop.file(
+        "pool.yaml",
+        "resources:\n  infra: local\nrun: echo on-the-pool-host\n",
+    );
+    let err = launch_detached(&laptop, &task);
+    let address = format!("{}@{}:{}", sshd.user, sshd.addrs[0], sshd.port);
+    assert!(
+        err.contains(&format!("submitted to the controller at {address}")),
+        "{err}"
+    );
+    let job = wait_ended(&laptop, 1);
+    assert_eq!(job["state"], "SUCCEEDED", "{job}");
+    // A pool that is not there is a clear error.
+    std::fs::write(
+        laptop.path().join("config.yaml"),
+        "jobs:\n  controller: ssh/nope\n",
+    )
+    .unwrap();
+    let (code, _, err) = parts(&laptop.run(["jobs", "queue"]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("'ssh/nope' names no machine"), "{err}");
+    kill_home(laptop.path());
+}

@@ -429,6 +429,15 @@ pub trait Provider: Send + Sync {
     /// clusters and when nothing exists.
     async fn terminate(&self, cluster: &ClusterName) -> Result<()>;
 
+    /// The first machine of this provider's own configuration in `region`
+    /// (an SSH pool's first host), as SSH reaches it: where
+    /// `jobs.controller: PROVIDER/REGION` runs the managed-job controller.
+    /// Default: none (a provider whose machines are made, not listed).
+    fn configured_host(&self, region: &str) -> Option<SshEndpoint> {
+        let _ = region;
+        None
+    }
+
     /// Variables a gangway running on one of this provider's machines
     /// (a managed-job controller host) needs from the gangway that
     /// launched it to act as the same account: never credentials (the
