@@ -223,6 +223,7 @@ pub(crate) fn status(a: &StatusArgs, out: Output) -> Result<ExitCode, Error> {
                 let mut v = serde_json::to_value(c).unwrap_or_default();
                 v["shown_status"] = json!(shown_status(&store, c));
                 v["active_jobs"] = json!(live(&c.name));
+                v["jobs_controller"] = json!(super::cloud_host::is_controller(&c.name));
                 if !a.clusters.is_empty() {
                     v["nodes"] = json!(store.nodes(&c.name).unwrap_or_default());
                 }
@@ -269,7 +270,11 @@ pub(crate) fn status(a: &StatusArgs, out: Output) -> Result<ExitCode, Error> {
                 None => status,
             };
             vec![
-                c.name.clone(),
+                if super::cloud_host::is_controller(&c.name) {
+                    format!("{} (jobs controller)", c.name)
+                } else {
+                    c.name.clone()
+                },
                 status,
                 infra,
                 format!(
@@ -761,6 +766,26 @@ pub(crate) fn down(a: &DownArgs, out: Output) -> Result<ExitCode, Error> {
             println!("No clusters.");
         }
         return Ok(ExitCode::Ok);
+    }
+    // A controller host with jobs still running: their clusters would be
+    // left without a controller. Refused unless --yes, which cancels them.
+    for n in names.iter().filter(|n| super::cloud_host::is_controller(n)) {
+        let left = super::cloud_host::unfinished_jobs(&home, &store, n)?;
+        if left == 0 {
+            continue;
+        }
+        if !a.yes {
+            return Err(Error::usage(
+                format!(
+                    "'{n}' is the managed-job controller host, and {left} of its managed job(s) have not finished"
+                ),
+                Some("cancel them first (`gangway jobs cancel --all`), or pass --yes to cancel them and tear it down"),
+            ));
+        }
+        eprintln!(
+            "gangway: cancelling the {left} unfinished managed job(s) on the controller host '{n}'"
+        );
+        super::cloud_host::cancel_all(&home, &store, n)?;
     }
     if out == Output::Table && !confirm_names("Tear down", &names, a.yes)? {
         return Ok(ExitCode::Interrupted);

@@ -103,8 +103,14 @@ pub(crate) fn cost_report(a: &CostReportArgs, out: Output) -> Result<ExitCode, E
         let total =
             report["total"].as_f64().unwrap_or(0.0) + remote["total"].as_f64().unwrap_or(0.0);
         report["total"] = json!(total);
-        // An SSH host is yours already: gangway knows no price for it.
-        report["controller"] = json!({ "host": h.address(), "cost": 0.0 });
+        if h.cluster.is_some() {
+            // A cloud host: its own cluster's ledger (this machine's).
+            report["controller"]["host"] = json!(h.address());
+            report["controller"]["cluster"] = json!(h.cluster);
+        } else {
+            // An SSH host is yours already: gangway knows no price for it.
+            report["controller"] = json!({ "host": h.address(), "cost": 0.0 });
+        }
     }
     if out == Output::Json {
         print_json(&report)?;
@@ -164,6 +170,11 @@ pub(crate) fn cost_report(a: &CostReportArgs, out: Output) -> Result<ExitCode, E
         Some("local") | None => {
             "the managed-job controller runs on this machine (no cost of its own)".to_string()
         }
+        Some(host) if report["controller"]["cluster"].is_string() => format!(
+            "the managed-job controller's cloud host {} ({host}) cost ${:.4} of it",
+            report["controller"]["cluster"].as_str().unwrap_or("-"),
+            report["controller"]["cost"].as_f64().unwrap_or(0.0)
+        ),
         Some(host) => format!(
             "the managed-job controller runs on {host} (an SSH host: no price known, shown as $0)"
         ),
@@ -206,6 +217,10 @@ fn report(store: &Store, days: u32) -> Result<serde_json::Value, Error> {
             "rows": s.rows,
         })
     };
+    // A cloud controller host is a cluster of this machine's, shown apart.
+    let (hosts, clusters): (Vec<_>, Vec<_>) = clusters
+        .iter()
+        .partition(|(name, _)| super::cloud_host::is_controller(name));
     let clusters: Vec<serde_json::Value> = clusters
         .iter()
         .map(|(name, s)| {
@@ -214,6 +229,18 @@ fn report(store: &Store, days: u32) -> Result<serde_json::Value, Error> {
             v
         })
         .collect();
+    let controller = match hosts.last() {
+        // The managed-job controller runs on this machine: it costs
+        // nothing of its own.
+        None => json!({ "host": "local", "cost": 0.0 }),
+        Some((name, s)) => {
+            let mut v = sum_json(s);
+            v["host"] = json!(name);
+            v["cluster"] = json!(name);
+            v["cost"] = json!(hosts.iter().map(|(_, s)| s.cost).sum::<f64>());
+            v
+        }
+    };
     let jobs: Vec<serde_json::Value> = jobs
         .iter()
         .map(|(id, s)| {
@@ -231,9 +258,7 @@ fn report(store: &Store, days: u32) -> Result<serde_json::Value, Error> {
         "days": days,
         "clusters": clusters,
         "managed_jobs": jobs,
-        // The managed-job controller runs on this machine: it costs
-        // nothing of its own.
-        "controller": { "host": "local", "cost": 0.0 },
+        "controller": controller,
         "total": total,
     }))
 }

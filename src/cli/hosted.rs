@@ -32,7 +32,7 @@ const SSH_FAILED: i32 = 255;
 pub(crate) const HOSTED_ENV: &str = "GANGWAY_HOSTED_CONTROLLER";
 /// `jobs.controller`'s value for "on this machine" (the default): a
 /// place, not a provider, though the local cloud shares the word.
-const THIS_MACHINE: &str = "local";
+pub(crate) const THIS_MACHINE: &str = "local";
 /// The controller host given in the environment, over config.yaml.
 const CONTROLLER_ENV: &str = "GANGWAY_JOBS_CONTROLLER";
 
@@ -92,9 +92,23 @@ impl Host {
     }
 }
 
-/// `jobs.controller` from the environment or `$GANGWAY_HOME/config.yaml`:
-/// `None` for `local` (the default) and on the hosted side itself.
-pub(crate) fn configured(home: &Path) -> Result<Option<Host>, Error> {
+/// Where `jobs.controller` puts the controller.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Place {
+    /// An SSH host the user has.
+    Ssh(Host),
+    /// A cloud VM gangway provisions, stops when idle and starts again.
+    Cloud(super::cloud_host::CloudHost),
+}
+
+/// `jobs.controller`: the task's `config.jobs.controller` (for a job
+/// whose task names its own), else the environment, else
+/// `$GANGWAY_HOME/config.yaml`; `None` for `local` (the default) and on
+/// the hosted side itself.
+pub(crate) fn configured_for(
+    home: &Path,
+    task_config: Option<&Value>,
+) -> Result<Option<Place>, Error> {
     if std::env::var_os(HOSTED_ENV).is_some() {
         return Ok(None);
     }
@@ -103,7 +117,8 @@ pub(crate) fn configured(home: &Path) -> Result<Option<Host>, Error> {
             what,
             Some(
                 "write jobs: {controller: local} or jobs: {controller: user@host:port}, or \
-                 jobs: {controller: {host: H, user: U, port: P, identity_file: KEY}}",
+                 jobs: {controller: {host: H, user: U, port: P, identity_file: KEY}}, or \
+                 jobs: {controller: {cloud: aws, remote_identity: NAME}} (docs/managed-jobs.md)",
             ),
         )
     };
@@ -115,18 +130,51 @@ pub(crate) fn configured(home: &Path) -> Result<Option<Host>, Error> {
     let from_env = std::env::var(CONTROLLER_ENV)
         .ok()
         .filter(|v| !v.trim().is_empty());
-    let value = match (&from_env, &section["controller"]) {
-        (Some(v), _) => Value::String(v.clone()),
-        (None, v) => v.clone(),
-    };
-    let origin = if from_env.is_some() {
-        CONTROLLER_ENV.to_string()
-    } else {
-        format!("{}: jobs.controller", home.join("config.yaml").display())
+    let from_task = task_config
+        .map(|c| c["jobs"]["controller"].clone())
+        .filter(|v| !v.is_null());
+    let (value, origin) = match (from_task, &from_env, &section["controller"]) {
+        (Some(v), _, _) => (v, "the task's config.jobs.controller".to_string()),
+        (None, Some(v), _) => (Value::String(v.clone()), CONTROLLER_ENV.to_string()),
+        (None, None, v) => (
+            v.clone(),
+            format!("{}: jobs.controller", home.join("config.yaml").display()),
+        ),
     };
     let mut host = match &value {
         Value::Null => return Ok(None),
         Value::String(s) if s.trim() == THIS_MACHINE => return Ok(None),
+        Value::String(s) if super::cloud_host::is_cloud(s.trim()) => {
+            return super::cloud_host::CloudHost::from_word(s.trim()).map(|c| Some(Place::Cloud(c)))
+        }
+        Value::Object(m) if m.contains_key("cloud") => {
+            return super::cloud_host::CloudHost::from_map(m, &origin)
+                .map(|c| Some(Place::Cloud(c)))
+                .map_err(bad)
+        }
+        Value::String(s) if s.contains('/') => {
+            let (provider, region) = s.trim().split_once('/').unwrap_or_default();
+            let e = crate::provision::Providers::new(home)
+                .get(provider)
+                .and_then(|p| p.configured_host(region))
+                .ok_or_else(|| {
+                    bad(format!(
+                        "{origin}: '{s}' names no machine (PROVIDER/POOL: the first host of an SSH pool in ssh_pools.yaml)"
+                    ))
+                })?;
+            if e.jump.is_some() {
+                return Err(bad(format!(
+                    "{origin}: the first host of '{s}' is reached through a jump host, which a controller host cannot be yet"
+                )));
+            }
+            Host {
+                host: e.host,
+                user: (!e.user.is_empty()).then_some(e.user),
+                port: Some(e.port),
+                identity_file: e.key,
+                binary: None,
+            }
+        }
         Value::String(s) => Host::parse_address(s)
             .ok_or_else(|| bad(format!("{origin}: '{s}' is not local or user@host[:port]")))?,
         Value::Object(m) => {
@@ -162,7 +210,7 @@ pub(crate) fn configured(home: &Path) -> Result<Option<Host>, Error> {
     host.binary = section["controller_binary"]
         .as_str()
         .map(|p| PathBuf::from(gangway_yaml::expand_home(p)));
-    Ok(Some(host))
+    Ok(Some(Place::Ssh(host)))
 }
 
 /// Quotes a word for the remote POSIX shell.
@@ -183,6 +231,17 @@ pub(crate) struct Hosted {
     ssh_dir: PathBuf,
     /// SHA-256 of this binary (hex).
     stamp: String,
+    /// The host keys it is checked against: `ssh/known_hosts_controller`
+    /// for an SSH host, one file per cloud host (a new VM has new keys).
+    known_hosts: PathBuf,
+    /// Variables the host's gangway runs with (a cloud host's idle time
+    /// and how it stops itself).
+    remote_env: Vec<(String, String)>,
+    /// The cloud host's cluster, when gangway provisioned the host.
+    pub(crate) cluster: Option<String>,
+    /// This machine's `$GANGWAY_HOME` and the cloud host's configuration,
+    /// to reach it again when it went away under a command.
+    cloud: Option<(PathBuf, super::cloud_host::CloudHost)>,
 }
 
 /// How a remote command's standard input is fed.
@@ -195,15 +254,87 @@ pub(crate) enum Input<'a> {
 
 impl Hosted {
     /// The configured host, or `None` for a local controller.
+    /// A cloud host is provisioned, or started when it stopped itself,
+    /// before this returns (see [`super::cloud_host::reach`]).
     pub(crate) fn configured(home: &Path) -> Result<Option<Hosted>, Error> {
-        let Some(host) = configured(home)? else {
-            return Ok(None);
-        };
-        Ok(Some(Hosted {
+        Hosted::configured_for(home, None)
+    }
+
+    /// [`Hosted::configured`] for a job whose task may name its own
+    /// controller (`config.jobs.controller`).
+    pub(crate) fn configured_for(
+        home: &Path,
+        task_config: Option<&Value>,
+    ) -> Result<Option<Hosted>, Error> {
+        match configured_for(home, task_config)? {
+            None => Ok(None),
+            Some(Place::Ssh(host)) => Ok(Some(Hosted::new(home, host)?)),
+            Some(Place::Cloud(c)) => super::cloud_host::reach(home, &c).map(Some),
+        }
+    }
+
+    /// The host `host`, checked against gangway's own known hosts.
+    pub(crate) fn new(home: &Path, host: Host) -> Result<Hosted, Error> {
+        Ok(Hosted {
             host,
             ssh_dir: home.join("ssh"),
             stamp: self_hash(home)?,
-        }))
+            known_hosts: home.join("ssh").join("known_hosts_controller"),
+            remote_env: Vec::new(),
+            cluster: None,
+            cloud: None,
+        })
+    }
+
+    /// The same host, its keys kept in `known_hosts`, its gangway run with
+    /// `env`, standing for the cluster `cluster`.
+    pub(crate) fn for_cluster(
+        mut self,
+        cluster: &str,
+        known_hosts: PathBuf,
+        env: Vec<(String, String)>,
+    ) -> Hosted {
+        self.cluster = Some(cluster.to_string());
+        self.known_hosts = known_hosts;
+        self.remote_env = env;
+        self
+    }
+
+    /// The same host, reached again through [`super::cloud_host::reach`]
+    /// when it goes away under a command.
+    pub(crate) fn reached_by(
+        mut self,
+        home: &Path,
+        cloud: &super::cloud_host::CloudHost,
+    ) -> Hosted {
+        self.cloud = Some((home.to_path_buf(), cloud.clone()));
+        self
+    }
+
+    /// Whether this machine's master connection to the host is open (a
+    /// local check through its socket, no round trip): a host that
+    /// stopped or went away has dropped it.
+    pub(crate) fn master_alive(&self) -> bool {
+        let mut c = self.ssh();
+        c.args(["-O", "check"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        c.status().is_ok_and(|s| s.success())
+    }
+
+    /// Waits until `true` runs on the host (a VM just started or made),
+    /// up to `limit`; the last failure otherwise.
+    pub(crate) fn wait_reachable(&self, limit: std::time::Duration) -> Result<(), Error> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            let r = self.exchange("true".to_string(), None, Some(&mut Vec::new()));
+            match r {
+                Ok(_) => return Ok(()),
+                Err(e) if std::time::Instant::now() >= deadline => return Err(e),
+                Err(_) => std::thread::sleep(std::time::Duration::from_secs(2)),
+            }
+        }
     }
 
     /// `user@host:port`.
@@ -228,8 +359,8 @@ impl Hosted {
             .args(["-o", "StrictHostKeyChecking=accept-new"])
             .arg("-o")
             .arg(format!(
-                "UserKnownHostsFile={}/known_hosts_controller %d/.ssh/known_hosts",
-                self.ssh_dir.display()
+                "UserKnownHostsFile={} %d/.ssh/known_hosts",
+                self.known_hosts.display()
             ))
             .arg("-o")
             .arg(format!("ControlPath={}/ctrl-%C", ctl.display()));
@@ -254,9 +385,14 @@ impl Hosted {
             "D=\"$HOME/.gangway-controller\"; \
              if [ \"$(cat \"$D/bin/stamp\" 2>/dev/null)\" != {stamp} ]; then \
              echo \"{INSTALL_MARK} $(uname -s) $(uname -m)\" >&2; exit {INSTALL_EXIT}; fi; \
-             GANGWAY_HOME=\"$D/home\" {HOSTED_ENV}={addr} exec \"$D/bin/gangway\" {args}",
+             GANGWAY_HOME=\"$D/home\" {HOSTED_ENV}={addr} {env}exec \"$D/bin/gangway\" {args}",
             stamp = sh(&self.stamp),
             addr = sh(&self.address()),
+            env = self
+                .remote_env
+                .iter()
+                .map(|(k, v)| format!("{k}={} ", sh(v)))
+                .collect::<String>(),
             args = words.join(" "),
         )
     }
@@ -280,6 +416,37 @@ impl Hosted {
     }
 
     fn run_into(
+        &self,
+        args: &[String],
+        input: &Input<'_>,
+        mut out: Option<&mut Vec<u8>>,
+    ) -> Result<i32, Error> {
+        let first = self.run_here(args, input, out.as_deref_mut());
+        // A cloud host that stopped itself while this machine's master
+        // connection still looked open (ssh notices within 15 s): ask its
+        // provider, start it, and run the command once more. Not for a
+        // command fed on stdin (a submission): it may have arrived.
+        let (Err(Error::Unreachable { .. }), Some((home, cloud)), Input::Nothing) =
+            (&first, &self.cloud, input)
+        else {
+            return first;
+        };
+        self.close_master();
+        let again = super::cloud_host::reach(home, cloud)?;
+        again.run_here(args, input, out)
+    }
+
+    /// Closes this machine's master connection to the host, if open.
+    fn close_master(&self) {
+        let mut c = self.ssh();
+        c.args(["-O", "exit"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let _ = c.status();
+    }
+
+    fn run_here(
         &self,
         args: &[String],
         input: &Input<'_>,
@@ -589,20 +756,36 @@ mod tests {
     #[test]
     fn the_config_names_the_host_and_refuses_what_it_cannot_read() {
         let home = tempfile::tempdir().unwrap();
-        assert_eq!(configured(home.path()).unwrap(), None);
+        assert_eq!(configured_for(home.path(), None).unwrap(), None);
         let write = |t: &str| std::fs::write(home.path().join("config.yaml"), t).unwrap();
         write("jobs:\n  controller: local\n");
-        assert_eq!(configured(home.path()).unwrap(), None);
+        assert_eq!(configured_for(home.path(), None).unwrap(), None);
         write("jobs:\n  controller: {host: 127.0.0.9, port: 2200, user: gw, identity_file: /k}\n  controller_binary: /b/gangway\n");
-        let h = configured(home.path()).unwrap().unwrap();
+        let Some(Place::Ssh(h)) = configured_for(home.path(), None).unwrap() else {
+            panic!("an SSH host")
+        };
         assert_eq!(h.address(), "gw@127.0.0.9:2200");
         assert_eq!(h.identity_file.as_deref(), Some(Path::new("/k")));
         assert_eq!(h.binary.as_deref(), Some(Path::new("/b/gangway")));
         write("jobs:\n  controller: {host: h, pot: 1}\n");
-        let e = configured(home.path()).unwrap_err().to_string();
+        let e = configured_for(home.path(), None).unwrap_err().to_string();
         assert!(e.contains("jobs.controller") && e.contains("'pot'"), "{e}");
         write("jobs:\n  controller: 'a b'\n");
-        assert!(configured(home.path()).is_err());
+        assert!(configured_for(home.path(), None).is_err());
+        // A task's own controller comes first.
+        write("jobs:\n  controller: u@file-host\n");
+        let task: Value = serde_json::json!({"jobs": {"controller": "u@task-host:2222"}});
+        let Some(Place::Ssh(h)) = configured_for(home.path(), Some(&task)).unwrap() else {
+            panic!("an SSH host")
+        };
+        assert_eq!(h.address(), "u@task-host:2222");
+        let local = serde_json::json!({"jobs": {"controller": "local"}});
+        assert_eq!(configured_for(home.path(), Some(&local)).unwrap(), None);
+        let other = serde_json::json!({"aws": {}});
+        let Some(Place::Ssh(h)) = configured_for(home.path(), Some(&other)).unwrap() else {
+            panic!("the file's host")
+        };
+        assert_eq!(h.address(), "u@file-host");
     }
 
     #[test]
@@ -611,6 +794,10 @@ mod tests {
             host: Host::parse_address("u@h:22").unwrap(),
             ssh_dir: PathBuf::from("/x/ssh"),
             stamp: "ab".repeat(32),
+            known_hosts: PathBuf::from("/x/ssh/known_hosts_controller"),
+            remote_env: Vec::new(),
+            cluster: None,
+            cloud: None,
         };
         let r = h.remote(&["jobs".into(), "logs".into(), "it's 1".into()]);
         assert!(r.starts_with("D=\"$HOME/.gangway-controller\"; if"), "{r}");

@@ -99,6 +99,14 @@ pub(crate) fn run(
             return hosted(&h, &cmd, out);
         }
     }
+    if self_stopping() {
+        // A cloud host: every command counts as activity, and the
+        // supervisor (which stops the machine when idle) runs even when
+        // no job was ever submitted.
+        let home = gangway_home()?;
+        touch_activity(&home);
+        ensure_controller(&home)?;
+    }
     match cmd {
         JobsCommand::Launch(a) => launch(&a, catalog, out),
         JobsCommand::Submit => submit(out),
@@ -193,6 +201,64 @@ fn log_line(home: &Path, line: &str) {
     }
 }
 
+/// Whether this is a cloud controller host that stops its own machine
+/// when idle (the laptop says so, with the provider's name).
+fn self_stopping() -> bool {
+    std::env::var_os(HOSTED_ENV).is_some()
+        && std::env::var(super::cloud_host::SELF_STOP_ENV).is_ok_and(|c| !c.is_empty())
+}
+
+/// The file whose modification time is the last command's, on a host.
+fn activity_file(home: &Path) -> PathBuf {
+    home.join("jobs").join("last-command")
+}
+
+fn touch_activity(home: &Path) {
+    let f = activity_file(home);
+    if let Some(d) = f.parent() {
+        let _ = std::fs::create_dir_all(d);
+    }
+    let _ = std::fs::write(&f, now_ms().to_string());
+}
+
+/// How long ago the last command came, if one is recorded.
+fn since_activity(home: &Path) -> Option<Duration> {
+    std::fs::metadata(activity_file(home))
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+}
+
+/// The cloud host's machine stops itself: through its provider, with its
+/// own identity (the SDK's default chain: the metadata service). A
+/// failure is logged; the supervisor ends either way.
+fn stop_this_machine(home: &Path) {
+    let cloud = std::env::var(super::cloud_host::SELF_STOP_ENV).unwrap_or_default();
+    let Some(p) = crate::provision::Providers::new(home).get(&cloud) else {
+        log_line(
+            home,
+            &format!("supervisor: no provider '{cloud}' to stop this machine with"),
+        );
+        return;
+    };
+    log_line(
+        home,
+        &format!("supervisor: idle; stopping this machine ({cloud})"),
+    );
+    let r = super::launch::runtime().map(|rt| rt.block_on(p.stop_this_machine()));
+    match r {
+        Ok(Ok(())) => log_line(home, "supervisor: this machine is stopping"),
+        Ok(Err(e)) => log_line(
+            home,
+            &format!("supervisor: stopping this machine failed: {e}"),
+        ),
+        Err(e) => log_line(
+            home,
+            &format!("supervisor: stopping this machine failed: {e}"),
+        ),
+    }
+}
+
 /// How long a controller host's supervisor waits with no job before it
 /// ends (`GANGWAY_CONTROLLER_IDLE_SECONDS`, default 10 minutes); the next
 /// `gangway jobs` command starts it again.
@@ -223,11 +289,16 @@ pub(crate) fn supervisor_main() -> Result<ExitCode, Error> {
     let mut quick_deaths = 0u32;
     loop {
         if !needs_controller(&store)? {
-            if idle_since.elapsed() >= supervisor_idle() {
+            let idle =
+                since_activity(&home).map_or(idle_since.elapsed(), |d| d.min(idle_since.elapsed()));
+            if idle >= supervisor_idle() {
                 log_line(
                     &home,
                     "supervisor: no managed job needs a controller; ending",
                 );
+                if self_stopping() {
+                    stop_this_machine(&home);
+                }
                 return Ok(ExitCode::Ok);
             }
             std::thread::sleep(Duration::from_millis(500));
@@ -704,7 +775,9 @@ fn pending_owner() -> String {
 
 fn launch(a: &JobsLaunchArgs, catalog: Option<&Path>, out: Output) -> Result<ExitCode, Error> {
     let (home, store) = open()?;
-    if let Some(h) = Hosted::configured(&home)? {
+    // The task may name its own controller (`config.jobs.controller`).
+    let task_config = a.task.load()?.config;
+    if let Some(h) = Hosted::configured_for(&home, task_config.as_ref())? {
         return launch_hosted(&h, a, catalog, &store, out);
     }
     let pending = pending_owner();

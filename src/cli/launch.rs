@@ -189,6 +189,12 @@ pub(crate) fn launch(
         None => generated_name(),
     };
     check_name(&name)?;
+    if super::cloud_host::is_controller(&name) && !super::cloud_host::launching_controller() {
+        return Err(Error::usage(
+            "cluster names starting with 'gangway-controller' are the managed-job controller host's",
+            Some("pick another name with -c; jobs.controller in config.yaml launches the controller host"),
+        ));
+    }
     let spec = job_spec(&task, &a.task.task, true, a.down)?;
     let home = gangway_home()?;
     let store = Store::open(&home)?;

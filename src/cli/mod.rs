@@ -4,6 +4,7 @@
 
 mod catalog_cmd;
 mod check;
+mod cloud_host;
 mod cluster;
 mod cost;
 mod gpus;

@@ -19,22 +19,22 @@ use crate::ec2_emulator::Ec2Emulator;
 use crate::sshd::Sshd;
 
 /// The region every test here launches in.
-const REGION: &str = "us-east-1";
+pub(crate) const REGION: &str = "us-east-1";
 
 /// A test's gangway home, its access key (the emulator's scope for its
 /// machines), and the sshds its instances run on.
-struct Cloud {
-    emu: &'static Ec2Emulator,
-    home: TestHome,
-    scope: String,
+pub(crate) struct Cloud {
+    pub(crate) emu: &'static Ec2Emulator,
+    pub(crate) home: TestHome,
+    pub(crate) scope: String,
     imds_port: u16,
     /// More of the sessions' profile (e.g. a PATH with the node's tools).
-    profile: String,
+    pub(crate) profile: String,
 }
 
 impl Cloud {
     /// A home whose launches run on `first`'s addresses.
-    fn new(first: &Sshd) -> Option<Cloud> {
+    pub(crate) fn new(first: &Sshd) -> Option<Cloud> {
         let emu = Ec2Emulator::shared()?;
         let home = TestHome::new();
         let scope = format!("AK{}", home.marker.to_uppercase());
@@ -52,7 +52,7 @@ impl Cloud {
     /// From now on new instances run on `sshd` (its addresses as public
     /// ones, `127.1.X.k` as private ones); running ones stay where they
     /// are. Its sessions find their instance's metadata service.
-    fn run_on(&mut self, sshd: &Sshd) {
+    pub(crate) fn run_on(&mut self, sshd: &Sshd) {
         let pairs: Vec<(String, String)> = sshd
             .addrs
             .iter()
@@ -172,7 +172,7 @@ struct Instance {
 }
 
 /// The text of the first `<name>` element in `xml`, or "".
-fn tag(xml: &str, name: &str) -> String {
+pub(crate) fn tag(xml: &str, name: &str) -> String {
     xml.split(&format!("<{name}>"))
         .nth(1)
         .and_then(|rest| rest.split('<').next())
@@ -189,7 +189,7 @@ fn private_of(public: &str) -> String {
 }
 
 /// An sshd on port 22 (where a cloud node's listens) for `n` instances.
-fn machines(n: usize) -> Option<Sshd> {
+pub(crate) fn machines(n: usize) -> Option<Sshd> {
     Sshd::start_on_port("aws", n, 22)
 }
 
@@ -787,11 +787,11 @@ fn a_managed_aws_spot_job_moves_to_another_region_after_a_notice_by_default() {
 
 /// The emulator's Deep Learning AMI (in every region): CPU types have no
 /// default image there.
-const AMI: &str = "ami-0d1a0b1e2c3d4e5f6";
+pub(crate) const AMI: &str = "ami-0d1a0b1e2c3d4e5f6";
 
 /// An IAM role `name` that EC2 may pass to instances, in an instance
 /// profile of the same name, made through IAM's API as a user would.
-fn make_instance_profile(emu: &Ec2Emulator, name: &str) -> String {
+pub(crate) fn make_instance_profile(emu: &Ec2Emulator, name: &str) -> String {
     let trust = r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"Service":"ec2.amazonaws.com"},"Action":"sts:AssumeRole"}]}"#;
     for params in [
         vec![

@@ -8,7 +8,7 @@ use crate::common::{json_doc, parts, TestHome};
 use crate::gce_fake::GceFake;
 
 /// Names of whatever gangway made that the fake still holds.
-fn leftovers(gce: &GceFake) -> Vec<String> {
+pub(crate) fn leftovers(gce: &GceFake) -> Vec<String> {
     let mut names: Vec<String> = ["instances", "resourcePolicies", "firewalls"]
         .iter()
         .flat_map(|kind| {
@@ -331,7 +331,7 @@ fn gcp_catalog_refresh_offers_what_each_zone_has_at_billing_prices() {
 /// A fake whose VMs get the addresses of a real sshd on port 22 (as a GCE
 /// VM's would), and a home whose gangway key is the one that sshd takes
 /// (a VM takes it from its `ssh-keys` metadata).
-fn vms_with_sshd(n: usize) -> Option<(GceFake, crate::sshd::Sshd, TestHome)> {
+pub(crate) fn vms_with_sshd(n: usize) -> Option<(GceFake, crate::sshd::Sshd, TestHome)> {
     use std::os::unix::fs::PermissionsExt;
     let gce = GceFake::start()?;
     let sshd = crate::sshd::Sshd::start_on_port("gcp", n, 22)?;

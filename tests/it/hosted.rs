@@ -45,7 +45,7 @@ fn host() -> Option<Sshd> {
 
 /// Kills what runs with `GANGWAY_HOME=home` (the laptop's ssh master, a
 /// follower; or the host's supervisor and controller).
-fn kill_home(home: &Path) {
+pub(crate) fn kill_home(home: &Path) {
     for pid in procs_with_env(&format!("GANGWAY_HOME={}", home.display())) {
         // SAFETY: kill(2) of a process this test started (it carries the
         // test's own GANGWAY_HOME).
@@ -343,5 +343,84 @@ fn launch_follows_a_hosted_job_to_its_end_and_exits_with_its_code() {
     assert!(!host_home(&sshd)
         .join("jobs/managed-1/secrets.json")
         .exists());
+    kill_home(laptop.path());
+}
+
+/// A task's own `config.jobs.controller` sends that job to its host with
+/// no `jobs.controller` in config.yaml; `jobs queue` asks the configured
+/// controller only (here: this machine's, which has no job), so the job is
+/// listed where the host is configured.
+#[test]
+fn a_tasks_own_controller_takes_its_job_and_queue_asks_the_configured_one() {
+    let Some(sshd) = host() else { return };
+    let _guard = HostGuard(host_home(&sshd));
+    let laptop = TestHome::new();
+    let task = laptop.file(
+        "own.yaml",
+        &format!(
+            "resources:\n  infra: local\nconfig:\n  jobs:\n    controller:\n      host: {}\n      port: {}\n      user: {}\n      identity_file: {}\nrun: echo from-the-task\n",
+            sshd.addrs[0],
+            sshd.port,
+            sshd.user,
+            sshd.client_key.display()
+        ),
+    );
+    let err = launch_detached(&laptop, &task);
+    assert!(err.contains("submitted to the controller at"), "{err}");
+    let (code, out, _) = parts(&laptop.run(["jobs", "queue", "-o", "json"]));
+    assert_eq!(code, 0);
+    assert_eq!(json_doc(&out)["jobs"], serde_json::json!([]), "{out}");
+    let other = TestHome::new();
+    use_host(&other, &sshd);
+    let job = wait_ended(&other, 1);
+    assert_eq!(job["state"], "SUCCEEDED", "{job}");
+    kill_home(laptop.path());
+    kill_home(other.path());
+}
+
+/// `jobs.controller: ssh/POOL`: the first host of that pool in
+/// ssh_pools.yaml (address, port, user, key) is the controller host.
+#[test]
+fn an_ssh_pools_first_host_is_the_controller_host() {
+    let Some(sshd) = host() else { return };
+    let _guard = HostGuard(host_home(&sshd));
+    let laptop = TestHome::new();
+    std::fs::write(
+        laptop.path().join("ssh_pools.yaml"),
+        format!(
+            "pools:\n  ctl:\n    defaults:\n      port: {}\n      user: {}\n      key: {}\n    hosts:\n      - {{address: {}, name: first}}\n      - {{address: 192.0.2.1, name: second}}\n",
+            sshd.port,
+            sshd.user,
+            sshd.client_key.display(),
+            sshd.addrs[0],
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        laptop.path().join("config.yaml"),
+        "jobs:\n  controller: ssh/ctl\n",
+    )
+    .unwrap();
+    let task = laptop.file(
+        "pool.yaml",
+        "resources:\n  infra: local\nrun: echo on-the-pool-host\n",
+    );
+    let err = launch_detached(&laptop, &task);
+    let address = format!("{}@{}:{}", sshd.user, sshd.addrs[0], sshd.port);
+    assert!(
+        err.contains(&format!("submitted to the controller at {address}")),
+        "{err}"
+    );
+    let job = wait_ended(&laptop, 1);
+    assert_eq!(job["state"], "SUCCEEDED", "{job}");
+    // A pool that is not there is a clear error.
+    std::fs::write(
+        laptop.path().join("config.yaml"),
+        "jobs:\n  controller: ssh/nope\n",
+    )
+    .unwrap();
+    let (code, _, err) = parts(&laptop.run(["jobs", "queue"]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("'ssh/nope' names no machine"), "{err}");
     kill_home(laptop.path());
 }

@@ -12,6 +12,7 @@ mod compat;
 mod docs;
 mod gcp;
 mod hosted;
+mod hosted_cloud;
 mod imds;
 mod jobs;
 mod k8s;

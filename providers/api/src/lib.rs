@@ -429,6 +429,40 @@ pub trait Provider: Send + Sync {
     /// clusters and when nothing exists.
     async fn terminate(&self, cluster: &ClusterName) -> Result<()>;
 
+    /// The first machine of this provider's own configuration in `region`
+    /// (an SSH pool's first host), as SSH reaches it: where
+    /// `jobs.controller: PROVIDER/REGION` runs the managed-job controller.
+    /// Default: none (a provider whose machines are made, not listed).
+    fn configured_host(&self, region: &str) -> Option<SshEndpoint> {
+        let _ = region;
+        None
+    }
+
+    /// Variables a gangway running on one of this provider's machines
+    /// (a managed-job controller host) needs from the gangway that
+    /// launched it to act as the same account: never credentials (the
+    /// machine has its own identity), only where to act (a project).
+    /// Default: none.
+    fn host_env(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+
+    /// Stops the machine this process runs on, one of this provider's,
+    /// found through the provider's metadata service and asked with the
+    /// machine's own identity (its credentials from the SDK's default
+    /// chain, never a user's keys): what a managed-job controller host
+    /// does when it has been idle. Its disk is kept and
+    /// [`Provider::start`] brings it back. Default: refused
+    /// ([`ErrorKind::InvalidRequest`]).
+    async fn stop_this_machine(&self) -> Result<()> {
+        Err(ProviderError::new(
+            ErrorKind::InvalidRequest,
+            self.name(),
+            "",
+            "this provider cannot stop the machine gangway runs on",
+        ))
+    }
+
     /// Whether [`Provider::prices`] asks a live price API (what `gangway
     /// catalog refresh` offers to refresh). Say `true` where it is
     /// implemented.
@@ -535,6 +569,12 @@ pub trait Provider: Send + Sync {
         Ok(Vec::new())
     }
 }
+
+/// The label (tag) of a managed-job controller host's nodes: they launch,
+/// stop and terminate machines with their own identity, so a provider that
+/// narrows its nodes' identity (GCP's OAuth scopes) widens it to that for
+/// these.
+pub const CONTROLLER_LABEL: &str = "gangway-controller";
 
 /// What precedes a preemption notice in the output of a
 /// [`Provider::notice_probe`], so that nothing else a node's shell prints

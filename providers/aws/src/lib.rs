@@ -1408,6 +1408,37 @@ impl Provider for AwsProvider {
         Ok(out)
     }
 
+    /// The instance and region from the instance metadata service (IMDSv2;
+    /// `AWS_EC2_METADATA_SERVICE_ENDPOINT` where it is elsewhere), then
+    /// StopInstances with the instance profile's credentials.
+    async fn stop_this_machine(&self) -> Result<()> {
+        let imds = aws_config::imds::Client::builder().build();
+        let read = |path: &'static str| {
+            let imds = imds.clone();
+            async move {
+                imds.get(path).await.map(String::from).map_err(|e| {
+                    ProviderError::new(
+                        ErrorKind::InvalidRequest,
+                        "aws",
+                        "",
+                        format!(
+                            "the instance metadata service did not answer {path} (is this an EC2 instance?): {e}"
+                        ),
+                    )
+                })
+            }
+        };
+        let id = read("/latest/meta-data/instance-id").await?;
+        let region = read("/latest/meta-data/placement/region").await?;
+        let ec2 = self.ec2(&region).await;
+        ec2.stop_instances()
+            .instance_ids(id.trim())
+            .send()
+            .await
+            .map_err(|e| from_sdk(e, &region, "StopInstances"))?;
+        Ok(())
+    }
+
     async fn terminate(&self, cluster: &ClusterName) -> Result<()> {
         let rec = self.record(cluster)?;
         for region in &rec.regions {

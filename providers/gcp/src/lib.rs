@@ -162,6 +162,10 @@ struct Options {
 /// scope (`cloud-platform`, SkyPilot's) would let them use every role.
 pub const STORAGE_SCOPE: &str = "https://www.googleapis.com/auth/devstorage.read_write";
 
+/// What a managed-job controller host's VM gets besides [`STORAGE_SCOPE`]:
+/// Compute Engine, to launch, stop and terminate the jobs' VMs and its own.
+pub const COMPUTE_SCOPE: &str = "https://www.googleapis.com/auth/compute";
+
 /// Scopes whose tokens reach GCS objects.
 fn reaches_storage(scope: &str) -> bool {
     scope.ends_with("/auth/devstorage.read_write")
@@ -1579,6 +1583,66 @@ impl Provider for GcpProvider {
         Ok(nodes)
     }
 
+    fn host_env(&self) -> Vec<(String, String)> {
+        project()
+            .map(|p| vec![("GOOGLE_CLOUD_PROJECT".to_string(), p)])
+            .unwrap_or_default()
+    }
+
+    /// The VM's name, zone and project from its metadata server
+    /// (`GCE_METADATA_HOST` where it is elsewhere), then instances.stop
+    /// with its service account's token (ADC on a VM: the metadata
+    /// server). Not waited for: the caller is on the VM going down.
+    async fn stop_this_machine(&self) -> Result<()> {
+        let host = std::env::var("GCE_METADATA_HOST")
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "metadata.google.internal".into());
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| err(ErrorKind::Fatal, "", e.to_string()))?;
+        let mut read = Vec::new();
+        for path in ["instance/name", "instance/zone", "project/project-id"] {
+            let answer = http
+                .get(format!("http://{host}/computeMetadata/v1/{path}"))
+                .header("Metadata-Flavor", "Google")
+                .send()
+                .await
+                .and_then(|r| r.error_for_status());
+            let text = match answer {
+                Ok(r) => r.text().await.ok(),
+                Err(_) => None,
+            };
+            read.push(text.map(|t| t.trim().to_string()).ok_or_else(|| {
+                err(
+                    ErrorKind::InvalidRequest,
+                    "",
+                    format!(
+                        "the metadata server at {host} did not answer {path} (is this a GCE VM?)"
+                    ),
+                )
+            })?);
+        }
+        let (name, zone, project) = (&read[0], last(&read[1]).to_string(), &read[2]);
+        let c = self.clients().await?;
+        c.instances
+            .stop()
+            .set_project(project)
+            .set_zone(&zone)
+            .set_instance(name)
+            .send()
+            .await
+            .map_err(|e| {
+                err(
+                    ErrorKind::Transient,
+                    &zone,
+                    format!("instances.stop of this VM ({name}): {e}"),
+                )
+            })?;
+        Ok(())
+    }
+
     async fn stop(&self, cluster: &ClusterName) -> Result<()> {
         for i in self.vms(&self.names(cluster)).await? {
             if is_spot(&i) {
@@ -1953,9 +2017,13 @@ impl GcpProvider {
             .set_tags(model::Tags::new().set_items([names.tag.clone()]))
             .set_labels(labels);
         if let Some(email) = &opts.remote_identity {
+            let mut scopes = vec![STORAGE_SCOPE];
+            if req.labels.contains_key(gangway_provider::CONTROLLER_LABEL) {
+                scopes.push(COMPUTE_SCOPE);
+            }
             props = props.set_service_accounts([model::ServiceAccount::new()
                 .set_email(email)
-                .set_scopes([STORAGE_SCOPE])]);
+                .set_scopes(scopes)]);
         }
         // N1 hosts take attached GPUs; A2/A3/G2 types carry their own.
         if let Some((name, n)) = gpu {

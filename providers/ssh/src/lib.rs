@@ -567,6 +567,19 @@ impl Provider for SshPools {
         std::time::Duration::from_secs(60)
     }
 
+    /// The pool's first host in inventory order.
+    fn configured_host(&self, region: &str) -> Option<SshEndpoint> {
+        let pool = self.pools.iter().find(|p| p.name == region)?;
+        let h = pool.hosts.first()?;
+        Some(SshEndpoint {
+            host: h.address.clone(),
+            port: h.port,
+            user: h.user.clone(),
+            key: h.key.as_ref().map(PathBuf::from),
+            jump: h.jump.clone(),
+        })
+    }
+
     /// A pool machine that refuses gangway's key refuses for good.
     fn key_refusal_grace(&self) -> std::time::Duration {
         std::time::Duration::ZERO

@@ -12,7 +12,9 @@ list of address pairs, `[public, private]`, and optionally an
   no instance that is not `terminated` holds it) and gives each new
   instance the pair as its public and private address; asking for more
   instances than there are free pairs is EC2's
-  `InsufficientInstanceCapacity`, before anything is made. The instance's
+  `InsufficientInstanceCapacity`, before anything is made. A stopped
+  instance keeps its pair; StartInstances puts it back at the pair's
+  addresses (moto gives a started instance a new public one). The instance's
   key pair (the OpenSSH public key gangway imported) is appended to the
   `authorized_keys` file, as EC2 puts it into the default user's on boot.
 * Every public address of the scope gets a metadata service on one port
@@ -292,6 +294,19 @@ class Machines:
                     "private": private,
                 }
                 self._install_key(state, backend, instance)
+
+    def restore(self, region, instance_ids):
+        """Puts started instances back at their machines' addresses."""
+        with self._lock:
+            backend = self.emulator.backend(region)
+            for instance_id in instance_ids:
+                held = self.held.get(instance_id)
+                instance = backend.get_instance_by_id(instance_id)
+                if held is None or instance is None:
+                    continue
+                nic = instance.nics[0]
+                nic.public_ip = held["public"]
+                nic.private_ip_address = held["private"]
 
     @staticmethod
     def _install_key(state, backend, instance):

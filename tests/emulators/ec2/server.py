@@ -436,6 +436,8 @@ class Emulator:
                 return self.run_instances(environ, start_response, region, params, scope)
             if action == "TerminateInstances":
                 return self.terminate_instances(environ, start_response, region, params)
+            if action == "StartInstances":
+                return self.start_instances(environ, start_response, region, params)
             if action in ("CreateTags", "DeleteTags"):
                 ids = indexed(params, "ResourceId")
                 if ids and all(i.startswith("pg-") for i in ids):
@@ -723,6 +725,18 @@ class Emulator:
                 instance = backend.get_instance_by_id(instance_id)
                 if instance is not None:
                     instance.state_reason, instance._reason = reason, text
+        headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
+        headers.append(("Content-Length", str(len(body))))
+        start_response(status, headers)
+        return [body]
+
+    def start_instances(self, environ, start_response, region, params):
+        """moto's StartInstances; an instance on a machine comes back at
+        that machine's addresses (moto gives a started instance a new
+        public address, as EC2 does, where no sshd listens)."""
+        status, headers, body = self._call_moto(environ)
+        if status.startswith("200"):
+            self.machines.restore(region, indexed(params, "InstanceId"))
         headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
         headers.append(("Content-Length", str(len(body))))
         start_response(status, headers)
