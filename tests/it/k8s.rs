@@ -656,6 +656,33 @@ fn kueue_admits_a_gang_whole_or_not_at_all() {
         return;
     };
     kueue_queues(&k8s, "default-flavor", "", 5);
+    // A queue kubernetes.yaml names must be there: no pod is made.
+    let wrong = TestHome::new();
+    wrong.file(
+        "kubernetes.yaml",
+        &format!(
+            "kubeconfig: {}\nimage: ignored-by-the-harness\nqueue: nope\n",
+            k8s.kubeconfig().display()
+        ),
+    );
+    let (code, out, err) = parts(&wrong.run([
+        "launch",
+        "examples/hello.yaml",
+        "--infra",
+        "k8s/harness",
+        "-c",
+        "wrong",
+        "-y",
+    ]));
+    assert_ne!(code, 0, "a missing LocalQueue launched:\n{out}\n{err}");
+    assert!(
+        format!("{out}{err}")
+            .contains("names Kueue queue 'nope', but namespace default has LocalQueues lq"),
+        "{out}\n{err}"
+    );
+    assert!(pods_json(&k8s, "wrong")["items"]
+        .as_array()
+        .is_some_and(Vec::is_empty));
     let home = TestHome::new();
     configure(&home, &k8s, "12s");
     let task = |name: &str, gpus: u32| {

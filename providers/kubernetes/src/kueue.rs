@@ -95,18 +95,27 @@ pub async fn queue(
         namespace,
         &resource("LocalQueue", "localqueues"),
     );
-    let found = match api.list(&ListParams::default()).await {
-        Ok(l) => l
-            .items
-            .into_iter()
-            .filter_map(|q| q.metadata.name)
-            .collect::<Vec<_>>(),
+    // `listed`: false where the list is not ours to read (RBAC narrower
+    // than Kueue's user roles): a queue kubernetes.yaml names is then
+    // taken on trust, and without one the pods are plain.
+    let (found, listed) = match api.list(&ListParams::default()).await {
+        Ok(l) => (
+            l.items
+                .into_iter()
+                .filter_map(|q| q.metadata.name)
+                .collect::<Vec<_>>(),
+            true,
+        ),
         // No such resource: Kueue is not installed.
-        Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
+        Err(kube::Error::Api(s)) if s.code == 404 => (Vec::new(), true),
+        Err(kube::Error::Api(s)) if s.code == 403 => {
+            tracing::warn!("{loc}: cannot list Kueue's LocalQueues: {}", s.message);
+            (Vec::new(), false)
+        }
         Err(e) => return Err(api_err(loc, "cannot list Kueue's LocalQueues", e)),
     };
     if let Some(q) = cfg.queue_for(context) {
-        if !found.iter().any(|f| f == q) {
+        if listed && !found.iter().any(|f| f == q) {
             return Err(err(
                 ErrorKind::InvalidRequest,
                 loc,
