@@ -156,6 +156,9 @@ func freePort() (int, error) {
 // claimOctet reserves 127.X.0.0/16 for this harness: a lock held for the
 // process's life on /tmp/k8s-harness-octets/X, so that two harnesses on one
 // machine never hand out the same pod IPs.
+// octetLock: the open file whose lock claimOctet holds.
+var octetLock *os.File
+
 func claimOctet() (int, error) {
 	dir := filepath.Join(os.TempDir(), "k8s-harness-octets")
 	if err := os.MkdirAll(dir, 0o777); err != nil {
@@ -169,7 +172,11 @@ func claimOctet() (int, error) {
 			return 0, err
 		}
 		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err == nil {
-			// Held (f stays open) until this process exits.
+			// Held until this process exits: f stays referenced, or the
+			// garbage collector's finalizer would close it and drop the
+			// lock while the addresses are in use (another harness then
+			// took the same /16: "bind: address already in use").
+			octetLock = f
 			return x, nil
 		}
 		f.Close()
