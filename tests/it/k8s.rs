@@ -579,3 +579,331 @@ fn down_orphans_finds_this_installations_pods_by_label_and_leaves_anothers() {
     assert_eq!(code, 0, "{out}\n{err}");
     assert_nothing_left(&k8s, "both sweeps");
 }
+
+/// A harness with Kueue running (suite `kueue`): skipped, and said so,
+/// where Kueue cannot be built or found.
+fn start_with_kueue(nodes: &[NodeSpec]) -> Option<K8sHarness> {
+    skip::gate("kueue", K8sHarness::try_start_with_kueue(nodes))
+}
+
+/// A ResourceFlavor (`flavor`, with `extra` in its spec), a ClusterQueue
+/// `cq` with `gpus` of quota (and plenty of CPU and memory) in it, and the
+/// LocalQueue `lq` in namespace default.
+fn kueue_queues(k8s: &K8sHarness, flavor: &str, extra: &str, gpus: u32) {
+    let yaml = format!(
+        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata:\n  name: {flavor}\nspec: {{{extra}}}\n\
+         ---\napiVersion: kueue.x-k8s.io/v1beta2\nkind: ClusterQueue\nmetadata:\n  name: cq\nspec:\n  namespaceSelector: {{}}\n  resourceGroups:\n\
+         \x20 - coveredResources: [cpu, memory, nvidia.com/gpu]\n    flavors:\n    - name: {flavor}\n      resources:\n\
+         \x20     - {{name: cpu, nominalQuota: 1000}}\n      - {{name: memory, nominalQuota: 10000Gi}}\n\
+         \x20     - {{name: nvidia.com/gpu, nominalQuota: {gpus}}}\n\
+         ---\napiVersion: kueue.x-k8s.io/v1beta2\nkind: LocalQueue\nmetadata:\n  name: lq\n  namespace: default\nspec:\n  clusterQueue: cq\n"
+    );
+    k8s.kubectl_stdin(&["apply", "-f", "-"], &yaml)
+        .expect("Kueue's queues");
+}
+
+/// Kueue's Workloads in namespace default: (name, Admitted status).
+fn workloads(k8s: &K8sHarness) -> Vec<(String, String)> {
+    let out = k8s
+        .kubectl(&["get", "workloads.kueue.x-k8s.io", "-o", "json"])
+        .expect("kubectl get workloads");
+    let doc: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    doc["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|w| {
+            let admitted = w["status"]["conditions"]
+                .as_array()
+                .and_then(|c| c.iter().find(|c| c["type"] == "Admitted"))
+                .and_then(|c| c["status"].as_str())
+                .unwrap_or("")
+                .to_string();
+            (
+                w["metadata"]["name"].as_str().unwrap_or("").to_string(),
+                admitted,
+            )
+        })
+        .collect()
+}
+
+/// Waits (up to 60 s) until Kueue's Workloads are exactly `want` by name.
+fn wait_workloads(k8s: &K8sHarness, want: &[&str], after: &str) {
+    let want: BTreeSet<String> = want.iter().map(|s| s.to_string()).collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let now: BTreeSet<String> = workloads(k8s).into_iter().map(|(n, _)| n).collect();
+        if now == want {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "after {after}: Workloads {now:?}, want {want:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+}
+
+/// Kueue admits a gang whole or not at all: the first gang (4 of the
+/// ClusterQueue's 5 GPUs) is one pod group, admitted and running; the
+/// second (2 GPUs: the third node has room for both pods, the quota for
+/// one) is created but stays gated, no pod bound, until the launch
+/// gives up with Kueue's words, exit 3, leaving nothing; after the first
+/// gang's down it launches whole.
+#[test]
+fn kueue_admits_a_gang_whole_or_not_at_all() {
+    let Some(k8s) = start_with_kueue(&gpu_nodes(3, 2)) else {
+        return;
+    };
+    kueue_queues(&k8s, "default-flavor", "", 5);
+    // A queue kubernetes.yaml names must be there: no pod is made.
+    let wrong = TestHome::new();
+    wrong.file(
+        "kubernetes.yaml",
+        &format!(
+            "kubeconfig: {}\nimage: ignored-by-the-harness\nqueue: nope\n",
+            k8s.kubeconfig().display()
+        ),
+    );
+    let (code, out, err) = parts(&wrong.run([
+        "launch",
+        "examples/hello.yaml",
+        "--infra",
+        "k8s/harness",
+        "-c",
+        "wrong",
+        "-y",
+    ]));
+    assert_ne!(code, 0, "a missing LocalQueue launched:\n{out}\n{err}");
+    assert!(
+        format!("{out}{err}")
+            .contains("names Kueue queue 'nope', but namespace default has LocalQueues lq"),
+        "{out}\n{err}"
+    );
+    assert!(pods_json(&k8s, "wrong")["items"]
+        .as_array()
+        .is_some_and(Vec::is_empty));
+    let home = TestHome::new();
+    // Generous for the gangs that fit (a loaded CI machine); the one that
+    // must give up sets its own 12 s.
+    configure(&home, &k8s, "90s");
+    let task = |file: &str, name: &str, gpus: u32, extra: &str| {
+        home.file(
+            &format!("{file}.yaml"),
+            &format!(
+                "num_nodes: 2\nresources:\n  accelerators: A100:{gpus}\nenvs:\n  {}: {}\n\
+                 run: echo \"{name} rank $NODE_RANK on $HARNESS_NODE_NAME\"\n{extra}",
+                crate::common::MARKER_ENV,
+                home.marker
+            ),
+        )
+    };
+    let big = task("big", "big", 2, "");
+    let small = task("small", "small", 1, "");
+    let small_12s = task(
+        "small-12s",
+        "small",
+        1,
+        "config:\n  kubernetes:\n    launch_timeout: 12s\n",
+    );
+    let (code, out, err) =
+        parts(&home.run(["launch", &big, "--infra", "k8s/harness", "-c", "big", "-y"]));
+    assert_eq!(code, 0, "launch big:\n{out}\n{err}");
+    for r in 0..2 {
+        assert!(
+            out.contains(&format!("big rank {r} on node-")),
+            "{out}\n{err}"
+        );
+    }
+    let pods = pods_json(&k8s, "big");
+    let items = pods["items"].as_array().expect("items");
+    assert_eq!(items.len(), 2, "{pods}");
+    let group = items[0]["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no pod group label: {pods}"))
+        .to_string();
+    for p in items {
+        let l = &p["metadata"]["labels"];
+        assert_eq!(l["kueue.x-k8s.io/queue-name"], "lq", "{p}");
+        assert_eq!(l["kueue.x-k8s.io/pod-group-name"], group.as_str(), "{p}");
+        assert_eq!(
+            p["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"], "2",
+            "{p}"
+        );
+        assert_eq!(p["status"]["phase"], "Running", "{p}");
+    }
+    assert_eq!(
+        workloads(&k8s),
+        [(group.clone(), "True".to_string())],
+        "one Workload, admitted"
+    );
+
+    // The second gang: created, gated whole, never bound, then given up.
+    let mut second = home.spawn([
+        "launch",
+        &small_12s,
+        "--infra",
+        "k8s/harness",
+        "-c",
+        "small",
+        "-y",
+    ]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut seen_gated = 0;
+    while !second.exited() && std::time::Instant::now() < deadline {
+        let pods = pods_json(&k8s, "small");
+        let items = pods["items"].as_array().cloned().unwrap_or_default();
+        for p in &items {
+            // Pending; once the launch gives up and deletes it, podgc marks
+            // the unscheduled terminating pod Failed. Never bound.
+            assert!(
+                p["spec"]["nodeName"].is_null()
+                    && (p["status"]["phase"] == "Pending"
+                        || !p["metadata"]["deletionTimestamp"].is_null()),
+                "a pod of the gang Kueue did not admit was bound or ran: {p}"
+            );
+            let gates = p["spec"]["schedulingGates"].to_string();
+            assert!(gates.contains("kueue.x-k8s.io/admission"), "not gated: {p}");
+        }
+        if items.len() == 2 {
+            seen_gated += 1;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    assert!(
+        seen_gated >= 3,
+        "the second gang's 2 pods were not seen gated a while"
+    );
+    let (code, out, err) = parts(&second.wait());
+    let all = format!("{out}\n{err}");
+    assert_eq!(code, 3, "no capacity is exit 3:\n{all}");
+    assert!(
+        all.contains("0 of 2 pods running after 12 s")
+            || all.contains("0 of 2 pods running after 13 s"),
+        "not the task's 12 s launch_timeout:\n{all}"
+    );
+    assert!(
+        all.contains("not admitted by Kueue (queue lq)")
+            && all.contains("insufficient unused quota for nvidia.com/gpu"),
+        "Kueue's reason is not reported:\n{all}"
+    );
+    assert!(
+        pods_json(&k8s, "small")["items"]
+            .as_array()
+            .is_some_and(Vec::is_empty),
+        "the second gang's pods are left"
+    );
+    wait_workloads(&k8s, &[&group], "the second launch gave up");
+
+    // The first gang's down frees the quota: pods and Workload go.
+    let (code, out, err) = parts(&home.run(["down", "-y", "big"]));
+    assert_eq!(code, 0, "down big:\n{out}\n{err}");
+    assert_nothing_left(&k8s, "down big");
+    wait_workloads(&k8s, &[], "down big");
+    let (code, out, err) = parts(&home.run([
+        "launch",
+        &small,
+        "--infra",
+        "k8s/harness",
+        "-c",
+        "small",
+        "-y",
+        "--down",
+    ]));
+    assert_eq!(code, 0, "launch small after down big:\n{out}\n{err}");
+    for r in 0..2 {
+        assert!(
+            out.contains(&format!("small rank {r} on node-")),
+            "{out}\n{err}"
+        );
+    }
+    assert_nothing_left(&k8s, "launch small --down");
+    wait_workloads(&k8s, &[], "launch small --down");
+    assert_no_marker_procs(&home.marker, "every down");
+}
+
+/// Kueue's topology-aware scheduling: with `topology:` a block label in
+/// kubernetes.yaml, a gang of 3 one-GPU pods lands in the one block that
+/// holds it (b2: 2 nodes of 2 GPUs), never in b1 (2 nodes of 1 GPU, empty
+/// and as attractive to the scheduler), and its Workload carries Kueue's
+/// topology assignment.
+#[test]
+fn kueue_topology_puts_a_gang_in_one_block() {
+    let layout = [
+        ("node-a", "b1", "1"),
+        ("node-b", "b2", "2"),
+        ("node-c", "b1", "1"),
+        ("node-d", "b2", "2"),
+    ];
+    let nodes: Vec<NodeSpec> = layout
+        .iter()
+        .map(|(n, b, g)| {
+            NodeSpec::new(n)
+                .label("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB")
+                .label("cloud.google.com/gce-topology-block", b)
+                .capacity("cpu", "8")
+                .capacity("memory", "32Gi")
+                .capacity("nvidia.com/gpu", g)
+        })
+        .collect();
+    let Some(k8s) = start_with_kueue(&nodes) else {
+        return;
+    };
+    k8s.kubectl_stdin(
+        &["apply", "-f", "-"],
+        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: Topology\nmetadata:\n  name: blocks\nspec:\n  levels:\n\
+         \x20 - nodeLabel: cloud.google.com/gce-topology-block\n  - nodeLabel: kubernetes.io/hostname\n",
+    )
+    .expect("Topology");
+    kueue_queues(
+        &k8s,
+        "tas-flavor",
+        "nodeLabels: {nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB}, topologyName: blocks",
+        6,
+    );
+    let home = TestHome::new();
+    home.file(
+        "kubernetes.yaml",
+        &format!(
+            "kubeconfig: {}\nimage: ignored-by-the-harness\nlaunch_timeout: 90s\nqueue: lq\n\
+             topology: cloud.google.com/gce-topology-block\n",
+            k8s.kubeconfig().display()
+        ),
+    );
+    let task = home.file(
+        "tas.yaml",
+        "num_nodes: 3\nresources:\n  accelerators: A100:1\nrun: echo \"R=$NODE_RANK node=$HARNESS_NODE_NAME\"\n",
+    );
+    let (code, out, err) =
+        parts(&home.run(["launch", &task, "--infra", "k8s/harness", "-c", "tas", "-y"]));
+    assert_eq!(code, 0, "launch:\n{out}\n{err}");
+    let pods = pods_json(&k8s, "tas");
+    let items = pods["items"].as_array().expect("items");
+    assert_eq!(items.len(), 3, "{pods}");
+    let on: BTreeSet<&str> = items
+        .iter()
+        .map(|p| p["spec"]["nodeName"].as_str().unwrap_or(""))
+        .collect();
+    assert!(
+        on.iter().all(|n| *n == "node-b" || *n == "node-d"),
+        "the gang is not in block b2: {on:?}"
+    );
+    for p in items {
+        assert_eq!(
+            p["metadata"]["annotations"]["kueue.x-k8s.io/podset-required-topology"],
+            "cloud.google.com/gce-topology-block",
+            "{p}"
+        );
+    }
+    let wl = k8s
+        .kubectl(&["get", "workloads.kueue.x-k8s.io", "-o", "json"])
+        .expect("workloads");
+    assert!(
+        wl.contains("topologyAssignment"),
+        "no topology assignment: {wl}"
+    );
+    let (code, out, err) = parts(&home.run(["down", "-y", "tas"]));
+    assert_eq!(code, 0, "down:\n{out}\n{err}");
+    assert_nothing_left(&k8s, "down");
+    wait_workloads(&k8s, &[], "down");
+}

@@ -19,6 +19,11 @@
 //!   - {key: dedicated, operator: Equal, value: ml, effect: NoSchedule}
 //! launch_timeout: 5m                # a pod still unschedulable after this fails the launch
 //! not_ready_tolerance: 30s          # a pod's node NotReady this long is a preemption
+//! queue: team-a                     # Kueue's LocalQueue for every context, or per context:
+//! # queue: {prod-gpu: team-a, default: team-b}    (default: any other context)
+//! # without it: the namespace's only LocalQueue (or the one named default), if Kueue is there
+//! topology: cloud.google.com/gce-topology-block   # Kueue TAS: a gang's pods in one such domain
+//! # topology: {preferred: cloud.google.com/gce-topology-block}   (as close as Kueue can)
 //! ```
 
 use std::collections::BTreeMap;
@@ -49,6 +54,15 @@ pub const DEFAULT_TOPOLOGY_LABEL_KEYS: &[&str] = &[
     "topology.k8s.aws/network-node-layer-2",
     "topology.k8s.aws/network-node-layer-3",
 ];
+
+/// Kueue's topology-aware scheduling asked of a gang's pods.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Topology {
+    /// Every pod in one domain of this node label (or not admitted).
+    Required(String),
+    /// In as few domains of this level as Kueue can.
+    Preferred(String),
+}
 
 /// One toleration every pod gets.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -92,6 +106,20 @@ pub struct Config {
     pub launch_timeout: Duration,
     /// How long a pod's node may be NotReady before the pod counts as lost.
     pub not_ready_tolerance: Duration,
+    /// Kueue's LocalQueue by context (`default`: any other context).
+    pub queues: BTreeMap<String, String>,
+    /// Kueue's topology-aware scheduling of a gang.
+    pub topology: Option<Topology>,
+}
+
+impl Config {
+    /// The LocalQueue `kubernetes.yaml` names for `context`, if any.
+    pub fn queue_for(&self, context: &str) -> Option<&str> {
+        self.queues
+            .get(context)
+            .or_else(|| self.queues.get("default"))
+            .map(String::as_str)
+    }
 }
 
 impl Default for Config {
@@ -116,6 +144,8 @@ impl Default for Config {
             tolerations: Vec::new(),
             launch_timeout: Duration::from_secs(300),
             not_ready_tolerance: Duration::from_secs(30),
+            queues: BTreeMap::new(),
+            topology: None,
         }
     }
 }
@@ -133,6 +163,8 @@ const KEYS: &[&str] = &[
     "tolerations",
     "launch_timeout",
     "not_ready_tolerance",
+    "queue",
+    "topology",
 ];
 
 const TOLERATION_KEYS: &[&str] = &["key", "operator", "value", "effect"];
@@ -264,6 +296,48 @@ pub fn parse(text: &str, file: &str) -> Result<Config, LocatedError> {
             }
             "launch_timeout" => c.launch_timeout = duration(v)?,
             "not_ready_tolerance" => c.not_ready_tolerance = duration(v)?,
+            "queue" => match &v.kind {
+                Kind::Map(_) => {
+                    for (qk, qv) in cx.map(v, &field)? {
+                        let context = cx.key(qk, &field)?;
+                        let q = cx.text(qv, &format!("{field}.{context}"))?;
+                        c.queues.insert(context, q);
+                    }
+                }
+                _ => {
+                    c.queues.insert("default".into(), cx.text(v, &field)?);
+                }
+            },
+            "topology" => {
+                c.topology = Some(match &v.kind {
+                    Kind::Map(_) => {
+                        let entries = cx.map(v, &field)?;
+                        let [(tk, tv)] = entries else {
+                            return Err(cx.err(
+                                v,
+                                &field,
+                                "one of required or preferred",
+                                Some("write {required: LABEL} or {preferred: LABEL}"),
+                            ));
+                        };
+                        let mode = cx.key(tk, &field)?;
+                        let level = cx.text(tv, &format!("{field}.{mode}"))?;
+                        match mode.as_str() {
+                            "required" => Topology::Required(level),
+                            "preferred" => Topology::Preferred(level),
+                            other => {
+                                return Err(cx.unknown(
+                                    tk,
+                                    &field,
+                                    other,
+                                    &["required", "preferred"],
+                                ))
+                            }
+                        }
+                    }
+                    _ => Topology::Required(cx.text(v, &field)?),
+                })
+            }
             other => return Err(cx.unknown(k, "", other, KEYS)),
         }
     }
@@ -333,6 +407,37 @@ mod tests {
         assert_eq!(d.image, DEFAULT_IMAGE);
         assert_eq!(d.gpu_label_keys, DEFAULT_GPU_LABEL_KEYS);
         assert_eq!(d.launch_timeout, Duration::from_secs(300));
+        assert_eq!(d.queue_for("any"), None);
+        assert_eq!(d.topology, None);
+    }
+
+    #[test]
+    fn kueue_queue_and_topology() {
+        let c = parse(
+            "queue: team-a\ntopology: cloud.google.com/gce-topology-block\n",
+            "k.yaml",
+        )
+        .unwrap();
+        assert_eq!(c.queue_for("any"), Some("team-a"));
+        assert_eq!(
+            c.topology,
+            Some(Topology::Required(
+                "cloud.google.com/gce-topology-block".into()
+            ))
+        );
+        let c = parse(
+            "queue: {prod: q1, default: q2}\ntopology: {preferred: t/block}\n",
+            "k.yaml",
+        )
+        .unwrap();
+        assert_eq!(c.queue_for("prod"), Some("q1"));
+        assert_eq!(c.queue_for("dev"), Some("q2"));
+        assert_eq!(c.topology, Some(Topology::Preferred("t/block".into())));
+        let c = parse("queue: {prod: q1}\n", "k.yaml").unwrap();
+        assert_eq!(c.queue_for("dev"), None);
+        let e = parse("topology: {strict: t/block}\n", "k.yaml").unwrap_err();
+        assert_eq!(e.field, "topology", "{e}");
+        assert!(e.hint.as_deref().unwrap_or("").contains("required"), "{e}");
     }
 
     #[test]

@@ -14,7 +14,9 @@
 //! SIGTERM. It waits until every pod runs with an IP; a pod still
 //! unschedulable after `launch_timeout` makes it delete every pod of the
 //! cluster (and wait until they are gone) and fail with the scheduler's
-//! words as [`ErrorKind::Capacity`], so failover moves on.
+//! words as [`ErrorKind::Capacity`], so failover moves on. Where the
+//! namespace has a Kueue LocalQueue the gang is one Kueue pod group,
+//! admitted whole or not at all ([`kueue`]).
 //!
 //! Commands reach pods through the API's `pods/exec` (the transport), so
 //! any image with a shell works: no SSH, no privileges, no secret in the
@@ -22,6 +24,7 @@
 #![deny(missing_docs)]
 
 pub mod config;
+pub mod kueue;
 pub mod names;
 mod rt;
 mod transport;
@@ -725,6 +728,7 @@ impl Inner {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn pod_spec(
         &self,
         req: &LaunchRequest,
@@ -733,6 +737,7 @@ impl Inner {
         shape: &Shape,
         image: &str,
         gpu_labels: &[(String, String)],
+        group: Option<&kueue::Group>,
     ) -> core::Pod {
         let cluster = &req.cluster.0;
         let mut labels = BTreeMap::new();
@@ -744,6 +749,9 @@ impl Inner {
         ann.insert(labels::CLUSTER_NAME.to_string(), cluster.clone());
         ann.insert(labels::USER_NAME.to_string(), self.user.clone());
         ann.insert(labels::INSTANCE_TYPE.to_string(), req.instance_type.clone());
+        if let Some(g) = group {
+            g.mark(&mut labels, &mut ann);
+        }
         let mut requests = BTreeMap::new();
         let mut limits = BTreeMap::new();
         requests.insert(
@@ -915,6 +923,23 @@ impl Inner {
         let api: Api<core::Pod> = Api::namespaced(client.clone(), namespace);
         let selector = self.selector(&req.cluster.0);
         let prefix = names::pod_prefix(&req.cluster.0, &self.owner);
+        let group = kueue::queue(&client, &self.shared.cfg, context, namespace, &loc)
+            .await?
+            .map(|queue| kueue::Group {
+                queue,
+                // A group of its own per launch that creates pods: a
+                // deleted group's Workload may linger a moment under its
+                // name.
+                name: format!(
+                    "{prefix}-{:06x}",
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_nanos() as u64 >> 10)
+                        & 0xff_ffff
+                ),
+                total: req.count,
+                topology: self.shared.cfg.topology.clone(),
+            });
         // Reconcile: live pods of this shape are kept (up to the count);
         // ended, leaving or other-shaped ones go first.
         let existing = self.list(&api, &loc, &selector).await?;
@@ -943,6 +968,11 @@ impl Inner {
                 drop.insert(name);
             }
         }
+        // Kueue admits a pod group whole: a gang short of pods is made
+        // again as one new group, not topped up.
+        if group.is_some() && keep.len() < req.count as usize {
+            drop.extend(keep.drain(..));
+        }
         if !drop.is_empty() {
             self.delete_and_wait(&api, &loc, &selector, Some(&drop), true)
                 .await?;
@@ -956,7 +986,15 @@ impl Inner {
             if !taken.insert(name.clone()) {
                 continue;
             }
-            let pod = self.pod_spec(req, &name, namespace, &shape, &image, &gpu_labels);
+            let pod = self.pod_spec(
+                req,
+                &name,
+                namespace,
+                &shape,
+                &image,
+                &gpu_labels,
+                group.as_ref(),
+            );
             match api.create(&PostParams::default(), &pod).await {
                 Ok(_) => made += 1,
                 // Made by a launch racing this one: it is ours all the same.
@@ -981,13 +1019,25 @@ impl Inner {
             keep.push(name);
         }
         if made > 0 {
+            let kueue = group
+                .as_ref()
+                .map(|g| format!(" as Kueue pod group {} in queue {}", g.name, g.queue))
+                .unwrap_or_default();
             (self.progress)(&format!(
-                "kubernetes {loc}: created {made} pod(s) {prefix}-* ({}), waiting for all {} to run",
+                "kubernetes {loc}: created {made} pod(s) {prefix}-* ({}){kueue}, waiting for all {} to run",
                 req.instance_type, req.count
             ));
         }
         let pods = match self
-            .wait_running(&api, &loc, &selector, req.count, timeout)
+            .wait_running(
+                &client,
+                &api,
+                &loc,
+                &selector,
+                req.count,
+                timeout,
+                group.as_ref(),
+            )
             .await
         {
             Ok(p) => p,
@@ -1008,14 +1058,18 @@ impl Inner {
         self.nodes_of(&client, context, namespace, pods, true).await
     }
 
-    /// Waits until `count` pods of `selector` run with an IP.
+    /// Waits until `count` pods of `selector` run with an IP (pods Kueue
+    /// still gates wait for the admission of their `group`).
+    #[allow(clippy::too_many_arguments)]
     async fn wait_running(
         &self,
+        client: &kube::Client,
         api: &Api<core::Pod>,
         loc: &str,
         selector: &str,
         count: u32,
         timeout: Duration,
+        group: Option<&kueue::Group>,
     ) -> Result<Vec<core::Pod>> {
         let started = Instant::now();
         let mut said = String::new();
@@ -1029,6 +1083,7 @@ impl Inner {
                 .collect();
             let mut running = 0;
             let mut why: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            let mut gated = Vec::new();
             for p in &pods {
                 let name = p.metadata.name.clone().unwrap_or_default();
                 let s = p.status.as_ref();
@@ -1046,6 +1101,7 @@ impl Inner {
                             ),
                         ))
                     }
+                    _ if kueue::gated(p) => gated.push(name),
                     _ => {
                         let w = unschedulable(p)
                             .map(|u| format!("unschedulable: {u}"))
@@ -1058,6 +1114,28 @@ impl Inner {
             if running >= count as usize {
                 return Ok(pods);
             }
+            let mut kueue_words = None;
+            if !gated.is_empty() {
+                let (queue, words) = match group {
+                    Some(g) => (
+                        g.queue.as_str(),
+                        // `loc` is CONTEXT/NAMESPACE; a namespace has no '/'.
+                        kueue::why_not_admitted(
+                            client,
+                            loc.rsplit('/').next().unwrap_or(""),
+                            &g.name,
+                        )
+                        .await,
+                    ),
+                    None => ("?", None),
+                };
+                let words = words.unwrap_or_else(|| "no Workload condition yet".into());
+                kueue_words = Some(format!("not admitted by Kueue (queue {queue}): {words}"));
+                why.insert(
+                    format!("gated by Kueue: {words}"),
+                    std::mem::take(&mut gated),
+                );
+            }
             let line = why
                 .iter()
                 .map(|(w, ps)| format!("{} {w}", ps.len()))
@@ -1065,6 +1143,16 @@ impl Inner {
                 .join("; ");
             let waited = started.elapsed();
             if waited >= timeout {
+                if let Some(words) = kueue_words {
+                    return Err(err(
+                        ErrorKind::Capacity,
+                        loc,
+                        format!(
+                            "{running} of {count} pods running after {} s, the gang {words}; every pod of the cluster deleted (launch_timeout)",
+                            waited.as_secs()
+                        ),
+                    ));
+                }
                 let unsched = why.keys().find(|w| w.starts_with("unschedulable: "));
                 let image = why
                     .keys()

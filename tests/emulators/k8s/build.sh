@@ -3,7 +3,7 @@
 # kube-controller-manager and kubectl from k8s.io/kubernetes v1.37.2, plus
 # the node agents) into OUT_DIR and prints its path. Go's own module and
 # build caches (outside the clone) keep a rebuild fast; nothing is built when
-# the binary is newer than every source file and go.sum.
+# the binary is newer than every source file, go.sum and this script.
 #
 #   tests/emulators/k8s/build.sh OUT_DIR
 #
@@ -20,11 +20,16 @@ if ! command -v go >/dev/null; then
     echo "build.sh: no Go on PATH or in /usr/local/go" >&2; exit 3
   fi
 fi
-if [ -x "$bin" ] && [ -z "$(find "$here" -maxdepth 1 \( -name '*.go' -o -name go.mod -o -name go.sum \) -newer "$bin")" ]; then
+if [ -x "$bin" ] && [ -z "$(find "$here" -maxdepth 1 \( -name '*.go' -o -name go.mod -o -name go.sum -o -name build.sh \) -newer "$bin")" ]; then
   echo "$bin"
   exit 0
 fi
 cd "$here"
-"$go" build -trimpath -o "$bin.tmp" . >&2
+# The version the components report (/version; without it "v0.0.0-master",
+# which Kueue cannot parse and exits on), as a release build sets it.
+v=v1.37.2
+"$go" build -trimpath -o "$bin.tmp" \
+  -ldflags "-X k8s.io/component-base/version.gitVersion=$v -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37 -X k8s.io/component-base/version.gitTreeState=clean" \
+  . >&2
 mv "$bin.tmp" "$bin"
 echo "$bin"

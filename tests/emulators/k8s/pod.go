@@ -279,6 +279,20 @@ func (pr *podRun) run() {
 	if killed {
 		return
 	}
+	// As the kubelet (1.27+) does, a deleted pod whose containers have all
+	// stopped is put in a terminal phase before its object goes: Succeeded
+	// when every container exited 0, else Failed. Controllers wait for it
+	// (Kueue lifts its finalizer from a pod only once it is terminal).
+	pr.mu.Lock()
+	if pr.phase != corev1.PodSucceeded && pr.phase != corev1.PodFailed {
+		pr.phase = corev1.PodSucceeded
+		for _, c := range pr.containers[len(pr.pod.Spec.InitContainers):] {
+			if c.state != terminated || c.exitCode != 0 {
+				pr.phase = corev1.PodFailed
+			}
+		}
+	}
+	pr.mu.Unlock()
 	pr.pushStatus()
 	err = pr.a.h.client.CoreV1().Pods(pr.namespace).Delete(pr.a.ctx, pr.name,
 		metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0), Preconditions: metav1.NewUIDPreconditions(string(pr.uid))})

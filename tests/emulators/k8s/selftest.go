@@ -57,6 +57,8 @@ func (t *selftest) check(what string, err error) bool {
 func selftestMain(args []string) int {
 	fs := flag.NewFlagSet("selftest", flag.ExitOnError)
 	keep := fs.Bool("keep", false, "keep the state directory")
+	kueue := fs.String("kueue", "", "Kueue's binary (build-kueue.sh): serve starts it, and the Kueue checks run too")
+	kueueOnly := fs.Bool("kueue-only", false, "with --kueue: only the Kueue checks (and the clean stop)")
 	_ = fs.Parse(args)
 	self, err := os.Executable()
 	if err != nil {
@@ -85,7 +87,11 @@ func selftestMain(args []string) int {
 	_ = os.WriteFile(nodesFile, data, 0o644)
 	state := filepath.Join(dir, "state")
 	t0 := time.Now()
-	serve := exec.Command(self, "serve", "--dir", state, "--nodes", nodesFile, "--node-monitor-grace-period", "6s")
+	serveArgs := []string{"serve", "--dir", state, "--nodes", nodesFile, "--node-monitor-grace-period", "6s"}
+	if *kueue != "" {
+		serveArgs = append(serveArgs, "--kueue", *kueue)
+	}
+	serve := exec.Command(self, serveArgs...)
 	serve.Stderr = os.Stderr
 	serve.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stdout, _ := serve.StdoutPipe()
@@ -128,7 +134,12 @@ func selftestMain(args []string) int {
 		killServe()
 		return 1
 	}
-	t.run(nodes)
+	if *kueue == "" || !*kueueOnly {
+		t.run(nodes)
+	}
+	if *kueue != "" {
+		t.runKueue()
+	}
 
 	// SIGTERM: everything goes.
 	_ = serve.Process.Signal(syscall.SIGTERM)

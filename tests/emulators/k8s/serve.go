@@ -86,6 +86,7 @@ func serveMain(args []string) int {
 	nodeGrace := fs.Duration("node-monitor-grace-period", 10*time.Second, "kube-controller-manager's: how long a node may miss heartbeats before it is NotReady (Unknown)")
 	toleration := fs.Int("default-unreachable-toleration-seconds", 300, "kube-apiserver's: how long pods stay bound to a NotReady or unreachable node before eviction (also the not-ready toleration)")
 	verbosity := fs.Int("v", 1, "log level of the components (their logs are in DIR/logs)")
+	kueue := fs.String("kueue", "", "Kueue's binary as build-kueue.sh left it (its manifests in kueue-config/ beside it): start Kueue too (logs/kueue.log)")
 	_ = fs.Parse(args)
 	klog.InitFlags(nil)
 	_ = flag.Set("v", "0")
@@ -105,6 +106,7 @@ func serveMain(args []string) int {
 	h, err := startHarness(harnessOptions{
 		dir: *dir, kubeconfig: *kubeconfig, nodes: specs,
 		nodeGrace: *nodeGrace, toleration: *toleration, verbosity: *verbosity,
+		kueue: *kueue,
 	})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "k8s-harness serve: %v\n", err)
@@ -138,6 +140,7 @@ type harnessOptions struct {
 	nodeGrace       time.Duration
 	toleration      int
 	verbosity       int
+	kueue           string       // Kueue's binary; none when empty
 	out             func(string) // progress lines (stderr when nil)
 }
 
@@ -153,6 +156,9 @@ func freePort() (int, error) {
 // claimOctet reserves 127.X.0.0/16 for this harness: a lock held for the
 // process's life on /tmp/k8s-harness-octets/X, so that two harnesses on one
 // machine never hand out the same pod IPs.
+// octetLock: the open file whose lock claimOctet holds.
+var octetLock *os.File
+
 func claimOctet() (int, error) {
 	dir := filepath.Join(os.TempDir(), "k8s-harness-octets")
 	if err := os.MkdirAll(dir, 0o777); err != nil {
@@ -166,7 +172,11 @@ func claimOctet() (int, error) {
 			return 0, err
 		}
 		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err == nil {
-			// Held (f stays open) until this process exits.
+			// Held until this process exits: f stays referenced, or the
+			// garbage collector's finalizer would close it and drop the
+			// lock while the addresses are in use (another harness then
+			// took the same /16: "bind: address already in use").
+			octetLock = f
 			return x, nil
 		}
 		f.Close()
@@ -345,6 +355,11 @@ func startHarness(o harnessOptions) (*harness, error) {
 		return h, err
 	}
 	say(fmt.Sprintf("cluster ready: %d nodes (%.1fs)", len(o.nodes), time.Since(t0).Seconds()))
+	if o.kueue != "" {
+		if err := h.startKueue(o.kueue, say); err != nil {
+			return h, err
+		}
+	}
 	return h, nil
 }
 
@@ -412,6 +427,12 @@ func (h *harness) startChild(name string, args ...string) error {
 	cmd := exec.Command(self, append([]string{name}, args...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = os.Environ()
+	return h.startProcess(name, cmd, logf)
+}
+
+// startProcess starts cmd as the component name (its log in logf): stopped
+// with the others, and its exit before that stops the harness.
+func (h *harness) startProcess(name string, cmd *exec.Cmd, logf *os.File) error {
 	if err := spawn(cmd); err != nil {
 		logf.Close()
 		return fmt.Errorf("%s: %w", name, err)

@@ -8,6 +8,11 @@
 //! when Go is there (minutes cold, nothing when cached); without either,
 //! `try_start` says why, for `skip::gate("k8s", ..)`.
 //!
+//! With Kueue (`K8sHarness::try_start_with_kueue`): Kueue's binary is
+//! `GANGWAY_TEST_K8S_KUEUE`, else `kueue` beside the harness binary (where
+//! `.ci/run` has `build-kueue.sh` put it), else `build-kueue.sh` builds it
+//! into the cargo target directory when Go is there (tens of minutes cold).
+//!
 //! ```ignore
 //! let nodes = [NodeSpec::new("gpu-0").capacity("nvidia.com/gpu", "8")];
 //! let Some(k8s) = skip::gate("k8s", K8sHarness::try_start(&nodes)) else { return };
@@ -134,11 +139,74 @@ pub fn binary() -> Result<PathBuf, String> {
     r
 }
 
+/// Kueue's binary (its manifests in `kueue-config/` beside it):
+/// `GANGWAY_TEST_K8S_KUEUE`, else `kueue` beside the harness binary, else
+/// built (once per test process) by build-kueue.sh into the cargo target
+/// directory.
+pub fn kueue_binary() -> Result<PathBuf, String> {
+    static BUILT: Mutex<Option<Result<PathBuf, String>>> = Mutex::new(None);
+    if let Some(p) = std::env::var_os("GANGWAY_TEST_K8S_KUEUE") {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(format!(
+                "GANGWAY_TEST_K8S_KUEUE={} is not a file",
+                p.display()
+            ))
+        };
+    }
+    let beside = binary()?.with_file_name("kueue");
+    if beside.is_file() && beside.with_file_name("kueue-config").is_dir() {
+        return Ok(beside);
+    }
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(r) = built.as_ref() {
+        return r.clone();
+    }
+    let r = (|| {
+        let root =
+            workspace_root().ok_or("tests/emulators/k8s/build-kueue.sh is not above this crate")?;
+        let out = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("target"))
+            .join("k8s-harness");
+        let o = Command::new(root.join("tests/emulators/k8s/build-kueue.sh"))
+            .arg(&out)
+            .stderr(Stdio::piped())
+            .output()
+            .map_err(|e| format!("tests/emulators/k8s/build-kueue.sh: {e}"))?;
+        match o.status.code() {
+            Some(0) => Ok(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())),
+            Some(3) => Err("no Go to build Kueue (tests/emulators/k8s/build-kueue.sh), and GANGWAY_TEST_K8S_KUEUE is not set".to_string()),
+            _ => Err(format!(
+                "tests/emulators/k8s/build-kueue.sh failed ({}): {}",
+                o.status,
+                String::from_utf8_lossy(&o.stderr).lines().rev().take(15).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")
+            )),
+        }
+    })();
+    *built = Some(r.clone());
+    r
+}
+
 impl K8sHarness {
     /// Starts a cluster with `nodes` and waits until it is ready (every
     /// node Ready, the default service account there: a few seconds), or
     /// says why it cannot here.
     pub fn try_start(nodes: &[NodeSpec]) -> Result<K8sHarness, String> {
+        K8sHarness::start_with(nodes, None)
+    }
+
+    /// [`K8sHarness::try_start`] with Kueue running too (its CRDs and
+    /// webhooks in place, the pod integration on; about 10 s more), or why
+    /// it cannot here.
+    pub fn try_start_with_kueue(nodes: &[NodeSpec]) -> Result<K8sHarness, String> {
+        let kueue = kueue_binary()?;
+        K8sHarness::start_with(nodes, Some(&kueue))
+    }
+
+    fn start_with(nodes: &[NodeSpec], kueue: Option<&Path>) -> Result<K8sHarness, String> {
         let binary = binary()?;
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
@@ -152,12 +220,17 @@ impl K8sHarness {
         std::fs::write(&nodes_file, serde_json::Value::Array(specs).to_string())
             .map_err(|e| e.to_string())?;
         let log = std::fs::File::create(dir.join("serve.log")).map_err(|e| e.to_string())?;
-        let mut child = Command::new(&binary)
+        let mut serve = Command::new(&binary);
+        serve
             .arg("serve")
             .arg("--dir")
             .arg(dir.join("state"))
             .arg("--nodes")
-            .arg(&nodes_file)
+            .arg(&nodes_file);
+        if let Some(k) = kueue {
+            serve.arg("--kueue").arg(k);
+        }
+        let mut child = serve
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)

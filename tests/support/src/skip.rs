@@ -85,6 +85,10 @@ pub const SUITES: &[(&str, &str)] = &[
         "k8s",
         "a Kubernetes control plane built from source (tests/emulators/k8s): Go, the module proxy or a warm module cache, or GANGWAY_TEST_K8S_HARNESS",
     ),
+    (
+        "kueue",
+        "Kueue built from source beside the k8s harness (tests/emulators/k8s/build-kueue.sh): the k8s suite's needs, or GANGWAY_TEST_K8S_KUEUE",
+    ),
 ];
 
 /// Records that `suite`'s prerequisites are there and this test runs it.
