@@ -124,12 +124,14 @@ pub(crate) async fn node_env(
 }
 
 /// When a mount is told its credentials expire at the latest: three
-/// renewals from now. It rereads them then (as far as it is told), so
-/// credentials renewed by the driver reach it even when the chain did not
-/// say when they end, and a GCS mount takes a renewed token long before
-/// the one it holds runs out.
+/// renewals from now, plus the 10 seconds rclone's OAuth client takes a
+/// token to be expired early and 5 more. It rereads them then (as far as
+/// it is told), so credentials renewed by the driver reach it even when the
+/// chain did not say when they end, and a GCS mount takes a renewed token
+/// long before the one it holds runs out. (Without the margin, renewals a
+/// few seconds apart made a token that rclone took as expired at once.)
 fn reread_by() -> std::time::SystemTime {
-    std::time::SystemTime::now() + 3 * renew_every()
+    std::time::SystemTime::now() + 3 * renew_every() + std::time::Duration::from_secs(15)
 }
 
 /// The stores (URL schemes, `s3`, `gs`) that a run's nodes reach with an

@@ -212,7 +212,7 @@ fn a_mounts_s3_credentials_are_renewed_while_the_run_goes_on() {
             "resources:\n  infra: local\nenvs:\n  GW_TEST_MARKER: {m}\n\
              file_mounts:\n  ~/m:\n    source: s3://{bucket}\n    mode: MOUNT\n\
              run: |\n  d=$(ls -d ~/.gangway/creds/*)\n  echo \"modes=$(stat -c %a \"$d\") $(stat -c %a \"$d\"/* | sort -u | tr '\\n' ' ')\"\n\
-             \x20 for i in $(seq 1 14); do echo \"read-$i=$(cat ~/m/x.txt)\"; sleep 1; done\n",
+             \x20 for i in $(seq 1 24); do echo \"read-$i=$(cat ~/m/x.txt)\"; sleep 1; done\n",
             m = home.marker
         ),
     );
@@ -224,7 +224,7 @@ fn a_mounts_s3_credentials_are_renewed_while_the_run_goes_on() {
     let (code, out, err) = parts(&Running::start(c).wait());
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert!(out.contains("modes=700 600 "), "{out}");
-    for i in 1..=14 {
+    for i in 1..=24 {
         assert!(out.contains(&format!("read-{i}=v1")), "read {i}:\n{out}");
     }
     assert!(
@@ -269,7 +269,13 @@ fn a_mounts_gcs_token_is_renewed_while_the_run_goes_on() {
     };
     let home = TestHome::new();
     let pem = std::process::Command::new("openssl")
-        .args(["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"])
+        .args([
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+        ])
         .output()
         .expect("openssl genpkey");
     assert!(pem.status.success(), "openssl: {pem:?}");
@@ -290,7 +296,7 @@ fn a_mounts_gcs_token_is_renewed_while_the_run_goes_on() {
              file_mounts:\n  ~/m:\n    source: gs://{bucket}\n    mode: MOUNT\n\
              run: |\n  d=$(ls -d ~/.gangway/creds/*)\n  echo \"modes=$(stat -c %a \"$d\") $(stat -c %a \"$d\"/* | sort -u | tr '\\n' ' ')\"\n\
              \x20 grep -c '\"expiry\"' \"$d\"/*.conf | sed 's/^/expiry-lines=/'\n\
-             \x20 for i in $(seq 1 14); do echo \"read-$i=$(cat ~/m/x.txt)\"; sleep 1; done\n",
+             \x20 for i in $(seq 1 24); do echo \"read-$i=$(cat ~/m/x.txt)\"; sleep 1; done\n",
             m = home.marker
         ),
     );
@@ -303,8 +309,11 @@ fn a_mounts_gcs_token_is_renewed_while_the_run_goes_on() {
     let (code, out, err) = parts(&Running::start(c).wait());
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert!(out.contains("modes=700 600 "), "{out}");
-    assert!(out.contains("expiry-lines=1"), "the token file says when it ends: {out}");
-    for i in 1..=14 {
+    assert!(
+        out.contains("expiry-lines=1"),
+        "the token file says when it ends: {out}"
+    );
+    for i in 1..=24 {
         assert!(out.contains(&format!("read-{i}=v1")), "read {i}:\n{out}");
     }
     assert!(
