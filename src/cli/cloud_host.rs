@@ -73,10 +73,19 @@ const KEYS: &[&str] = &[
     "config",
 ];
 
-/// Whether `word` names a cloud provider (anything registered but the
-/// local one, which `jobs.controller: local` means this machine for).
+/// Whether `word` names a provider whose machines can host the controller
+/// (one that gives them an identity of their own and lets them stop
+/// themselves: not `local`, which `jobs.controller: local` means this
+/// machine for, nor SSH pools, Slurm or Kubernetes).
 pub(crate) fn is_cloud(word: &str) -> bool {
-    word != super::hosted::THIS_MACHINE && crate::provision::registered().any(|n| n == word)
+    word != super::hosted::THIS_MACHINE && crate::provision::controller_hosts().any(|n| n == word)
+}
+
+/// The providers [`is_cloud`] accepts, for messages: `aws, gcp`.
+pub(crate) fn clouds() -> String {
+    crate::provision::controller_hosts()
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 impl CloudHost {
@@ -117,7 +126,8 @@ impl CloudHost {
         let cloud = text("cloud")?.unwrap_or_default();
         if !is_cloud(&cloud) {
             return Err(format!(
-                "{origin}.cloud: '{cloud}' is not a cloud gangway has"
+                "{origin}.cloud: '{cloud}' is not a cloud that can host the controller ({})",
+                clouds()
             ));
         }
         let mut c = CloudHost::from_word(&cloud).map_err(|e| e.to_string())?;
@@ -524,5 +534,17 @@ mod tests {
         let bad: Map<String, Value> = serde_json::from_str(r#"{"cloud": "nimbus"}"#).unwrap();
         assert!(CloudHost::from_map(&bad, "x").is_err());
         assert!(!is_cloud("local") && is_cloud("aws"));
+        // Machines that cannot stop themselves or carry an identity of
+        // their own are no cloud host, and the message says which are.
+        for word in ["ssh", "slurm", "kubernetes"] {
+            assert!(!is_cloud(word), "{word}");
+            let m: Map<String, Value> =
+                serde_json::from_str(&format!(r#"{{"cloud": "{word}"}}"#)).unwrap();
+            let e = CloudHost::from_map(&m, "jobs.controller").unwrap_err();
+            assert!(
+                e.contains("can host the controller (") && e.contains("aws"),
+                "{e}"
+            );
+        }
     }
 }

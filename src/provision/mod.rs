@@ -46,6 +46,15 @@ pub(crate) fn registered() -> impl Iterator<Item = &'static str> {
     REGISTRY.iter().map(|r| r.name)
 }
 
+/// The providers whose machines may host the managed-job controller
+/// (`jobs.controller: <name>`).
+pub(crate) fn controller_hosts() -> impl Iterator<Item = &'static str> {
+    REGISTRY
+        .iter()
+        .filter(|r| r.hosts_controller)
+        .map(|r| r.name)
+}
+
 /// Overlays what the providers' own configuration files offer (machines
 /// in ssh pools, Slurm partitions) on `catalog`; a broken file is an
 /// error naming its line.

@@ -100,6 +100,11 @@ pub struct Registration {
     /// `Ok(None)` for providers whose offers come from the shipped
     /// catalogs, or without such a file.
     pub capacity: fn(home: &Path) -> Result<Option<Capacity>, ConfigError>,
+    /// Whether `jobs.controller: <name>` may put the managed-job controller
+    /// on a machine of this provider's that gangway provisions: it attaches
+    /// an identity of its own to the machine and implements
+    /// [`crate::Provider::stop_this_machine`].
+    pub hosts_controller: bool,
 }
 
 /// For [`Registration::capacity`]: nothing beyond the shipped catalogs.

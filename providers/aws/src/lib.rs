@@ -1134,6 +1134,7 @@ pub const REGISTRATION: gangway_provider::Registration = gangway_provider::Regis
         ))
     },
     capacity: gangway_provider::no_capacity,
+    hosts_controller: true,
 };
 
 #[async_trait::async_trait]

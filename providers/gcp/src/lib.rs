@@ -1314,6 +1314,7 @@ pub const REGISTRATION: gangway_provider::Registration = gangway_provider::Regis
         ))
     },
     capacity: gangway_provider::no_capacity,
+    hosts_controller: true,
 };
 
 #[async_trait::async_trait]

@@ -1493,6 +1493,7 @@ pub const REGISTRATION: gangway_provider::Registration = gangway_provider::Regis
         Some(Arc::new(KubernetesProvider::new(cfg, owner, s.user)))
     },
     capacity,
+    hosts_controller: false,
 };
 
 /// How long the catalog waits for a cluster's nodes.

@@ -673,6 +673,7 @@ pub const REGISTRATION: gangway_provider::Registration = gangway_provider::Regis
         )))
     },
     capacity: gangway_provider::no_capacity,
+    hosts_controller: false,
 };
 
 #[async_trait::async_trait]

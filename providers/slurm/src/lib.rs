@@ -645,6 +645,7 @@ pub const REGISTRATION: gangway_provider::Registration = gangway_provider::Regis
         }))
     },
     capacity: |home| Ok(clusters::load(home)?.map(|c| c.capacity())),
+    hosts_controller: false,
 };
 
 #[async_trait::async_trait]
