@@ -133,7 +133,7 @@ def selftest(endpoint):
     sts = session.client("sts", region_name="us-east-1", endpoint_url=endpoint, config=config)
     check("STS answers on the same endpoint (moto's default account)",
           sts.get_caller_identity()["Account"] == "123456789012")
-    first, second = (sts.get_session_token(DurationSeconds=3600)["Credentials"] for _ in range(2))
+    session_1, session_2 = (sts.get_session_token(DurationSeconds=3600)["Credentials"] for _ in range(2))
     pricing = session.client("pricing", region_name="us-east-1", endpoint_url=endpoint, config=config)
     got = pricing.get_products(ServiceCode="AmazonEC2", FormatVersion="aws_v1", Filters=[
         {"Type": "TERM_MATCH", "Field": f, "Value": v} for f, v in (
@@ -154,8 +154,9 @@ def selftest(endpoint):
           and not set(first["PriceList"]) & set(second["PriceList"]),
           (len(first["PriceList"]), first.get("NextToken")))
     check("each STS session has access keys of its own",
-          first["AccessKeyId"].startswith("ASIA") and first["AccessKeyId"] != second["AccessKeyId"]
-          and first["SessionToken"], (first["AccessKeyId"], second["AccessKeyId"]))
+          session_1["AccessKeyId"].startswith("ASIA")
+          and session_1["AccessKeyId"] != session_2["AccessKeyId"]
+          and session_1["SessionToken"], (session_1["AccessKeyId"], session_2["AccessKeyId"]))
     _, counted = control(endpoint, "GET", "/_gangway/sts?scope=testing")
     _, other = control(endpoint, "GET", "/_gangway/sts?scope=AKNOSTSCALLS")
     check("GET /_gangway/sts counts a scope's GetSessionToken calls",
