@@ -19,7 +19,8 @@ side's two runs is its figure):
     completion marker, pruning), measured from the sync's start (the time
     `.gangway-synced` holds) to the file appearing on the node; the next
     ones are checkpoints in which nothing changed.
-and, for the big set (RESTORE_NODES, default 4, RESTORE=0 to skip):
+and, for each set in RESTORE_SETS (default both; RESTORE_NODES, default 4;
+RESTORE=0 to skip):
   - rclone: RESTORE_NODES `rclone copy remote:bucket/... DIR` at once;
   - gangway: a RESTORE_NODES-node managed job on the same bucket prefix,
     whose storage step restores that checkpoint on every node at once;
@@ -50,6 +51,8 @@ SMALL_FILES = int(os.environ.get("SMALL_FILES", "10000"))
 SETS = os.environ.get("SETS", "big small").split()
 RESTORE_NODES = int(os.environ.get("RESTORE_NODES", "4"))
 RESTORE = os.environ.get("RESTORE", "1") != "0"
+# The data sets restored on RESTORE_NODES nodes after their upload.
+RESTORE_SETS = os.environ.get("RESTORE_SETS", "big small").split() if RESTORE else []
 NO_CHANGE = 3  # checkpoints with nothing changed, after the first
 NO_AUTH = '{"disable_oauth":true,"client_email":"","private_key":"","private_key_id":""}'
 
@@ -263,13 +266,13 @@ def main():
                       f"({(first / base - 1) * 100:+.1f}%); nothing changed: median "
                       f"{statistics.median(again):.2f} s, max {max(again):.2f} s", flush=True)
                 shutil.rmtree(data)
-                if kind == "big" and RESTORE:
+                if kind in RESTORE_SETS:
                     gen = sorted(k for k in listing(store, url, bucket, "gangway/manifests/")
                                  if k.endswith(".json"))[-1].split("/")[-1][:-5]
                     base_r = rclone_restore(store, url, bucket, f"gangway/gen-{gen}/rank-0", work)
                     ours_r = gangway_restore(store, url, ec2, bucket, "gangway", work)
-                    restores.append((store, base_r, ours_r))
-                    print(f"{store} restore on {RESTORE_NODES} nodes: rclone copy {base_r:.2f} s; "
+                    restores.append((store, kind, base_r, ours_r))
+                    print(f"{store} {kind} restore on {RESTORE_NODES} nodes: rclone copy {base_r:.2f} s; "
                           f"gangway {ours_r:.2f} s ({(ours_r / base_r - 1) * 100:+.1f}%)", flush=True)
         print()
         print("| store | data | rclone copy | gangway checkpoint | vs rclone | nothing changed (median, max) |")
@@ -280,10 +283,11 @@ def main():
                   f"| {med:.2f} s, {mx:.2f} s |")
         if restores:
             print()
-            print(f"| store | restore of {BIG_FILES} × {BIG_MB} MiB on {RESTORE_NODES} nodes at once | rclone copy | gangway | vs rclone |")
+            print(f"| store | restore on {RESTORE_NODES} nodes at once | rclone copy | gangway (slowest node) | vs rclone |")
             print("| --- | --- | --- | --- | --- |")
-            for store, base_r, ours_r in restores:
-                print(f"| {store} | | {base_r:.2f} s | {ours_r:.2f} s | {(ours_r / base_r - 1) * 100:+.1f}% |")
+            for store, kind, base_r, ours_r in restores:
+                what = (f"{BIG_FILES} × {BIG_MB} MiB" if kind == "big" else f"{SMALL_FILES} × 4 KiB")
+                print(f"| {store} | {what} | {base_r:.2f} s | {ours_r:.2f} s | {(ours_r / base_r - 1) * 100:+.1f}% |")
     finally:
         stop_all()
         shutil.rmtree(work, ignore_errors=True)

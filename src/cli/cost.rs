@@ -179,8 +179,19 @@ pub(crate) fn cost_report(a: &CostReportArgs, out: Output) -> Result<ExitCode, E
             "the managed-job controller runs on {host} (an SSH host: no price known, shown as $0)"
         ),
     };
+    let reported = report["price_sources"]["provider"].as_u64().unwrap_or(0);
+    let prices = match (
+        reported,
+        report["price_sources"]["plan"].as_u64().unwrap_or(0),
+    ) {
+        (0, _) => "at the plan's prices".to_string(),
+        (_, 0) => "at the prices the providers reported at launch".to_string(),
+        (r, p) => format!(
+            "at the prices the providers reported at launch for {r} run(s), the plan's for {p}"
+        ),
+    };
     println!(
-        "Total ${:.4} over the last {} day(s), at the plan's prices; {controller}.",
+        "Total ${:.4} over the last {} day(s), {prices}; {controller}.",
         report["total"].as_f64().unwrap_or(0.0),
         a.days
     );
@@ -252,10 +263,14 @@ fn report(store: &Store, days: u32) -> Result<serde_json::Value, Error> {
             v
         })
         .collect();
+    let by_provider = rows.iter().filter(|r| r.price_source == "provider").count();
     Ok(json!({
         "since": from,
         "until": to,
         "days": days,
+        // How many stretches were priced by what the provider reported
+        // (a spot market price at launch) and how many at the plan's price.
+        "price_sources": { "provider": by_provider, "plan": rows.len() - by_provider },
         "clusters": clusters,
         "managed_jobs": jobs,
         "controller": controller,

@@ -42,6 +42,7 @@ const REGISTRY: &[Registration] = &[
 
 /// The names of every provider this build has, whether or not it can be
 /// used here.
+#[cfg(test)]
 pub(crate) fn registered() -> impl Iterator<Item = &'static str> {
     REGISTRY.iter().map(|r| r.name)
 }

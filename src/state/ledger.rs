@@ -34,6 +34,10 @@ pub(crate) struct LedgerRow {
     pub(crate) num_nodes: u32,
     /// USD per hour, whole cluster.
     pub(crate) price_per_hour: f64,
+    /// Where the price came from: `plan` (the catalog's, as the optimizer
+    /// chose) or `provider` (what the provider reported for the nodes it
+    /// launched, such as the spot market price in their zone then).
+    pub(crate) price_source: String,
     /// When the nodes were recorded up (ms since the epoch).
     pub(crate) started_at: i64,
     /// When they stopped or went; `None` while they are up.
@@ -55,7 +59,7 @@ impl LedgerRow {
 }
 
 const COLUMNS: &str = "id, cluster, managed_job, cloud, region, zone, instance_type, market,
-    num_nodes, price_per_hour, started_at, ended_at";
+    num_nodes, price_per_hour, started_at, ended_at, price_source";
 
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<LedgerRow> {
     Ok(LedgerRow {
@@ -71,15 +75,18 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<LedgerRow> {
         price_per_hour: r.get(9)?,
         started_at: r.get(10)?,
         ended_at: r.get(11)?,
+        price_source: r.get(12)?,
     })
 }
 
 /// Opens a row for `cluster` from its placement, unless one is open: in
-/// the caller's transaction, with the nodes just recorded.
+/// the caller's transaction, with the nodes just recorded, at the price
+/// their provider reported (`reported`, whole cluster) or else the plan's.
 pub(super) fn open(
     conn: &rusqlite::Connection,
     cluster: &str,
     nodes: usize,
+    reported: Option<f64>,
 ) -> rusqlite::Result<()> {
     let open: Option<i64> = conn
         .query_row(
@@ -101,12 +108,13 @@ pub(super) fn open(
         .optional()?;
     conn.execute(
         "INSERT INTO ledger(cluster, managed_job, cloud, region, zone, instance_type, market,
-            num_nodes, price_per_hour, started_at)
+            num_nodes, price_per_hour, started_at, price_source)
          SELECT name, ?2, cloud, region, zone, instance_type,
             CASE use_spot WHEN 1 THEN 'spot' ELSE 'on-demand' END, ?3,
-            COALESCE(price_per_hour, 0), ?4
+            COALESCE(?5, price_per_hour, 0), ?4,
+            CASE WHEN ?5 IS NULL THEN 'plan' ELSE 'provider' END
          FROM clusters WHERE name = ?1 AND cloud IS NOT NULL",
-        params![cluster, job, nodes as i64, now_ms()],
+        params![cluster, job, nodes as i64, now_ms(), reported],
     )?;
     Ok(())
 }

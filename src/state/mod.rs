@@ -162,7 +162,28 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX ledger_cluster ON ledger(cluster, ended_at);
     CREATE INDEX ledger_job ON ledger(managed_job);",
+    // 8: where a ledger row's price came from: the plan's, or what the
+    // provider reported for the nodes it launched (a spot market price).
+    "ALTER TABLE ledger ADD COLUMN price_source TEXT NOT NULL DEFAULT 'plan';",
 ];
+
+/// The cluster's price per hour as its provider reported it at launch
+/// (the sum of every node's [`gangway_provider::PRICE_FACT`]), when every
+/// node has one.
+fn reported_price(nodes: &[NodeRow]) -> Option<f64> {
+    if nodes.is_empty() {
+        return None;
+    }
+    nodes
+        .iter()
+        .map(|n| {
+            n.extra
+                .get(gangway_provider::PRICE_FACT)
+                .and_then(|p| p.parse::<f64>().ok())
+                .filter(|p| p.is_finite() && *p >= 0.0)
+        })
+        .sum()
+}
 
 /// A state database failure, naming the file.
 #[derive(Debug, thiserror::Error)]
@@ -712,7 +733,9 @@ impl Store {
         )
         .map_err(db)?;
         match status {
-            ClusterStatus::Up => ledger::open(&tx, name, nodes.len()).map_err(db)?,
+            ClusterStatus::Up => {
+                ledger::open(&tx, name, nodes.len(), reported_price(nodes)).map_err(db)?
+            }
             ClusterStatus::Stopped => ledger::close(&tx, name).map_err(db)?,
             ClusterStatus::Init | ClusterStatus::Terminating => {}
         }

@@ -304,6 +304,73 @@ const REFRESH_US_EAST_1: &[&str] = &[
 ];
 
 /// The overlay's p4d.24xlarge rows in us-east-1.
+/// A spot cluster's ledger row is priced at what EC2 said the zone's spot
+/// market asked when the nodes came up, not the plan's (catalog) price;
+/// cost-report says where each price came from.
+#[test]
+fn a_spot_clusters_cost_is_the_zones_market_price_at_launch() {
+    let Some(aws) = Aws::new() else { return };
+    let task = aws.task("priced", "aws/us-east-1", 2);
+    let (code, out, err) = aws.launch("gw-priced", &task);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let c = aws.status("gw-priced");
+    let zone = c["zone"].as_str().expect("zone").to_string();
+    let itype = c["instance_type"].as_str().expect("type").to_string();
+    let (_, xml) = aws.emu.call(
+        "us-east-1",
+        &[
+            ("Action", "DescribeSpotPriceHistory"),
+            ("InstanceType.1", itype.as_str()),
+            ("AvailabilityZone", zone.as_str()),
+            ("ProductDescription.1", "Linux/UNIX"),
+        ],
+    );
+    let field = |item: &str, name: &str| -> Option<String> {
+        Some(
+            item.split(&format!("<{name}>"))
+                .nth(1)?
+                .split('<')
+                .next()?
+                .to_string(),
+        )
+    };
+    let market: f64 = xml
+        .split("<item>")
+        .filter(|i| field(i, "availabilityZone").as_deref() == Some(zone.as_str()))
+        .filter_map(|i| field(i, "spotPrice")?.parse().ok())
+        .next()
+        .unwrap_or_else(|| panic!("no spot price for {itype} in {zone}: {xml}"));
+    let (code, out, err) = parts(&aws.run(&["cost-report", "-o", "json"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    let report = json_doc(&out);
+    let row = report["clusters"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == "gw-priced"))
+        .map(|c| c["rows"][0].clone())
+        .unwrap_or_else(|| panic!("no ledger row: {report}"));
+    assert_eq!(row["price_source"], "provider", "{row}");
+    let priced = row["price_per_hour"].as_f64().expect("price");
+    assert!(
+        (priced - 2.0 * market).abs() < 1e-6,
+        "2 nodes at the market's {market}/h, ledger says {priced}: {row}"
+    );
+    assert_eq!(report["price_sources"]["provider"], 1, "{report}");
+    let plan = c["price_per_hour"].as_f64().unwrap_or_default();
+    assert!(
+        (plan - priced).abs() > 1e-6,
+        "the plan's price ({plan}) is not what the market asked ({priced})"
+    );
+    let (code, table, _) = parts(&aws.run(&["cost-report"]));
+    assert_eq!(code, 0);
+    assert!(
+        table.contains("at the prices the providers reported at launch"),
+        "{table}"
+    );
+    let (code, out, err) = parts(&aws.run(&["down", "-y", "gw-priced"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(aws.left("gw-priced"), Vec::<String>::new());
+}
+
 fn p4d_in_us_east_1(csv: &str) -> Vec<&str> {
     csv.lines()
         .filter(|l| l.starts_with("p4d.24xlarge,") && l.contains(",us-east-1,"))

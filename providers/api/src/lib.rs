@@ -161,6 +161,12 @@ pub struct Node {
 /// are told apart by port instead of address.
 pub const PORT_RANGE_FACT: &str = "port_range";
 
+/// The [`Node::extra`] key of what the provider reported this node is
+/// billed per hour, in USD, when it launched it (the spot market price in
+/// its zone then, say): the cost ledger takes it over the plan's price when
+/// every node of a cluster has one.
+pub const PRICE_FACT: &str = "price_per_hour";
+
 /// The [`Node::extra`] key that says which stores a node reaches with its
 /// own identity (an instance profile, a service account attached by its
 /// provider): URL schemes, comma-separated (`s3`, `gs`). Where every node

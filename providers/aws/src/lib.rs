@@ -1271,7 +1271,20 @@ impl Provider for AwsProvider {
             let token = client_token(req, &self.owner_of(&req.cluster), shortfall, &have);
             self.run(&ec2, &loc, req, &opts, shortfall, &token).await?;
         }
-        self.wait_running(&ec2, &loc, req, &opts, &rec).await
+        let mut nodes = self.wait_running(&ec2, &loc, req, &opts, &rec).await?;
+        // What spot nodes are billed: the zone's market price now, for the
+        // cost ledger (the plan's price may be days old). Not known (the
+        // call refused or empty): the ledger keeps the plan's.
+        if req.use_spot {
+            if let Some(price) = spot_price_now(&ec2, &req.instance_type, &req.placement.zone).await
+            {
+                for n in &mut nodes {
+                    n.extra
+                        .insert(gangway_provider::PRICE_FACT.to_string(), price.to_string());
+                }
+            }
+        }
+        Ok(nodes)
     }
 
     async fn describe(&self, cluster: &ClusterName) -> Result<Vec<Node>> {
@@ -1881,6 +1894,31 @@ fn local_err(message: &str) -> ProviderError {
 /// `p4d.24xlarge` → `p4d`.
 fn family(instance_type: &str) -> &str {
     instance_type.split('.').next().unwrap_or(instance_type)
+}
+
+/// The newest Linux spot price of `instance_type` in `zone` (USD per
+/// hour), from DescribeSpotPriceHistory; `None` when it cannot be had.
+async fn spot_price_now(ec2: &Client, instance_type: &str, zone: &str) -> Option<f64> {
+    let resp = ec2
+        .describe_spot_price_history()
+        .instance_types(InstanceType::from(instance_type))
+        .availability_zone(zone)
+        .product_descriptions("Linux/UNIX")
+        .start_time(aws_sdk_ec2::primitives::DateTime::from(
+            std::time::SystemTime::now(),
+        ))
+        .send()
+        .await
+        .ok()?;
+    resp.spot_price_history()
+        .iter()
+        .filter_map(|p| {
+            let price = p.spot_price()?.parse::<f64>().ok()?;
+            Some((p.timestamp().map(|t| t.secs()).unwrap_or(0), price))
+        })
+        .filter(|(_, p)| p.is_finite() && *p > 0.0)
+        .max_by_key(|(when, _)| *when)
+        .map(|(_, p)| p)
 }
 
 fn start_secs(start: Instant) -> i64 {
