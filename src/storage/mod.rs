@@ -101,17 +101,22 @@ pub(crate) async fn node_env(
                 url: url.clone(),
                 reason,
             })?;
-        let cap = reread_by();
-        let expires = c.expires.map_or(cap, |e| e.min(cap));
+        let expires = c.expires.unwrap_or_else(reread_by);
         let mut env = Bucket::open_as(url, &endpoints, Some(&keys(c)))?
             .node_env(remote)
             .await?;
         env.push((expires_var(remote), unix_seconds(expires).to_string()));
-        return Ok(env);
+        return Ok(reread_at_the_latest(env, remote));
     }
-    let mut env = Bucket::open(url, &endpoints)?.node_env(remote).await?;
     // A GCS token is told to expire when it is taken to (50 minutes after
-    // it was first seen) or, sooner, by the same rule as S3 keys.
+    // it was first seen), or sooner by the same rule as S3 keys.
+    let env = Bucket::open(url, &endpoints)?.node_env(remote).await?;
+    Ok(reread_at_the_latest(env, remote))
+}
+
+/// `env` with `remote`'s expiry (if it has one) no later than
+/// [`reread_by`]: the one rule for every store's credentials.
+fn reread_at_the_latest(mut env: Vec<(String, String)>, remote: &str) -> Vec<(String, String)> {
     let (var, cap) = (expires_var(remote), unix_seconds(reread_by()));
     for (k, v) in &mut env {
         if *k == var {
@@ -120,7 +125,7 @@ pub(crate) async fn node_env(
             }
         }
     }
-    Ok(env)
+    env
 }
 
 /// When a mount is told its credentials expire at the latest: three
