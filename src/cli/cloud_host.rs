@@ -19,7 +19,7 @@
 //! terminated behind gangway's back, saying that its state is gone).
 
 use std::os::fd::AsFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -29,7 +29,7 @@ use serde_json::{Map, Value};
 use super::hosted::{Host, Hosted};
 use super::launch::runtime;
 use crate::provision::Providers;
-use crate::state::{ClusterStatus, Store};
+use crate::state::{ClusterStatus, ManagedState, Store};
 use crate::Error;
 
 /// The hosted gangway's variable naming the provider it stops itself with.
@@ -300,17 +300,22 @@ fn describe(home: &Path, cloud: &str, name: &str) -> Result<Seen, Error> {
 /// The host as the cluster's record has it: its head's SSH endpoint,
 /// gangway's own key unless the provider recorded another.
 fn hosted_of(home: &Path, c: &CloudHost, store: &Store, name: &str) -> Result<Hosted, Error> {
-    Ok(host_of_record(home, store, name)?
-        .for_cluster(
-            name,
-            home.join("ssh").join(format!("known_hosts_{name}")),
-            c.remote_env(home),
-        )
-        .reached_by(home, c))
+    Ok(host_of_record(home, store, name, c.remote_env(home))?.reached_by(home, c))
 }
 
-/// The host of a controller cluster's record, as an SSH host.
-fn host_of_record(home: &Path, store: &Store, name: &str) -> Result<Hosted, Error> {
+/// Where this machine keeps the controller host `name`'s SSH host keys.
+fn known_hosts(home: &Path, name: &str) -> PathBuf {
+    home.join("ssh").join(format!("known_hosts_{name}"))
+}
+
+/// The host of a controller cluster's record, as an SSH host whose
+/// commands get `env`.
+fn host_of_record(
+    home: &Path,
+    store: &Store,
+    name: &str,
+    env: Vec<(String, String)>,
+) -> Result<Hosted, Error> {
     let nodes = store.nodes(name)?;
     let head = nodes.iter().min_by_key(|n| n.rank).ok_or_else(|| {
         Error::usage(
@@ -326,8 +331,7 @@ fn host_of_record(home: &Path, store: &Store, name: &str) -> Result<Hosted, Erro
         identity_file: Some(e.key.unwrap_or_else(|| home.join("ssh").join("id_ed25519"))),
         binary: None,
     };
-    let known = home.join("ssh").join(format!("known_hosts_{name}"));
-    Ok(Hosted::new(home, host)?.for_cluster(name, known, Vec::new()))
+    Ok(Hosted::new(home, host)?.for_cluster(name, known_hosts(home, name), env))
 }
 
 /// The managed jobs not finished on the controller host `name` (a
@@ -340,7 +344,7 @@ pub(crate) fn unfinished_jobs(home: &Path, store: &Store, name: &str) -> Result<
     if row.status != ClusterStatus::Up {
         return Ok(0);
     }
-    let hosted = host_of_record(home, store, name)?;
+    let hosted = host_of_record(home, store, name, Vec::new())?;
     if !hosted.master_alive() {
         let cloud = row.cloud.clone().unwrap_or_default();
         if !matches!(describe(home, &cloud, name)?, Seen::Running) {
@@ -356,27 +360,22 @@ pub(crate) fn unfinished_jobs(home: &Path, store: &Store, name: &str) -> Result<
             Some("pass --yes to remove it anyway"),
         ));
     }
-    const ENDED: &[&str] = &[
-        "SUCCEEDED",
-        "FAILED",
-        "FAILED_SETUP",
-        "FAILED_NO_RESOURCE",
-        "CANCELLED",
-    ];
+    let ended = |j: &Value| {
+        j["state"]
+            .as_str()
+            .and_then(ManagedState::parse)
+            .is_some_and(ManagedState::is_terminal)
+    };
     Ok(v["jobs"]
         .as_array()
-        .map(|l| {
-            l.iter()
-                .filter(|j| !ENDED.contains(&j["state"].as_str().unwrap_or_default()))
-                .count()
-        })
+        .map(|l| l.iter().filter(|j| !ended(j)).count())
         .unwrap_or(0))
 }
 
 /// Cancels every job on the controller host `name` and waits (two
 /// minutes at most) until they have ended and their clusters are down.
 pub(crate) fn cancel_all(home: &Path, store: &Store, name: &str) -> Result<(), Error> {
-    let hosted = host_of_record(home, store, name)?;
+    let hosted = host_of_record(home, store, name, Vec::new())?;
     let args: Vec<String> = ["jobs", "cancel", "--all"].map(String::from).into();
     hosted.output(&args, super::hosted::Input::Nothing)?;
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
@@ -397,7 +396,7 @@ pub(crate) fn reach(home: &Path, c: &CloudHost) -> Result<Hosted, Error> {
     };
     let name = c.cluster_name();
     let store = Store::open(home)?;
-    let known = home.join("ssh").join(format!("known_hosts_{name}"));
+    let known = known_hosts(home, &name);
     for _ in 0..6 {
         let row = store.cluster(&name)?;
         match row.as_ref().map(|r| r.status) {
