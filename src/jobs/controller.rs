@@ -209,6 +209,13 @@ enum SyncError {
     Join(#[from] tokio::task::JoinError),
     #[error(transparent)]
     Bucket(#[from] checkpoint::CheckpointError),
+    /// The checkpoint of `at` is complete; removing older ones failed (the
+    /// next sync tries again).
+    #[error("checkpoint kept, but pruning older ones failed: {error}")]
+    Prune {
+        at: i64,
+        error: gangway_store::StoreError,
+    },
 }
 
 impl Controller {
@@ -1361,10 +1368,20 @@ async fn sync_ended(sh: &Shared, m: &mut Memo, was: ManagedState) -> Result<(), 
 }
 
 /// The sync's time, or `None` after saying in the controller's log why
-/// it failed (the previous checkpoint stays the one restored).
+/// it failed (the previous checkpoint stays the one restored). A sync
+/// whose checkpoint completed but whose pruning failed is said and counts.
 fn synced(sh: &Shared, job: i64, r: Result<i64, SyncError>) -> Option<i64> {
-    r.map_err(|e| sh.say(&format!("job {job}: checkpoint sync failed: {e}")))
-        .ok()
+    match r {
+        Ok(t) => Some(t),
+        Err(e @ SyncError::Prune { at, .. }) => {
+            sh.say(&format!("job {job}: {e}"));
+            Some(at)
+        }
+        Err(e) => {
+            sh.say(&format!("job {job}: checkpoint sync failed: {e}"));
+            None
+        }
+    }
 }
 
 /// Copies every node's checkpoint directory into the kept one, atomically
@@ -1384,14 +1401,14 @@ async fn sync(
         .unwrap_or_else(|| gang::DEFAULT_CHECKPOINT_DIR.to_string());
     if let Some(url) = &mt.storage_url {
         // The nodes upload to the bucket themselves; this process writes
-        // the manifest that makes the checkpoint complete, and prunes.
+        // the manifest that makes the checkpoint complete, tells the nodes,
+        // then prunes.
         let started = now_ms();
         let dirs: Vec<String> = nodes.iter().map(|n| transport.node_path(n, &ck)).collect();
         let bucket = checkpoint::open(url).await?;
-        checkpoint::sync(
+        let synced = checkpoint::sync(
             &bucket,
             started as u64,
-            mt.keep,
             &nodes,
             &dirs,
             Arc::clone(&transport),
@@ -1404,6 +1421,11 @@ async fn sync(
             }
         })
         .await?;
+        if synced.new {
+            checkpoint::prune(&bucket, mt.keep)
+                .await
+                .map_err(|error| SyncError::Prune { at: started, error })?;
+        }
         return Ok(started);
     }
     tokio::task::spawn_blocking(move || sync_now(&storage, &ck, &nodes, transport.as_ref())).await?

@@ -86,14 +86,13 @@ struct RankReport {
 }
 
 /// Uploads every node's checkpoint directory as generation `generation`
-/// (each node with rclone, in parallel), then marks it complete and prunes
-/// to the newest `keep`. When no node's files changed since the newest
-/// complete checkpoint, nothing is written: that checkpoint is still
-/// whole and current.
+/// (each node with rclone, in parallel), then marks it complete. When no
+/// node's files changed since the newest complete checkpoint, nothing is
+/// written: that checkpoint is still whole and current. [`prune`] after
+/// telling the run: the checkpoint is safe before the old ones go.
 pub(crate) async fn sync(
     bucket: &Bucket,
     generation: u64,
-    keep: u32,
     nodes: &[NodeRow],
     checkpoint_dirs: &[String],
     transport: Arc<dyn Transport>,
@@ -196,9 +195,6 @@ pub(crate) async fn sync(
             top.to_string().into_bytes(),
         )
         .await?;
-    let mut done = done;
-    done.push(generation);
-    prune(bucket, keep, &done).await?;
     Ok(Synced {
         generation,
         files,
@@ -214,13 +210,17 @@ fn keys_in(text: &[u8]) -> impl Iterator<Item = String> + '_ {
         .filter_map(|l| l.split('\t').nth(3).map(str::to_string))
 }
 
-/// Keeps the newest `keep` of the complete generations `done` (oldest
-/// first): deletes older manifests, unfinished generations older than the
-/// newest complete one, and every file object no kept manifest refers to.
-/// Newer unfinished generations (an upload under way) are left alone.
-/// Lists only the top level and the generations it removes: a sync that
-/// removes nothing makes two listing requests.
-async fn prune(bucket: &Bucket, keep: u32, done: &[u64]) -> Result<(), StoreError> {
+/// Keeps the newest `keep` complete generations: deletes older
+/// manifests, unfinished generations older than the newest complete one,
+/// and every file object no kept manifest refers to. Newer unfinished
+/// generations (an upload under way) are left alone. Lists only the
+/// manifests, the top level and the generations it removes: a prune that
+/// removes nothing makes three listing requests.
+pub(crate) async fn prune(bucket: &Bucket, keep: u32) -> Result<(), StoreError> {
+    prune_to(bucket, keep, &complete(bucket).await?).await
+}
+
+async fn prune_to(bucket: &Bucket, keep: u32, done: &[u64]) -> Result<(), StoreError> {
     let Some(&newest) = done.last() else {
         return Ok(());
     };
@@ -345,8 +345,10 @@ async fn run_on(
 }
 
 /// Uploads this node's checkpoint as generation `GW_CK_GEN`: only files
-/// that changed since generation `GW_CK_PREV` (by size and mtime), then
-/// checks every one arrived whole, then writes the rank's manifest last.
+/// that changed since generation `GW_CK_PREV` (by size and mtime), each
+/// checked by rclone against the store's own hash of it and hashed here
+/// meanwhile for the manifest; fails when a file moved during the upload;
+/// writes the rank's manifest last.
 const UPLOAD: &str = r#"
 gw_fail() { echo "gangway: checkpoint: $*" >&2; exit 3; }
 ck="$(gw_path "$GANGWAY_CHECKPOINT_DIR")"; base="$GW_CK_BASE"; gen="$GW_CK_GEN"; r="$GW_CK_RANK"; prev="${GW_CK_PREV:-}"
@@ -384,20 +386,40 @@ fi
 dest="$base/gen-$gen/rank-$r"
 : > "$tmp/new"
 if [ -s "$tmp/up" ]; then
+  command -v md5sum >/dev/null 2>&1 || gw_fail "md5sum is not installed on this node (coreutils or busybox has it)"
+  # Each file's MD5 for the manifest, hashed here while rclone uploads it:
+  # rclone checks every upload against the hash the store reports, so no
+  # listing of what landed is needed (on 10,000 small files that listing
+  # took as long as a tenth of the upload). One md5sum at a time: parallel
+  # ones would interleave their lines.
+  (cd "$ck" && awk '{ printf "./%s%c", $0, 0 }' "$tmp/up" | xargs -0 -r -n 1000 md5sum) > "$tmp/md5" 2> "$tmp/md5err" &
+  hashing=$!
   # The generation's prefix is new: nothing there to compare with, so no
   # per-file lookup (--no-check-dest) before each upload.
   rclone copy "$ck" "$dest" --files-from-raw "$tmp/up" --no-traverse --no-check-dest --transfers 16 --checkers 16 \
-    || gw_fail "rclone copy to $dest failed"
-  rclone lsf -R --files-only --format psh --separator "	" --hash MD5 "$dest" | LC_ALL=C sort > "$tmp/got" \
-    || gw_fail "cannot list $dest"
-  awk -F'\t' -v key="gen-$gen/rank-$r" -v bad="$tmp/bad" '
-    FILENAME == ARGV[1] { size[$1] = $2; md5[$1] = $3; next }
-    FILENAME == ARGV[2] { want[$1] = 1; next }
+    || { kill "$hashing" 2>/dev/null; gw_fail "rclone copy to $dest failed"; }
+  wait "$hashing" || gw_fail "cannot hash the checkpoint's files: $(head -n 3 "$tmp/md5err" | tr '\n' ' ')"
+  # What went up and what was hashed must be what was listed before: a
+  # file whose size or mtime moved meanwhile was being written.
+  (cd "$ck" && find . -type f ! -name '.gangway-*' -printf '%P\t%s\t%T@\n') | LC_ALL=C sort > "$tmp/after"
+  awk -F'\t' -v key="gen-$gen/rank-$r" -v bad="$tmp/bad" -v md5="$tmp/md5" '
+    BEGIN {
+      # md5sum answers in the order it was asked, one line per file ("\\"
+      # first where it escaped the name): the nth hash is the nth path.
+      while ((getline p < ARGV[1]) > 0) {
+        if ((getline l < md5) <= 0) break
+        if (substr(l, 1, 1) == "\\") l = substr(l, 2)
+        h[p] = substr(l, 1, 32)
+      }
+      close(ARGV[1])
+    }
+    FILENAME == ARGV[1] { want[$1] = 1; next }
+    FILENAME == ARGV[2] { after[$1] = $0; next }
     ($1 in want) {
-      if (!($1 in size) || size[$1] != $2) { print $1 > bad; next }
-      print $1 "\t" $2 "\t" $3 "\t" key "/" $1 "\t" md5[$1]
-    }' "$tmp/got" "$tmp/up" "$tmp/now" > "$tmp/new"
-  [ -s "$tmp/bad" ] && gw_fail "not uploaded whole (changed while copying?): $(head -n 3 "$tmp/bad" | tr '\n' ' ')"
+      if (after[$1] != $0 || !($1 in h)) { print $1 > bad; next }
+      print $1 "\t" $2 "\t" $3 "\t" key "/" $1 "\t" h[$1]
+    }' "$tmp/up" "$tmp/after" "$tmp/now" > "$tmp/new"
+  [ -s "$tmp/bad" ] && gw_fail "changed while it was uploaded (written to during the sync?): $(head -n 3 "$tmp/bad" | tr '\n' ' ')"
 fi
 LC_ALL=C sort "$tmp/kept" "$tmp/new" > "$tmp/manifest"
 rclone rcat "$base/manifests/$gen/rank-$r.tsv" < "$tmp/manifest" || gw_fail "cannot write the manifest"

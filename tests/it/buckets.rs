@@ -1319,12 +1319,182 @@ fn unchanged_checkpoint_files_are_uploaded_once_even_across_a_restore() {
         1,
         "model.bin went up once: {model_puts:?}"
     );
+    let generations = complete_generations(emu, &bucket, "o");
     assert_eq!(
-        complete_generations(emu, &bucket, "o").len(),
+        generations.len(),
         1,
         "no generation after the first: nothing changed"
     );
+    // The manifest's row of model.bin: the size and MD5 of the bytes its
+    // key holds in the store.
+    let manifest = emu
+        .get_object(
+            &bucket,
+            &format!("o/manifests/{}/rank-0.tsv", generations[0]),
+        )
+        .expect("rank 0's manifest");
+    let manifest = String::from_utf8(manifest).unwrap();
+    let row: Vec<&str> = manifest
+        .lines()
+        .find(|l| l.starts_with("model.bin\t"))
+        .unwrap_or_else(|| panic!("model.bin in the manifest:\n{manifest}"))
+        .split('\t')
+        .collect();
+    let bytes = emu
+        .get_object(&bucket, &format!("o/{}", row[3]))
+        .expect("the object the manifest names");
+    assert_eq!(row[1], bytes.len().to_string(), "{row:?}");
+    assert_eq!(row[4], md5_hex(&bytes), "{row:?}");
     assert_no_marker_procs(&home.marker, "the managed job ended");
+}
+
+/// A file written to while its upload goes never enters a checkpoint as
+/// something it was not: every upload is held 3 s while the run appends a
+/// line every 0.2 s, so such a sync fails and keeps nothing; once the writing
+/// stops a sync keeps the file whole, and every manifest row of every
+/// complete generation holds the size and MD5 of the bytes its key holds.
+#[test]
+fn a_file_written_while_it_uploads_is_kept_only_whole() {
+    let Some(emu) = s3() else {
+        return;
+    };
+    let home = TestHome::new();
+    let bucket = format!("gw-{}-busy", home.marker.to_ascii_lowercase());
+    emu.create_bucket(&bucket);
+    let task = home.file(
+        "busy.yaml",
+        &format!(
+            "resources:\n  infra: local\nenvs:\n  GW_TEST_MARKER: {m}\n\
+             checkpoint:\n  storage: s3://{bucket}/b\n  sync_interval: 1\n\
+             run: |\n  w=\"$GANGWAY_CHECKPOINT_DIR/w\"\n\
+             \x20 i=0; while [ $i -lt 40 ]; do i=$((i+1)); echo \"line $i\" >> \"$w\"; sleep 0.2; done\n\
+             \x20 sleep 8\n",
+            m = home.marker
+        ),
+    );
+    let rule = emu.fault(&serde_json::json!({
+        "method": "PUT", "path_contains": [bucket.as_str(), "/gen-"],
+        "action": "delay", "delay_ms": 3000, "times": -1,
+    }));
+    let (code, out, err) = parts(&run(emu, &home, &["jobs", "launch", &task, "-y"]));
+    emu.remove_fault(rule);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let log = std::fs::read_to_string(home.path().join("jobs/controller.log")).unwrap();
+    // rclone finds most such files itself (the bytes it read differ from
+    // the file's hash after); gangway's own check (size and mtime before
+    // and after) catches a change between its listing and rclone's read.
+    assert!(
+        log.contains("checkpoint sync failed")
+            && [
+                "corrupted on transfer",
+                "being updated",
+                "changed while it was uploaded"
+            ]
+            .iter()
+            .any(|w| log.contains(w)),
+        "a sync during the writing failed on the moving file:\n{log}"
+    );
+    let want: String = (1..=40).map(|i| format!("line {i}\n")).collect();
+    let generations = complete_generations(emu, &bucket, "b");
+    assert!(!generations.is_empty(), "a checkpoint was kept:\n{log}");
+    for g in &generations {
+        let manifest = emu
+            .get_object(&bucket, &format!("b/manifests/{g}/rank-0.tsv"))
+            .expect("the rank's manifest");
+        for line in String::from_utf8(manifest).unwrap().lines() {
+            let row: Vec<&str> = line.split('\t').collect();
+            let bytes = emu
+                .get_object(&bucket, &format!("b/{}", row[3]))
+                .expect("the object the manifest names");
+            assert_eq!(row[1], bytes.len().to_string(), "generation {g}: {row:?}");
+            assert_eq!(row[4], md5_hex(&bytes), "generation {g}: {row:?}");
+        }
+    }
+    let newest = generations.last().unwrap();
+    let manifest = emu
+        .get_object(&bucket, &format!("b/manifests/{newest}/rank-0.tsv"))
+        .unwrap();
+    let key = String::from_utf8(manifest)
+        .unwrap()
+        .split('\t')
+        .nth(3)
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        String::from_utf8(emu.get_object(&bucket, &format!("b/{key}")).unwrap()).unwrap(),
+        want,
+        "the newest checkpoint holds the file as the run left it"
+    );
+    assert_no_marker_procs(&home.marker, "the managed job ended");
+}
+
+/// Pruning that fails never costs a checkpoint: with every delete refused
+/// (403), the syncs still complete and the run hears of them; the
+/// controller's log says what failed, and the old checkpoints stay. (The
+/// run writes a new file each time: a file rewritten during an upload
+/// fails that sync, see above.)
+#[test]
+fn a_failed_prune_keeps_the_new_checkpoint() {
+    let Some(emu) = s3() else {
+        return;
+    };
+    let home = TestHome::new();
+    let bucket = format!("gw-{}-prune", home.marker.to_ascii_lowercase());
+    emu.create_bucket(&bucket);
+    let task = home.file(
+        "prune.yaml",
+        &format!(
+            "resources:\n  infra: local\nenvs:\n  GW_TEST_MARKER: {m}\n\
+             checkpoint:\n  storage: s3://{bucket}/p\n  sync_interval: 1\n  keep: 1\n\
+             run: |\n  d=\"$GANGWAY_CHECKPOINT_DIR\"; seen=\"\"; n=0\n\
+             \x20 for i in $(seq 1 60); do\n\
+             \x20   echo $i > \"$d/step-$i\"; sleep 0.25\n\
+             \x20   s=$(cat \"$d/.gangway-synced\" 2>/dev/null)\n\
+             \x20   if [ -n \"$s\" ] && [ \"$s\" != \"$seen\" ]; then seen=$s; n=$((n+1)); fi\n\
+             \x20   [ $n -ge 3 ] && break\n\
+             \x20 done\n\
+             \x20 echo heard-$n-syncs\n",
+            m = home.marker
+        ),
+    );
+    let rule = emu.fault(&serde_json::json!({
+        "method": "POST", "path_contains": [bucket.as_str(), "delete"],
+        "action": "status", "status": 403, "times": -1,
+    }));
+    let (code, out, err) = parts(&run(emu, &home, &["jobs", "launch", &task, "-y"]));
+    let refused = emu.fired(rule);
+    emu.remove_fault(rule);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(refused > 0, "a prune tried to delete");
+    let job = crate::jobs::managed(&home, 1);
+    assert_eq!(job["state"], "SUCCEEDED", "{job}");
+    let logs = parts(&home.run(["jobs", "logs", "1"])).1;
+    assert!(logs.contains("heard-3-syncs"), "{logs}");
+    let log = std::fs::read_to_string(home.path().join("jobs/controller.log")).unwrap();
+    assert!(
+        log.contains("checkpoint kept, but pruning older ones failed"),
+        "{log}"
+    );
+    assert!(!log.contains("checkpoint sync failed"), "{log}");
+    assert!(
+        complete_generations(emu, &bucket, "p").len() >= 3,
+        "nothing was pruned: {:?}",
+        complete_generations(emu, &bucket, "p")
+    );
+    assert_no_marker_procs(&home.marker, "the managed job ended");
+}
+
+/// The MD5 of `bytes` in hex, by md5sum.
+fn md5_hex(bytes: &[u8]) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new("md5sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("md5sum");
+    child.stdin.take().unwrap().write_all(bytes).unwrap();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8(out.stdout).unwrap()[..32].to_string()
 }
 
 /// A periodic checkpoint upload that takes long (every checkpoint PUT held
