@@ -7,28 +7,31 @@ Usage: python3 bench/checkpoint.py [path/to/gangway]   (default target/release/g
 For each store (STORES, default "s3 gcs") and each data set:
   big:   BIG_FILES files (default 16) of BIG_MB MiB (default 256: 4 GiB)
   small: SMALL_FILES files (default 10000) of 4 KiB
-it times, in ABBA order (rclone, gangway, gangway, rclone; the mean of each
-side's two runs is its figure):
+it times, in ABBA order (rclone, gangway, gangway, rclone), ROUNDS times
+(default 1; each side's figure is the median of its 2 × ROUNDS runs, all
+of which are printed):
   - rclone: `rclone copy DIR remote:bucket/...` (16 transfers, as gangway's
-    nodes use), through the emulator's front; its objects are deleted
-    before gangway's turn, so both write into an emulator holding the same;
+    nodes use), through the emulator's front;
   - gangway: a managed job on the local provider whose setup puts the data
     set into $GANGWAY_CHECKPOINT_DIR (hard links: no copy) and whose run
     reports each `.gangway-synced` it sees: the first sync is the whole
     checkpoint (every node's upload, its check, the manifests, the
-    completion marker, pruning), measured from the sync's start (the time
-    `.gangway-synced` holds) to the file appearing on the node; the next
-    ones are checkpoints in which nothing changed.
+    completion marker), measured from the sync's start (the time
+    `.gangway-synced` holds) to the file appearing on the node (pruning
+    comes after it); the next ones are checkpoints in which nothing changed;
+each run into a fresh prefix that is deleted right after it, so every run
+starts just after a deletion, on a store holding the same;
 and, for each set in RESTORE_SETS (default both; RESTORE_NODES, default 4;
-RESTORE=0 to skip):
+RESTORE=0 to skip), ROUNDS times in AB order (the median of each side):
   - rclone: RESTORE_NODES `rclone copy remote:bucket/... DIR` at once;
   - gangway: a RESTORE_NODES-node managed job on the same bucket prefix,
-    whose storage step restores that checkpoint on every node at once;
-    the slowest node's restore, as each reports it.
+    whose storage step restores that checkpoint on every node at once
+    (one more, untimed, gangway checkpoint of the set); the slowest
+    node's restore, as each reports it.
 
 Needs target/ec2-venv and target/gcs-venv (tests/emulators/*/setup.sh),
 rclone, and room for the data set twice in the emulators (moto keeps S3
-objects in memory). Loopback only; what it starts stops at exit.
+objects in memory) and RESTORE_NODES + 1 times on disk. Loopback only; what it starts stops at exit.
 """
 import json
 import os
@@ -53,6 +56,7 @@ RESTORE_NODES = int(os.environ.get("RESTORE_NODES", "4"))
 RESTORE = os.environ.get("RESTORE", "1") != "0"
 # The data sets restored on RESTORE_NODES nodes after their upload.
 RESTORE_SETS = os.environ.get("RESTORE_SETS", "big small").split() if RESTORE else []
+ROUNDS = int(os.environ.get("ROUNDS", "1"))
 NO_CHANGE = 3  # checkpoints with nothing changed, after the first
 NO_AUTH = '{"disable_oauth":true,"client_email":"","private_key":"","private_key_id":""}'
 
@@ -249,28 +253,43 @@ def main():
                 bucket = f"bench-{store}-{kind}"
                 make_bucket(store, url, bucket)
                 # In ABBA order (rclone, gangway, gangway, rclone), each into
-                # a fresh prefix and rclone's deleted after it, so a store
-                # that slows as it fills or the machine's drift favours
-                # neither; each side's figure is the mean of its two.
-                b1 = rclone_copy(store, url, data, bucket, "rclone")
-                rclone_delete(store, url, bucket, "rclone")
-                f1, again = gangway_checkpoint(store, url, ec2, data, bucket, "gangway", work)
-                f2, again2 = gangway_checkpoint(store, url, ec2, data, bucket, "gangway2", work)
-                b2 = rclone_copy(store, url, data, bucket, "rclone")
-                rclone_delete(store, url, bucket, "rclone")
-                base, first, again = (b1 + b2) / 2, (f1 + f2) / 2, again + again2
-                print(f"  ({store} {kind}: rclone {b1:.2f} s, {b2:.2f} s; gangway {f1:.2f} s, {f2:.2f} s)",
-                      flush=True)
+                # a fresh prefix deleted right after it, so every run starts
+                # on the same store just after a deletion (a store's work
+                # after a purge slowed the next run by seconds) and the
+                # machine's drift favours neither; each side's figure is the
+                # median of its runs.
+                bs, fs, again = [], [], []
+                for _ in range(ROUNDS):
+                    bs.append(rclone_copy(store, url, data, bucket, "rclone"))
+                    rclone_delete(store, url, bucket, "rclone")
+                    for _ in range(2):
+                        f, a = gangway_checkpoint(store, url, ec2, data, bucket, "gangway", work)
+                        rclone_delete(store, url, bucket, "gangway")
+                        fs.append(f)
+                        again += a
+                    bs.append(rclone_copy(store, url, data, bucket, "rclone"))
+                    rclone_delete(store, url, bucket, "rclone")
+                base, first = statistics.median(bs), statistics.median(fs)
+                print(f"  ({store} {kind}: rclone {', '.join(f'{b:.2f}' for b in bs)} s; "
+                      f"gangway {', '.join(f'{f:.2f}' for f in fs)} s)", flush=True)
                 rows.append((store, kind, base, first, statistics.median(again), max(again)))
                 print(f"{store} {kind}: rclone copy {base:.2f} s; gangway checkpoint {first:.2f} s "
                       f"({(first / base - 1) * 100:+.1f}%); nothing changed: median "
                       f"{statistics.median(again):.2f} s, max {max(again):.2f} s", flush=True)
+                if kind in RESTORE_SETS:
+                    # The checkpoint to restore, made untimed.
+                    gangway_checkpoint(store, url, ec2, data, bucket, "gangway", work)
                 shutil.rmtree(data)
                 if kind in RESTORE_SETS:
                     gen = sorted(k for k in listing(store, url, bucket, "gangway/manifests/")
                                  if k.endswith(".json"))[-1].split("/")[-1][:-5]
-                    base_r = rclone_restore(store, url, bucket, f"gangway/gen-{gen}/rank-0", work)
-                    ours_r = gangway_restore(store, url, ec2, bucket, "gangway", work)
+                    brs, ors = [], []
+                    for _ in range(ROUNDS):
+                        brs.append(rclone_restore(store, url, bucket, f"gangway/gen-{gen}/rank-0", work))
+                        ors.append(gangway_restore(store, url, ec2, bucket, "gangway", work))
+                    base_r, ours_r = statistics.median(brs), statistics.median(ors)
+                    print(f"  ({store} {kind} restore: rclone {', '.join(f'{b:.2f}' for b in brs)} s; "
+                          f"gangway {', '.join(f'{o:.2f}' for o in ors)} s)", flush=True)
                     restores.append((store, kind, base_r, ours_r))
                     print(f"{store} {kind} restore on {RESTORE_NODES} nodes: rclone copy {base_r:.2f} s; "
                           f"gangway {ours_r:.2f} s ({(ours_r / base_r - 1) * 100:+.1f}%)", flush=True)
