@@ -1542,3 +1542,113 @@ fn a_slow_checkpoint_upload_does_not_delay_the_preemption_notice() {
     assert!(events.contains("NOTICE"), "{events}");
     assert_no_marker_procs(&home.marker, "the managed job ended");
 }
+
+/// A MOUNT on a node that cannot mount fails the launch with one message
+/// naming the node and the mount, before the run starts: once without
+/// fusermount on the node's PATH, once with no `/dev/fuse` (gangway and
+/// its local nodes in a mount namespace whose `/dev` lacks it). The
+/// failed cluster still goes down cleanly.
+#[test]
+fn a_node_that_cannot_mount_is_named_with_the_mount() {
+    let Some(emu) = StoreEmulator::gcs() else {
+        return;
+    };
+    let home = TestHome::new();
+    let bucket = format!("gw-{}-nofuse", home.marker.to_ascii_lowercase());
+    emu.create_bucket(&bucket);
+    emu.put_object(&bucket, "a.txt", b"alpha");
+    let task = home.file(
+        "m.yaml",
+        &format!(
+            "resources:\n  infra: local\nenvs:\n  GW_TEST_MARKER: {m}\n\
+             file_mounts:\n  ~/copied: gs://{bucket}\n  ~/mounted:\n    source: gs://{bucket}\n    mode: MOUNT\n\
+             run: echo ran-$(cat ~/mounted/a.txt)\n",
+            m = home.marker
+        ),
+    );
+    // The node's own words come with the node's output (stdout), prefixed
+    // with its rank and address.
+    let check = |what: &str, out: &str, err: &str, code: i32, reason: &str| {
+        assert_ne!(code, 0, "{what}: stdout:\n{out}\nstderr:\n{err}");
+        assert!(!out.contains("ran-"), "{what}: the run started:\n{out}");
+        let line = out
+            .lines()
+            .find(|l| l.contains(reason))
+            .unwrap_or_else(|| panic!("{what}: no '{reason}' in:\n{out}\nstderr:\n{err}"));
+        assert!(
+            line.contains("rank 0, 127.") && line.contains("-> ~/mounted:"),
+            "{what}: names the node and the mount: {line}"
+        );
+        assert!(
+            out.contains("storage failed on rank 0; setup does not start"),
+            "{what}: {out}"
+        );
+        assert!(!err.contains("panicked"), "{what}: {err}");
+    };
+
+    // A PATH with every command of this machine but fusermount.
+    let bin = home.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for dir in ["/usr/local/bin", "/usr/bin", "/bin"] {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            if !name.to_string_lossy().starts_with("fusermount") && !bin.join(&name).exists() {
+                let _ = std::os::unix::fs::symlink(e.path(), bin.join(&name));
+            }
+        }
+    }
+    let mut c = command_in(home.path());
+    with_store(&mut c, emu);
+    c.env("PATH", &bin)
+        .args(["launch", &task, "-c", "nf1", "-y"]);
+    let (code, out, err) = parts(&Running::start(c).wait());
+    check(
+        "without fusermount",
+        &out,
+        &err,
+        code,
+        "fusermount is not installed",
+    );
+    let (code, out, err) = parts(&run(emu, &home, &["down", "-y", "nf1"]));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+
+    // No /dev/fuse: gangway and its nodes see a /dev of their own.
+    let mut c = std::process::Command::new("unshare");
+    with_store(&mut c, emu);
+    c.env_remove("GANGWAY_CATALOG_DIR")
+        .env_remove("RUST_LOG")
+        .env("GANGWAY_HOME", home.path())
+        .current_dir(crate::common::root())
+        .stdin(std::process::Stdio::null())
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(
+            "set -e; gw=\"$0\"; task=\"$1\"\n\
+             mount -t tmpfs -o mode=755 gw-dev /dev\n\
+             for d in 'null 1 3' 'zero 1 5' 'full 1 7' 'random 1 8' 'urandom 1 9' 'tty 5 0'; do\n\
+               set -- $d; mknod -m 666 /dev/$1 c $2 $3; done\n\
+             mkdir /dev/shm /dev/pts; ln -s /proc/self/fd /dev/fd\n\
+             for i in 0 1 2; do ln -s /proc/self/fd/$i /dev/$(echo stdin stdout stderr | cut -d' ' -f$((i+1))); done\n\
+             [ ! -e /dev/fuse ]; exec \"$gw\" launch \"$task\" -c nf2 -y",
+        )
+        .arg(env!("CARGO_BIN_EXE_gangway"))
+        .arg(&task);
+    let o = Running::start(c).wait();
+    let (code, out, err) = parts(&o);
+    if err.contains("unshare failed") || err.contains("Operation not permitted") {
+        gangway_test::skip::skipped(
+            "gcs",
+            format!("no mount namespace for a node without /dev/fuse (needs root): {err}"),
+        );
+        return;
+    }
+    check("without /dev/fuse", &out, &err, code, "no /dev/fuse");
+    let (code, out, err) = parts(&run(emu, &home, &["down", "-y", "nf2"]));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert_no_marker_procs(&home.marker, "down of clusters whose mounts failed");
+    // Nothing was mounted, and the bucket is as it was.
+    let keys: Vec<String> = emu.list(&bucket, "").into_iter().map(|l| l.key).collect();
+    assert_eq!(keys, ["a.txt"]);
+}
