@@ -468,6 +468,14 @@ fn refused(here: &Located<'_>, e: StoreError) -> Error {
         StoreError::AccessDenied { .. } | StoreError::NoCredentials { .. } => {
             "check that your credentials may list this bucket (AWS: s3:ListBucket; GCS: storage.objects.list)"
         }
+        StoreError::WrongRegion { region, .. } => {
+            return here.error(
+                e.to_string(),
+                &format!(
+                    "set AWS_REGION={region}: gangway and the nodes sign S3 requests for AWS_REGION"
+                ),
+            )
+        }
         _ => "the store's answer is above",
     };
     here.error(e.to_string(), hint)

@@ -177,6 +177,98 @@ fn a_missing_bucket_stops_the_launch_before_provisioning(emu: &StoreEmulator) {
     assert!(!out.contains("never"));
 }
 
+/// A task whose one bucket the store refuses (injected by the front for
+/// this bucket only), launched: exit 2 before anything is provisioned, the
+/// file, line and field, and the store's own words.
+fn refused_bucket_launch(emu: &StoreEmulator, rule: serde_json::Value) -> String {
+    let home = TestHome::new();
+    let bucket = format!("gw-{}-refused", home.marker.to_ascii_lowercase());
+    emu.create_bucket(&bucket);
+    let s = scheme(emu);
+    let task = home.file(
+        "refused.yaml",
+        &format!(
+            "resources:\n  infra: local\nfile_mounts:\n  /data: {s}://{bucket}\nrun: echo never\n"
+        ),
+    );
+    let mut rule = rule;
+    // The marker, not the bucket: object_store's GCS client escapes the
+    // bucket's dashes in the path (`gw%2D...`).
+    rule["path_contains"] = serde_json::json!([home.marker.to_ascii_lowercase()]);
+    rule["times"] = serde_json::json!(-1);
+    let id = emu.fault(&rule);
+    let (code, out, err) = parts(&run(emu, &home, &["launch", &task, "-c", "rf", "-y"]));
+    let fired = emu.fired(id);
+    emu.remove_fault(id);
+    assert!(fired > 0, "the store was asked");
+    assert_eq!(code, 2, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        err.contains("refused.yaml:4:") && err.contains("file_mounts./data"),
+        "names the file, line and field: {err}"
+    );
+    assert!(err.contains(&bucket), "names the bucket: {err}");
+    assert!(home.cluster_opt("rf").is_none(), "nothing was provisioned");
+    assert!(!out.contains("never"));
+    err
+}
+
+fn access_denied_is_exit_2_with_the_stores_reason(emu: &StoreEmulator) {
+    let err = refused_bucket_launch(
+        emu,
+        serde_json::json!({"action": "status", "status": 403,
+                           "message": "the bucket policy says no to gw-test"}),
+    );
+    assert!(
+        err.contains("access denied") && err.contains("the bucket policy says no to gw-test"),
+        "the reason the store gave: {err}"
+    );
+    let permission = match emu.store {
+        Store::S3 => "s3:ListBucket",
+        Store::Gcs => "storage.objects.list",
+    };
+    assert!(err.contains(permission), "the hint: {err}");
+}
+
+#[test]
+fn an_s3_bucket_that_refuses_is_exit_2_with_the_stores_reason() {
+    let Some(emu) = s3() else {
+        return;
+    };
+    access_denied_is_exit_2_with_the_stores_reason(emu);
+}
+
+#[test]
+fn a_gcs_bucket_that_refuses_is_exit_2_with_the_stores_reason() {
+    let Some(emu) = StoreEmulator::gcs() else {
+        return;
+    };
+    access_denied_is_exit_2_with_the_stores_reason(emu);
+}
+
+/// S3 answers a request signed for the wrong region with a redirect that
+/// names the bucket's region (`x-amz-bucket-region`, as real S3 does):
+/// gangway says where the bucket is and what to set.
+#[test]
+fn an_s3_bucket_in_another_region_is_exit_2_naming_its_region() {
+    let Some(emu) = s3() else {
+        return;
+    };
+    assert_ne!(S3_REGION, "ap-south-1");
+    let err = refused_bucket_launch(
+        emu,
+        serde_json::json!({"action": "status", "status": 301, "code": "PermanentRedirect",
+                           "message": "The bucket you are attempting to access must be addressed using the specified endpoint.",
+                           "headers": {"x-amz-bucket-region": "ap-south-1"}}),
+    );
+    assert!(
+        err.contains(&format!(
+            "the bucket is in ap-south-1, and requests were signed for {S3_REGION}"
+        )),
+        "says where the bucket is: {err}"
+    );
+    assert!(err.contains("AWS_REGION=ap-south-1"), "the hint: {err}");
+}
+
 #[test]
 fn s3_copy_and_mount_reach_every_rank_and_down_keeps_the_bucket() {
     let Some(emu) = s3() else {

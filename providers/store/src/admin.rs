@@ -38,6 +38,30 @@ impl Bucket {
         }
     }
 
+    /// Where S3 says the bucket is, when that is not the region requests
+    /// are signed for (`AWS_REGION`): one HEAD of the bucket, whose answer
+    /// names its region even when it refuses. `None` for GCS (a bucket's
+    /// location does not change how it is reached), or when S3 does not
+    /// say or agrees.
+    pub async fn region_elsewhere(&self) -> Option<(String, String)> {
+        match &self.creds {
+            #[cfg(feature = "s3")]
+            Creds::S3(p) => {
+                let signed = self.endpoints.s3_region.as_deref().unwrap_or("us-east-1");
+                let a = s3_signed(self, p, http::Method::HEAD, signed, String::new())
+                    .await
+                    .ok()?;
+                a.region
+                    .filter(|r| !r.is_empty() && r != signed)
+                    .map(|r| (r, signed.to_string()))
+            }
+            #[cfg(feature = "gcs")]
+            Creds::Gcs(_) => None,
+            #[cfg(not(any(feature = "s3", feature = "gcs")))]
+            Creds::Never(n) => match *n {},
+        }
+    }
+
     /// Deletes every object in the bucket, then the bucket. A bucket that
     /// is already gone is fine.
     pub async fn remove(&self) -> Result<(), StoreError> {
@@ -90,19 +114,39 @@ async fn send(
     url: &BucketUrl,
     client: &HttpClient,
     req: HttpRequest,
-) -> Result<(u16, String), StoreError> {
+) -> Result<Answer, StoreError> {
     let fail = |reason: String| StoreError::Store {
         url: url.clone(),
         reason,
     };
     let resp = client.execute(req).await.map_err(|e| fail(e.to_string()))?;
     let status = resp.status().as_u16();
+    let region = resp
+        .headers()
+        .get("x-amz-bucket-region")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     let body = resp
         .into_body()
         .bytes()
         .await
         .map_err(|e| fail(e.to_string()))?;
-    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    Ok(Answer {
+        status,
+        body: String::from_utf8_lossy(&body).into_owned(),
+        region,
+    })
+}
+
+/// A store's answer to one request.
+#[cfg(any(feature = "s3", feature = "gcs"))]
+struct Answer {
+    status: u16,
+    body: String,
+    /// S3's `x-amz-bucket-region`: where the bucket is, sent even with a
+    /// refusal.
+    #[cfg_attr(not(feature = "s3"), allow(dead_code))]
+    region: Option<String>,
 }
 
 /// The text of `<tag>` in an XML error body.
@@ -147,7 +191,7 @@ async fn s3_signed(
     method: http::Method,
     region: &str,
     body: String,
-) -> Result<(u16, String), StoreError> {
+) -> Result<Answer, StoreError> {
     let cred = provider
         .get_credential()
         .await
@@ -188,7 +232,9 @@ async fn s3_create(
              <LocationConstraint>{region}</LocationConstraint></CreateBucketConfiguration>"
         )
     };
-    let (status, text) = s3_signed(b, provider, http::Method::PUT, region, body).await?;
+    let Answer {
+        status, body: text, ..
+    } = s3_signed(b, provider, http::Method::PUT, region, body).await?;
     match (status, xml_field(&text, "Code")) {
         (200..=299, _) => Ok(Created::New),
         (_, Some("BucketAlreadyOwnedByYou")) => Ok(Created::Existed),
@@ -208,8 +254,9 @@ async fn s3_remove(
     provider: &object_store::aws::AwsCredentialProvider,
 ) -> Result<(), StoreError> {
     let region = b.endpoints.s3_region.as_deref().unwrap_or("us-east-1");
-    let (status, text) =
-        s3_signed(b, provider, http::Method::DELETE, region, String::new()).await?;
+    let Answer {
+        status, body: text, ..
+    } = s3_signed(b, provider, http::Method::DELETE, region, String::new()).await?;
     match status {
         200..=299 | 404 => Ok(()),
         _ => Err(s3_error(&b.url, status, &text)),
@@ -273,7 +320,8 @@ async fn gcs_request(
         url: b.url.clone(),
         reason: e.to_string(),
     })?;
-    send(&b.url, &client(&b.url, b.endpoints.gcs.as_deref())?, req).await
+    let a = send(&b.url, &client(&b.url, b.endpoints.gcs.as_deref())?, req).await?;
+    Ok((a.status, a.body))
 }
 
 #[cfg(feature = "gcs")]

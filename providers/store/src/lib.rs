@@ -71,6 +71,19 @@ pub enum StoreError {
         /// The store's reason.
         reason: String,
     },
+    /// S3 keeps the bucket in another region than the one requests are
+    /// signed for.
+    #[error(
+        "{url}: the bucket is in {region}, and requests were signed for {signed_for} (AWS_REGION)"
+    )]
+    WrongRegion {
+        /// The bucket.
+        url: BucketUrl,
+        /// Where S3 says it is.
+        region: String,
+        /// The region gangway signed for.
+        signed_for: String,
+    },
     /// No credentials could be found for the store.
     #[error("{url}: no credentials: {reason}")]
     NoCredentials {
@@ -111,6 +124,14 @@ impl StoreError {
                 url: url.clone(),
                 reason,
             },
+            // A refused listing comes as a generic error carrying the
+            // status and the store's body.
+            _ if reason.contains("403 Forbidden") || reason.contains("401 Unauthorized") => {
+                StoreError::AccessDenied {
+                    url: url.clone(),
+                    reason: store_words(&reason).unwrap_or(reason),
+                }
+            }
             _ => StoreError::Store {
                 url: url.clone(),
                 reason,
@@ -122,6 +143,24 @@ impl StoreError {
     pub fn is_no_such_bucket(&self) -> bool {
         matches!(self, StoreError::NoSuchBucket { .. })
     }
+}
+
+/// The store's own words in an error that carries its answer's body: S3's
+/// XML `<Code>` and `<Message>`, GCS's JSON `error.message`.
+fn store_words(reason: &str) -> Option<String> {
+    let tag = |t: &str| {
+        let start = reason.find(&format!("<{t}>"))? + t.len() + 2;
+        let end = reason[start..].find(&format!("</{t}>"))?;
+        Some(reason[start..start + end].trim().to_string())
+    };
+    if let Some(message) = tag("Message") {
+        return Some(match tag("Code") {
+            Some(code) => format!("{code}: {message}"),
+            None => message,
+        });
+    }
+    let json: serde_json::Value = serde_json::from_str(&reason[reason.find('{')?..]).ok()?;
+    json["error"]["message"].as_str().map(str::to_string)
 }
 
 /// S3 keys given explicitly, instead of the environment's.
@@ -217,21 +256,43 @@ impl Bucket {
 
     /// Checks that the bucket exists and these credentials may list it:
     /// one list request, before anything is provisioned.
+    /// A refusal that S3 explains with the bucket's region (a redirect, a
+    /// malformed authorization) says which region it wants.
     pub async fn check(&self) -> Result<(), StoreError> {
         let prefix = (!self.url.prefix.is_empty()).then(|| self.path(""));
-        self.store
-            .list_with_delimiter(prefix.as_ref())
-            .await
-            .map(|_| ())
-            .map_err(|e| match self.fail(e) {
-                // A listing that is not found is a bucket that is not there.
-                StoreError::Store { reason, .. } if reason.contains("404 Not Found") => {
-                    StoreError::NoSuchBucket {
-                        url: self.url.clone(),
-                    }
-                }
-                other => other,
-            })
+        let err = match self.store.list_with_delimiter(prefix.as_ref()).await {
+            Ok(_) => return Ok(()),
+            Err(e) => self.fail(e),
+        };
+        match err {
+            // A listing that is not found is a bucket that is not there.
+            StoreError::Store { reason, .. } if reason.contains("404 Not Found") => {
+                Err(StoreError::NoSuchBucket {
+                    url: self.url.clone(),
+                })
+            }
+            other => Err(self.explained(other).await),
+        }
+    }
+
+    /// `err`, or [`StoreError::WrongRegion`] when S3 says the bucket is in
+    /// another region than the one requests were signed for (asked only
+    /// after a refusal: nothing more is sent on the way that works).
+    async fn explained(&self, err: StoreError) -> StoreError {
+        if !matches!(
+            err,
+            StoreError::Store { .. } | StoreError::AccessDenied { .. }
+        ) {
+            return err;
+        }
+        match self.region_elsewhere().await {
+            Some((region, signed_for)) => StoreError::WrongRegion {
+                url: self.url.clone(),
+                region,
+                signed_for,
+            },
+            None => err,
+        }
     }
 
     /// Whether the URL's prefix is itself one object (`s3://b/file.txt`).
@@ -242,7 +303,7 @@ impl Bucket {
         match self.store.head(&self.path("")).await {
             Ok(_) => Ok(true),
             Err(object_store::Error::NotFound { .. }) => Ok(false),
-            Err(e) => Err(self.fail(e)),
+            Err(e) => Err(self.explained(self.fail(e)).await),
         }
     }
 
@@ -336,6 +397,7 @@ impl Bucket {
         let mut env = Vec::new();
         // When the credentials are taken to expire, for a mount to reread
         // them then (`GW_EXPIRES_<REMOTE>`, Unix seconds).
+        #[cfg_attr(not(feature = "gcs"), allow(unused_mut))]
         let mut expires: Option<u64> = None;
         let mut set = |k: &str, v: &str| env.push((format!("{p}{k}"), v.to_string()));
         match &self.creds {
@@ -562,4 +624,28 @@ fn open_gcs(url: &BucketUrl, _: &Endpoints) -> Result<Built, StoreError> {
         store: "GCS",
         feature: "gcs",
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::store_words;
+
+    #[test]
+    fn the_stores_words_are_found_in_either_body() {
+        let s3 =
+            "Error performing GET http://h/b?list-type=2 - Server returned non-2xx status code: \
+                  403 Forbidden: <?xml version=\"1.0\"?>\n<Error><Code>AccessDenied</Code>\
+                  <Message>no ListBucket here</Message></Error>";
+        assert_eq!(
+            store_words(s3).as_deref(),
+            Some("AccessDenied: no ListBucket here")
+        );
+        let gcs = "Error performing GET http://h/b - 403 Forbidden: {\"error\": {\"code\": 403, \
+                   \"message\": \"caller lacks storage.objects.list\"}}";
+        assert_eq!(
+            store_words(gcs).as_deref(),
+            Some("caller lacks storage.objects.list")
+        );
+        assert_eq!(store_words("HEAD http://h/b/x - 403 Forbidden: "), None);
+    }
 }

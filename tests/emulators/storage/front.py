@@ -75,7 +75,7 @@ class FaultRules:
     FIELDS = {
         "method", "path_contains", "caller", "action", "status", "after_bytes",
         "direction", "times", "body", "content_type", "delay_ms", "code",
-        "message",
+        "message", "headers",
     }
 
     def __init__(self):
@@ -106,6 +106,10 @@ class FaultRules:
         for key in ("status", "after_bytes", "times", "delay_ms"):
             if key in spec and not isinstance(spec[key], int):
                 raise ValueError(f"{key} is an integer")
+        headers = spec.get("headers", {})
+        if not isinstance(headers, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+            raise ValueError("headers is an object of header names to string values")
         times = spec.get("times", 1)
         if times == 0 or times < -1:
             raise ValueError("times is a positive count, or -1 for every match")
@@ -122,6 +126,7 @@ class FaultRules:
             "content_type": spec.get("content_type"),
             "code": spec.get("code"),
             "message": spec.get("message"),
+            "headers": headers,
             "times": times,
             "remaining": times,
             "fired": 0,
@@ -372,7 +377,11 @@ class Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 break
         body, ctype = error_body(self.server.flavor, rule)
-        self.write_simple(rule["status"], body, ctype)
+        extra = list(rule["headers"].items())
+        if self.command == "HEAD":
+            body = b""
+        self.write_full(rule["status"],
+                        [("Content-Type", ctype), ("Server", "gangway-front")] + extra, body)
         entry["status"] = rule["status"]
         entry["bytes_out"] = len(body)
 
