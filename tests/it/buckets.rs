@@ -1199,6 +1199,25 @@ fn a_managed_jobs_files_travel_through_a_gcs_jobs_bucket() {
     a_managed_jobs_files_travel_through_jobs_bucket(emu);
 }
 
+/// A directory for PATH with every command of this machine but those
+/// whose names start with `left_out` (symlinks, in `home`).
+fn path_without(home: &TestHome, left_out: &str) -> std::path::PathBuf {
+    let bin = home.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for dir in ["/usr/local/bin", "/usr/bin", "/bin"] {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            if !name.to_string_lossy().starts_with(left_out) && !bin.join(&name).exists() {
+                let _ = std::os::unix::fs::symlink(e.path(), bin.join(&name));
+            }
+        }
+    }
+    bin
+}
+
 /// A node without rclone gets rclone's static build in `~/.gangway/bin`
 /// (from `GANGWAY_RCLONE_URL` here: a local mirror serving a zip laid out
 /// as rclone's downloads are), once per node; the bucket mount then works.
@@ -1208,20 +1227,7 @@ fn a_node_without_rclone_gets_one_installed_once() {
         return;
     };
     let home = TestHome::new();
-    // A PATH with every command of this machine but rclone.
-    let bin = home.path().join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    for dir in ["/usr/local/bin", "/usr/bin", "/bin"] {
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let name = e.file_name();
-            if name != "rclone" && !bin.join(&name).exists() {
-                let _ = std::os::unix::fs::symlink(e.path(), bin.join(&name));
-            }
-        }
-    }
+    let bin = path_without(&home, "rclone");
     // The mirror: rclone's zip layout, holding a wrapper of the real one.
     let site = home.path().join("site");
     std::fs::create_dir_all(&site).unwrap();
@@ -1678,20 +1684,7 @@ fn a_node_that_cannot_mount_is_named_with_the_mount() {
         assert!(!err.contains("panicked"), "{what}: {err}");
     };
 
-    // A PATH with every command of this machine but fusermount.
-    let bin = home.path().join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    for dir in ["/usr/local/bin", "/usr/bin", "/bin"] {
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let name = e.file_name();
-            if !name.to_string_lossy().starts_with("fusermount") && !bin.join(&name).exists() {
-                let _ = std::os::unix::fs::symlink(e.path(), bin.join(&name));
-            }
-        }
-    }
+    let bin = path_without(&home, "fusermount");
     let mut c = command_in(home.path());
     with_store(&mut c, emu);
     c.env("PATH", &bin)
