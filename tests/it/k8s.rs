@@ -410,17 +410,19 @@ fn a_managed_job_survives_kubectl_delete_node_from_its_checkpoint() {
     configure(&home, &k8s, "30s");
     let flags = home.path().join("flags");
     std::fs::create_dir_all(&flags).unwrap();
-    // Run 0 checkpoints step 7, says so once gangway kept it (and which
-    // node rank 1's pod is on), then trains on; the test deletes that
-    // node. Run 1 must find step 7 restored in its (new) pods.
+    // Run 0 checkpoints step 7, each rank says so once a sync that began
+    // after rank 0 wrote it was kept (and which node its pod is on), then
+    // trains on; the test deletes rank 1's node. Run 1 must find step 7
+    // restored in its (new) pods. (Rank 1 alone, timing from its own
+    // start, once saw a sync that began before rank 0's write.)
     let t = home.file(
         "managed.yaml",
         &format!(
             "num_nodes: 2\nresources:\n  infra: k8s/harness\n  accelerators: A100:1\n\
              checkpoint:\n  sync_interval: 1\nenvs:\n  {}: {}\n  FLAGS: {}\n\
              run: |\n  ck=\"$GANGWAY_CHECKPOINT_DIR/step\"\n  \
-             if [ \"$GANGWAY_RESTART_COUNT\" = 0 ]; then\n    t=$(date +%s%3N)\n    \
-             [ \"$NODE_RANK\" = 0 ] && echo 7 > \"$ck\"\n    \
+             if [ \"$GANGWAY_RESTART_COUNT\" = 0 ]; then\n    \
+             [ \"$NODE_RANK\" = 0 ] && echo 7 > \"$ck\"\n    t=$(date +%s%3N)\n    \
              while [ \"$(cat \"$GANGWAY_CHECKPOINT_DIR/.gangway-synced\" 2>/dev/null || echo 0)\" -lt \"$t\" ]; do sleep 0.05; done\n    \
              echo \"$HARNESS_NODE_NAME\" > \"$FLAGS/rank$NODE_RANK\"\n    sleep 300\n  fi\n  \
              echo \"rank $NODE_RANK resumed at step $(cat \"$ck\") in run $GANGWAY_RESTART_COUNT on $HARNESS_NODE_NAME\"\n",
@@ -431,7 +433,8 @@ fn a_managed_job_survives_kubectl_delete_node_from_its_checkpoint() {
     );
     let launch = home.spawn(["jobs", "launch", &t, "-y"]);
     crate::common::wait_for("run 0 to checkpoint", crate::common::DEADLINE, || {
-        std::fs::read_to_string(flags.join("rank1"))
+        std::fs::read_to_string(flags.join("rank0"))
+            .and_then(|_| std::fs::read_to_string(flags.join("rank1")))
             .map_err(|e| format!("{e}; launch says: {}", launch.stdout_now()))
     });
     let lost = std::fs::read_to_string(flags.join("rank1"))
