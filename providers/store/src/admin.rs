@@ -6,6 +6,10 @@
 #[cfg(any(feature = "s3", feature = "gcs"))]
 use object_store::client::{HttpClient, HttpConnector, HttpRequest, ReqwestConnector};
 
+#[cfg(feature = "gcs")]
+use crate::json_error_message;
+#[cfg(feature = "s3")]
+use crate::xml_field;
 use crate::{Bucket, BucketUrl, Creds, StoreError};
 
 /// How [`Bucket::create`] went.
@@ -43,7 +47,7 @@ impl Bucket {
     /// names its region even when it refuses. `None` for GCS (a bucket's
     /// location does not change how it is reached), or when S3 does not
     /// say or agrees.
-    pub async fn region_elsewhere(&self) -> Option<(String, String)> {
+    pub(crate) async fn region_elsewhere(&self) -> Option<(String, String)> {
         match &self.creds {
             #[cfg(feature = "s3")]
             Creds::S3(p) => {
@@ -147,14 +151,6 @@ struct Answer {
     /// refusal.
     #[cfg_attr(not(feature = "s3"), allow(dead_code))]
     region: Option<String>,
-}
-
-/// The text of `<tag>` in an XML error body.
-#[cfg(feature = "s3")]
-fn xml_field<'a>(body: &'a str, tag: &str) -> Option<&'a str> {
-    let start = body.find(&format!("<{tag}>"))? + tag.len() + 2;
-    let end = body[start..].find(&format!("</{tag}>"))?;
-    Some(&body[start..start + end])
 }
 
 /// S3's answer as a [`StoreError`].
@@ -276,10 +272,7 @@ fn gcs_base(b: &Bucket) -> String {
 /// GCS's JSON error body as a [`StoreError`].
 #[cfg(feature = "gcs")]
 fn gcs_error(url: &BucketUrl, status: u16, body: &str) -> StoreError {
-    let message = serde_json::from_str::<serde_json::Value>(body)
-        .ok()
-        .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
-        .unwrap_or_else(|| body.trim().to_string());
+    let message = json_error_message(body).unwrap_or_else(|| body.trim().to_string());
     let reason = format!("HTTP {status}: {message}");
     match status {
         404 => StoreError::NoSuchBucket { url: url.clone() },

@@ -145,22 +145,30 @@ impl StoreError {
     }
 }
 
+/// The text of `<tag>` in an XML error body (S3's).
+fn xml_field<'a>(body: &'a str, tag: &str) -> Option<&'a str> {
+    let start = body.find(&format!("<{tag}>"))? + tag.len() + 2;
+    let end = body[start..].find(&format!("</{tag}>"))?;
+    Some(&body[start..start + end])
+}
+
+/// `error.message` of a JSON error body (GCS's).
+fn json_error_message(body: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(body).ok()?;
+    v["error"]["message"].as_str().map(str::to_string)
+}
+
 /// The store's own words in an error that carries its answer's body: S3's
 /// XML `<Code>` and `<Message>`, GCS's JSON `error.message`.
 fn store_words(reason: &str) -> Option<String> {
-    let tag = |t: &str| {
-        let start = reason.find(&format!("<{t}>"))? + t.len() + 2;
-        let end = reason[start..].find(&format!("</{t}>"))?;
-        Some(reason[start..start + end].trim().to_string())
-    };
-    if let Some(message) = tag("Message") {
-        return Some(match tag("Code") {
-            Some(code) => format!("{code}: {message}"),
-            None => message,
+    if let Some(message) = xml_field(reason, "Message") {
+        let message = message.trim();
+        return Some(match xml_field(reason, "Code") {
+            Some(code) => format!("{}: {message}", code.trim()),
+            None => message.to_string(),
         });
     }
-    let json: serde_json::Value = serde_json::from_str(&reason[reason.find('{')?..]).ok()?;
-    json["error"]["message"].as_str().map(str::to_string)
+    json_error_message(&reason[reason.find('{')?..])
 }
 
 /// S3 keys given explicitly, instead of the environment's.
