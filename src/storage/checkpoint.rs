@@ -120,7 +120,7 @@ pub(crate) async fn sync(
             ("GW_CK_RANK".to_string(), rank.to_string()),
         ]);
         let cmd = NodeCommand {
-            script: format!("{}{UPLOAD}", super::RCLONE_PRELUDE),
+            script: format!("{}{MANIFESTS}{UPLOAD}", super::RCLONE_PRELUDE),
             env,
             cwd: "~".into(),
         };
@@ -344,6 +344,23 @@ async fn run_on(
     }
 }
 
+/// Every rank's manifest of checkpoint `$1` under `GW_CK_BASE`, one after
+/// another into the file `$2`, with one rclone (a start per rank would
+/// cost seconds on a large gang); fails when rclone or reading one does.
+/// Part of [`UPLOAD`]'s and [`RESTORE`]'s scripts.
+pub(crate) const MANIFESTS: &str = r#"
+gw_ck_manifests() {
+  gw_d="$(mktemp -d)" || return 1
+  rclone copy "$GW_CK_BASE/manifests/$1/" "$gw_d" --transfers 16 || { rm -rf "$gw_d"; return 1; }
+  : > "$2"
+  for gw_m in "$gw_d"/*.tsv; do
+    [ -e "$gw_m" ] || continue
+    cat "$gw_m" >> "$2" || { rm -rf "$gw_d"; return 1; }
+  done
+  rm -rf "$gw_d"
+}
+"#;
+
 /// Uploads this node's checkpoint as generation `GW_CK_GEN`: only files
 /// that changed since generation `GW_CK_PREV` (by size and mtime), each
 /// checked by rclone against the store's own hash of it and hashed here
@@ -365,10 +382,7 @@ gw_need_rclone
 if [ -n "$prev" ]; then
   if [ -f "$ck/.gangway-manifest-$prev" ]; then cp "$ck/.gangway-manifest-$prev" "$tmp/prev"
   else
-    # One rclone for every rank's manifest (a start each would cost
-    # seconds on a large gang).
-    rclone copy "$base/manifests/$prev/" "$tmp/m" --transfers 16 2>/dev/null \
-      && cat "$tmp"/m/*.tsv > "$tmp/prev" 2>/dev/null || : > "$tmp/prev"
+    gw_ck_manifests "$prev" "$tmp/prev" 2>/dev/null || : > "$tmp/prev"
   fi
 fi
 # Unchanged files (same path, size and mtime) keep the key (and hash)
@@ -442,14 +456,7 @@ if [ -n "${GW_CK_RESTORE:-}" ]; then
   t0="$(date +%s%3N)"
   tmp="$(mktemp -d)" || gw_fail "no temporary directory"
   mkdir -p "$ck" || gw_fail "cannot make $ck"
-  # Every rank's manifest, in one rclone (a start each would cost seconds
-  # on a large gang).
-  rclone copy "$base/manifests/$gen/" "$tmp/m" --transfers 16 \
-    || gw_fail "cannot read the manifests of checkpoint $gen"
-  : > "$tmp/all"
-  if [ -n "$(ls "$tmp/m" 2>/dev/null)" ]; then
-    cat "$tmp"/m/*.tsv > "$tmp/all" || gw_fail "cannot read the manifests of checkpoint $gen"
-  fi
+  gw_ck_manifests "$gen" "$tmp/all" || gw_fail "cannot read the manifests of checkpoint $gen"
   # The newest copy of each path, grouped by the generation and rank that
   # hold its bytes.
   awk -F'\t' -v dir="$tmp" '

@@ -814,6 +814,7 @@ pub(crate) fn node_script(mounts: &[BucketMount]) -> String {
         };
         s.push_str(&line);
     }
+    s.push_str(checkpoint::MANIFESTS);
     s.push_str(checkpoint::RESTORE);
     s
 }
