@@ -161,20 +161,38 @@ fn a_missing_bucket_stops_the_launch_before_provisioning(emu: &StoreEmulator) {
             home.marker.to_ascii_lowercase()
         ),
     );
-    let (code, out, err) = parts(&run(emu, &home, &["launch", &task, "-c", "nb", "-y"]));
+    let err = refused_before_provisioning(emu, &home, &task, "nb");
+    assert!(
+        err.contains("gw-no-such-bucket") && err.contains("does not exist"),
+        "names the bucket and the reason: {err}"
+    );
+}
+
+/// Launches `task` (its `/data` mount on line 4, its run `echo never`) as
+/// `cluster`: exit 2 naming the file, line and field, nothing provisioned,
+/// nothing run. Returns stderr.
+fn refused_before_provisioning(
+    emu: &StoreEmulator,
+    home: &TestHome,
+    task: &str,
+    cluster: &str,
+) -> String {
+    let (code, out, err) = parts(&run(emu, home, &["launch", task, "-c", cluster, "-y"]));
     assert_eq!(code, 2, "stdout:\n{out}\nstderr:\n{err}");
+    let file = std::path::Path::new(task)
+        .file_name()
+        .unwrap()
+        .to_string_lossy();
     assert!(
-        err.contains("missing.yaml:4:"),
-        "names the file and line: {err}"
+        err.contains(&format!("{file}:4:")) && err.contains("file_mounts./data"),
+        "names the file, line and field: {err}"
     );
     assert!(
-        err.contains("file_mounts./data")
-            && err.contains("gw-no-such-bucket")
-            && err.contains("does not exist"),
-        "names the field, the bucket and the reason: {err}"
+        home.cluster_opt(cluster).is_none(),
+        "nothing was provisioned"
     );
-    assert!(home.cluster_opt("nb").is_none(), "nothing was provisioned");
     assert!(!out.contains("never"));
+    err
 }
 
 /// A task whose one bucket the store refuses (injected by the front for
@@ -197,18 +215,11 @@ fn refused_bucket_launch(emu: &StoreEmulator, rule: serde_json::Value) -> String
     rule["path_contains"] = serde_json::json!([home.marker.to_ascii_lowercase()]);
     rule["times"] = serde_json::json!(-1);
     let id = emu.fault(&rule);
-    let (code, out, err) = parts(&run(emu, &home, &["launch", &task, "-c", "rf", "-y"]));
+    let err = refused_before_provisioning(emu, &home, &task, "rf");
     let fired = emu.fired(id);
     emu.remove_fault(id);
     assert!(fired > 0, "the store was asked");
-    assert_eq!(code, 2, "stdout:\n{out}\nstderr:\n{err}");
-    assert!(
-        err.contains("refused.yaml:4:") && err.contains("file_mounts./data"),
-        "names the file, line and field: {err}"
-    );
     assert!(err.contains(&bucket), "names the bucket: {err}");
-    assert!(home.cluster_opt("rf").is_none(), "nothing was provisioned");
-    assert!(!out.contains("never"));
     err
 }
 
