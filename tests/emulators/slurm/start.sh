@@ -81,12 +81,16 @@ if [ -z "$hostaddr" ]; then
   exit 1
 fi
 
-# Free TCP ports: random ones that nothing listens on. Slurm needs one for
-# slurmctld and one per slurmd (all slurmd share the host).
-used="$(ss -Htanl 2>/dev/null | awk '{n = split($4, a, ":"); print a[n]}' | sort -u)"
+# Free TCP ports: random ones that no socket holds, below the kernel's
+# ephemeral range (a port from that range was once taken by an outgoing
+# connection or a port-0 listener before slurmd bound it). Slurm needs one
+# for slurmctld and one per slurmd (all slurmd share the host).
+used="$(ss -Htan 2>/dev/null | awk '{n = split($4, a, ":"); print a[n]}' | sort -u)"
+eph="$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null)"
+top="${eph:-32768}"; [ "$top" -gt 12000 ] || top=32768
 ports=()
 while [ "${#ports[@]}" -lt $((nodes + 1)) ]; do
-  p=$((20000 + RANDOM % 30000))
+  p=$((10000 + RANDOM % (top - 10000)))
   if ! grep -qx "$p" <<<"$used" && [[ " ${ports[*]-} " != *" $p "* ]]; then ports+=("$p"); fi
 done
 ctld_port="${ports[0]}"
