@@ -365,12 +365,24 @@ impl SshTransport {
         Ok(out.stdout)
     }
 
-    fn rsync(
+    /// Uploads with `rsync -a` (the user's files, modes and links as they
+    /// are), skipping files whose size and time match.
+    fn rsync(&self, node: &NodeRow, from: &str, to: &str) -> Result<(), TransportError> {
+        self.rsync_with(node, &["-a"], from, to)
+    }
+
+    /// Downloads with `rsync -rlt`: no owner, group, mode bits, devices or
+    /// special files come from the node.
+    fn rsync_down(&self, node: &NodeRow, from: &str, to: &str) -> Result<(), TransportError> {
+        self.rsync_with(node, &["-rlt"], from, to)
+    }
+
+    fn rsync_with(
         &self,
         node: &NodeRow,
+        mode: &[&str],
         from: &str,
         to: &str,
-        update: bool,
     ) -> Result<(), TransportError> {
         let (t, ctl) = self.control(node)?;
         let rsh = format!(
@@ -380,12 +392,8 @@ impl SshTransport {
             sq(&t.user)
         );
         let mut c = std::process::Command::new("rsync");
-        // -a keeps times, so unchanged files are skipped next time.
-        c.args(["-a", "-e", &rsh]);
-        if update {
-            // Downloads: a newer file already here wins.
-            c.arg("--update");
-        }
+        // Times kept, so unchanged files are skipped next time.
+        c.args(mode).args(["-e", &rsh]);
         let out = c
             .arg(from)
             .arg(to)
@@ -934,30 +942,50 @@ impl Transport for SshTransport {
         } else {
             rsync_path(&t, dest)
         };
-        self.rsync(node, &from, &to, false)
+        self.rsync(node, &from, &to)
     }
 
-    fn download(&self, node: &NodeRow, path: &str, dest: &Path) -> Result<(), TransportError> {
+    fn download(
+        &self,
+        node: &NodeRow,
+        path: &str,
+        dest: &Path,
+    ) -> Result<gangway_provider::Skipped, TransportError> {
         let t = SshTarget::of(node);
-        let _ = std::fs::create_dir_all(dest);
-        let copied = self.rsync(
-            node,
-            &format!("{}/", rsync_path(&t, path)),
-            &format!("{}/", dest.display()),
-            true,
-        );
-        // A directory the job never made (on this node) copies nothing.
-        match copied {
-            Err(e) => {
+        let fail = |what: String, source: std::io::Error| TransportError {
+            node: name(node),
+            what,
+            source,
+        };
+        std::fs::create_dir_all(dest)
+            .map_err(|e| fail(format!("cannot create {}", dest.display()), e))?;
+        // The node's tree lands in a staging directory of its own first
+        // (rsync -rlt: links as links, no owner, mode bits or devices),
+        // then the merge applies the rules for what a node may send back.
+        let staging = gangway_provider::tree::tempdir_beside(dest)
+            .map_err(|e| fail("cannot make a temporary directory".into(), e))?;
+        let copied = self
+            .rsync_down(
+                node,
+                &format!("{}/", rsync_path(&t, path)),
+                &format!("{}/", staging.display()),
+            )
+            .or_else(|e| {
+                // A directory the job never made (on this node) copies
+                // nothing.
                 let p = remote_path(path);
                 let asked = format!("if [ -e {p} ]; then echo present; else echo absent; fi");
                 match self.run(node, &asked, None) {
                     Ok(out) if out.starts_with(b"absent") => Ok(()),
                     _ => Err(e),
                 }
-            }
-            ok => ok,
-        }
+            })
+            .and_then(|()| {
+                gangway_provider::merge_newest(&staging, dest)
+                    .map_err(|e| fail(format!("cannot merge into {}", dest.display()), e))
+            });
+        let _ = std::fs::remove_dir_all(&staging);
+        copied
     }
 
     fn write_file(&self, node: &NodeRow, path: &str, data: &[u8]) -> Result<(), TransportError> {

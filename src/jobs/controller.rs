@@ -154,7 +154,7 @@ struct Memo {
     wake: Rc<Notify>,
     /// A periodic checkpoint sync running beside the loop (a big upload
     /// takes minutes; notices are read meanwhile).
-    syncing: Option<tokio::task::JoinHandle<Result<i64, SyncError>>>,
+    syncing: Option<tokio::task::JoinHandle<Result<Synced, SyncError>>>,
 }
 
 /// Where the controller's lock and log live.
@@ -196,6 +196,13 @@ enum SecretsError {
     },
     #[error("the job's secrets file {path} lacks {missing}")]
     Missing { path: PathBuf, missing: String },
+}
+
+/// A checkpoint copy that ended: when it began, and what the nodes sent
+/// that was left out (links out of the directory, devices, ...).
+struct Synced {
+    at: i64,
+    skipped: gangway_provider::Skipped,
 }
 
 /// Why copying a checkpoint failed.
@@ -1370,9 +1377,28 @@ async fn sync_ended(sh: &Shared, m: &mut Memo, was: ManagedState) -> Result<(), 
 /// The sync's time, or `None` after saying in the controller's log why
 /// it failed (the previous checkpoint stays the one restored). A sync
 /// whose checkpoint completed but whose pruning failed is said and counts.
-fn synced(sh: &Shared, job: i64, r: Result<i64, SyncError>) -> Option<i64> {
+fn synced(sh: &Shared, job: i64, r: Result<Synced, SyncError>) -> Option<i64> {
     match r {
-        Ok(t) => Some(t),
+        Ok(Synced { at, skipped }) => {
+            if !skipped.is_empty() {
+                let shown: Vec<&str> = skipped.iter().take(5).map(String::as_str).collect();
+                let more = skipped.len().saturating_sub(shown.len());
+                let why = format!(
+                    "checkpoint sync left out {} entr{} a node sent: {}{}",
+                    skipped.len(),
+                    if skipped.len() == 1 { "y" } else { "ies" },
+                    shown.join("; "),
+                    if more > 0 {
+                        format!("; and {more} more")
+                    } else {
+                        String::new()
+                    }
+                );
+                sh.say(&format!("job {job}: {why}"));
+                let _ = sh.store().managed_event(job, "WARNING", None, &why);
+            }
+            Some(at)
+        }
         Err(e @ SyncError::Prune { at, .. }) => {
             sh.say(&format!("job {job}: {e}"));
             Some(at)
@@ -1392,7 +1418,7 @@ async fn sync(
     mt: &ManagedTask,
     nodes: Arc<Vec<NodeRow>>,
     transport: Arc<dyn Transport>,
-) -> Result<i64, SyncError> {
+) -> Result<Synced, SyncError> {
     let storage = mt.storage.clone();
     let ck = mt
         .spec
@@ -1426,7 +1452,10 @@ async fn sync(
                 .await
                 .map_err(|error| SyncError::Prune { at: started, error })?;
         }
-        return Ok(started);
+        return Ok(Synced {
+            at: started,
+            skipped: Vec::new(),
+        });
     }
     tokio::task::spawn_blocking(move || sync_now(&storage, &ck, &nodes, transport.as_ref())).await?
 }
@@ -1436,7 +1465,7 @@ fn sync_now(
     ck: &str,
     nodes: &[NodeRow],
     transport: &dyn Transport,
-) -> Result<i64, SyncError> {
+) -> Result<Synced, SyncError> {
     let started = now_ms();
     let name = storage
         .file_name()
@@ -1447,11 +1476,14 @@ fn sync_now(
     let old = parent.join(format!("{name}.old"));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp)?;
+    let mut skipped = Vec::new();
     for n in nodes {
         // The path is the node's: only the transport can tell whether it
         // exists there (over SSH it is not on this machine).
         let path = transport.node_path(n, ck);
-        transport.download(n, &path, &tmp)?;
+        for s in transport.download(n, &path, &tmp)? {
+            skipped.push(format!("rank {} ({}): {s}", n.rank, n.label()));
+        }
     }
     let _ = std::fs::remove_dir_all(&old);
     if storage.exists() {
@@ -1463,7 +1495,10 @@ fn sync_now(
         let path = format!("{}/.gangway-synced", transport.node_path(n, ck));
         let _ = transport.write_file(n, &path, started.to_string().as_bytes());
     }
-    Ok(started)
+    Ok(Synced {
+        at: started,
+        skipped,
+    })
 }
 
 /// Tears the job's cluster down, waiting (on a timer) for a launcher or

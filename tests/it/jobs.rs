@@ -702,3 +702,47 @@ fn a_recovery_plans_with_the_prices_a_refresh_saved() {
     assert_eq!(code, 0, "{err}");
     assert!(home.instance_records().is_empty());
 }
+
+/// The review's attack on the directory checkpoint sync: rank 0 makes
+/// `$GANGWAY_CHECKPOINT_DIR/x` a link to a directory of this machine, rank
+/// 1 writes `x/authorized_keys` with a future mtime; the controller merges
+/// both nodes' directories into one. Nothing may land in the link's
+/// target, and the job's events say what was left out.
+#[test]
+fn a_link_a_rank_plants_is_never_written_through_by_the_checkpoint_sync() {
+    let home = TestHome::new();
+    let victim = home.path().join("victim-ssh-dir");
+    std::fs::create_dir_all(&victim).unwrap();
+    let t = home.file(
+        "plant.yaml",
+        &format!(
+            "num_nodes: 2\nresources:\n  infra: local\nenvs:\n  GW_TEST_MARKER: {}\n  VICTIM: {}\n\
+             checkpoint: {{sync_interval: 1}}\n\
+             run: |\n  ck=\"$GANGWAY_CHECKPOINT_DIR\"; mkdir -p \"$ck\"\n\
+             \x20 if [ \"$GANGWAY_NODE_RANK\" = 0 ]; then ln -sfn \"$VICTIM\" \"$ck/x\"\n\
+             \x20 else mkdir -p \"$ck/x\" && echo attacker > \"$ck/x/authorized_keys\" && touch -d '+1 day' \"$ck/x/authorized_keys\"; fi\n\
+             \x20 while [ ! -f \"$ck/.gangway-synced\" ]; do sleep 0.1; done\n\
+             \x20 echo synced\n",
+            home.marker,
+            victim.display()
+        ),
+    );
+    let (code, out, err) = parts(&home.run(["jobs", "launch", &t, "-y"]));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let planted: Vec<_> = std::fs::read_dir(&victim).unwrap().collect();
+    assert!(
+        planted.is_empty(),
+        "the sync wrote through the link: {planted:?}"
+    );
+    let events = home.run(["jobs", "events", "1", "-o", "json"]);
+    let ev = json_doc(&String::from_utf8_lossy(&events.stdout));
+    let warned = ev["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["state"] == "WARNING")
+        .filter_map(|e| e["reason"].as_str())
+        .find(|r| r.contains("rank 0") && r.contains("x: a link to") && r.contains("leaves"));
+    assert!(warned.is_some(), "no warning in the events: {ev}");
+    assert_no_marker_procs(&home.marker, "the managed job ended");
+}

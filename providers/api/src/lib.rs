@@ -21,6 +21,8 @@ use std::time::Duration;
 mod endpoint;
 mod registry;
 mod transport;
+pub mod tree;
+pub use tree::{copy_tree, merge_newest, unpack_merging, Skipped};
 
 pub use endpoint::SshEndpoint;
 pub use registry::{
@@ -28,9 +30,8 @@ pub use registry::{
     DEFAULT_MEMORY_GIB,
 };
 pub use transport::{
-    copy_tree, kill_option, merge_newest, output_with_input, release_mounts, shell, signal_token,
-    unpack_merging, NodeCommand, NodeProcess, NodeRow, Transport, TransportError, KEPT_ENV,
-    TOKEN_VAR,
+    kill_option, output_with_input, release_mounts, shell, signal_token, NodeCommand, NodeProcess,
+    NodeRow, Transport, TransportError, KEPT_ENV, TOKEN_VAR,
 };
 
 use serde::{Deserialize, Serialize};

@@ -191,8 +191,16 @@ pub trait Transport: Send + Sync {
     /// in `dest` with a newer modification time is kept (several nodes'
     /// checkpoint directories merge into one, and a stale restored copy on
     /// one node must not win over the file another node just wrote). A
-    /// path that does not exist on the node copies nothing.
-    fn download(&self, node: &NodeRow, path: &str, dest: &Path) -> Result<(), TransportError>;
+    /// path that does not exist on the node copies nothing. What comes back
+    /// is the node's and not trusted: the copy follows [`crate::tree`]'s
+    /// rules (no link out of `dest`, no device, no setuid bit) and returns
+    /// what it left out, one line each, for the job's events.
+    fn download(
+        &self,
+        node: &NodeRow,
+        path: &str,
+        dest: &Path,
+    ) -> Result<crate::tree::Skipped, TransportError>;
 
     /// Writes a small file on the node.
     fn write_file(&self, node: &NodeRow, path: &str, data: &[u8]) -> Result<(), TransportError>;
@@ -341,116 +349,4 @@ pub fn kill_option(signal: i32) -> String {
         other => return format!("-{other}"),
     };
     format!("-s {name}")
-}
-
-/// Copies `src` (file or directory) to `dest`, skipping files whose size
-/// and modification time already match; symlinks are copied as links.
-pub fn copy_tree(src: &Path, dest: &Path) -> std::io::Result<()> {
-    let meta = std::fs::symlink_metadata(src)?;
-    if meta.is_dir() {
-        std::fs::create_dir_all(dest)?;
-        for entry in std::fs::read_dir(src)? {
-            let entry = entry?;
-            copy_tree(&entry.path(), &dest.join(entry.file_name()))?;
-        }
-        return Ok(());
-    }
-    if let Some(parent) = dest.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    if meta.file_type().is_symlink() {
-        let target = std::fs::read_link(src)?;
-        let _ = std::fs::remove_file(dest);
-        return std::os::unix::fs::symlink(target, dest);
-    }
-    if let Ok(d) = std::fs::metadata(dest) {
-        if d.len() == meta.len() && d.modified().ok() == meta.modified().ok() {
-            return Ok(());
-        }
-    }
-    std::fs::copy(src, dest)?;
-    if let Ok(m) = meta.modified() {
-        let f = std::fs::File::options().write(true).open(dest)?;
-        f.set_modified(m)?;
-    }
-    Ok(())
-}
-
-/// Unpacks a tar stream of a node's directory (what `tar -C DIR -cf - .`
-/// wrote there) into `dest` as [`Transport::download`] merges: into a fresh
-/// directory beside `dest` first, then [`merge_newest`], so a stream that
-/// does not unpack changes nothing in `dest`. Needs `tar` here.
-pub fn unpack_merging(packed: &[u8], dest: &Path) -> std::io::Result<()> {
-    use std::io::Write;
-    let context = |what: String| {
-        move |e: std::io::Error| std::io::Error::new(e.kind(), format!("{what}: {e}"))
-    };
-    std::fs::create_dir_all(dest).map_err(context(format!("cannot create {}", dest.display())))?;
-    let tmp = tempdir_beside(dest).map_err(context("cannot make a temporary directory".into()))?;
-    let unpacked = (|| {
-        let mut tar = std::process::Command::new("tar")
-            .arg("-C")
-            .arg(&tmp)
-            .arg("-xf")
-            .arg("-")
-            .stdin(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(context("cannot run tar".into()))?;
-        if let Some(mut w) = tar.stdin.take() {
-            let _ = w.write_all(packed);
-        }
-        let out = tar
-            .wait_with_output()
-            .map_err(context("cannot run tar".into()))?;
-        if out.status.success() {
-            merge_newest(&tmp, dest)
-        } else {
-            Err(std::io::Error::other(
-                String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            ))
-        }
-    })();
-    let _ = std::fs::remove_dir_all(&tmp);
-    unpacked
-}
-
-/// A new, empty directory beside `dest` (same file system: the merge can
-/// rename), named after this process and the time.
-fn tempdir_beside(dest: &Path) -> std::io::Result<std::path::PathBuf> {
-    let parent = dest.parent().unwrap_or(dest);
-    for i in 0..100u32 {
-        let p = parent.join(format!(
-            ".gangway-download-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64)
-                + u64::from(i)
-        ));
-        if std::fs::create_dir(&p).is_ok() {
-            return Ok(p);
-        }
-    }
-    Err(std::io::Error::other("no free temporary directory name"))
-}
-
-/// Like [`copy_tree`], but a file already at the destination wins when it
-/// is at least as new as the source.
-pub fn merge_newest(src: &Path, dest: &Path) -> std::io::Result<()> {
-    let meta = std::fs::symlink_metadata(src)?;
-    if meta.is_dir() {
-        std::fs::create_dir_all(dest)?;
-        for entry in std::fs::read_dir(src)? {
-            let entry = entry?;
-            merge_newest(&entry.path(), &dest.join(entry.file_name()))?;
-        }
-        return Ok(());
-    }
-    if let (Ok(d), Ok(m)) = (std::fs::metadata(dest), meta.modified()) {
-        if d.modified().is_ok_and(|dm| dm >= m) {
-            return Ok(());
-        }
-    }
-    copy_tree(src, dest)
 }

@@ -420,7 +420,12 @@ impl Transport for ExecTransport {
         .map(|_| ())
     }
 
-    fn download(&self, node: &NodeRow, path: &str, dest: &Path) -> Result<(), TransportError> {
+    fn download(
+        &self,
+        node: &NodeRow,
+        path: &str,
+        dest: &Path,
+    ) -> Result<gangway_provider::Skipped, TransportError> {
         let packed = self
             .run(
                 node,
@@ -433,7 +438,7 @@ impl Transport for ExecTransport {
             )?
             .stdout;
         if packed.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         unpack_merging(&packed, dest)
             .map_err(|e| fail(node, format!("cannot copy {path} to {}", dest.display()), e))

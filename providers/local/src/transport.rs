@@ -160,9 +160,14 @@ impl Transport for LocalTransport {
         })
     }
 
-    fn download(&self, node: &NodeRow, path: &str, dest: &Path) -> Result<(), TransportError> {
+    fn download(
+        &self,
+        node: &NodeRow,
+        path: &str,
+        dest: &Path,
+    ) -> Result<gangway_provider::Skipped, TransportError> {
         if !Path::new(path).exists() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         merge_newest(Path::new(path), dest).map_err(|source| TransportError {
             node: node.label(),

@@ -350,7 +350,12 @@ impl Transport for SlurmTransport {
         run(self, node, &format!("mkdir -p {}", sh_quote(path)), None).map(|_| ())
     }
 
-    fn download(&self, node: &NodeRow, path: &str, dest: &Path) -> Result<(), TransportError> {
+    fn download(
+        &self,
+        node: &NodeRow,
+        path: &str,
+        dest: &Path,
+    ) -> Result<gangway_provider::Skipped, TransportError> {
         let packed = run(
             self,
             node,
@@ -361,7 +366,7 @@ impl Transport for SlurmTransport {
             None,
         )?;
         if packed.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         unpack_merging(&packed, dest)
             .map_err(|e| fail(node, format!("cannot copy {path} to {}", dest.display()), e))
