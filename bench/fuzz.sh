@@ -5,7 +5,8 @@
 #
 # SECONDS_PER_TARGET defaults to 60; TARGETS to all of them: task (task
 # files, bytes -> gangway::spec::parse_bytes), catalog (SkyPilot v8 vms.csv
-# -> offerings), ssh_pools (ssh_pools.yaml), slurm_clusters (slurm.yaml).
+# -> offerings), ssh_pools (ssh_pools.yaml), slurm_clusters (slurm.yaml),
+# manifest (a checkpoint rank manifest as a restore reads it from a bucket).
 # It builds the targets (fuzz/target), seeds fuzz/corpus/<target>/ from the
 # repository's files (and ../shared, or $GANGWAY_SHARED, when there), runs the targets one
 # after another under `nice -n 19`, and prints per target the seconds run,
@@ -23,7 +24,7 @@ set -uo pipefail
 
 cd "$(dirname "$0")/.."
 root=$(pwd)
-all=(task catalog ssh_pools slurm_clusters)
+all=(task catalog ssh_pools slurm_clusters manifest)
 
 secs=${1:-60}
 if ! [[ $secs =~ ^[0-9]+$ ]] || ((secs < 1)); then
@@ -135,7 +136,9 @@ for t in "${targets[@]}"; do
 done
 
 # --- runs -------------------------------------------------------------------
-dict_of() { [[ $1 == catalog ]] && echo fuzz/dict/csv.dict || echo fuzz/dict/yaml.dict; }
+dict_of() {
+    case $1 in catalog) echo fuzz/dict/csv.dict ;; manifest) echo fuzz/dict/manifest.dict ;; *) echo fuzz/dict/yaml.dict ;; esac
+}
 # Real task files are a few KiB, catalogs excerpts up to 16 KiB here.
 max_len_of() { [[ $1 == catalog ]] && echo 16384 || echo 8192; }
 

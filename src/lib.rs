@@ -21,5 +21,7 @@ pub mod provision;
 pub mod spec;
 pub mod state;
 mod storage;
+/// Checkpoint manifests as a restore reads them (public for the fuzzer).
+pub use storage::manifest as checkpoint_manifest;
 
 pub use error::{Error, ExitCode};

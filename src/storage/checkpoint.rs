@@ -120,7 +120,11 @@ pub(crate) async fn sync(
             ("GW_CK_RANK".to_string(), rank.to_string()),
         ]);
         let cmd = NodeCommand {
-            script: format!("{}{MANIFESTS}{UPLOAD}", super::RCLONE_PRELUDE),
+            script: format!(
+                "{}{}{MANIFESTS}{UPLOAD}",
+                super::RCLONE_PRELUDE,
+                super::manifest::VALIDATE
+            ),
             env,
             cwd: "~".into(),
         };
@@ -202,12 +206,14 @@ pub(crate) async fn sync(
     })
 }
 
-/// The keys a rank manifest's lines point at.
+/// The keys a rank manifest's lines point at: only lines a restore would
+/// take ([`super::manifest`]'s rules); the others name nothing to keep.
 fn keys_in(text: &[u8]) -> impl Iterator<Item = String> + '_ {
     std::str::from_utf8(text)
         .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split('\t').nth(3).map(str::to_string))
+        .split('\n')
+        .filter_map(|l| super::manifest::parse_line(l, u64::MAX).ok())
+        .map(|l| l.key.to_string())
 }
 
 /// Keeps the newest `keep` complete generations: deletes older
@@ -346,15 +352,20 @@ async fn run_on(
 
 /// Every rank's manifest of checkpoint `$1` under `GW_CK_BASE`, one after
 /// another into the file `$2`, with one rclone (a start per rank would
-/// cost seconds on a large gang); fails when rclone or reading one does.
-/// Part of [`UPLOAD`]'s and [`RESTORE`]'s scripts.
+/// cost seconds on a large gang); fails when rclone or reading one does,
+/// and (exit 2, naming the manifest and line on stderr) when a line breaks
+/// the rules of [`super::manifest`], before anything it names is copied.
+/// Only `rank-<R>.tsv` files are read. Part of [`UPLOAD`]'s and
+/// [`RESTORE`]'s scripts.
 pub(crate) const MANIFESTS: &str = r#"
 gw_ck_manifests() {
   gw_d="$(mktemp -d)" || return 1
   rclone copy "$GW_CK_BASE/manifests/$1/" "$gw_d" --transfers 16 || { rm -rf "$gw_d"; return 1; }
   : > "$2"
-  for gw_m in "$gw_d"/*.tsv; do
+  for gw_m in "$gw_d"/rank-*.tsv; do
     [ -e "$gw_m" ] || continue
+    case "${gw_m##*/}" in rank-*[!0-9]*.tsv) continue ;; esac
+    gw_ck_valid "$1" "$gw_m" "manifests/$1/${gw_m##*/}" || { rm -rf "$gw_d"; return 2; }
     cat "$gw_m" >> "$2" || { rm -rf "$gw_d"; return 1; }
   done
   rm -rf "$gw_d"
@@ -456,12 +467,22 @@ if [ -n "${GW_CK_RESTORE:-}" ]; then
   t0="$(date +%s%3N)"
   tmp="$(mktemp -d)" || gw_fail "no temporary directory"
   mkdir -p "$ck" || gw_fail "cannot make $ck"
-  gw_ck_manifests "$gen" "$tmp/all" || gw_fail "cannot read the manifests of checkpoint $gen"
-  # The newest copy of each path, grouped by the generation and rank that
-  # hold its bytes.
+  gw_ck_manifests "$gen" "$tmp/all"
+  case $? in
+    0) ;;
+    2) gw_fail "checkpoint $gen has a manifest line that breaks the rules (above); nothing of it was restored" ;;
+    *) gw_fail "cannot read the manifests of checkpoint $gen" ;;
+  esac
+  # The newest copy of each path (its size and MD5 into want), grouped by
+  # the generation and rank that hold its bytes.
   awk -F'\t' -v dir="$tmp" '
-    !($1 in t) || $3 + 0 > t[$1] + 0 { t[$1] = $3; key[$1] = $4 }
-    END { for (p in key) { split(key[p], k, "/"); print p > (dir "/list." k[1] "%" k[2]) } }' "$tmp/all"
+    !($1 in t) || $3 + 0 > t[$1] + 0 { t[$1] = $3; key[$1] = $4; size[$1] = $2; md5[$1] = $5 }
+    END {
+      for (p in key) {
+        split(key[p], k, "/"); print p > (dir "/list." k[1] "%" k[2])
+        print p "\t" size[p] "\t" md5[p] > (dir "/want")
+      }
+    }' "$tmp/all"
   for list in "$tmp"/list.*; do
     [ -e "$list" ] || continue
     src="$(basename "$list" | sed 's/^list\.//; s/%/\//g')"
@@ -473,6 +494,35 @@ if [ -n "${GW_CK_RESTORE:-}" ]; then
     rclone copy "$base/$src" "$ck" --files-from-raw "$list" "$walk" --transfers 16 --checkers 16 \
       || gw_fail "cannot restore $src of checkpoint $gen"
   done
+  # Every file as its manifest line says: there, of its size, and of its
+  # MD5 (hashed here, on every core: rclone checked each download against
+  # the store's hash, this checks the store's object against the manifest).
+  if [ -s "$tmp/want" ]; then
+    command -v md5sum >/dev/null 2>&1 || gw_fail "md5sum is not installed on this node (coreutils or busybox has it)"
+    (cd "$ck" && awk -F'\t' '{ printf "./%s%c", $1, 0 }' "$tmp/want" \
+      | xargs -0 -r -n 64 -P "$(nproc 2>/dev/null || echo 2)" md5sum) > "$tmp/got" 2> "$tmp/goterr" \
+      || gw_fail "checkpoint $gen: a restored file is missing or unreadable: $(head -n 3 "$tmp/goterr" | tr '\n' ' ')"
+    (cd "$ck" && awk -F'\t' '{ printf "./%s%c", $1, 0 }' "$tmp/want" | xargs -0 -r stat -c '%s' --) > "$tmp/sizes" \
+      || gw_fail "checkpoint $gen: cannot read the restored files' sizes"
+    awk -F'\t' -v got="$tmp/got" -v sizes="$tmp/sizes" '
+      BEGIN {
+        while ((getline l < got) > 0) {
+          # md5sum escapes a name with a backslash or newline and marks the
+          # line with a leading backslash.
+          esc = substr(l, 1, 1) == "\\"
+          if (esc) l = substr(l, 2)
+          p = substr(l, 37)
+          if (esc) { gsub(/\\n/, "\n", p); gsub(/\\\\/, "\\", p) }
+          h[p] = substr(l, 1, 32)
+        }
+      }
+      {
+        if ((getline s < sizes) <= 0) s = "?"
+        if (s != $2) { print "checkpoint: " $1 " is " s " bytes, its manifest says " $2 > "/dev/stderr"; bad = 1; exit }
+        if (h[$1] != $3) { print "checkpoint: " $1 " has MD5 " h[$1] ", its manifest says " $3 > "/dev/stderr"; bad = 1; exit }
+      }
+      END { exit bad }' "$tmp/want" || gw_fail "checkpoint $gen does not match its manifest (above): not restored"
+  fi
   # What was restored, for the next sync to compare with.
   rm -f "$ck"/.gangway-manifest-*
   LC_ALL=C sort "$tmp/all" > "$ck/.gangway-manifest-$gen"
@@ -481,3 +531,6 @@ if [ -n "${GW_CK_RESTORE:-}" ]; then
   echo "restored checkpoint $gen into $ck in $((ms / 1000)).$(printf %03d $((ms % 1000))) s"
 fi
 "#;
+
+#[cfg(test)]
+mod tests;
