@@ -24,7 +24,8 @@ A property node is {"t": TYPE} with TYPE one of str int float bool object
 datetime duration date bytes (JSON primitives) or list (with "of"), map
 (with "of"), model (with "m": a model name) or obj (an inline object with
 its own "props": the `properties` envelope of flattened models); plus "req"
-and "ro" flags, "enum" (allowed values) and "v" (other constraints). A model
+and "ro" flags, "enum" (allowed values) with "en" (the enumeration's name)
+and "v" (other constraints). A model
 may have "disc": {"key": JSON key, "map": {value: model}} for polymorphism.
 """
 
@@ -120,6 +121,7 @@ def extract(module_name):
                 target = node["of"] if node["t"] == "list" else node
                 if target["t"] == "str":
                     target["enum"] = enums[by_enum[attr]]
+                    target["en"] = by_enum[attr]
             parts = split_key(spec["key"])
             holder = root
             for part in parts[:-1]:

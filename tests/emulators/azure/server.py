@@ -390,7 +390,8 @@ class Fake:
     def render(self, res):
         body = copy.deepcopy(res["body"])
         props = body.setdefault("properties", {})
-        props["provisioningState"] = res["state"]
+        if res["kind"] != "ppg":  # (the PPG model has no provisioningState)
+            props["provisioningState"] = res["state"]
         if res["kind"] == "nic" and res.get("vm"):
             props["virtualMachine"] = {"id": res["vm"]}
         if res["kind"] == "disk":
@@ -1099,9 +1100,11 @@ class Arm:
                 raise ArmError(400, "InvalidFilterInQueryString", f"Invalid $filter '{expr}': "
                                "only location eq 'NAME' is supported.")
             where = m.group(1).lower()
+            if where not in LOCATIONS:
+                return self.page(ctx, [])
         out = []
         for name, s in SIZES.items():
-            for location in self.sizes_in(where) if where else LOCATIONS:
+            for location in ([where] if where else list(LOCATIONS)):
                 if name not in self.sizes_in(location):
                     continue
                 zones = LOCATIONS[location][1]
