@@ -37,7 +37,6 @@ import threading
 import time
 import urllib.parse
 import uuid
-from datetime import datetime, timedelta, timezone
 from email.utils import formatdate
 
 IMDS_API_VERSIONS = {"2017-03-01", "2017-04-02", "2017-08-01", "2017-10-01", "2017-11-01",

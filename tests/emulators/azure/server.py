@@ -28,7 +28,6 @@ Standard library only. README.md has the details.
 """
 
 import argparse
-import base64
 import copy
 import http.server
 import json
@@ -43,8 +42,7 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
-from datetime import datetime, timedelta, timezone
-from email.utils import formatdate
+from datetime import datetime, timezone
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
