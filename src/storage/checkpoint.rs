@@ -353,7 +353,7 @@ async fn run_on(
 /// Every rank's manifest of checkpoint `$1` under `GW_CK_BASE`, one after
 /// another into the file `$2`, with one rclone (a start per rank would
 /// cost seconds on a large gang); fails when rclone or reading one does,
-/// and (exit 2, naming the manifest and line on stderr) when a line breaks
+/// and (exit 2, `gw_ck_why` naming the manifest and line) when a line breaks
 /// the rules of [`super::manifest`], before anything it names is copied.
 /// Only `rank-<R>.tsv` files are read. Part of [`UPLOAD`]'s and
 /// [`RESTORE`]'s scripts.
@@ -365,7 +365,7 @@ gw_ck_manifests() {
   for gw_m in "$gw_d"/rank-*.tsv; do
     [ -e "$gw_m" ] || continue
     case "${gw_m##*/}" in rank-*[!0-9]*.tsv) continue ;; esac
-    gw_ck_valid "$1" "$gw_m" "manifests/$1/${gw_m##*/}" || { rm -rf "$gw_d"; return 2; }
+    gw_ck_why="$(gw_ck_valid "$1" "$gw_m" "manifests/$1/${gw_m##*/}" 2>&1)" || { rm -rf "$gw_d"; return 2; }
     cat "$gw_m" >> "$2" || { rm -rf "$gw_d"; return 1; }
   done
   rm -rf "$gw_d"
@@ -470,7 +470,7 @@ if [ -n "${GW_CK_RESTORE:-}" ]; then
   gw_ck_manifests "$gen" "$tmp/all"
   case $? in
     0) ;;
-    2) gw_fail "checkpoint $gen has a manifest line that breaks the rules (above); nothing of it was restored" ;;
+    2) gw_fail "checkpoint: $gw_ck_why; nothing of checkpoint $gen was restored" ;;
     *) gw_fail "cannot read the manifests of checkpoint $gen" ;;
   esac
   # The newest copy of each path (its size and MD5 into want), grouped by

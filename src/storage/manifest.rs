@@ -169,7 +169,7 @@ pub(crate) const VALIDATE: &str = r#"
 gw_ck_valid() {
   LC_ALL=C awk -F'\t' -v gen="$1" -v name="$3" '
     function bad(why) {
-      printf "gangway: checkpoint: %s line %d: %s\n", name, NR, why > "/dev/stderr"
+      printf "%s line %d: %s\n", name, NR, why > "/dev/stderr"
       failed = 1
       exit 1
     }
