@@ -112,14 +112,13 @@ fn override_error(e: OverrideError) -> Error {
 /// environment. Errors never echo a value.
 pub(crate) fn secret_arg(s: &str) -> Result<(String, String), Error> {
     let name = s.split('=').next().unwrap_or("");
+    if !crate::spec::valid_env_name(name) {
+        return Err(Error::usage(
+            format!("--secret {name}: not a valid environment variable name"),
+            Some("letters, digits and _, not starting with a digit: --secret KEY or --secret KEY=VALUE"),
+        ));
+    }
     if !s.contains('=') {
-        let valid = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !valid {
-            return Err(Error::usage(
-                format!("--secret {name}: not a valid environment variable name"),
-                Some("write --secret KEY (taken from your environment) or --secret KEY=VALUE"),
-            ));
-        }
         return match std::env::var(name) {
             Ok(v) => Ok((name.to_string(), v)),
             Err(_) => Err(Error::usage(

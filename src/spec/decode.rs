@@ -301,10 +301,16 @@ pub(crate) fn task(doc: &Node, file: &str) -> R<Task> {
         num_nodes: 1,
         ..Task::default()
     };
+    let mut git_credentials = None;
     for (key, _k, v) in fields {
         match key {
             "name" => t.name = cx.opt_string(v, key)?,
-            "workdir" => t.workdir = workdir(&cx, v)?,
+            "workdir" => {
+                if let Some((w, credentials)) = workdir(&cx, v)? {
+                    t.workdir = Some(w);
+                    git_credentials = credentials;
+                }
+            }
             "num_nodes" => {
                 t.num_nodes =
                     cx.whole(v, key, 1, 4096, "write how many machines to launch, e.g. 2")? as u32
@@ -325,6 +331,10 @@ pub(crate) fn task(doc: &Node, file: &str) -> R<Task> {
             "deadline" => deadline(&cx, v, &mut t)?,
             _ => unreachable!("fields() only returns allowed keys"),
         }
+    }
+    if let Some(c) = git_credentials {
+        t.secrets.retain(|(k, _)| k != GIT_CREDENTIALS);
+        t.secrets.push((GIT_CREDENTIALS.to_string(), Some(c)));
     }
     Ok(t)
 }
@@ -347,26 +357,96 @@ fn command(cx: &Cx, v: &Node, field: &str) -> R<Option<String>> {
 
 const WORKDIR_HINT: &str = "write e.g. workdir: {url: https://github.com/org/repo, ref: main}";
 
-fn workdir(cx: &Cx, v: &Node) -> R<Option<Workdir>> {
+/// The secret a git workdir's URL credentials travel in (taken out of the
+/// URL: never in logs, events or the state database).
+pub const GIT_CREDENTIALS: &str = "GANGWAY_GIT_CREDENTIALS";
+
+fn workdir(cx: &Cx, v: &Node) -> R<Option<(Workdir, Option<Secret>)>> {
     match &v.kind {
         Kind::Null => Ok(None),
-        Kind::Scalar { text, .. } => Ok(Some(Workdir::Path(text.clone()))),
+        Kind::Scalar { text, .. } => Ok(Some((Workdir::Path(text.clone()), None))),
         Kind::Map(_) => {
             let mut url = None;
             let mut git_ref = None;
             for (key, _k, val) in cx.fields(v, "workdir", &["url", "ref"], WORKDIR_HINT)? {
                 let path = join("workdir", key);
-                match key {
-                    "url" => url = Some(cx.string(val, &path)?),
-                    _ => git_ref = cx.opt_string(val, &path)?,
+                let value = match key {
+                    "url" => {
+                        url = Some(cx.string(val, &path)?);
+                        url.clone()
+                    }
+                    _ => {
+                        git_ref = cx.opt_string(val, &path)?;
+                        git_ref.clone()
+                    }
+                };
+                if let Some(bad) =
+                    value.filter(|t| t.starts_with('-') || t.contains(char::is_control))
+                {
+                    return Err(cx.err(
+                        val,
+                        &path,
+                        format!(
+                            "'{}' begins with '-' or holds a control character: git would read it as an option",
+                            bad.escape_debug()
+                        ),
+                        WORKDIR_HINT,
+                    ));
                 }
             }
             let url =
                 url.ok_or_else(|| cx.err(v, "workdir", "a git workdir needs 'url'", WORKDIR_HINT))?;
-            Ok(Some(Workdir::Git { url, git_ref }))
+            let (url, credentials) = split_credentials(&url);
+            Ok(Some((
+                Workdir::Git { url, git_ref },
+                credentials.map(Secret::new),
+            )))
         }
         _ => Err(cx.expected(v, "workdir", "a directory path or {url, ref}", WORKDIR_HINT)),
     }
+}
+
+/// `https://user:token@host/repo` -> (`https://host/repo`, `user:token`),
+/// the credentials percent-decoded as git would; a URL without any is
+/// returned as it is.
+pub fn split_credentials(url: &str) -> (String, Option<String>) {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return (url.to_string(), None);
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return (url.to_string(), None);
+    };
+    let userinfo = &rest[..at];
+    // Only HTTP(S) URLs carry passwords and tokens: elsewhere
+    // (`ssh://git@host/...`) the user is a user name, not a credential.
+    let http = scheme.eq_ignore_ascii_case("https") || scheme.eq_ignore_ascii_case("http");
+    if userinfo.is_empty() || !http {
+        return (url.to_string(), None);
+    }
+    (
+        format!("{scheme}://{}", &rest[at + 1..]),
+        Some(percent_decode(userinfo)),
+    )
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn env_map(cx: &Cx, v: &Node, field: &str) -> R<Vec<(String, Option<String>)>> {
@@ -386,10 +466,7 @@ fn env_map(cx: &Cx, v: &Node, field: &str) -> R<Vec<(String, Option<String>)>> {
     for (k, val) in items {
         let name = cx.string(k, field)?;
         let path = join(field, &name);
-        if name.is_empty()
-            || name.starts_with(|c: char| c.is_ascii_digit())
-            || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-        {
+        if !super::valid_env_name(&name) {
             return Err(cx.err(
                 k,
                 &path,
@@ -437,6 +514,20 @@ fn file_mounts(cx: &Cx, v: &Node) -> R<Vec<FileMount>> {
     for (k, val) in items {
         let dest = cx.string(k, "file_mounts")?;
         let path = join("file_mounts", &dest);
+        if dest.split('/').any(|seg| seg == "..")
+            || dest.is_empty()
+            || dest.contains(char::is_control)
+        {
+            return Err(cx.err(
+                k,
+                &path,
+                format!(
+                    "the destination '{}' climbs out with '..', is empty or holds a control character",
+                    dest.escape_debug()
+                ),
+                "name the path on the node itself, e.g. /data or ~/data (no '..')",
+            ));
+        }
         let source = match &val.kind {
             Kind::Scalar { text, .. } if text.contains("://") => MountSource::Uri(text.clone()),
             Kind::Scalar { text, .. } => MountSource::Local(text.clone()),

@@ -163,10 +163,19 @@ pub fn parse_assignment(s: &str) -> Result<(String, String), AssignmentError> {
     let (k, v) = s
         .split_once('=')
         .ok_or_else(|| AssignmentError::NoEquals(s.to_string()))?;
-    if k.is_empty() || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+    if !valid_env_name(k) {
         return Err(AssignmentError::BadName(k.to_string()));
     }
     Ok((k.to_string(), v.to_string()))
+}
+
+/// Whether `name` is an environment variable's name as a shell takes it:
+/// letters, digits and `_`, not starting with a digit. The same rule for
+/// `envs:`, `secrets:`, `--env`, `--secret` and env files.
+pub fn valid_env_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// Why a `KEY=VALUE` assignment (`--env`, an env file's line) was refused.
@@ -176,7 +185,7 @@ pub enum AssignmentError {
     #[error("expected KEY=VALUE, got '{0}'")]
     NoEquals(String),
     /// The name is not an environment variable's.
-    #[error("'{0}' is not a valid environment variable name (letters, digits, _)")]
+    #[error("'{0}' is not a valid environment variable name (letters, digits, _, not starting with a digit)")]
     BadName(String),
 }
 
@@ -267,11 +276,30 @@ pub fn redact_secrets(text: &str, file: &str) -> Result<String, RedactError> {
     let yaml::Kind::Map(entries) = &root.kind else {
         return Err(refuse("the document is not a mapping"));
     };
+    // A git workdir's URL credentials (a secret of the task) come out of
+    // the URL itself.
+    let cleaned = git_url_of(entries).and_then(|raw| {
+        let (clean, credentials) = decode::split_credentials(raw);
+        credentials.map(|_| text.replace(raw, &clean))
+    });
+    let text = cleaned.as_deref().unwrap_or(text);
     let Some(i) = entries
         .iter()
         .position(|(k, _)| matches!(&k.kind, yaml::Kind::Scalar { text, .. } if text == "secrets"))
     else {
-        return Err(refuse("no top-level secrets: key"));
+        // No `secrets:` block (the only secret is the URL's): one at the end.
+        if entries.first().is_some_and(|(k, _)| k.pos.col != 1) {
+            return Err(refuse("the top-level mapping is not in block style"));
+        }
+        let mut out = text.to_string();
+        if !out.ends_with('\n') {
+            out.push('\n');
+        }
+        out.push_str("secrets:\n");
+        for (k, _) in &task.secrets {
+            out.push_str(&format!("  {k}: null\n"));
+        }
+        return checked_copy(&task, out, &literal, file);
     };
     let start = entries[i].0.pos;
     if start.col != 1 {
@@ -293,20 +321,47 @@ pub fn redact_secrets(text: &str, file: &str) -> Result<String, RedactError> {
             }
         }
     }
-    // The copy must be the same task with the values gone.
+    checked_copy(&task, out, &literal, file)
+}
+
+/// `out` when it is the same task as `task` with the secret values gone
+/// (none of `literal` anywhere in its text).
+fn checked_copy(
+    task: &Task,
+    out: String,
+    literal: &[&str],
+    file: &str,
+) -> Result<String, RedactError> {
+    let refuse = |why: &str| RedactError::Refused {
+        file: file.to_string(),
+        why: why.to_string(),
+    };
     let again = parse_str(&out, file).map_err(|e| refuse(&e.to_string()))?;
     let unvalued = |t: &Task| {
         let mut t = t.clone();
         t.secrets.iter_mut().for_each(|(_, v)| *v = None);
         format!("{t:?}")
     };
-    if unvalued(&again) != unvalued(&task)
+    if unvalued(&again) != unvalued(task)
         || again.secrets.iter().any(|(_, v)| v.is_some())
         || literal.iter().any(|v| out.contains(v))
     {
         return Err(refuse("the redacted copy would not be the same task"));
     }
     Ok(out)
+}
+
+/// The text of the top-level `workdir: {url: ...}`, if the task has one.
+fn git_url_of(entries: &[(yaml::Node, yaml::Node)]) -> Option<&str> {
+    let is = |n: &yaml::Node, name: &str| matches!(&n.kind, yaml::Kind::Scalar { text, .. } if text == name);
+    let (_, w) = entries.iter().find(|(k, _)| is(k, "workdir"))?;
+    let yaml::Kind::Map(fields) = &w.kind else {
+        return None;
+    };
+    match &fields.iter().find(|(k, _)| is(k, "url"))?.1.kind {
+        yaml::Kind::Scalar { text, .. } => Some(text),
+        _ => None,
+    }
 }
 
 impl Task {

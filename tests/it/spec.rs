@@ -327,3 +327,97 @@ fn bytes_that_are_not_utf8_or_too_many_are_refused() {
     let t = gangway::spec::parse_bytes(b"run: echo \xc3\xa9\n", "t.yaml").unwrap();
     assert_eq!(t.run.as_deref(), Some("echo é"));
 }
+
+/// A ref or URL that begins with `-` would reach git as an option
+/// (`--upload-pack=...` ran a command on the node): refused where it
+/// stands.
+#[test]
+fn a_git_ref_or_url_that_looks_like_an_option_is_refused_where_it_stands() {
+    let e = parse_str(
+        "workdir:\n  url: https://example.com/r.git\n  ref: \"--upload-pack=touch /tmp/pwned\"\nrun: echo\n",
+        "t.yaml",
+    )
+    .unwrap_err();
+    assert_eq!(
+        (e.line, e.col, e.field.as_str()),
+        (3, 8, "workdir.ref"),
+        "{e}"
+    );
+    assert!(e.message.contains("begins with '-'"), "{e}");
+    let e = parse_str("workdir: {url: -oProxyCommand=x}\nrun: echo\n", "t.yaml").unwrap_err();
+    assert_eq!(e.field, "workdir.url", "{e}");
+}
+
+/// A URL's credentials are taken out of it: the task (stored, logged,
+/// shown) holds the URL without them, and they travel as a secret.
+#[test]
+fn a_git_urls_credentials_become_a_secret() {
+    let t = parse_str(
+        "workdir:\n  url: https://bot:s3cr%40t@github.com/org/repo.git\nrun: echo\n",
+        "t.yaml",
+    )
+    .unwrap();
+    assert_eq!(
+        t.workdir,
+        Some(Workdir::Git {
+            url: "https://github.com/org/repo.git".into(),
+            git_ref: None
+        })
+    );
+    let (name, value) = t.secrets.last().unwrap();
+    assert_eq!(name, "GANGWAY_GIT_CREDENTIALS");
+    assert_eq!(value.as_ref().unwrap().expose(), "bot:s3cr@t");
+    assert!(!format!("{t:?}").contains("s3cr"), "{t:?}");
+    // ssh's user is not a credential.
+    let t = parse_str(
+        "workdir: {url: \"ssh://git@host/r.git\"}\nrun: echo\n",
+        "t.yaml",
+    )
+    .unwrap();
+    assert!(t.secrets.is_empty());
+}
+
+#[test]
+fn a_file_mount_destination_that_climbs_out_is_refused_at_parse_time() {
+    let e = parse_str(
+        "file_mounts:\n  /data: ./d\n  ~/../../etc/cron.d/x: ./f\nrun: echo\n",
+        "t.yaml",
+    )
+    .unwrap_err();
+    assert_eq!((e.line, e.col), (3, 3), "{e}");
+    assert!(e.message.contains("climbs out"), "{e}");
+}
+
+/// `--env NAME=...` names follow the YAML's rule (not starting with a
+/// digit), as every shell's do.
+#[test]
+fn env_flag_names_are_checked_like_the_yamls() {
+    assert!(gangway::spec::parse_assignment("1X=y").is_err());
+    assert!(gangway::spec::parse_assignment("A-B=y").is_err());
+    assert_eq!(
+        gangway::spec::parse_assignment("X_1=a=b").unwrap(),
+        ("X_1".to_string(), "a=b".to_string())
+    );
+}
+
+/// A managed job keeps its task file for its recoveries: a git URL's
+/// credentials are cut out of that copy like `secrets:` values, and come
+/// back as the secret they became.
+#[test]
+fn the_kept_copy_of_a_task_holds_no_git_credentials() {
+    let text =
+        "workdir:\n  url: https://bot:tok3n@github.com/org/repo.git\n  ref: main\nrun: echo hi\n";
+    let copy = gangway::spec::redact_secrets(text, "t.yaml").unwrap();
+    assert!(!copy.contains("tok3n"), "{copy}");
+    let again = parse_str(&copy, "t.yaml").unwrap();
+    assert_eq!(
+        again.workdir,
+        Some(Workdir::Git {
+            url: "https://github.com/org/repo.git".into(),
+            git_ref: Some("main".into())
+        })
+    );
+    assert_eq!(again.secrets.len(), 1);
+    assert_eq!(again.secrets[0].0, "GANGWAY_GIT_CREDENTIALS");
+    assert!(again.secrets[0].1.is_none());
+}

@@ -13,6 +13,16 @@ use saphyr_parser::{Event, Parser, ScalarStyle, ScanError};
 pub const MAX_DEPTH: usize = 64;
 /// Most nodes one document may expand to, aliases counted at full size.
 pub const MAX_NODES: usize = 200_000;
+/// What a node costs in the tree besides its text, for the byte budget
+/// (the size of a [`Node`] and its share of a parent's vector, rounded up).
+pub const NODE_BYTES: usize = 64;
+/// The byte budget of the tree built from `len` bytes of YAML: the tree
+/// (nodes and text, aliases counted at full size) may cost at most this
+/// much, so a file under the task size cap never costs more than a small
+/// multiple of its size however its aliases repeat its strings.
+pub fn max_tree_bytes(len: usize) -> usize {
+    len.saturating_mul(16).saturating_add(1 << 20)
+}
 
 /// 1-based line and column.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -201,12 +211,15 @@ enum Frame {
 
 /// The number of nodes in `n`, and how many levels of mappings and
 /// sequences it nests (0 for a scalar).
-fn measure(n: &Node) -> (usize, usize) {
+/// A node's count of nodes, its cost in bytes (see [`NODE_BYTES`]) and
+/// its nesting levels.
+fn measure(n: &Node) -> (usize, usize, usize) {
     // Iterative to stay safe on deep trees.
     let mut stack = vec![(n, 0)];
-    let (mut count, mut height) = (0, 0);
+    let (mut count, mut bytes, mut height) = (0, 0usize, 0);
     while let Some((n, above)) = stack.pop() {
         count += 1;
+        bytes = bytes.saturating_add(cost(n));
         match &n.kind {
             Kind::Seq(items) => {
                 height = height.max(above + 1);
@@ -222,7 +235,15 @@ fn measure(n: &Node) -> (usize, usize) {
             _ => {}
         }
     }
-    (count, height)
+    (count, bytes, height)
+}
+
+/// What one node costs in the tree, its children aside.
+fn cost(n: &Node) -> usize {
+    match &n.kind {
+        Kind::Scalar { text, .. } => NODE_BYTES + text.len(),
+        _ => NODE_BYTES,
+    }
 }
 
 /// Parses all documents in `text`.
@@ -230,9 +251,26 @@ pub fn parse(text: &str) -> Result<Documents, YamlError> {
     let mut parser = Parser::new_from_str(text);
     let mut docs = Vec::new();
     let mut stack: Vec<Frame> = Vec::new();
-    // anchor id -> (node, its size, its nesting levels)
-    let mut anchors: HashMap<usize, (Node, usize, usize)> = HashMap::new();
+    // anchor id -> (node, its size, its cost in bytes, its nesting levels)
+    let mut anchors: HashMap<usize, (Node, usize, usize, usize)> = HashMap::new();
     let mut total = 0usize;
+    let mut bytes = 0usize;
+    let budget = max_tree_bytes(text.len());
+    let too_costly = |pos, bytes: usize| YamlError {
+        pos,
+        field: String::new(),
+        message: format!(
+            "document expands to more than {} MiB ({} MiB so far) from {} KiB of YAML",
+            budget >> 20,
+            bytes >> 20,
+            text.len().div_ceil(1024)
+        ),
+        hint: Some(
+            "aliases (*name) repeat their anchor's text in full; \
+             write the value once, or use fewer aliases of large values"
+                .into(),
+        ),
+    };
 
     // Adds a finished node to its parent, or finishes a document. A key
     // that its mapping already has is an error.
@@ -294,7 +332,7 @@ pub fn parse(text: &str) -> Result<Documents, YamlError> {
             Event::StreamStart | Event::StreamEnd | Event::DocumentStart(_) | Event::Nothing => {}
             Event::DocumentEnd => anchors.clear(),
             Event::Alias(id) => {
-                let Some((node, size, height)) = anchors.get(&id) else {
+                let Some((node, size, cost_bytes, height)) = anchors.get(&id) else {
                     return Err(YamlError {
                         pos,
                         field: path_of(&stack),
@@ -307,6 +345,10 @@ pub fn parse(text: &str) -> Result<Documents, YamlError> {
                 total = total.saturating_add(*size);
                 if total > MAX_NODES {
                     return Err(too_big(pos));
+                }
+                bytes = bytes.saturating_add(*cost_bytes);
+                if bytes > budget {
+                    return Err(too_costly(pos, bytes));
                 }
                 // An alias nests its anchor's levels where it stands:
                 // chained anchors, each within the limit, built trees
@@ -334,13 +376,19 @@ pub fn parse(text: &str) -> Result<Documents, YamlError> {
                         }
                     };
                 let node = Node { kind, pos };
+                let c = cost(&node);
+                bytes = bytes.saturating_add(c);
+                if bytes > budget {
+                    return Err(too_costly(pos, bytes));
+                }
                 if anchor > 0 {
-                    anchors.insert(anchor, (node.clone(), 1, 0));
+                    anchors.insert(anchor, (node.clone(), 1, c, 0));
                 }
                 push(&mut stack, &mut docs, node)?;
             }
             Event::SequenceStart(anchor, _) | Event::MappingStart(anchor, _) => {
                 total += 1;
+                bytes = bytes.saturating_add(NODE_BYTES);
                 if stack.len() >= MAX_DEPTH {
                     return Err(nesting_error(pos));
                 }
@@ -381,8 +429,8 @@ pub fn parse(text: &str) -> Result<Documents, YamlError> {
                     None => continue,
                 };
                 if anchor > 0 {
-                    let (size, height) = measure(&node);
-                    anchors.insert(anchor, (node.clone(), size, height));
+                    let (size, cost_bytes, height) = measure(&node);
+                    anchors.insert(anchor, (node.clone(), size, cost_bytes, height));
                 }
                 push(&mut stack, &mut docs, node)?;
             }
@@ -431,6 +479,28 @@ mod tests {
         }
         let e = parse(&s).err().expect("bomb must fail");
         assert!(e.message.contains("more than"), "{}", e.message);
+    }
+
+    /// The review's case: a 220 KB file whose aliases repeat one 20 KB
+    /// string made `gangway optimize` use 790 MB. The tree's cost is now
+    /// bounded by bytes, not only by nodes: refused, naming the line of
+    /// the alias that went over.
+    #[test]
+    fn aliases_of_a_large_string_are_refused_by_bytes() {
+        let big = "x".repeat(20_000);
+        let mut s = format!("big: &big \"{big}\"\nlist:\n");
+        while s.len() < 220_000 {
+            s.push_str("  - *big\n");
+        }
+        let e = parse(&s).err().expect("must be refused");
+        assert!(e.message.contains("MiB"), "{}", e.message);
+        // The budget: 16 x 220 KB + 1 MiB, about 4.4 MiB; the first alias
+        // past it is about (4.4 MiB - 20 KB) / 20 KB aliases in.
+        let line = e.pos.line;
+        assert!((200..260).contains(&line), "refused at line {line}");
+        // A few aliases of the same string are fine.
+        let ok = format!("big: &big \"{big}\"\nlist: [*big, *big, *big]\n");
+        assert!(parse(&ok).is_ok());
     }
 
     #[test]
