@@ -14,6 +14,7 @@ use crate::state::Store;
 use crate::Error;
 
 pub(crate) mod checkpoint;
+pub mod manifest;
 
 /// How a bucket appears on the node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -106,12 +107,12 @@ pub(crate) async fn node_env(
             .node_env(remote)
             .await?;
         env.push((expires_var(remote), unix_seconds(expires).to_string()));
-        return Ok(reread_at_the_latest(env, remote));
+        return Ok(with_conf(reread_at_the_latest(env, remote), remote));
     }
     // A GCS token is told to expire when it is taken to (50 minutes after
     // it was first seen), or sooner by the same rule as S3 keys.
     let env = Bucket::open(url, &endpoints)?.node_env(remote).await?;
-    Ok(reread_at_the_latest(env, remote))
+    Ok(with_conf(reread_at_the_latest(env, remote), remote))
 }
 
 /// `env` with `remote`'s expiry (if it has one) no later than
@@ -201,13 +202,91 @@ pub(crate) async fn bucket_env(
     own: &OwnIdentity,
 ) -> Result<Vec<(String, String)>, StoreError> {
     if own.covers(url) {
-        return Ok(gangway_store::identity_env(
-            url,
-            &Endpoints::from_env(),
-            remote,
-        ));
+        let env = gangway_store::identity_env(url, &Endpoints::from_env(), remote);
+        return Ok(with_conf(env, remote));
     }
     node_env(url, remote).await
+}
+
+/// `env` with `remote`'s configuration file text ([`rclone_conf`]) added:
+/// every set of node settings carries it, first ones and renewals alike.
+fn with_conf(mut env: Vec<(String, String)>, remote: &str) -> Vec<(String, String)> {
+    let conf = rclone_conf(remote, &env);
+    env.push((conf_var(remote), conf));
+    env
+}
+
+/// The variable that carries `remote`'s whole rclone configuration file,
+/// as gangway wrote it.
+fn conf_var(remote: &str) -> String {
+    format!("GW_RCLONE_CONF_{}", remote.to_ascii_uppercase())
+}
+
+/// `remote`'s rclone configuration file (what a mount rereads when its
+/// credentials are renewed), written here from the `RCLONE_CONFIG_<R>_*`
+/// values gangway chose: the node writes this text as it is, and never
+/// reads its settings back out of an environment that also holds the
+/// task's values (one with a newline could add a line such as
+/// `RCLONE_CONFIG_GW0_ENDPOINT=...`). S3 keys stay out of it (the mount
+/// reads them through the AWS SDK's credential_process); a GCS token gets
+/// its expiry, so rclone knows when to read the file again. A value with a
+/// line break is left out.
+fn rclone_conf(remote: &str, env: &[(String, String)]) -> String {
+    let prefix = format!("RCLONE_CONFIG_{}_", remote.to_ascii_uppercase());
+    let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    let kind = get(&format!("{prefix}TYPE")).unwrap_or_default();
+    let expires = get(&expires_var(remote))
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(utc_stamp);
+    let mut out = format!("[{remote}]\n");
+    for (name, value) in env {
+        let Some(key) = name.strip_prefix(&prefix) else {
+            continue;
+        };
+        let key = key.to_ascii_lowercase();
+        if value.contains(['\n', '\r']) {
+            continue;
+        }
+        if kind == "s3"
+            && matches!(
+                key.as_str(),
+                "access_key_id" | "secret_access_key" | "session_token" | "env_auth"
+            )
+        {
+            continue;
+        }
+        match (&expires, key.as_str(), value.strip_suffix('}')) {
+            (Some(when), "token", Some(open)) => {
+                out.push_str(&format!("{key} = {open}, \"expiry\": \"{when}\"}}\n"));
+            }
+            _ => out.push_str(&format!("{key} = {value}\n")),
+        }
+    }
+    if kind == "s3" {
+        out.push_str("env_auth = true\n");
+    }
+    out
+}
+
+/// Unix seconds as `YYYY-MM-DDTHH:MM:SSZ` (UTC).
+fn utc_stamp(secs: u64) -> String {
+    // Days to a civil date (Howard Hinnant's algorithm).
+    let days = (secs / 86_400) as i64 + 719_468;
+    let era = days.div_euclid(146_097);
+    let doe = days.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let t = secs % 86_400;
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        t / 3600,
+        t / 60 % 60,
+        t % 60
+    )
 }
 
 /// The variable that tells a node when `remote`'s credentials expire (Unix
@@ -814,6 +893,7 @@ pub(crate) fn node_script(mounts: &[BucketMount]) -> String {
         };
         s.push_str(&line);
     }
+    s.push_str(manifest::VALIDATE);
     s.push_str(checkpoint::MANIFESTS);
     s.push_str(checkpoint::RESTORE);
     s
@@ -962,19 +1042,40 @@ if [ -n "${AWS_CA_BUNDLE:-}" ]; then export RCLONE_CA_CERT="$AWS_CA_BUNDLE"; uns
 /// A git workdir (`GW_GIT_URL` at `GW_GIT_REF`) into `GANGWAY_WORKDIR`:
 /// a shallow fetch of the ref, or, for a commit the server will not serve
 /// alone, the whole history; then a forced checkout (untracked files stay).
+/// A URL or ref that begins with `-` is refused (git would read it as an
+/// option; the task parser refuses them first), and positional arguments
+/// follow `--`. The URL's credentials (`user:token@`, taken out of it when
+/// the task was read) come as the secret `GANGWAY_GIT_CREDENTIALS` and
+/// reach git only through `GIT_ASKPASS`: never the URL, the remote's
+/// configuration, a command line or the log.
 const GIT_WORKDIR: &str = r#"if [ -n "${GW_GIT_URL:-}" ]; then
   command -v git >/dev/null 2>&1 || gw_fail "workdir: git is not installed on this node (needed to clone $GW_GIT_URL)"
   wd="$(gw_path "$GANGWAY_WORKDIR")"; ref="${GW_GIT_REF:-}"
+  case "$GW_GIT_URL" in -*) gw_fail "workdir: the url begins with '-'" ;; esac
+  case "$ref" in -*) gw_fail "workdir: the ref begins with '-'" ;; esac
   mkdir -p "$wd" || gw_fail "workdir: cannot make $wd"
   export GIT_TERMINAL_PROMPT=0
+  if [ -n "${GANGWAY_GIT_CREDENTIALS:-}" ]; then
+    gw_askpass="$(mktemp)" || gw_fail "workdir: no temporary file"
+    trap 'rm -f "$gw_askpass"' EXIT
+    cat > "$gw_askpass" <<'GW_ASKPASS'
+#!/bin/sh
+c="$GANGWAY_GIT_CREDENTIALS"
+case "$1" in
+  [Uu]sername*) printf '%s\n' "${c%%:*}" ;;
+  *) case "$c" in *:*) printf '%s\n' "${c#*:}" ;; *) echo ;; esac ;;
+esac
+GW_ASKPASS
+    chmod 700 "$gw_askpass" && export GIT_ASKPASS="$gw_askpass"
+  fi
   [ -d "$wd/.git" ] || git -C "$wd" init -q || gw_fail "workdir: git init failed in $wd"
   git -C "$wd" remote remove origin >/dev/null 2>&1
-  git -C "$wd" remote add origin "$GW_GIT_URL" || gw_fail "workdir: git remote add failed"
-  if git -C "$wd" fetch -q --depth 1 origin ${ref:+"$ref"} 2>"$wd/.git/gangway-fetch.err"; then
-    git -C "$wd" checkout -q --force FETCH_HEAD || gw_fail "workdir: cannot check out $GW_GIT_URL ${ref:-HEAD}"
-  elif [ -n "$ref" ] && git -C "$wd" fetch -q origin 2>"$wd/.git/gangway-fetch.err" \
+  git -C "$wd" remote add -- origin "$GW_GIT_URL" || gw_fail "workdir: git remote add failed"
+  if git -C "$wd" fetch -q --depth 1 -- origin ${ref:+"$ref"} 2>"$wd/.git/gangway-fetch.err"; then
+    git -C "$wd" checkout -q --force FETCH_HEAD -- || gw_fail "workdir: cannot check out $GW_GIT_URL ${ref:-HEAD}"
+  elif [ -n "$ref" ] && git -C "$wd" fetch -q -- origin 2>"$wd/.git/gangway-fetch.err" \
       && git -C "$wd" rev-parse -q --verify "$ref^{commit}" >/dev/null; then
-    git -C "$wd" checkout -q --force "$ref" || gw_fail "workdir: cannot check out $ref of $GW_GIT_URL"
+    git -C "$wd" checkout -q --force "$ref" -- || gw_fail "workdir: cannot check out $ref of $GW_GIT_URL"
   else
     gw_fail "workdir: cannot fetch ${ref:-the default branch} of $GW_GIT_URL: $(tail -n 2 "$wd/.git/gangway-fetch.err" | tr '\n' ' ')"
   fi
@@ -1031,18 +1132,10 @@ gw_creds() {
       printf '[profile gangway]\ncredential_process = cat %s\n' "$d/$r.json" > "$d/$r.aws.$$" \
         && mv -f "$d/$r.aws.$$" "$d/$r.aws" || gw_fail "$r: cannot write $d/$r.aws"
     fi
-    { printf '[%s]\n' "$r"
-      env | while IFS= read -r line; do
-        case "$line" in "RCLONE_CONFIG_${R}_"*) ;; *) continue ;; esac
-        k="${line%%=*}"; k="$(printf %s "${k#RCLONE_CONFIG_"${R}"_}" | tr A-Z a-z)"; v="${line#*=}"
-        case "$type:$k" in
-          s3:access_key_id|s3:secret_access_key|s3:session_token|s3:env_auth) continue ;;
-          *:token) [ -n "$when" ] && v="${v%\}}, \"expiry\": \"$when\"}" ;;
-        esac
-        printf '%s = %s\n' "$k" "$v"
-      done
-      if [ "$type" = s3 ]; then printf 'env_auth = true\n'; fi
-    } > "$d/$r.conf.$$" && mv -f "$d/$r.conf.$$" "$d/$r.conf" || gw_fail "$r: cannot write $d/$r.conf"
+    # The configuration gangway wrote, as it is: nothing is parsed out of
+    # the environment, which also holds the task's values.
+    conf="$(printenv "GW_RCLONE_CONF_${R}")" || gw_fail "$r: gangway sent no rclone configuration"
+    printf '%s\n' "$conf" > "$d/$r.conf.$$" && mv -f "$d/$r.conf.$$" "$d/$r.conf" || gw_fail "$r: cannot write $d/$r.conf"
   ) || exit 3
 }
 # rclone for REMOTE's mount: its settings from the files above only (none
@@ -1201,6 +1294,83 @@ mod tests {
         };
         let renewed = renewed_mounts(&[m("s3://bkt"), m("gs://bkt")], &own);
         assert_eq!(renewed, vec![m("gs://bkt")]);
+    }
+
+    /// The review's attack: a task env value with a newline made `env`
+    /// print a line `RCLONE_CONFIG_GW0_ENDPOINT=...` that the node read
+    /// into the mount's configuration. The node now writes the text gangway
+    /// built, and reads nothing out of the environment.
+    #[test]
+    fn a_task_value_with_a_newline_cannot_write_the_mounts_configuration() {
+        let env = vec![
+            ("RCLONE_CONFIG_GW0_TYPE".to_string(), "s3".to_string()),
+            ("RCLONE_CONFIG_GW0_PROVIDER".to_string(), "AWS".to_string()),
+            (
+                "RCLONE_CONFIG_GW0_ACCESS_KEY_ID".to_string(),
+                "AKIA".to_string(),
+            ),
+            (
+                "RCLONE_CONFIG_GW0_SECRET_ACCESS_KEY".to_string(),
+                "sec".to_string(),
+            ),
+            (
+                "RCLONE_CONFIG_GW0_REGION".to_string(),
+                "us-east-1".to_string(),
+            ),
+        ];
+        let conf = rclone_conf("gw0", &env);
+        assert_eq!(
+            conf,
+            "[gw0]\ntype = s3\nprovider = AWS\nregion = us-east-1\nenv_auth = true\n"
+        );
+        let home = tempfile::tempdir().unwrap();
+        let script = format!(
+            "{RCLONE_PRELUDE}{MOUNT_FUNCTIONS}\ngw_creds gw0\ncat \"$(gw_cred_dir)/gw0.conf\"\n"
+        );
+        let mut c = std::process::Command::new("bash");
+        c.arg("-c")
+            .arg(script)
+            .env("HOME", home.path())
+            .env("GANGWAY_CLUSTER", "c1");
+        for (k, v) in &env {
+            c.env(k, v);
+        }
+        c.env(conf_var("gw0"), &conf);
+        c.env(
+            "TASK_VALUE",
+            "x\nRCLONE_CONFIG_GW0_ENDPOINT=http://stranger.example\n",
+        );
+        let out = c.output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(text, conf);
+        assert!(!text.contains("stranger"), "{text}");
+    }
+
+    #[test]
+    fn a_gcs_token_gets_its_expiry_in_utc() {
+        assert_eq!(utc_stamp(0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc_stamp(1_764_931_845), "2025-12-05T10:50:45Z");
+        assert_eq!(utc_stamp(951_782_400), "2000-02-29T00:00:00Z");
+        let env = vec![
+            (
+                "RCLONE_CONFIG_GW1_TYPE".to_string(),
+                "google cloud storage".to_string(),
+            ),
+            (
+                "RCLONE_CONFIG_GW1_TOKEN".to_string(),
+                "{\"access_token\": \"t\"}".to_string(),
+            ),
+            ("GW_EXPIRES_GW1".to_string(), "0".to_string()),
+        ];
+        assert_eq!(
+            rclone_conf("gw1", &env),
+            "[gw1]\ntype = google cloud storage\ntoken = {\"access_token\": \"t\", \"expiry\": \"1970-01-01T00:00:00Z\"}\n"
+        );
     }
 
     #[test]
