@@ -940,6 +940,16 @@ fn parse_own(cloud: &str, text: &str, shown: &str) -> (Vec<Offering>, Option<Dat
     (rows, taken, warnings)
 }
 
+/// The largest number a catalog field may hold (a price in $/h, a count,
+/// GiB): anything larger is refused like NaN, so no sum or product of
+/// prices overflows (the cache keeps some as f32, whose largest is 3.4e38).
+pub(crate) const MAX_FIELD: f64 = 1_000_000.0;
+
+/// Whether `v` is a number a catalog field may hold.
+pub(crate) fn in_range(v: f64) -> bool {
+    v.is_finite() && (0.0..=MAX_FIELD).contains(&v)
+}
+
 /// Why a row of gangway's own catalog format was skipped (a warning that
 /// names the file and line).
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -948,7 +958,7 @@ enum RowError {
     Fields(usize),
     #[error("estimated: '{0}' is not one of price, spot, price+spot")]
     Estimated(String),
-    #[error("{field}: '{value}' is not a number")]
+    #[error("{field}: '{value}' is not a number (0 to 1,000,000)")]
     NotANumber { field: &'static str, value: String },
     #[error("instance_type, region and zone are required")]
     Missing,
@@ -973,7 +983,7 @@ fn parse_own_row(cloud: &Name, line: &str, names: &mut Interner) -> Result<Offer
         }
         f[i].parse::<f64>()
             .ok()
-            .filter(|v| v.is_finite() && *v >= 0.0)
+            .filter(|v| in_range(*v))
             .map(Some)
             .ok_or_else(|| RowError::NotANumber {
                 field,

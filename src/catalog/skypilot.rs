@@ -124,9 +124,9 @@ fn row(
         }
         s.parse::<f64>()
             .ok()
-            .filter(|v| v.is_finite() && *v >= 0.0)
+            .filter(|v| super::in_range(*v))
             .map(Some)
-            .ok_or_else(|| format!("{name}: '{s}' is not a number"))
+            .ok_or_else(|| format!("{name}: '{s}' is not a number (0 to 1,000,000)"))
     };
     if r.len() < c.region.max(c.price) + 1 {
         return Err(format!("only {} fields", r.len()));
@@ -360,7 +360,22 @@ n1-standard-96,96.0,360.0,,,,us-central1,us-central1-a,4.5,1.0
         assert_eq!(rows[1].spot_price, None);
         assert_eq!(
             warnings,
-            vec!["aws/vms.csv:4: AcceleratorCount: 'one' is not a number"]
+            vec!["aws/vms.csv:4: AcceleratorCount: 'one' is not a number (0 to 1,000,000)"]
+        );
+    }
+
+    /// A price that overflows when summed or kept as f32 is refused like
+    /// NaN, naming the row and field.
+    #[test]
+    fn a_price_too_large_to_add_up_is_refused_like_nan() {
+        let csv = GCP.replace(
+            "n1-standard-8,8.0,30.0,,,,us-central1,us-central1-a,0.38,0.08",
+            "n1-standard-8,8.0,30.0,,,,us-central1,us-central1-a,1e300,0.08",
+        );
+        let (_, warnings) = load_skypilot_csv("gcp", &csv, "gcp/vms.csv").unwrap();
+        assert_eq!(
+            warnings,
+            vec!["gcp/vms.csv:3: Price: '1e300' is not a number (0 to 1,000,000)"]
         );
     }
 

@@ -513,12 +513,37 @@ impl Store {
     }
 
     fn open_once(home: &Path) -> Result<Store, StateError> {
-        std::fs::create_dir_all(home).map_err(|source| StateError::Io {
+        make_home(home).map_err(|source| StateError::Io {
             path: home.to_path_buf(),
             source,
         })?;
         let path = home.join("state.db");
         let db = db_err(&path);
+        // Owner-only whatever the umask: SQLite gives its -wal and -shm
+        // files the database's mode.
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            match std::fs::File::options()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+            {
+                Ok(f) => f
+                    .set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                    .map_err(|source| StateError::Io {
+                        path: path.clone(),
+                        source,
+                    })?,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(source) => {
+                    return Err(StateError::Io {
+                        path: path.clone(),
+                        source,
+                    })
+                }
+            }
+        }
         let conn = Connection::open(&path).map_err(db)?;
         conn.busy_timeout(BUSY_TIMEOUT).map_err(db)?;
         // WAL is a property of the file: set it only once.
@@ -1095,6 +1120,24 @@ impl Store {
 }
 
 /// Turns SQLite's errors into ours, naming the database file.
+/// Creates `$GANGWAY_HOME` (and its parents) when it is missing: the home
+/// itself 0700 whatever the umask, so nothing in it is readable by other
+/// users. An existing home is left as its owner set it.
+pub(crate) fn make_home(home: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    if home.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = home.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(home) {
+        Ok(()) => std::fs::set_permissions(home, std::fs::Permissions::from_mode(0o700)),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 fn db_err(path: &Path) -> impl Fn(rusqlite::Error) -> StateError + Copy + '_ {
     move |source| StateError::Db {
         path: path.to_path_buf(),

@@ -545,3 +545,34 @@ fn every_example_plans() {
     }
     assert!(n >= 3);
 }
+
+/// A new `$GANGWAY_HOME` is the owner's alone whatever the umask: the
+/// home 0700, the state database 0600 (others could read every cluster,
+/// job and address in it).
+#[test]
+fn a_new_home_is_owner_only_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = tempfile::tempdir().unwrap();
+    let home = t.path().join("a/new/home");
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("umask 000; exec \"$0\" status")
+        .arg(env!("CARGO_BIN_EXE_gangway"))
+        .env("GANGWAY_HOME", &home)
+        .env_remove("GANGWAY_CATALOG_DIR")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&home), 0o700);
+    assert_eq!(mode(&home.join("state.db")), 0o600);
+    for f in std::fs::read_dir(&home).unwrap() {
+        let p = f.unwrap().path();
+        let m = mode(&p);
+        assert_eq!(m & 0o077, 0, "{} is {m:o}", p.display());
+    }
+}
