@@ -522,7 +522,7 @@ pub(crate) fn logs(a: &LogsArgs) -> Result<ExitCode, Error> {
                     None => dir.join("job.log"),
                 };
                 if let Ok(mut f) = std::fs::File::open(file) {
-                    std::io::copy(&mut f, &mut std::io::stdout().lock())?;
+                    std::io::copy(&mut f, &mut super::term::NodeOutput::stdout())?;
                 }
                 return Ok(ExitCode::Ok);
             }
@@ -539,7 +539,7 @@ pub(crate) fn logs(a: &LogsArgs) -> Result<ExitCode, Error> {
         };
         match std::fs::File::open(&path) {
             Ok(mut f) => {
-                std::io::copy(&mut f, &mut std::io::stdout().lock())?;
+                std::io::copy(&mut f, &mut super::term::NodeOutput::stdout())?;
             }
             Err(_) if a.rank.is_some() => {
                 return Err(Error::NotFound {

@@ -913,7 +913,7 @@ fn follow(store: &Store, id: i64, print: bool, wait: bool) -> Result<ManagedStat
     let start = interrupts::count();
     let mut offsets: HashMap<i64, u64> = HashMap::new();
     let mut seen_events = 0usize;
-    let mut stdout = std::io::stdout();
+    let mut stdout = super::term::NodeOutput::stdout();
     let mut checked = std::time::Instant::now();
     loop {
         let job = managed(store, id)?;
@@ -1038,7 +1038,7 @@ fn logs(a: &JobsLogsArgs) -> Result<ExitCode, Error> {
         let state = follow(&store, a.id, true, false)?;
         return Ok(exit_for(state));
     }
-    let mut stdout = std::io::stdout().lock();
+    let mut stdout = super::term::NodeOutput::stdout();
     for run in runs_of(&store, a.id) {
         if let Ok(mut f) = std::fs::File::open(store.job_log_dir(run).join("job.log")) {
             std::io::copy(&mut f, &mut stdout)?;

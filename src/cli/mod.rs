@@ -16,6 +16,7 @@ mod plan;
 mod progress;
 mod sim;
 mod table;
+mod term;
 
 use std::io::Write;
 use std::path::PathBuf;

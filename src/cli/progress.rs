@@ -156,12 +156,15 @@ impl LogView {
                     bar.finish_and_clear();
                     self.bar = None;
                 } else {
-                    bar.println(text);
+                    bar.println(String::from_utf8_lossy(&super::term::visible(
+                        text.as_bytes(),
+                    )));
                     return Ok(());
                 }
             }
         }
-        let mut out = std::io::stdout().lock();
+        // Node output: control characters shown, not sent, on a terminal.
+        let mut out = super::term::NodeOutput::stdout();
         out.write_all(line)?;
         out.flush()
     }

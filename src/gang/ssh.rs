@@ -891,10 +891,10 @@ impl Transport for SshTransport {
         // this cluster's of this installation only (run numbers repeat
         // across clusters and installations on a shared machine).
         let remote = format!(
-            "for p in /proc/[0-9]*; do grep -qxz 'GANGWAY_RUN={job}' $p/environ 2>/dev/null && \
-             grep -qxz '{SCOPE_VAR}={scope}' $p/environ 2>/dev/null && \
+            "for p in /proc/[0-9]*; do {} && {} && \
              kill {sig} ${{p#/proc/}} 2>/dev/null; done; true",
-            scope = self.scope,
+            gangway_provider::env_is("GANGWAY_RUN", &job.to_string()),
+            gangway_provider::env_is(SCOPE_VAR, &self.scope),
             sig = gangway_provider::kill_option(signal)
         );
         let _ = self.run(node, &remote, None);
@@ -908,9 +908,10 @@ impl Transport for SshTransport {
         let _ = self.probe(
             node,
             &format!(
-                "{} for p in /proc/[0-9]*; do grep -qxz '{SCOPE_VAR}={scope}' $p/environ 2>/dev/null && \
+                "{} for p in /proc/[0-9]*; do {} && \
                  kill -9 ${{p#/proc/}} 2>/dev/null; done; true",
-                gangway_provider::release_mounts(scope)
+                gangway_provider::release_mounts(scope),
+                gangway_provider::env_is(SCOPE_VAR, scope)
             ),
         );
     }

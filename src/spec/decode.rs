@@ -1310,12 +1310,31 @@ fn ports(cx: &Cx, v: &Node, field: &str) -> R<Vec<PortRange>> {
             )),
         }
     };
-    match &v.kind {
-        Kind::Null => Ok(Vec::new()),
-        Kind::Seq(list) => list.iter().map(one).collect(),
-        _ => Ok(vec![one(v)?]),
+    let ranges: Vec<PortRange> = match &v.kind {
+        Kind::Null => return Ok(Vec::new()),
+        Kind::Seq(list) => list.iter().map(one).collect::<R<_>>()?,
+        _ => vec![one(v)?],
+    };
+    // Each port becomes a variable of every rank's environment
+    // (`GANGWAY_PORT_<p>`); 1-65535 made one too large to start a process.
+    let wanted: std::collections::BTreeSet<u16> =
+        ranges.iter().flat_map(|r| r.start..=r.end).collect();
+    if wanted.len() > MAX_PORTS {
+        return Err(cx.err(
+            v,
+            field,
+            format!(
+                "{} ports; a task may open at most {MAX_PORTS} (each is a variable of every rank's environment)",
+                wanted.len()
+            ),
+            "open the ports the job listens on, e.g. 8000-8010",
+        ));
     }
+    Ok(ranges)
 }
+
+/// The most ports a task may open (`ports:`, all ranges together).
+pub const MAX_PORTS: usize = 1000;
 
 const RECOVERY_HINT: &str =
     "write e.g. job_recovery: FAILOVER or job_recovery: {strategy: FAILOVER, max_restarts_on_errors: 3}";

@@ -756,3 +756,42 @@ fn config_local_addresses_picks_the_mode_whatever_the_machine_answers() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("config.local.addresses"), "{err}");
 }
+
+/// A rank that prints escape sequences (a window title, a clipboard write
+/// through OSC 52, a cursor move over gangway's own lines) reaches the
+/// user's terminal as visible text, never as the sequences; piped output
+/// and the log keep the bytes.
+#[test]
+fn escape_sequences_from_a_rank_never_reach_the_terminal() {
+    let home = TestHome::new();
+    let t = task(
+        &home,
+        1,
+        "run: printf 'step-1 \\033]0;pwned\\007 \\033]52;c;aGk=\\007\\033[1A done\\n'\n",
+    );
+    // Under a pseudo-terminal, as a user runs it.
+    let cmd = format!(
+        "{} launch {} -c esc -y --down",
+        env!("CARGO_BIN_EXE_gangway"),
+        t
+    );
+    let out = std::process::Command::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .env("GANGWAY_HOME", home.path())
+        .env_remove("GANGWAY_CATALOG_DIR")
+        .current_dir(crate::common::root())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("step-1 ^[]0;pwned^G ^[]52;c;aGk=^G^[[1A done"), "{text}");
+    // (gangway's own progress display may draw with escapes of its own.)
+    for raw in ["\u{1b}]0;pwned", "\u{1b}]52;", "\u{1b}[1A done"] {
+        assert!(!text.contains(raw), "{raw:?} reached the terminal: {text:?}");
+    }
+    // Piped, the bytes are the node's.
+    let (code, piped, _) = launch(&home, &t, "esc2", &["--down"]);
+    assert_eq!(code, 0);
+    assert!(piped.contains("step-1 \u{1b}]0;pwned\u{7}"), "{piped:?}");
+}

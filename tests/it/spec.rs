@@ -421,3 +421,21 @@ fn the_kept_copy_of_a_task_holds_no_git_credentials() {
     assert_eq!(again.secrets[0].0, "GANGWAY_GIT_CREDENTIALS");
     assert!(again.secrets[0].1.is_none());
 }
+
+/// Every port is a variable of every rank's environment: `1-65535` made
+/// one too large to start a process. Refused where it stands.
+#[test]
+fn ports_are_capped_to_what_an_environment_carries() {
+    let e = parse_str(
+        "resources:\n  ports: [8080, 1-65535]\nrun: echo\n",
+        "t.yaml",
+    )
+    .unwrap_err();
+    assert_eq!((e.line, e.field.as_str()), (2, "resources.ports"), "{e}");
+    assert!(e.message.contains("65535 ports"), "{e}");
+    assert!(parse_str(
+        "resources:\n  ports: [8080, 9000-9998]\nrun: echo\n",
+        "t.yaml"
+    )
+    .is_ok());
+}

@@ -30,8 +30,8 @@ pub use registry::{
     DEFAULT_MEMORY_GIB,
 };
 pub use transport::{
-    kill_option, output_with_input, release_mounts, shell, signal_token, NodeCommand, NodeProcess,
-    NodeRow, Transport, TransportError, KEPT_ENV, TOKEN_VAR,
+    env_is, kill_option, output_with_input, release_mounts, shell, signal_token, NodeCommand,
+    NodeProcess, NodeRow, Transport, TransportError, KEPT_ENV, TOKEN_VAR,
 };
 
 use serde::{Deserialize, Serialize};

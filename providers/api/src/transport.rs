@@ -239,9 +239,10 @@ pub trait Transport: Send + Sync {
         let _ = self.probe(
             node,
             &format!(
-                "{} for p in /proc/[0-9]*; do grep -qxz 'GANGWAY_CLUSTER={cluster}' $p/environ 2>/dev/null && \
+                "{} for p in /proc/[0-9]*; do {} && \
                  kill -9 ${{p#/proc/}} 2>/dev/null; done; true",
-                release_mounts(cluster)
+                release_mounts(cluster),
+                env_is("GANGWAY_CLUSTER", cluster)
             ),
         );
     }
@@ -319,13 +320,24 @@ pub fn shell() -> &'static str {
 /// processes match, never the wrapper that waits for them.
 pub const TOKEN_VAR: &str = "GANGWAY_TOKEN";
 
+/// The shell test, inside `for p in /proc/[0-9]*`, that process `$p` has
+/// `var` set to exactly `value` in the environment it was started with:
+/// a fixed string, never a pattern (a `.` in one cluster's name matched
+/// another's processes when this was a regex), quoted for the shell.
+pub fn env_is(var: &str, value: &str) -> String {
+    format!(
+        "grep -qxzF -- {} \"$p/environ\" 2>/dev/null",
+        crate::sh_quote(&format!("{var}={value}"))
+    )
+}
+
 /// The remote command that sends `signal` to the processes started with
 /// `token`: the group of each (the command's `setsid` made its first
 /// process a group leader), else the process alone.
 pub fn signal_token(token: &str, signal: i32) -> String {
     let sig = kill_option(signal);
     format!(
-        "for p in $(grep -lzx {TOKEN_VAR}={token} /proc/[0-9]*/environ 2>/dev/null); do \
+        "for p in $(grep -lzxF -- {TOKEN_VAR}={token} /proc/[0-9]*/environ 2>/dev/null); do \
          p=${{p#/proc/}}; p=${{p%/environ}}; \
          kill {sig} -- -$p 2>/dev/null || kill {sig} $p 2>/dev/null; done; true"
     )
@@ -350,3 +362,6 @@ pub fn kill_option(signal: i32) -> String {
     };
     format!("-s {name}")
 }
+
+#[cfg(test)]
+mod tests;

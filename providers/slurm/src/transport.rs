@@ -276,10 +276,10 @@ impl Transport for SlurmTransport {
 
     fn signal_job(&self, node: &NodeRow, _pgid: u32, job: i64, signal: i32) {
         let script = format!(
-            "for p in /proc/[0-9]*; do grep -qxz 'GANGWAY_RUN={job}' $p/environ 2>/dev/null && \
-             grep -qxz 'SLURM_JOB_ID={}' $p/environ 2>/dev/null && \
+            "for p in /proc/[0-9]*; do {} && {} && \
              kill {sig} ${{p#/proc/}} 2>/dev/null; done; true",
-            extra(node, keys::JOB),
+            gangway_provider::env_is("GANGWAY_RUN", &job.to_string()),
+            gangway_provider::env_is("SLURM_JOB_ID", extra(node, keys::JOB)),
             sig = gangway_provider::kill_option(signal)
         );
         let _ = run(self, node, &script, None);
