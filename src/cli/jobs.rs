@@ -732,7 +732,8 @@ fn register(store: &Store, sub: Submission, pending: Option<&str>) -> Result<i64
         Some(p) => store.move_buckets(p, &owner)?,
         None => {
             for (url, persistent) in &sub.buckets {
-                store.add_bucket(url, &owner, *persistent)?;
+                // Made by the submitting side for this job: its own.
+                let _ = store.add_bucket(url, &owner, *persistent)?;
             }
         }
     }

@@ -392,8 +392,9 @@ impl SshTransport {
             sq(&t.user)
         );
         let mut c = std::process::Command::new("rsync");
-        // Times kept, so unchanged files are skipped next time.
-        c.args(mode).args(["-e", &rsh]);
+        // Times kept, so unchanged files are skipped next time. The remote
+        // path is quoted by rsync_path for every rsync alike.
+        c.args(mode).args(["-e", &rsh]).env("RSYNC_OLD_ARGS", "1");
         let out = c
             .arg(from)
             .arg(to)
@@ -522,9 +523,18 @@ fn name(node: &NodeRow) -> String {
 }
 
 /// A remote path as rsync wants it: relative to the home for `~/x`.
+/// `host:path` for rsync, the path quoted for the remote shell (relative
+/// paths are the home's). rsync before 3.2.4 (and macOS's) hands the remote
+/// path to the node's shell, where spaces split it and `$(...)` runs;
+/// newer ones protect it unless `RSYNC_OLD_ARGS` is set, which
+/// [`SshTransport::rsync_with`] sets: every version then reads the quoted
+/// path the same way.
 fn rsync_path(t: &SshTarget, p: &str) -> String {
-    let p = p.strip_prefix("~/").unwrap_or(p);
-    format!("{}:{}", t.host, p)
+    match p.strip_prefix("~/").unwrap_or(p) {
+        // The home itself: rsync's empty remote path.
+        "~" | "" => format!("{}:", t.host),
+        p => format!("{}:{}", t.host, sq(p)),
+    }
 }
 
 /// What the hints of a failed connection name (the key gangway offered,

@@ -29,20 +29,35 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<CreatedBucket> {
 
 impl Store {
     /// Records `url` as about to be created for `owner`, before it is.
+    /// Returns whether it is `owner`'s: a row of another owner (a
+    /// concurrent launch making the same bucket) is left as it is, and the
+    /// bucket is not this owner's to delete.
     pub(crate) fn add_bucket(
         &self,
         url: &str,
         owner: &str,
         persistent: bool,
-    ) -> Result<(), StateError> {
-        self.conn
+    ) -> Result<bool, StateError> {
+        let inserted = self
+            .conn
             .execute(
                 "INSERT INTO buckets(url, owner, persistent, created_at) VALUES (?1, ?2, ?3, ?4)
-                 ON CONFLICT(url) DO UPDATE SET owner = ?2, persistent = ?3",
+                 ON CONFLICT(url) DO NOTHING",
                 params![url, owner, persistent, now_ms()],
             )
             .map_err(|e| self.db(e))?;
-        Ok(())
+        if inserted == 1 {
+            return Ok(true);
+        }
+        // A retried launch of the same owner keeps its row.
+        let ours = self
+            .conn
+            .execute(
+                "UPDATE buckets SET persistent = ?3 WHERE url = ?1 AND owner = ?2",
+                params![url, owner, persistent],
+            )
+            .map_err(|e| self.db(e))?;
+        Ok(ours == 1)
     }
 
     /// The buckets `owner` created.
@@ -102,6 +117,11 @@ mod tests {
         assert_eq!(j.len(), 1);
         assert!(j[0].persistent);
         assert!(s.buckets_of("job:pending-x").unwrap().is_empty());
+        // Another owner's bucket is never taken over (a concurrent launch
+        // that found it missing too must not delete it at its down).
+        assert!(!s.add_bucket("s3://a", "cluster:c2", false).unwrap());
+        assert_eq!(s.bucket("s3://a").unwrap().unwrap().owner, "cluster:c1");
+        assert!(s.add_bucket("s3://a", "cluster:c1", true).unwrap());
         s.forget_bucket("s3://a").unwrap();
         assert!(s.bucket("s3://a").unwrap().is_none());
         assert!(s.bucket("gs://b").unwrap().is_some());

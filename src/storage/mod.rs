@@ -613,20 +613,32 @@ pub(crate) async fn make_buckets(
         match bucket.check().await {
             Ok(()) => {}
             Err(e) if e.is_no_such_bucket() => {
-                store.add_bucket(&m.url, owner, create.persistent)?;
-                bucket
+                let ours = store.add_bucket(&m.url, owner, create.persistent)?;
+                let made = bucket
                     .create(None, gcp_project().as_deref())
                     .await
                     .map_err(fail)?;
-                eprintln!(
-                    "Created bucket {}{}",
-                    m.url,
-                    if create.persistent {
-                        " (persistent: kept after down)"
-                    } else {
-                        " (deleted at down: persistent: false)"
+                if made == gangway_store::Created::Existed || !ours {
+                    // Made meanwhile by another launch (of this installation
+                    // or another): theirs, never deleted at this one's down.
+                    if ours {
+                        store.forget_bucket(&m.url)?;
                     }
-                );
+                    eprintln!(
+                        "Bucket {} was made meanwhile by another launch; it is theirs: kept at down",
+                        m.url
+                    );
+                } else {
+                    eprintln!(
+                        "Created bucket {}{}",
+                        m.url,
+                        if create.persistent {
+                            " (persistent: kept after down)"
+                        } else {
+                            " (deleted at down: persistent: false)"
+                        }
+                    );
+                }
             }
             Err(e) => return Err(fail(e)),
         }

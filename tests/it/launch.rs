@@ -785,10 +785,16 @@ fn escape_sequences_from_a_rank_never_reach_the_terminal() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
-    assert!(text.contains("step-1 ^[]0;pwned^G ^[]52;c;aGk=^G^[[1A done"), "{text}");
+    assert!(
+        text.contains("step-1 ^[]0;pwned^G ^[]52;c;aGk=^G^[[1A done"),
+        "{text}"
+    );
     // (gangway's own progress display may draw with escapes of its own.)
     for raw in ["\u{1b}]0;pwned", "\u{1b}]52;", "\u{1b}[1A done"] {
-        assert!(!text.contains(raw), "{raw:?} reached the terminal: {text:?}");
+        assert!(
+            !text.contains(raw),
+            "{raw:?} reached the terminal: {text:?}"
+        );
     }
     // Piped, the bytes are the node's.
     let (code, piped, _) = launch(&home, &t, "esc2", &["--down"]);

@@ -1139,3 +1139,37 @@ fn another_installations_cluster_of_the_same_name_is_never_touched() {
     assert_eq!(crate::common::parts(&b.run(["down", "same", "-y"])).0, 0);
     crate::common::assert_no_marker_procs(&b.marker, "b's down");
 }
+
+/// A destination with a space and a `$(...)` reaches the node as the path
+/// it is: rsync's remote path is quoted for the node's shell, the same for
+/// every rsync (older ones, and macOS's, hand it to that shell).
+#[test]
+fn a_file_mount_path_with_shell_metacharacters_is_only_a_path() {
+    let Some(sshd) = Sshd::start(1) else { return };
+    let home = pool_home(&sshd);
+    let src = home.path().join("data");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("a.txt"), "alpha\n").unwrap();
+    let t = home.file(
+        "odd.yaml",
+        &format!(
+            "resources:\n  infra: ssh/lab\nfile_mounts:\n  \"~/odd dir $(touch PWNED)\": {}\nrun: echo ok\n",
+            src.display()
+        ),
+    );
+    // As an rsync before 3.2.4 behaves (this one protects its arguments
+    // unless told otherwise).
+    let mut c = crate::common::command_in(home.path());
+    c.env("RSYNC_OLD_ARGS", "1").args(["launch", &t, "-c", "odd"]);
+    let (code, out, err) = crate::common::parts(&crate::common::Running::start(c).wait());
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert_eq!(
+        std::fs::read_to_string(sshd.home.join("odd dir $(touch PWNED)/a.txt")).unwrap(),
+        "alpha\n"
+    );
+    assert!(
+        !sshd.home.join("PWNED").exists(),
+        "the path ran as a command"
+    );
+    assert_eq!(crate::common::parts(&home.run(["down", "odd", "-y"])).0, 0);
+}
