@@ -140,6 +140,9 @@ pub struct SshTransport {
     notices: Option<NoticeProbe>,
     denied_grace: Duration,
     known_hosts: PathBuf,
+    /// The user's own `~/.ssh/known_hosts`, also read (never written) for
+    /// machines that outlive their clusters.
+    user_known_hosts: Option<PathBuf>,
     control_dir: PathBuf,
     key: PathBuf,
     accept_new_hosts: bool,
@@ -154,6 +157,11 @@ pub struct SshTransport {
     /// user, or one logged in as the same `ubuntu`) share.
     scope: String,
 }
+
+/// The known_hosts file (under `ssh/known_hosts/`, beside one per cloud
+/// cluster) of machines that outlive their clusters; cluster names cannot
+/// start with `_`, so no cluster's file is this one.
+const LASTING_HOSTS: &str = "_lasting-hosts";
 
 /// The environment variable holding [`SshTransport`]'s scope.
 const SCOPE_VAR: &str = "GANGWAY_SCOPE";
@@ -178,6 +186,7 @@ impl SshTransport {
         Ok(SshTransport {
             scope: format!("{owner}/{cluster}"),
             known_hosts: known.join(cluster),
+            user_known_hosts: None,
             control_dir,
             key,
             notices: None,
@@ -194,8 +203,32 @@ impl SshTransport {
     /// grace for a refused key.
     pub(crate) fn for_provider(self, provider: Arc<dyn Provider>) -> SshTransport {
         let grace = provider.key_refusal_grace();
-        self.with_key_refusal_grace(grace)
+        let lasting = provider.hosts_outlive_clusters();
+        let t = if lasting {
+            self.with_lasting_hosts()
+        } else {
+            self
+        };
+        t.with_key_refusal_grace(grace)
             .with_notice_probe(Arc::new(move |n: &NodeRow| provider.notice_probe(n)))
+    }
+
+    /// Host keys for machines that outlive their clusters: one file for
+    /// every cluster (`ssh/known_hosts/lasting`, where new keys are
+    /// learnt), read after the user's own `~/.ssh/known_hosts` when there
+    /// is one. A key that changed since any cluster met the machine is
+    /// refused.
+    pub fn with_lasting_hosts(mut self) -> SshTransport {
+        let dir = self
+            .known_hosts
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        self.known_hosts = dir.join(LASTING_HOSTS);
+        self.user_known_hosts = std::env::var_os("HOME")
+            .map(|h| PathBuf::from(h).join(".ssh/known_hosts"))
+            .filter(|p| p.is_file());
+        self
     }
 
     /// Reads preemption notices with `probe` (default: none are read).
@@ -269,7 +302,7 @@ impl SshTransport {
         }
         b.port(t.port)
             .keyfile(t.key.clone().unwrap_or_else(|| self.key.clone()))
-            .user_known_hosts_file(&self.known_hosts)
+            .user_known_hosts_file(self.known_hosts_files())
             .known_hosts_check(if accept_new {
                 KnownHosts::Add
             } else {
@@ -286,6 +319,22 @@ impl SshTransport {
             })?);
         }
         Ok(b)
+    }
+
+    /// `UserKnownHostsFile`'s value: gangway's file first (where ssh
+    /// writes a new key), then the user's own when it is read too. ssh
+    /// splits the value at spaces, so a path with one is left out (and
+    /// gangway's own file is always there).
+    fn known_hosts_files(&self) -> PathBuf {
+        match &self.user_known_hosts {
+            Some(user)
+                if !user.to_string_lossy().contains(' ')
+                    && !self.known_hosts.to_string_lossy().contains(' ') =>
+            {
+                PathBuf::from(format!("{} {}", self.known_hosts.display(), user.display()))
+            }
+            _ => self.known_hosts.clone(),
+        }
     }
 
     /// An ssh configuration file whose `ProxyCommand` goes through the
@@ -593,10 +642,7 @@ fn classify_connect(e: &openssh::Error) -> (ConnectFailure, String) {
             .unwrap_or_else(|| p.to_string())
     };
     let (failure, said) = if has("IDENTIFICATION HAS CHANGED") {
-        (
-            ConnectFailure::HostKeyChanged,
-            "REMOTE HOST IDENTIFICATION HAS CHANGED: Host key verification failed".to_string(),
-        )
+        (ConnectFailure::HostKeyChanged, changed_key(&full))
     } else if has("Host key verification failed") {
         let said = lines
             .iter()
@@ -630,6 +676,55 @@ fn classify_connect(e: &openssh::Error) -> (ConnectFailure, String) {
     (failure, said)
 }
 
+/// What ssh said of a changed host key, with both fingerprints: the one
+/// the node sent (ssh prints it) and the one recorded in the file and line
+/// ssh names ("Offending ED25519 key in FILE:LINE"), read back with
+/// `ssh-keygen -l`.
+fn changed_key(said: &str) -> String {
+    let sent = said
+        .split_whitespace()
+        .find(|w| w.starts_with("SHA256:"))
+        .map(|w| w.trim_end_matches('.').to_string());
+    let offending = said.lines().find_map(|l| {
+        let (_, at) = l.split_once(" key in ")?;
+        let (file, line) = at.trim().rsplit_once(':')?;
+        Some((file.to_string(), line.trim().parse::<usize>().ok()?))
+    });
+    let recorded = offending.as_ref().and_then(|(file, line)| {
+        let text = std::fs::read_to_string(file).ok()?;
+        let entry = text.lines().nth(line - 1)?.to_string();
+        let mut c = std::process::Command::new("ssh-keygen")
+            .args(["-l", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        use std::io::Write as _;
+        c.stdin.take()?.write_all(entry.as_bytes()).ok()?;
+        let out = c.wait_with_output().ok()?;
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .find(|w| w.starts_with("SHA256:"))
+            .map(str::to_string)
+    });
+    let mut out = String::from("REMOTE HOST IDENTIFICATION HAS CHANGED: the node sent a host key");
+    if let Some(f) = sent {
+        out.push_str(&format!(" with fingerprint {f}"));
+    }
+    match (&offending, recorded) {
+        (Some((file, line)), Some(r)) => {
+            out.push_str(&format!(", not the key {r} recorded in {file}:{line}"))
+        }
+        (Some((file, line)), None) => {
+            out.push_str(&format!(", not the key recorded in {file}:{line}"))
+        }
+        _ => out.push_str(", not the one recorded"),
+    }
+    out.push_str("; Host key verification failed");
+    out
+}
+
 /// What to do about a failed connection.
 fn connect_hint(failure: ConnectFailure, t: &SshTarget, facts: &ConnectFacts) -> Option<String> {
     let key = facts.key.display();
@@ -647,9 +742,10 @@ fn connect_hint(failure: ConnectFailure, t: &SshTarget, facts: &ConnectFacts) ->
              a locked account or a user the image does not have is refused the same way"
         ),
         ConnectFailure::HostKeyChanged => format!(
-            "the node's host key is not the one gangway recorded in {known} when it first \
-             connected; if the node was really replaced, remove its entry \
-             (`ssh-keygen -R '[{}]:{}' -f {known}`); otherwise another machine answers at that address",
+            "the node's host key is not the one recorded when a cluster first met it (gangway \
+             keeps them in {known}); if the node was really replaced, remove the old entry \
+             (`ssh-keygen -R '[{}]:{}' -f FILE`, FILE the one named above) and launch again; \
+             otherwise another machine answers at that address",
             t.host, t.port
         ),
         ConnectFailure::HostKeyUnknown => format!(

@@ -229,6 +229,81 @@ fn a_changed_host_key_is_refused_naming_the_node() {
     assert!(err.contains("host key"), "{err}");
 }
 
+/// Pool machines outlive their clusters: the key a first cluster learnt
+/// holds for every later one. A machine whose key changed between two
+/// clusters was accepted as new by the second cluster's fresh known_hosts;
+/// it is refused, naming both fingerprints and the file to fix.
+#[test]
+fn a_pool_machines_key_is_learnt_once_for_every_cluster() {
+    let Some(sshd) = Sshd::start(1) else { return };
+    let home = tempfile::tempdir().unwrap();
+    let ns = nodes(&sshd, 1);
+    let first = SshTransport::new(home.path(), "c1", true)
+        .unwrap()
+        .with_lasting_hosts()
+        .with_connect_timeout(Duration::from_secs(5));
+    connect(&first, &ns).unwrap();
+    let lasting = home.path().join("ssh/known_hosts/_lasting-hosts");
+    // (ssh may hash the names it records: asked as ssh would find it.)
+    let found = std::process::Command::new("ssh-keygen")
+        .args(["-F", &format!("[{}]:{}", sshd.addrs[0], sshd.port), "-f"])
+        .arg(&lasting)
+        .output()
+        .unwrap();
+    assert!(
+        found.status.success(),
+        "{}",
+        std::fs::read_to_string(&lasting).unwrap()
+    );
+    // A later cluster on the same machine needs no new first contact.
+    let strict = SshTransport::new(home.path(), "c2", false)
+        .unwrap()
+        .with_lasting_hosts()
+        .with_connect_timeout(Duration::from_secs(5));
+    connect(&strict, &ns).unwrap();
+    // The machine's key changes (here: the record does, which ssh cannot
+    // tell apart); a third cluster's first contact refuses it.
+    let other = home.path().join("other");
+    let ok = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&other)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let public = std::fs::read_to_string(other.with_extension("pub")).unwrap();
+    let key: Vec<&str> = public.split_whitespace().take(2).collect();
+    std::fs::write(
+        &lasting,
+        format!("[{}]:{} {}\n", sshd.addrs[0], sshd.port, key.join(" ")),
+    )
+    .unwrap();
+    let third = SshTransport::new(home.path(), "c3", true)
+        .unwrap()
+        .with_lasting_hosts()
+        .with_connect_timeout(Duration::from_secs(5));
+    let err = connect(&third, &ns).unwrap_err();
+    assert!(err.contains("IDENTIFICATION HAS CHANGED"), "{err}");
+    let recorded = std::process::Command::new("ssh-keygen")
+        .args(["-l", "-f"])
+        .arg(other.with_extension("pub"))
+        .output()
+        .unwrap();
+    let recorded = String::from_utf8_lossy(&recorded.stdout)
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains(&format!(
+            "not the key {recorded} recorded in {}:1",
+            lasting.display()
+        )),
+        "{err}"
+    );
+    assert!(err.contains("with fingerprint SHA256:"), "{err}");
+    assert!(err.contains("ssh-keygen -R"), "{err}");
+}
+
 /// A fresh ed25519 key pair no server knows; returns the private half.
 fn stranger_key(dir: &std::path::Path) -> std::path::PathBuf {
     let key = dir.join("stranger");
@@ -1160,7 +1235,8 @@ fn a_file_mount_path_with_shell_metacharacters_is_only_a_path() {
     // As an rsync before 3.2.4 behaves (this one protects its arguments
     // unless told otherwise).
     let mut c = crate::common::command_in(home.path());
-    c.env("RSYNC_OLD_ARGS", "1").args(["launch", &t, "-c", "odd"]);
+    c.env("RSYNC_OLD_ARGS", "1")
+        .args(["launch", &t, "-c", "odd"]);
     let (code, out, err) = crate::common::parts(&crate::common::Running::start(c).wait());
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert_eq!(

@@ -535,6 +535,16 @@ pub trait Provider: Send + Sync {
         Duration::from_secs(90)
     }
 
+    /// For nodes reached over SSH: whether the machines outlive their
+    /// clusters (machines you already have, not VMs made for the cluster).
+    /// Their host keys are then kept across clusters, beside the user's own
+    /// `~/.ssh/known_hosts`, so a key that changed between two clusters is
+    /// refused instead of learnt again; a cloud VM's address is reused by
+    /// other machines, so its keys stay with its cluster.
+    fn hosts_outlive_clusters(&self) -> bool {
+        false
+    }
+
     /// For nodes reached over SSH: a shell command that asks the node for
     /// the provider's advance notice of a preemption, or `None` when this
     /// node has none to ask (not spot, or a provider without notices). The

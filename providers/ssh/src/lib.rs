@@ -586,6 +586,12 @@ impl Provider for SshPools {
         std::time::Duration::ZERO
     }
 
+    /// Pool machines are the same machines cluster after cluster: their
+    /// host keys are learnt once.
+    fn hosts_outlive_clusters(&self) -> bool {
+        true
+    }
+
     /// Pool machines stay after a cluster: a teardown kills what the
     /// cluster still runs on them before they are released.
     fn machines_outlive_clusters(&self) -> bool {
