@@ -1303,7 +1303,7 @@ mod tests {
                  IT IS POSSIBLE THAT SOMEONE IS DOING SOMETHING NASTY!\n\
                  Host key verification failed.",
                 ConnectFailure::HostKeyChanged,
-                "REMOTE HOST IDENTIFICATION HAS CHANGED: Host key verification failed",
+                "REMOTE HOST IDENTIFICATION HAS CHANGED: the node sent a host key, not the one recorded; Host key verification failed",
             ),
             (
                 "No ED25519 host key is known for [10.0.0.5]:22 and you have requested strict checking.\n\
