@@ -56,11 +56,16 @@ const NODE_SIDE: &[(&str, &str, &str)] = &[
 ];
 
 /// The `.rs` files under `dir`, with those declared `#[cfg(test)] mod x;`
-/// in the directory's lib.rs/main.rs/mod.rs left out.
+/// in the directory's lib.rs/main.rs/mod.rs, or in `dir.rs` beside it (a
+/// module's own file: `tree.rs` declaring `tree/tests.rs`), left out.
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     let mut test_only = Vec::new();
-    for f in ["lib.rs", "main.rs", "mod.rs"] {
-        if let Ok(text) = std::fs::read_to_string(dir.join(f)) {
+    let parents = ["lib.rs", "main.rs", "mod.rs"]
+        .map(|f| dir.join(f))
+        .into_iter()
+        .chain(std::iter::once(dir.with_extension("rs")));
+    for f in parents {
+        if let Ok(text) = std::fs::read_to_string(f) {
             let lines: Vec<&str> = text.lines().map(str::trim).collect();
             for w in lines.windows(2) {
                 if w[0] == "#[cfg(test)]" {
