@@ -96,7 +96,7 @@ pub(crate) async fn node_env(
     let endpoints = Endpoints::from_env();
     #[cfg(feature = "aws")]
     if url.scheme == Scheme::S3 {
-        let c = s3_node_credentials()
+        let c = s3_node_credentials(url)
             .await
             .map_err(|reason| StoreError::NoCredentials {
                 url: url.clone(),
@@ -321,20 +321,32 @@ fn node_keys_reused_for() -> std::time::Duration {
     std::time::Duration::from_secs(300).min(renew_every() / 2)
 }
 
-/// [`gangway_aws::node_credentials`], reused for [`node_keys_reused_for`]
-/// (in memory only).
+/// [`gangway_aws::node_credentials`] for `url`'s bucket and prefix, reused
+/// for [`node_keys_reused_for`] (in memory only): each bucket and prefix
+/// its own credentials, reaching nothing else.
 #[cfg(feature = "aws")]
-async fn s3_node_credentials() -> Result<gangway_aws::StorageCredentials, String> {
+async fn s3_node_credentials(url: &BucketUrl) -> Result<gangway_aws::StorageCredentials, String> {
+    use std::collections::HashMap;
     use std::sync::Mutex;
     use std::time::Instant;
-    static KEPT: Mutex<Option<(Instant, gangway_aws::StorageCredentials)>> = Mutex::new(None);
-    if let Some((at, c)) = KEPT.lock().map_err(|e| e.to_string())?.as_ref() {
+    type Kept = HashMap<(String, String), (Instant, gangway_aws::StorageCredentials)>;
+    static KEPT: Mutex<Option<Kept>> = Mutex::new(None);
+    let key = (url.bucket.clone(), url.prefix.clone());
+    if let Some((at, c)) = KEPT
+        .lock()
+        .map_err(|e| e.to_string())?
+        .as_ref()
+        .and_then(|k| k.get(&key))
+    {
         if at.elapsed() < node_keys_reused_for() {
             return Ok(c.clone());
         }
     }
-    let c = gangway_aws::node_credentials().await?;
-    *KEPT.lock().map_err(|e| e.to_string())? = Some((Instant::now(), c.clone()));
+    let c = gangway_aws::node_credentials(&url.bucket, &url.prefix).await?;
+    KEPT.lock()
+        .map_err(|e| e.to_string())?
+        .get_or_insert_with(HashMap::new)
+        .insert(key, (Instant::now(), c.clone()));
     Ok(c)
 }
 

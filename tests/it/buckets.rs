@@ -296,6 +296,81 @@ fn gcs_copy_and_mount_reach_every_rank_and_down_keeps_the_bucket() {
     copy_and_mount_reach_every_rank(emu);
 }
 
+/// The nodes' S3 credentials reach only the bucket and prefix they are
+/// for: a federation session whose policy names nothing else, instead of a
+/// session with all of the user's permissions. (moto does not enforce
+/// session policies: what is checked is the policy gangway asks STS for,
+/// parsed as IAM reads it.)
+#[test]
+fn a_nodes_s3_credentials_reach_only_their_bucket_and_prefix() {
+    let Some(emu) = s3() else {
+        return;
+    };
+    let home = TestHome::new();
+    let bucket = format!("gw-{}-scoped", home.marker.to_ascii_lowercase());
+    emu.create_bucket(&bucket);
+    emu.put_object(&bucket, "data/x.txt", b"v1");
+    let task = home.file(
+        "scoped.yaml",
+        &format!(
+            "resources:\n  infra: local\nenvs:\n  GW_TEST_MARKER: {m}\n\
+             file_mounts:\n  ~/d: s3://{bucket}/data\nrun: cat ~/d/x.txt\n",
+            m = home.marker
+        ),
+    );
+    let (code, out, err) = parts(&run(
+        emu,
+        &home,
+        &["launch", &task, "-c", "scoped", "-y", "--down"],
+    ));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("v1"), "{out}");
+    let ec2 = crate::ec2_emulator::Ec2Emulator::shared().unwrap();
+    let mine: Vec<serde_json::Value> = ec2
+        .sts_policies(gangway_test::storage::S3_KEY)
+        .iter()
+        .filter(|p| p.contains(&bucket))
+        .map(|p| serde_json::from_str(p).unwrap())
+        .collect();
+    assert!(!mine.is_empty(), "no federation session for {bucket}");
+    for p in &mine {
+        let mut resources = Vec::new();
+        for st in p["Statement"].as_array().unwrap() {
+            assert_eq!(st["Effect"], "Allow", "{p}");
+            for a in st["Action"].as_array().unwrap() {
+                assert!(a.as_str().unwrap().starts_with("s3:"), "{p}");
+                assert_ne!(a, "s3:*", "{p}");
+            }
+            match &st["Resource"] {
+                serde_json::Value::String(r) => resources.push(r.clone()),
+                serde_json::Value::Array(l) => {
+                    resources.extend(l.iter().map(|r| r.as_str().unwrap().to_string()))
+                }
+                other => panic!("{other}"),
+            }
+            if st["Action"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|a| a == "s3:ListBucket")
+            {
+                assert_eq!(
+                    st["Condition"]["StringLike"]["s3:prefix"],
+                    serde_json::json!(["data", "data/*"]),
+                    "{p}"
+                );
+            }
+        }
+        let arn = format!("arn:aws:s3:::{bucket}");
+        for r in &resources {
+            assert!(
+                r == &arn || r == &format!("{arn}/data") || r == &format!("{arn}/data/*"),
+                "{r} reaches past s3://{bucket}/data: {p}"
+            );
+        }
+    }
+}
+
 /// A MOUNT outlives the storage step, so its credentials are renewed while
 /// the run goes on: the files its rclone rereads (0600, in a 0700
 /// directory) are rewritten with a fresh STS session every renewal, the

@@ -1992,6 +1992,31 @@ fn my_public_ip() -> std::result::Result<String, ConfigError> {
 
 #[cfg(test)]
 mod tests {
+    /// A node's S3 session reaches its bucket and prefix only.
+    #[test]
+    fn a_nodes_session_policy_names_its_bucket_and_prefix_only() {
+        let p: serde_json::Value = serde_json::from_str(&node_policy("ck", "/run1/")).unwrap();
+        let st = p["Statement"].as_array().unwrap();
+        assert_eq!(st[0]["Resource"], "arn:aws:s3:::ck");
+        assert_eq!(st[1]["Action"], serde_json::json!(["s3:ListBucket"]));
+        assert_eq!(
+            st[1]["Condition"]["StringLike"]["s3:prefix"],
+            serde_json::json!(["run1", "run1/*"])
+        );
+        assert_eq!(
+            st[2]["Resource"],
+            serde_json::json!(["arn:aws:s3:::ck/run1", "arn:aws:s3:::ck/run1/*"])
+        );
+        let whole: serde_json::Value = serde_json::from_str(&node_policy("ck", "")).unwrap();
+        assert_eq!(whole["Statement"][1].get("Condition"), None);
+        assert_eq!(
+            whole["Statement"][2]["Resource"],
+            serde_json::json!(["arn:aws:s3:::ck/*"])
+        );
+        // STS takes at most 2,048 characters of policy.
+        assert!(node_policy(&"b".repeat(63), &"p/".repeat(100)).len() < 2048);
+    }
+
     use super::*;
 
     #[test]
@@ -2177,11 +2202,20 @@ pub async fn user_credentials() -> std::result::Result<StorageCredentials, Strin
     })
 }
 
-/// Credentials to hand to a node: temporary ones only. Temporary user
-/// credentials (SSO, an assumed role, an instance role) are passed on as
-/// they are; long-lived keys are exchanged for a 12-hour STS session
-/// (GetSessionToken), so they never leave this machine.
-pub async fn node_credentials() -> std::result::Result<StorageCredentials, String> {
+/// Credentials to hand to a node for the S3 bucket `bucket` under
+/// `prefix` (empty: the whole bucket): temporary ones only, and no more
+/// than that bucket and prefix. Long-lived keys are exchanged for a
+/// 12-hour STS federation session whose policy ([`node_policy`]) allows
+/// listing, reading, writing and deleting under the prefix and nothing
+/// else (the session's permissions are the intersection of the user's and
+/// the policy), so neither the keys nor the rest of the user's permissions
+/// leave this machine. Temporary user credentials (SSO, an assumed role,
+/// an instance role) cannot be narrowed this way (STS refuses federation
+/// from them) and are passed on as they are.
+pub async fn node_credentials(
+    bucket: &str,
+    prefix: &str,
+) -> std::result::Result<StorageCredentials, String> {
     let user = user_credentials().await?;
     if user.token.is_some() {
         return Ok(user);
@@ -2190,22 +2224,85 @@ pub async fn node_credentials() -> std::result::Result<StorageCredentials, Strin
         .load()
         .await;
     let sts = aws_sdk_sts::Client::new(&conf);
+    // STS takes at most 2,048 characters of policy: a prefix too long for
+    // that narrows the session to the bucket alone.
+    let mut policy = node_policy(bucket, prefix);
+    if policy.len() > 2048 {
+        policy = node_policy(bucket, "");
+    }
     let out = sts
-        .get_session_token()
+        .get_federation_token()
+        // 2-32 of [A-Za-z0-9+=,.@-]: shown in CloudTrail as the caller.
+        .name("gangway-node")
+        .policy(policy)
         .duration_seconds(12 * 3600)
         .send()
         .await
         .map_err(|e| {
             let region = conf.region().map_or("us-east-1".into(), |r| r.to_string());
-            from_sdk(e, &region, "GetSessionToken").message
+            from_sdk(e, &region, "GetFederationToken").message
         })?;
     let c = out
         .credentials()
-        .ok_or("STS GetSessionToken returned no credentials")?;
+        .ok_or("STS GetFederationToken returned no credentials")?;
     Ok(StorageCredentials {
         key_id: c.access_key_id().to_string(),
         secret: c.secret_access_key().to_string(),
         token: Some(c.session_token().to_string()),
         expires: std::time::SystemTime::try_from(*c.expiration()).ok(),
     })
+}
+
+/// The session policy of a node's credentials for `bucket` under
+/// `prefix`: the bucket's location; listing only under the prefix; reading,
+/// writing and deleting objects (and multipart uploads) only under it.
+/// Nothing of any other bucket.
+pub fn node_policy(bucket: &str, prefix: &str) -> String {
+    let prefix = prefix.trim_matches('/');
+    let bucket_arn = format!("arn:aws:s3:::{bucket}");
+    let (objects, listed) = if prefix.is_empty() {
+        (vec![format!("{bucket_arn}/*")], None)
+    } else {
+        (
+            vec![
+                format!("{bucket_arn}/{prefix}"),
+                format!("{bucket_arn}/{prefix}/*"),
+            ],
+            Some(vec![prefix.to_string(), format!("{prefix}/*")]),
+        )
+    };
+    let mut list = serde_json::json!({
+        "Sid": "List",
+        "Effect": "Allow",
+        "Action": ["s3:ListBucket"],
+        "Resource": bucket_arn,
+    });
+    if let Some(p) = listed {
+        list["Condition"] = serde_json::json!({"StringLike": {"s3:prefix": p}});
+    }
+    serde_json::json!({
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "Bucket",
+                "Effect": "Allow",
+                "Action": ["s3:GetBucketLocation", "s3:ListBucketMultipartUploads"],
+                "Resource": bucket_arn,
+            },
+            list,
+            {
+                "Sid": "Objects",
+                "Effect": "Allow",
+                "Action": [
+                    "s3:GetObject",
+                    "s3:PutObject",
+                    "s3:DeleteObject",
+                    "s3:AbortMultipartUpload",
+                    "s3:ListMultipartUploadParts"
+                ],
+                "Resource": objects,
+            }
+        ]
+    })
+    .to_string()
 }

@@ -378,6 +378,9 @@ class Emulator:
         self._run_lock = threading.Lock()
         # access key id -> GetSessionToken calls signed with it
         self.sts_sessions = {}
+        # GetFederationToken's (name, policy, duration) per scope: the
+        # session policies gangway asked for (moto does not enforce them).
+        self.sts_policies = {}
         self.own_actions = {
             "CreatePlacementGroup": self.create_placement_group,
             "DescribePlacementGroups": self.describe_placement_groups,
@@ -418,10 +421,14 @@ class Emulator:
                 "SignedHeaders=host, Signature=0"
             )
 
-        if action == "GetSessionToken":
+        if action in ("GetSessionToken", "GetFederationToken"):
             scope = access_key_from_authorization(environ.get("HTTP_AUTHORIZATION"))
             with self._lock:
                 self.sts_sessions[scope] = self.sts_sessions.get(scope, 0) + 1
+                if action == "GetFederationToken":
+                    self.sts_policies.setdefault(scope, []).append(
+                        {"name": params.get("Name"), "policy": params.get("Policy"),
+                         "duration": params.get("DurationSeconds")})
             return self.session_token(environ, start_response)
         try:
             rule = self.faults.take(action, region, params)
@@ -547,7 +554,7 @@ class Emulator:
         return reply(200, out)
 
     def session_token(self, environ, start_response):
-        """STS GetSessionToken: moto's answer, with an access key id of its
+        """STS GetSessionToken or GetFederationToken: moto's answer, with an access key id of its
         own for each session, as STS gives (moto repeats one example key),
         so that tests can tell renewed credentials from the first ones."""
         status, headers, body = self._call_moto(environ)
@@ -605,6 +612,7 @@ class Emulator:
     def reset(self):
         with self._lock:
             self.sts_sessions.clear()
+            self.sts_policies.clear()
             self.placement_groups.clear()
             self.instance_group.clear()
             self.client_tokens.clear()
@@ -639,7 +647,9 @@ class Emulator:
                 scope = query.get("scope", "")
                 with self._lock:
                     n = self.sts_sessions.get(scope, 0)
-                return reply(200, {"scope": scope, "GetSessionToken": n})
+                    policies = list(self.sts_policies.get(scope, []))
+                return reply(200, {"scope": scope, "GetSessionToken": n, "sessions": n,
+                                   "federation": policies})
             if path == "/_gangway/interrupt":
                 if method != "POST":
                     return reply(405, {"error": "use POST"})

@@ -370,8 +370,25 @@ impl Ec2Emulator {
             .unwrap_or_else(|e| panic!("EC2 emulator (IAM) at {}: {e}", self.endpoint))
     }
 
-    /// How many STS `GetSessionToken` calls were signed with `scope`'s
-    /// access key: the sessions gangway made from a user's keys.
+    /// The session policies of the STS `GetFederationToken` calls signed
+    /// with `scope`'s access key (each as the JSON text gangway sent).
+    pub fn sts_policies(&self, scope: &str) -> Vec<String> {
+        let (status, body) = self.control("GET", &format!("/_gangway/sts?scope={scope}"), "");
+        assert_eq!(status, 200, "EC2 emulator sts of {scope}: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("sts JSON");
+        v["federation"]
+            .as_array()
+            .map(|l| {
+                l.iter()
+                    .filter_map(|f| f["policy"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// How many STS sessions (`GetSessionToken` or `GetFederationToken`)
+    /// were signed with `scope`'s access key: the sessions gangway made from
+    /// a user's keys.
     pub fn sts_sessions(&self, scope: &str) -> u64 {
         let (status, body) = self.control("GET", &format!("/_gangway/sts?scope={scope}"), "");
         assert_eq!(status, 200, "EC2 emulator sts of {scope}: {body}");
