@@ -214,8 +214,8 @@ impl SshTransport {
     }
 
     /// Host keys for machines that outlive their clusters: one file for
-    /// every cluster (`ssh/known_hosts/lasting`, where new keys are
-    /// learnt), read after the user's own `~/.ssh/known_hosts` when there
+    /// every cluster ([`LASTING_HOSTS`] under `ssh/known_hosts/`, where new
+    /// keys are learnt), read after the user's own `~/.ssh/known_hosts` when there
     /// is one. A key that changed since any cluster met the machine is
     /// refused.
     pub fn with_lasting_hosts(mut self) -> SshTransport {
@@ -571,7 +571,6 @@ fn name(node: &NodeRow) -> String {
     format!("rank {} ({})", node.rank, SshTarget::of(node).host)
 }
 
-/// A remote path as rsync wants it: relative to the home for `~/x`.
 /// `host:path` for rsync, the path quoted for the remote shell (relative
 /// paths are the home's). rsync before 3.2.4 (and macOS's) hands the remote
 /// path to the node's shell, where spaces split it and `$(...)` runs;
@@ -996,12 +995,9 @@ impl Transport for SshTransport {
         // Another process started these: find them by their environment,
         // this cluster's of this installation only (run numbers repeat
         // across clusters and installations on a shared machine).
-        let remote = format!(
-            "for p in /proc/[0-9]*; do {} && {} && \
-             kill {sig} ${{p#/proc/}} 2>/dev/null; done; true",
-            gangway_provider::env_is("GANGWAY_RUN", &job.to_string()),
-            gangway_provider::env_is(SCOPE_VAR, &self.scope),
-            sig = gangway_provider::kill_option(signal)
+        let remote = gangway_provider::kill_where(
+            &[("GANGWAY_RUN", &job.to_string()), (SCOPE_VAR, &self.scope)],
+            &gangway_provider::kill_option(signal),
         );
         let _ = self.run(node, &remote, None);
     }
@@ -1014,10 +1010,9 @@ impl Transport for SshTransport {
         let _ = self.probe(
             node,
             &format!(
-                "{} for p in /proc/[0-9]*; do {} && \
-                 kill -9 ${{p#/proc/}} 2>/dev/null; done; true",
+                "{} {}",
                 gangway_provider::release_mounts(scope),
-                gangway_provider::env_is(SCOPE_VAR, scope)
+                gangway_provider::kill_where(&[(SCOPE_VAR, scope)], "-9")
             ),
         );
     }

@@ -199,27 +199,10 @@ fn a_changed_host_key_is_refused_naming_the_node() {
     let home = tempfile::tempdir().unwrap();
     let ns = nodes(&sshd, 1);
     // Someone else's key recorded for this host:port.
-    let other = home.path().join("other");
-    let ok = std::process::Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-        .arg(&other)
-        .status()
-        .unwrap();
-    assert!(ok.success());
-    let public = std::fs::read_to_string(other.with_extension("pub")).unwrap();
     let t = SshTransport::new(home.path(), "c4", false)
         .unwrap()
         .with_connect_timeout(Duration::from_secs(5));
-    let line = format!(
-        "[{}]:{} {}\n",
-        sshd.addrs[0],
-        sshd.port,
-        public
-            .split_whitespace()
-            .take(2)
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
+    let (line, _) = forged_host_line(&sshd, home.path());
     std::fs::write(home.path().join("ssh/known_hosts/c4"), line).unwrap();
     let err = connect(&t, &ns).unwrap_err();
     assert!(
@@ -263,20 +246,8 @@ fn a_pool_machines_key_is_learnt_once_for_every_cluster() {
     connect(&strict, &ns).unwrap();
     // The machine's key changes (here: the record does, which ssh cannot
     // tell apart); a third cluster's first contact refuses it.
-    let other = home.path().join("other");
-    let ok = std::process::Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-        .arg(&other)
-        .status()
-        .unwrap();
-    assert!(ok.success());
-    let public = std::fs::read_to_string(other.with_extension("pub")).unwrap();
-    let key: Vec<&str> = public.split_whitespace().take(2).collect();
-    std::fs::write(
-        &lasting,
-        format!("[{}]:{} {}\n", sshd.addrs[0], sshd.port, key.join(" ")),
-    )
-    .unwrap();
+    let (line, public) = forged_host_line(&sshd, home.path());
+    std::fs::write(&lasting, line).unwrap();
     let third = SshTransport::new(home.path(), "c3", true)
         .unwrap()
         .with_lasting_hosts()
@@ -285,7 +256,7 @@ fn a_pool_machines_key_is_learnt_once_for_every_cluster() {
     assert!(err.contains("IDENTIFICATION HAS CHANGED"), "{err}");
     let recorded = std::process::Command::new("ssh-keygen")
         .args(["-l", "-f"])
-        .arg(other.with_extension("pub"))
+        .arg(&public)
         .output()
         .unwrap();
     let recorded = String::from_utf8_lossy(&recorded.stdout)
@@ -302,6 +273,16 @@ fn a_pool_machines_key_is_learnt_once_for_every_cluster() {
     );
     assert!(err.contains("with fingerprint SHA256:"), "{err}");
     assert!(err.contains("ssh-keygen -R"), "{err}");
+}
+
+/// A known_hosts line recording a stranger's key for the sshd's first
+/// address, and that key's public half.
+fn forged_host_line(sshd: &Sshd, dir: &std::path::Path) -> (String, std::path::PathBuf) {
+    let public = stranger_key(dir).with_extension("pub");
+    let text = std::fs::read_to_string(&public).unwrap();
+    let key: Vec<&str> = text.split_whitespace().take(2).collect();
+    let line = format!("[{}]:{} {}\n", sshd.addrs[0], sshd.port, key.join(" "));
+    (line, public)
 }
 
 /// A fresh ed25519 key pair no server knows; returns the private half.

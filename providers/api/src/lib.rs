@@ -30,7 +30,7 @@ pub use registry::{
     DEFAULT_MEMORY_GIB,
 };
 pub use transport::{
-    env_is, kill_option, output_with_input, release_mounts, shell, signal_token, NodeCommand,
+    kill_option, kill_where, output_with_input, release_mounts, shell, signal_token, NodeCommand,
     NodeProcess, NodeRow, Transport, TransportError, KEPT_ENV, TOKEN_VAR,
 };
 

@@ -239,10 +239,9 @@ pub trait Transport: Send + Sync {
         let _ = self.probe(
             node,
             &format!(
-                "{} for p in /proc/[0-9]*; do {} && \
-                 kill -9 ${{p#/proc/}} 2>/dev/null; done; true",
+                "{} {}",
                 release_mounts(cluster),
-                env_is("GANGWAY_CLUSTER", cluster)
+                kill_where(&[("GANGWAY_CLUSTER", cluster)], "-9")
             ),
         );
     }
@@ -320,14 +319,24 @@ pub fn shell() -> &'static str {
 /// processes match, never the wrapper that waits for them.
 pub const TOKEN_VAR: &str = "GANGWAY_TOKEN";
 
-/// The shell test, inside `for p in /proc/[0-9]*`, that process `$p` has
-/// `var` set to exactly `value` in the environment it was started with:
-/// a fixed string, never a pattern (a `.` in one cluster's name matched
-/// another's processes when this was a regex), quoted for the shell.
-pub fn env_is(var: &str, value: &str) -> String {
+/// The remote command that runs `kill OPTION` on every process of the
+/// node whose environment, as it was started, has each of `env`'s
+/// `NAME=value` exactly: fixed strings, never patterns (a `.` in one
+/// cluster's name matched another's processes when they were regexes),
+/// quoted for the shell.
+pub fn kill_where(env: &[(&str, &str)], option: &str) -> String {
+    let tests: Vec<String> = env
+        .iter()
+        .map(|(var, value)| {
+            format!(
+                "grep -qxzF -- {} \"$p/environ\" 2>/dev/null",
+                crate::sh_quote(&format!("{var}={value}"))
+            )
+        })
+        .collect();
     format!(
-        "grep -qxzF -- {} \"$p/environ\" 2>/dev/null",
-        crate::sh_quote(&format!("{var}={value}"))
+        "for p in /proc/[0-9]*; do {} && kill {option} ${{p#/proc/}} 2>/dev/null; done; true",
+        tests.join(" && ")
     )
 }
 

@@ -114,18 +114,7 @@ fn merge_dir(
         }
         if kind.is_symlink() {
             let target = std::fs::read_link(&from)?;
-            if !link_stays_inside(&rel, &target) {
-                skipped.push(format!(
-                    "{}: a link to {} leaves the directory; not copied",
-                    rel.display(),
-                    target.display()
-                ));
-                continue;
-            }
-            if there.is_some() {
-                std::fs::remove_file(&to)?;
-            }
-            std::os::unix::fs::symlink(&target, &to)?;
+            place_link(&rel, &target, &to, there.is_some(), skipped)?;
         } else if kind.is_file() {
             let file = open_no_follow(&from)?;
             place_file(file, &to, executable(&meta), meta.modified().ok())?;
@@ -162,6 +151,30 @@ pub fn link_stays_inside(rel: &Path, target: &Path) -> bool {
         }
     }
     true
+}
+
+/// Makes the link `to` (at `rel` in the tree) to `target` when the link
+/// stays inside the tree, replacing the file or link `there` was;
+/// otherwise says in `skipped` that it was left out.
+fn place_link(
+    rel: &Path,
+    target: &Path,
+    to: &Path,
+    there: bool,
+    skipped: &mut Skipped,
+) -> std::io::Result<()> {
+    if !link_stays_inside(rel, target) {
+        skipped.push(format!(
+            "{}: a link to {} leaves the directory; not copied",
+            rel.display(),
+            target.display()
+        ));
+        return Ok(());
+    }
+    if there {
+        std::fs::remove_file(to)?;
+    }
+    std::os::unix::fs::symlink(target, to)
 }
 
 fn executable(meta: &std::fs::Metadata) -> bool {
@@ -329,18 +342,7 @@ fn unpack_into(packed: &[u8], root: &Path) -> std::io::Result<Skipped> {
                     .link_name()?
                     .map(|t| t.into_owned())
                     .unwrap_or_default();
-                if !link_stays_inside(&rel, &target) {
-                    skipped.push(format!(
-                        "{}: a link to {} leaves the directory; not copied",
-                        rel.display(),
-                        target.display()
-                    ));
-                    continue;
-                }
-                if there.is_some() {
-                    std::fs::remove_file(&to)?;
-                }
-                std::os::unix::fs::symlink(&target, &to)?;
+                place_link(&rel, &target, &to, there.is_some(), &mut skipped)?;
             }
             tar::EntryType::Link => {
                 // A hard link names an earlier member: its bytes are copied

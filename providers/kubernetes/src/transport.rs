@@ -329,11 +329,9 @@ impl Transport for ExecTransport {
     }
 
     fn signal_job(&self, node: &NodeRow, _pgid: u32, job: i64, signal: i32) {
-        let script = format!(
-            "for p in /proc/[0-9]*; do {} && \
-             kill {sig} ${{p#/proc/}} 2>/dev/null; done; true",
-            gangway_provider::env_is("GANGWAY_RUN", &job.to_string()),
-            sig = gangway_provider::kill_option(signal)
+        let script = gangway_provider::kill_where(
+            &[("GANGWAY_RUN", &job.to_string())],
+            &gangway_provider::kill_option(signal),
         );
         let _ = self.run(node, "signal the job", &script, None);
     }

@@ -275,12 +275,12 @@ impl Transport for SlurmTransport {
     }
 
     fn signal_job(&self, node: &NodeRow, _pgid: u32, job: i64, signal: i32) {
-        let script = format!(
-            "for p in /proc/[0-9]*; do {} && {} && \
-             kill {sig} ${{p#/proc/}} 2>/dev/null; done; true",
-            gangway_provider::env_is("GANGWAY_RUN", &job.to_string()),
-            gangway_provider::env_is("SLURM_JOB_ID", extra(node, keys::JOB)),
-            sig = gangway_provider::kill_option(signal)
+        let script = gangway_provider::kill_where(
+            &[
+                ("GANGWAY_RUN", &job.to_string()),
+                ("SLURM_JOB_ID", extra(node, keys::JOB)),
+            ],
+            &gangway_provider::kill_option(signal),
         );
         let _ = run(self, node, &script, None);
     }

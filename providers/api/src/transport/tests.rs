@@ -18,10 +18,7 @@ fn a_cluster_name_is_matched_as_a_fixed_string() {
     let mut theirs = started_with("GANGWAY_CLUSTER", "teamXa");
     let mut quoted = started_with("GANGWAY_CLUSTER", "it's");
     let kill = |cluster: &str| {
-        let script = format!(
-            "for p in /proc/[0-9]*; do {} && kill -9 ${{p#/proc/}} 2>/dev/null; done; true",
-            env_is("GANGWAY_CLUSTER", cluster)
-        );
+        let script = kill_where(&[("GANGWAY_CLUSTER", cluster)], "-9");
         let s = std::process::Command::new("sh")
             .arg("-c")
             .arg(script)
