@@ -38,8 +38,19 @@ list of address pairs, `[public, private]`, and optionally an
   `--spot-notice-seconds`, 120 as on EC2, or the request's
   `notice_seconds`), with EC2's spot state reason, unless it is gone by
   then.
+* With `host_keys` (the OpenSSH public key lines of the sshd behind the
+  scope's addresses), the scope's instances answer GetConsoleOutput with a
+  boot log as an EC2 instance's cloud-init writes it: boot noise, the
+  `ec2:` fingerprints block and the `-----BEGIN SSH HOST KEY KEYS-----`
+  block, once the instance is running (and `console_delay_s` after its
+  boot); a client can then pin the host key from what the API published
+  instead of trusting the first key its SSH connection is shown. POSTing
+  other `host_keys` later is a host key replaced (the next console output
+  shows the new ones).
 """
 
+import base64
+import binascii
 import hashlib
 import http.server
 import json
@@ -51,6 +62,120 @@ from datetime import datetime, timedelta, timezone
 
 # The longest token TTL IMDSv2 accepts.
 MAX_TOKEN_TTL = 21600
+
+# Host key types cloud-init prints, with the name `ssh-keygen -l` puts in
+# parentheses after a fingerprint.
+HOST_KEY_TYPES = {
+    "ssh-ed25519": "ED25519",
+    "ecdsa-sha2-nistp256": "ECDSA",
+    "ecdsa-sha2-nistp384": "ECDSA",
+    "ecdsa-sha2-nistp521": "ECDSA",
+    "ssh-rsa": "RSA",
+}
+
+
+def _ssh_strings(blob):
+    """The length-prefixed strings of an SSH public key blob (RFC 4253
+    section 6.6), in order; ValueError when the blob is cut short."""
+    fields, at = [], 0
+    while at < len(blob):
+        if at + 4 > len(blob):
+            raise ValueError("the key blob ends inside a length")
+        size = int.from_bytes(blob[at:at + 4], "big")
+        at += 4
+        if at + size > len(blob):
+            raise ValueError("the key blob ends inside a field")
+        fields.append(blob[at:at + size])
+        at += size
+    return fields
+
+
+def parse_host_key(line):
+    """One OpenSSH public key line (`TYPE BASE64 [comment]`) as a dict
+    with `type`, `base64`, `bits` and `fingerprint` (`SHA256:` and the
+    unpadded base64 of the SHA-256 of the blob, as `ssh-keygen -l` shows
+    it); ValueError saying what is wrong with it."""
+    if not isinstance(line, str):
+        raise ValueError(f"a host key is an OpenSSH public key line, not {line!r}")
+    parts = line.split()
+    if len(parts) < 2:
+        raise ValueError(f"host key {line!r} is not `TYPE BASE64 [comment]`")
+    key_type, text = parts[0], parts[1]
+    if key_type not in HOST_KEY_TYPES:
+        raise ValueError(f"host key {line!r}: unknown key type {key_type!r}; known: "
+                         + ", ".join(sorted(HOST_KEY_TYPES)))
+    try:
+        blob = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"host key {line!r}: {text!r} is not base64") from None
+    try:
+        fields = _ssh_strings(blob)
+    except ValueError as err:
+        raise ValueError(f"host key {line!r}: {err}") from None
+    if not fields or fields[0] != key_type.encode():
+        raise ValueError(f"host key {line!r}: the blob is not a {key_type} key "
+                         f"(it names {fields[0][:40]!r} as its type)" if fields else
+                         f"host key {line!r}: the blob is empty")
+    if key_type == "ssh-ed25519":
+        bits = 256
+    elif key_type.startswith("ecdsa-sha2-nistp"):
+        bits = int(key_type[len("ecdsa-sha2-nistp"):])
+    else:
+        # ssh-rsa: the exponent, then the modulus (mpints).
+        if len(fields) < 3:
+            raise ValueError(f"host key {line!r}: an ssh-rsa blob has an exponent and a modulus")
+        bits = int.from_bytes(fields[2], "big").bit_length()
+    digest = base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+    return {"type": key_type, "base64": text, "bits": bits,
+            "fingerprint": "SHA256:" + digest}
+
+
+def parse_host_keys(lines):
+    """A `host_keys` spec: a list of OpenSSH public key lines, checked."""
+    if not isinstance(lines, list):
+        raise ValueError('"host_keys" is a list of OpenSSH public key lines '
+                         '("ssh-ed25519 AAAA... comment")')
+    return [parse_host_key(line) for line in lines]
+
+
+# The console of a booting instance before cloud-init's key block: made-up
+# kernel and cloud-init lines of the usual kind. {host} is the hostname.
+BOOT_NOISE = (
+    "[    0.000000] Linux version 6.8.0-1021-aws (gangway-ec2-emulator) #1 SMP",
+    "[    0.000000] Command line: BOOT_IMAGE=/vmlinuz root=LABEL=cloudimg-rootfs ro "
+    "console=tty1 console=ttyS0",
+    "[    0.010000] BIOS-provided physical RAM map: usable",
+    "[    1.402113] nvme nvme0: 2/0/0 default/read/poll queues",
+    "[    2.118406] EXT4-fs (nvme0n1p1): mounted filesystem with ordered data mode",
+    "[    4.310221] cloud-init[480]: Cloud-init v. 24.4 running 'init-local'. Up 4.21 seconds.",
+    "[    6.004512] cloud-init[611]: Cloud-init v. 24.4 running 'init'. Up 5.95 seconds.",
+    "[    6.120007] cloud-init[611]: ci-info: +++++++++++Net device info++++++++++++",
+    "[    6.125310] cloud-init[611]: Generating public/private ssh host keys.",
+    "[    8.700045] cloud-init[702]: Cloud-init v. 24.4 running 'modules:config'. Up 8.61 seconds.",
+)
+
+
+def console_text(host, keys, with_keys):
+    """An EC2 instance's console output as cloud-init leaves it: boot
+    noise, then (`with_keys`) the `ec2:` fingerprints block and the keys
+    block exactly as cloud-init prints them, then its closing lines. Lines
+    end with CRLF, as a serial console's do."""
+    lines = list(BOOT_NOISE)
+    if with_keys:
+        who = f"root@{host}"
+        rule = "ec2: " + "#" * 61
+        lines += ["ec2: ", rule, "ec2: -----BEGIN SSH HOST KEY FINGERPRINTS-----"]
+        lines += [f"ec2: {k['bits']} {k['fingerprint']} {who} ({HOST_KEY_TYPES[k['type']]})"
+                  for k in keys]
+        lines += ["ec2: -----END SSH HOST KEY FINGERPRINTS-----", rule]
+        lines += ["-----BEGIN SSH HOST KEY KEYS-----"]
+        lines += [f"{k['type']} {k['base64']} {who}" for k in keys]
+        lines += ["-----END SSH HOST KEY KEYS-----"]
+        lines += ["[   10.918345] cloud-init[745]: Cloud-init v. 24.4 running 'modules:final'. "
+                  "Up 10.83 seconds.",
+                  "[   11.002967] cloud-init[745]: Cloud-init v. 24.4 finished. "
+                  "Datasource DataSourceEc2Local.  Up 10.99 seconds"]
+    return "".join(line + "\r\n" for line in lines)
 
 
 class MetadataServer(http.server.ThreadingHTTPServer):
@@ -149,16 +274,23 @@ class Machines:
 
     def configure(self, spec):
         """`POST /_gangway/machines`: sets a scope's address pairs (added to
-        the ones it had; addresses still held keep serving)."""
+        the ones it had; addresses still held keep serving), and optionally
+        its `authorized_keys` file, `host_keys` and `console_delay_s`. For a
+        scope that exists `addresses` may be left out (the pairs stay), so
+        `{"scope", "host_keys"}` alone replaces the host keys; a field left
+        out keeps its value, `"host_keys": []` removes them."""
         if not isinstance(spec, dict):
             raise ValueError("a machines spec is a JSON object")
-        unknown = set(spec) - {"scope", "addresses", "authorized_keys"}
+        known = {"scope", "addresses", "authorized_keys", "host_keys", "console_delay_s"}
+        unknown = set(spec) - known
         if unknown:
-            raise ValueError(f"unknown fields {sorted(unknown)}; known: addresses, authorized_keys, scope")
+            raise ValueError(f"unknown fields {sorted(unknown)}; known: {', '.join(sorted(known))}")
         scope = spec.get("scope")
         if not isinstance(scope, str) or not scope:
             raise ValueError('"scope" (the access key id of the launches) is required')
         pairs = spec.get("addresses")
+        if pairs is None and scope in self.scopes:
+            pairs = [list(p) for p in self.scopes[scope]["pairs"]]
         if (
             not isinstance(pairs, list)
             or not pairs
@@ -177,13 +309,26 @@ class Machines:
         keys = spec.get("authorized_keys")
         if keys is not None and not isinstance(keys, str):
             raise ValueError('"authorized_keys" is a file path')
+        host_keys = spec.get("host_keys")
+        if host_keys is not None:
+            parse_host_keys(host_keys)
+        delay = spec.get("console_delay_s")
+        if delay is not None and (
+            isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay < 0
+        ):
+            raise ValueError('"console_delay_s" is a number of seconds, 0 or more')
         with self._lock:
             state = self.scopes.setdefault(
-                scope, {"pairs": [], "authorized_keys": None, "imds_port": 0, "servers": {}}
+                scope, {"pairs": [], "authorized_keys": None, "imds_port": 0, "servers": {},
+                        "host_keys": [], "console_delay_s": 0}
             )
             state["pairs"] = [tuple(p) for p in pairs]
             if keys is not None:
                 state["authorized_keys"] = keys
+            if host_keys is not None:
+                state["host_keys"] = [line.strip() for line in host_keys]
+            if delay is not None:
+                state["console_delay_s"] = delay
             self._serve(scope, state, [p[0] for p in pairs])
             return self.view(scope)
 
@@ -197,6 +342,8 @@ class Machines:
                 "addresses": [list(p) for p in state["pairs"]],
                 "authorized_keys": state["authorized_keys"],
                 "imds_port": state["imds_port"],
+                "host_keys": list(state["host_keys"]),
+                "console_delay_s": state["console_delay_s"],
                 "instances": sorted(
                     (dict(h, state=self._state(h)) for h in self.held.values()
                      if h["scope"] == scope),
@@ -292,6 +439,8 @@ class Machines:
                     "region": region,
                     "public": public,
                     "private": private,
+                    # When it (last) booted, for its console output.
+                    "booted": time.time(),
                 }
                 self._install_key(state, backend, instance)
 
@@ -307,6 +456,7 @@ class Machines:
                 nic = instance.nics[0]
                 nic.public_ip = held["public"]
                 nic.private_ip_address = held["private"]
+                held["booted"] = time.time()
 
     @staticmethod
     def _install_key(state, backend, instance):
@@ -324,6 +474,41 @@ class Machines:
         if key and key not in have:
             with open(path, "a") as f:
                 f.write(("" if have.endswith("\n") or not have else "\n") + key + "\n")
+
+    # ----- the console ------------------------------------------------------
+
+    def console_output(self, region, instance_id):
+        """GetConsoleOutput of an instance placed in a scope with
+        `host_keys`: (timestamp, console text or None for no output yet),
+        or None when the instance is no such one (moto answers). Running
+        and `console_delay_s` past its boot: the whole log, keys and all;
+        running before that: boot noise only; pending: nothing yet, as EC2
+        has nothing before the console posts; stopped (or going): the boot
+        noise of a machine that is no longer up, no key block."""
+        with self._lock:
+            held = self.held.get(instance_id)
+            if held is None or held["region"] != region:
+                return None
+            state = self.scopes.get(held["scope"])
+            if state is None or not state["host_keys"]:
+                return None
+            keys = parse_host_keys(state["host_keys"])
+            delay = state["console_delay_s"]
+            booted = held.get("booted", time.time())
+        instance = self.emulator.backend(region).get_instance_by_id(instance_id)
+        if instance is None:
+            return None
+        posted = booted
+        if instance.state == "pending":
+            text = None
+        else:
+            ready = instance.state == "running" and time.time() >= booted + delay
+            if ready:
+                posted = booted + delay
+            host = "ip-" + held["private"].replace(".", "-")
+            text = console_text(host, keys, ready)
+        stamp = datetime.fromtimestamp(posted, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+        return stamp, text
 
     # ----- the metadata service ---------------------------------------------
 

@@ -5,23 +5,30 @@
 
 Starts the server on a free port, checks fault injection, spot interruption,
 placement groups, DescribeInstanceTopology, ClientToken idempotency, the
-leak check, kill points and machines (addresses, the key pair, the metadata
-service, interruptions with notice), and stops it. Prints one line per check, then `N passed, N failed`,
-and exits 1 if anything failed.
+leak check, kill points, machines (addresses, the key pair, the metadata
+service, interruptions with notice), the console output with the machines'
+host keys and the record of STS AssumeRole calls, and stops it. Prints one
+line per check, then `N passed, N failed`, and exits 1 if anything failed.
 """
 
+import base64
+import hashlib
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -391,6 +398,13 @@ def selftest(endpoint):
     # --- machines: addresses, key, metadata service, noticed interruptions --
     machines_selftest(endpoint, config)
 
+    # --- the console output with the machines' host keys ------------------------
+    console_selftest(endpoint, config)
+    console_pending_selftest()
+
+    # --- STS AssumeRole, recorded --------------------------------------------------
+    assume_role_selftest(endpoint, config)
+
     # --- known moto limitations (reported, not failures) ---------------------
     prices = ec2.describe_spot_price_history(InstanceTypes=["p4d.24xlarge"],
                                              ProductDescriptions=["Linux/UNIX"])["SpotPriceHistory"]
@@ -550,6 +564,246 @@ def machines_selftest(endpoint, config):
           and imds(pairs[1][0], port, "/latest/api/token", method="PUT", ttl=60) == (None, None),
           removed)
     os.unlink(keys)
+
+
+def openssh_line(private_key, comment="root@selftest"):
+    """The OpenSSH public key line of a cryptography private key."""
+    public = private_key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+    return f"{public} {comment}"
+
+
+def fingerprint_of(line):
+    """`SHA256:...` of a public key line: ssh-keygen's when it is there,
+    else the same figure by hand (base64 of the blob's SHA-256, no padding)."""
+    keygen = shutil.which("ssh-keygen")
+    if keygen:
+        out = subprocess.run([keygen, "-l", "-f", "-"], input=line + "\n",
+                             capture_output=True, text=True)
+        if out.returncode == 0:
+            return out.stdout.split()[1]
+    digest = hashlib.sha256(base64.b64decode(line.split()[1])).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def key_blocks(text):
+    """The fingerprints and keys blocks of a console output, as lists of
+    lines (without the `ec2: ` prefix for fingerprints); None each when
+    absent."""
+    lines = text.replace("\r\n", "\n").split("\n")
+
+    def between(begin, end, prefix=""):
+        try:
+            start = lines.index(prefix + begin)
+            stop = lines.index(prefix + end, start)
+        except ValueError:
+            return None
+        return [line[len(prefix):] for line in lines[start + 1:stop]]
+
+    return (between("-----BEGIN SSH HOST KEY FINGERPRINTS-----",
+                    "-----END SSH HOST KEY FINGERPRINTS-----", "ec2: "),
+            between("-----BEGIN SSH HOST KEY KEYS-----", "-----END SSH HOST KEY KEYS-----"))
+
+
+def raw_ec2(endpoint, form, access_key="testing"):
+    """(status, body) of a hand-made EC2 request signed (in name) with access_key."""
+    req = urllib.request.Request(endpoint + "/", data=urllib.parse.urlencode(form).encode(), headers={
+        "Content-Type": "application/x-www-form-urlencoded; charset=utf-8",
+        "Authorization": f"AWS4-HMAC-SHA256 Credential={access_key}/20000101/us-east-1/ec2/aws4_request, "
+                         "SignedHeaders=host, Signature=0"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def console_selftest(endpoint, config):
+    """GetConsoleOutput of instances whose scope was given host keys:
+    cloud-init's fingerprints and keys blocks, right fingerprints, a key
+    replaced, stopped instances, a console that posts late, other
+    instances left to moto."""
+    scope, other_scope = "AKSELFTESTCONSOLE", "AKSELFTESTNOKEYS"
+    pairs = [["127.0.251.1", "127.1.251.1"], ["127.0.251.2", "127.1.251.2"]]
+    ed = openssh_line(Ed25519PrivateKey.generate())
+    ecdsa = openssh_line(ec.generate_private_key(ec.SECP256R1()))
+    rsa_key = openssh_line(rsa.generate_private_key(public_exponent=65537, key_size=2048))
+    replaced = openssh_line(Ed25519PrivateKey.generate(), "root@replaced")
+
+    for bad, why in (("ssh-dss AAAAB3NzaC1kc3MAAACBAP", "unknown key type"),
+                     ("ssh-ed25519 not*base64", "is not base64"),
+                     ("ssh-rsa " + ed.split()[1], "is not a ssh-rsa key")):
+        status, body = control(endpoint, "POST", "/_gangway/machines",
+                               {"scope": scope, "addresses": pairs, "host_keys": [bad]})
+        check(f"console: a bad host key is refused (400, {why})",
+              status == 400 and why in body.get("error", ""), (status, body))
+    status, body = control(endpoint, "POST", "/_gangway/machines", {"scope": scope, "host_keys": [ed]})
+    check("console: host keys alone for a scope that has no addresses yet are refused (400)",
+          status == 400, (status, body))
+    status, view = control(endpoint, "POST", "/_gangway/machines",
+                           {"scope": scope, "addresses": pairs, "host_keys": [ed, ecdsa, rsa_key]})
+    check("console: a scope takes host keys (ed25519, ecdsa, rsa)",
+          status == 200 and view["host_keys"] == [ed, ecdsa, rsa_key], view)
+
+    session = boto3.session.Session(aws_access_key_id=scope, aws_secret_access_key="testing")
+    ec2 = session.client("ec2", region_name="us-east-1", endpoint_url=endpoint, config=config)
+    ids = run(ec2, 1)
+    private = instances(ec2, ids)[0]["PrivateIpAddress"]
+    who = "root@ip-" + private.replace(".", "-")
+    got = ec2.get_console_output(InstanceId=ids[0])
+    text = got.get("Output", "")
+    prints, keys = key_blocks(text)
+    want_prints = [f"256 {fingerprint_of(ed)} {who} (ED25519)",
+                   f"256 {fingerprint_of(ecdsa)} {who} (ECDSA)",
+                   f"2048 {fingerprint_of(rsa_key)} {who} (RSA)"]
+    want_keys = [" ".join(line.split()[:2]) + " " + who for line in (ed, ecdsa, rsa_key)]
+    check("console: GetConsoleOutput answers the instance and a timestamp",
+          got.get("InstanceId") == ids[0] and got.get("Timestamp") is not None, got)
+    check("console: the fingerprints block, ssh-keygen's figures (bits, SHA256, type)",
+          prints == want_prints, (prints, want_prints))
+    check("console: the keys block, one `TYPE BASE64 root@ip-...` line per key",
+          keys == want_keys, (keys, want_keys))
+    lines = text.split("\r\n")
+    check("console: boot noise first, the ##### rules around the fingerprints, lines after the keys",
+          lines.index("ec2: -----BEGIN SSH HOST KEY FINGERPRINTS-----") > 3
+          and lines[lines.index("ec2: -----BEGIN SSH HOST KEY FINGERPRINTS-----") - 1] == "ec2: " + "#" * 61
+          and lines[lines.index("ec2: -----END SSH HOST KEY FINGERPRINTS-----") + 1] == "ec2: " + "#" * 61
+          and lines.index("-----END SSH HOST KEY KEYS-----") < len(lines) - 2
+          and text.endswith("\r\n"), text)
+    latest = ec2.get_console_output(InstanceId=ids[0], Latest=True).get("Output")
+    check("console: Latest=true answers the same log", latest == text)
+    status, raw = raw_ec2(endpoint, {"Action": "GetConsoleOutput", "InstanceId": ids[0],
+                                     "Version": "2016-11-15"}, scope)
+    match = re.search(r"<output>([^<]*)</output>", raw)
+    check("console: the raw answer is EC2's XML, output base64",
+          status == 200 and raw.find("<GetConsoleOutputResponse xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\">") > 0
+          and f"<instanceId>{ids[0]}</instanceId>" in raw
+          and re.search(r"<timestamp>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z</timestamp>", raw)
+          and match and base64.b64decode(match.group(1)).decode() == text, raw[:400])
+    status, raw = raw_ec2(endpoint, {"Action": "GetConsoleOutput", "InstanceId": ids[0],
+                                     "Latest": "maybe", "Version": "2016-11-15"}, scope)
+    check("console: Latest other than true or false is InvalidParameterValue (400)",
+          status == 400 and "<Code>InvalidParameterValue</Code>" in raw, (status, raw))
+
+    # A replaced host key: the next console output shows the new one only.
+    status, view = control(endpoint, "POST", "/_gangway/machines", {"scope": scope, "host_keys": [replaced]})
+    prints, keys = key_blocks(ec2.get_console_output(InstanceId=ids[0])["Output"])
+    check("console: host keys replaced by a POST with the scope and host_keys alone",
+          status == 200 and view["addresses"] == pairs and view["host_keys"] == [replaced]
+          and keys == [" ".join(replaced.split()[:2]) + " " + who]
+          and prints == [f"256 {fingerprint_of(replaced)} {who} (ED25519)"], (view, prints, keys))
+
+    # Stopped: no key block; started again: back.
+    ec2.stop_instances(InstanceIds=ids)
+    stopped = ec2.get_console_output(InstanceId=ids[0]).get("Output", "")
+    check("console: a stopped instance's console has no key block",
+          instances(ec2, ids)[0]["State"]["Name"] == "stopped"
+          and key_blocks(stopped) == (None, None) and "Linux version" in stopped, stopped)
+    ec2.start_instances(InstanceIds=ids)
+    prints, _ = key_blocks(ec2.get_console_output(InstanceId=ids[0])["Output"])
+    check("console: started again, the key block is back", prints is not None and len(prints) == 1, prints)
+
+    # A console that posts the keys late (console_delay_s after the boot).
+    control(endpoint, "POST", "/_gangway/machines", {"scope": scope, "console_delay_s": 1.0})
+    late = run(ec2, 1)
+    early = ec2.get_console_output(InstanceId=late[0]).get("Output", "")
+    time.sleep(1.2)
+    prints, _ = key_blocks(ec2.get_console_output(InstanceId=late[0])["Output"])
+    check("console: before console_delay_s boot noise only, then the keys",
+          key_blocks(early) == (None, None) and "cloud-init" in early and prints is not None,
+          (early, prints))
+    ec2.terminate_instances(InstanceIds=ids + late)
+
+    # Instances of a scope without host keys, and of none, are moto's.
+    control(endpoint, "POST", "/_gangway/machines",
+            {"scope": other_scope, "addresses": [["127.0.252.1", "127.1.252.1"]]})
+    other = boto3.session.Session(aws_access_key_id=other_scope, aws_secret_access_key="testing").client(
+        "ec2", region_name="us-east-1", endpoint_url=endpoint, config=config)
+    plain = session.client("ec2", region_name="us-east-1", endpoint_url=endpoint, config=config,
+                           aws_access_key_id="testing", aws_secret_access_key="testing")
+    theirs, unplaced = run(other, 1), run(plain, 1)
+    outputs = [other.get_console_output(InstanceId=theirs[0]).get("Output", ""),
+               plain.get_console_output(InstanceId=unplaced[0]).get("Output", "")]
+    check("console: an instance of a scope without host keys, or of no scope, gets moto's answer",
+          all(o.startswith("Linux version 2.6.16-xenU") and "SSH HOST KEY" not in o for o in outputs),
+          outputs)
+    control(endpoint, "POST", "/_gangway/machines", {"scope": scope, "host_keys": []})
+    again = run(ec2, 1)
+    output = ec2.get_console_output(InstanceId=again[0]).get("Output", "")
+    check('console: "host_keys": [] takes them away (moto answers)',
+          output.startswith("Linux version 2.6.16-xenU"), output)
+    code, status = error_of(ec2.get_console_output, InstanceId="i-0123456789abcdef0")
+    check("console: an unknown instance is InvalidInstanceID.NotFound (400)",
+          (code, status) == ("InvalidInstanceID.NotFound", 400), (code, status))
+    other.terminate_instances(InstanceIds=theirs)
+    plain.terminate_instances(InstanceIds=unplaced)
+    ec2.terminate_instances(InstanceIds=again)
+    for s in (scope, other_scope):
+        control(endpoint, "DELETE", f"/_gangway/machines?scope={s}")
+
+
+def console_pending_selftest():
+    """A pending instance's console has nothing yet. moto's instances run
+    at once, so this asks Machines in this process, with a stand-in for
+    moto's instance."""
+    sys.path.insert(0, HERE)
+    sys.dont_write_bytecode = True   # no __pycache__ next to the sources
+    import machines
+
+    class Instance:
+        state = "pending"
+
+    class Backend:
+        def get_instance_by_id(self, instance_id):
+            return Instance()
+
+    class Emulator:
+        def backend(self, region):
+            return Backend()
+
+    m = machines.Machines(Emulator())
+    line = openssh_line(Ed25519PrivateKey.generate())
+    m.scopes["S"] = {"pairs": [("127.0.0.1", "10.0.0.1")], "authorized_keys": None,
+                     "imds_port": 0, "servers": {}, "host_keys": [line], "console_delay_s": 0}
+    m.held["i-pending"] = {"instance_id": "i-pending", "scope": "S", "region": "us-east-1",
+                           "public": "127.0.0.1", "private": "10.0.0.1", "booted": time.time()}
+    pending = m.console_output("us-east-1", "i-pending")
+    Instance.state = "running"
+    running = m.console_output("us-east-1", "i-pending")
+    check("console: a pending instance has no output yet; running, the keys",
+          pending is not None and pending[1] is None
+          and running is not None and key_blocks(running[1])[1] == [
+              " ".join(line.split()[:2]) + " root@ip-10-0-0-1"], (pending, running))
+    check("console: another region's instance is not it (moto answers)",
+          m.console_output("us-west-2", "i-pending") is None)
+
+
+def assume_role_selftest(endpoint, config):
+    """STS AssumeRole: moto answers for a role IAM does not have; the call
+    is recorded under the signing access key (/_gangway/sts)."""
+    scope = "AKSELFTESTROLE"
+    sts = boto3.session.Session(aws_access_key_id=scope, aws_secret_access_key="testing").client(
+        "sts", region_name="us-east-1", endpoint_url=endpoint, config=config)
+    policy = json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::gw-selftest/*"}]})
+    arn = "arn:aws:iam::123456789012:role/gangway-nodes"
+    got = sts.assume_role(RoleArn=arn, RoleSessionName="gangway-selftest", Policy=policy,
+                          DurationSeconds=900)
+    creds = got.get("Credentials", {})
+    check("sts: AssumeRole of a role IAM does not have answers keys of their own",
+          creds.get("AccessKeyId", "").startswith("ASIA") and creds.get("SessionToken")
+          and got.get("AssumedRoleUser", {}).get("Arn", "").endswith(":assumed-role/gangway-nodes/gangway-selftest"),
+          got)
+    sts.assume_role(RoleArn=arn, RoleSessionName="gangway-selftest-2")
+    _, seen = control(endpoint, "GET", f"/_gangway/sts?scope={scope}")
+    _, other = control(endpoint, "GET", "/_gangway/sts?scope=AKNOSTSCALLS")
+    check("sts: /_gangway/sts lists the scope's AssumeRole calls (role, session, policy, duration)",
+          seen.get("assume_role") == [
+              {"role_arn": arn, "session_name": "gangway-selftest", "policy": policy, "duration": "900"},
+              {"role_arn": arn, "session_name": "gangway-selftest-2", "policy": None, "duration": None}]
+          and other.get("assume_role") == [], (seen, other))
+    check("sts: AssumeRole is not counted as a GetSessionToken session",
+          seen.get("GetSessionToken") == 0, seen)
 
 
 def kill_points_selftest(endpoint, session, config):

@@ -16,7 +16,13 @@ WSGI middleware that adds what the tests need and moto lacks:
 * machines (machines.py): instances of a scope get addresses where a real
   sshd listens, their key pair in its authorized_keys, and an IMDSv2-shaped
   metadata service each; spot interruptions with a notice there first
-  (/_gangway/machines, /_gangway/interrupt with notice_seconds).
+  (/_gangway/machines, /_gangway/interrupt with notice_seconds);
+* GetConsoleOutput for instances of a scope given that sshd's host keys:
+  a cloud-init boot log with EC2's fingerprints and keys blocks, so a
+  client can pin the host key from the API;
+* a record of the STS sessions asked for (GetSessionToken,
+  GetFederationToken with its policy, AssumeRole with its role and
+  policy) per access key (/_gangway/sts), since moto enforces no policy.
 
 Usage:
 
@@ -34,6 +40,7 @@ this file.
 """
 
 import argparse
+import base64
 import fnmatch
 import hashlib
 import io
@@ -381,6 +388,9 @@ class Emulator:
         # GetFederationToken's (name, policy, duration) per scope: the
         # session policies gangway asked for (moto does not enforce them).
         self.sts_policies = {}
+        # AssumeRole's (role, session name, policy, duration) per scope,
+        # likewise.
+        self.sts_roles = {}
         self.own_actions = {
             "CreatePlacementGroup": self.create_placement_group,
             "DescribePlacementGroups": self.describe_placement_groups,
@@ -430,6 +440,15 @@ class Emulator:
                         {"name": params.get("Name"), "policy": params.get("Policy"),
                          "duration": params.get("DurationSeconds")})
             return self.session_token(environ, start_response)
+        if action == "AssumeRole":
+            # Recorded, then moto's answer (it takes any role ARN, whether
+            # IAM has the role or not, and makes keys of their own).
+            scope = access_key_from_authorization(environ.get("HTTP_AUTHORIZATION"))
+            with self._lock:
+                self.sts_roles.setdefault(scope, []).append(
+                    {"role_arn": params.get("RoleArn"), "session_name": params.get("RoleSessionName"),
+                     "policy": params.get("Policy"), "duration": params.get("DurationSeconds")})
+            return self.moto_app(environ, start_response)
         try:
             rule = self.faults.take(action, region, params)
             if rule:
@@ -445,6 +464,10 @@ class Emulator:
                 return self.terminate_instances(environ, start_response, region, params)
             if action == "StartInstances":
                 return self.start_instances(environ, start_response, region, params)
+            if action == "GetConsoleOutput":
+                body = self.console_output(region, params)
+                if body is not None:
+                    return self._reply(start_response, 200, body)
             if action in ("CreateTags", "DeleteTags"):
                 ids = indexed(params, "ResourceId")
                 if ids and all(i.startswith("pg-") for i in ids):
@@ -613,6 +636,7 @@ class Emulator:
         with self._lock:
             self.sts_sessions.clear()
             self.sts_policies.clear()
+            self.sts_roles.clear()
             self.placement_groups.clear()
             self.instance_group.clear()
             self.client_tokens.clear()
@@ -648,8 +672,9 @@ class Emulator:
                 with self._lock:
                     n = self.sts_sessions.get(scope, 0)
                     policies = list(self.sts_policies.get(scope, []))
+                    roles = list(self.sts_roles.get(scope, []))
                 return reply(200, {"scope": scope, "GetSessionToken": n, "sessions": n,
-                                   "federation": policies})
+                                   "federation": policies, "assume_role": roles})
             if path == "/_gangway/interrupt":
                 if method != "POST":
                     return reply(405, {"error": "use POST"})
@@ -751,6 +776,25 @@ class Emulator:
         headers.append(("Content-Length", str(len(body))))
         start_response(status, headers)
         return [body]
+
+    def console_output(self, region, params):
+        """GetConsoleOutput of an instance whose scope has host keys (see
+        Machines.console_output): EC2's answer, the output base64 and left
+        out while there is none yet. None for every other instance, which
+        moto answers (its fixed sample text; InvalidInstanceID.NotFound for
+        an instance it does not have)."""
+        instance_id = params.get("InstanceId", "")
+        latest = params.get("Latest")
+        if latest is not None and latest.lower() not in ("true", "false"):
+            raise EmulatorError("InvalidParameterValue",
+                                f"Invalid value '{latest}' for Latest. It must be true or false.")
+        found = self.machines.console_output(region, instance_id)
+        if found is None:
+            return None
+        stamp, text = found
+        output = None if text is None else base64.b64encode(text.encode()).decode()
+        return ec2_response("GetConsoleOutput",
+                            el("instanceId", instance_id) + el("timestamp", stamp) + el("output", output))
 
     # ----- RunInstances additions -----------------------------------------
 
