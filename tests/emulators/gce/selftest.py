@@ -6,14 +6,16 @@
 Starts the server on a free port, checks routing, schema rejections, the
 instance lifecycle (bulkInsert, insert, stop, start, delete), operations,
 requestId idempotency, fault injection, capacity, list filters, the
-catalog's aggregated lists, preemption and the metadata server, resource
-policies and firewalls, kill points, the Cloud Billing SKU list (against
+catalog's aggregated lists, preemption and the metadata server, guest
+attributes (the host keys), resource policies and firewalls, kill points,
+the Cloud Billing SKU list (against
 cloudbilling.v1.json's Sku schema when the venv has it), and stops it.
 Every JSON answer of the API is also checked here against the discovery
 document's response schema. Prints one line per check, then
 `N passed, N failed`, and exits 1 if anything failed.
 """
 
+import base64
 import json
 import os
 import subprocess
@@ -588,6 +590,9 @@ def selftest(endpoint):
           api.get(f"zones/{ZONE}/instances/gw-lo-2")[1]["networkInterfaces"][0]["accessConfigs"][0]["natIP"]
           == "127.0.0.1", inst)
 
+    # --- guest attributes: the host keys ------------------------------------------------
+    guest_attributes_selftest(endpoint, api, bulk_path)
+
     # --- resource policies ---------------------------------------------------------------
     policy_path = f"regions/{REGION}/resourcePolicies"
     policy = {"name": "gw-compact", "groupPlacementPolicy": {"collocation": "COLLOCATED", "vmCount": 4}}
@@ -700,6 +705,119 @@ def selftest(endpoint):
     check("reset clears the billing failure and count",
           billing.get("fail") is None and billing.get("calls") == 0
           and http(endpoint, "GET", SKUS_PATH)[0] == 200, billing)
+
+
+def host_key_line(key_type, comment="root@selftest"):
+    """An OpenSSH public key line of `key_type` with a random key: the
+    blob's fields in the wire format (RFC 4253 section 6.6), random bytes
+    where the key material goes (nothing here checks the curve)."""
+    def string(data):
+        return len(data).to_bytes(4, "big") + data
+    fields = [key_type.encode()]
+    if key_type == "ssh-ed25519":
+        fields.append(os.urandom(32))
+    elif key_type.startswith("ecdsa-sha2-"):
+        fields += [key_type.rsplit("-", 1)[1].encode(), b"\x04" + os.urandom(64)]
+    else:
+        fields += [b"\x01\x00\x01", b"\x00" + os.urandom(256)]
+    blob = b"".join(string(f) for f in fields)
+    return f"{key_type} {base64.b64encode(blob).decode()} {comment}"
+
+
+def guest_attributes_selftest(endpoint, api, bulk_path):
+    """instances.getGuestAttributes: the hostkeys/ namespace as the guest
+    agent writes it, for RUNNING instances that enable guest attributes."""
+    ed, ecdsa, rsa = (host_key_line(t) for t in ("ssh-ed25519", "ecdsa-sha2-nistp256", "ssh-rsa"))
+    blob = {line.split()[0]: line.split()[1] for line in (ed, ecdsa, rsa)}
+    for bad, why in ((["ssh-dss AAAAB3NzaC1kc3M="], "unknown key type"),
+                     (["ssh-ed25519 not*base64"], "is not base64"),
+                     (["ssh-rsa " + blob["ssh-ed25519"]], "is not a ssh-rsa key"),
+                     ([ed, host_key_line("ssh-ed25519")], "two ssh-ed25519 keys"),
+                     ("ssh-ed25519 AAAA", "is a list")):
+        status, err = control(endpoint, "POST", "settings", {"host_keys": bad})
+        check(f"guest attributes: a bad host_keys setting is refused (400, {why})",
+              status == 400 and why in error_of(err).get("message", ""), (status, err))
+    status, settings = control(endpoint, "POST", "settings", {"host_keys": [ed, ecdsa]})
+    check("guest attributes: the host_keys setting takes OpenSSH lines",
+          status == 200 and settings["host_keys"] == [ed, ecdsa], settings)
+
+    enabled = instance_properties(metadata={"items": [
+        {"key": "ssh-keys", "value": "gangway:ssh-ed25519 AAAA test"},
+        {"key": "enable-guest-attributes", "value": "TRUE"}]})
+    status, op = api.post(bulk_path, {"count": "1", "namePattern": "gw-ga-#", "instanceProperties": enabled})
+    path = f"zones/{ZONE}/instances/gw-ga-1/getGuestAttributes"
+    status, err = api.get(path, queryPath="hostkeys/")
+    check("guest attributes: not RUNNING yet, hostkeys/ is 404 Guest Attribute not found",
+          status == 404 and error_of(err).get("message")
+          == "The resource 'hostkeys/' of type 'Guest Attribute' was not found."
+          and error_of(err)["errors"][0]["reason"] == "notFound", (status, err))
+    api.until_done(op)
+    items = [{"namespace": "hostkeys", "key": "ssh-ed25519", "value": blob["ssh-ed25519"]},
+             {"namespace": "hostkeys", "key": "ecdsa-sha2-nistp256", "value": blob["ecdsa-sha2-nistp256"]}]
+    status, got = api.get(path, queryPath="hostkeys/")
+    check("guest attributes: RUNNING, queryPath=hostkeys/ answers the keys (type as key, base64 blob as value)",
+          status == 200 and got.get("kind") == "compute#guestAttributes" and got.get("queryPath") == "hostkeys/"
+          and got.get("queryValue", {}).get("items") == items, (status, got))
+    status, bare = api.get(path, queryPath="hostkeys")
+    status_all, every = api.get(path)
+    status_one, one = api.get(path, queryPath="hostkeys/ssh-ed25519")
+    check("guest attributes: queryPath hostkeys (no slash), none at all, NS/KEY",
+          (status, status_all, status_one) == (200, 200, 200)
+          and bare["queryValue"]["items"] == items and every["queryValue"]["items"] == items
+          and "queryPath" not in every and one["queryValue"]["items"] == items[:1], (bare, every, one))
+    status, var = api.get(path, variableKey="hostkeys/ssh-ed25519")
+    check("guest attributes: variableKey answers variableKey and variableValue",
+          status == 200 and var == {"kind": "compute#guestAttributes", "variableKey": "hostkeys/ssh-ed25519",
+                                    "variableValue": blob["ssh-ed25519"]}, (status, var))
+    status, err = api.get(path, variableKey="hostkeys/ssh-rsa")
+    status_ns, err_ns = api.get(path, queryPath="other/")
+    check("guest attributes: a key or namespace nobody wrote is 404 naming it",
+          (status, status_ns) == (404, 404)
+          and "'hostkeys/ssh-rsa' of type 'Guest Attribute'" in error_of(err)["message"]
+          and "'other/' of type 'Guest Attribute'" in error_of(err_ns)["message"], (err, err_ns))
+    status, err = api.get(path, queryPath="hostkeys/", fooBar="1")
+    check("guest attributes: the request is schema-checked (an unknown parameter is 400)",
+          status == 400 and "fooBar" in error_of(err)["message"], (status, err))
+
+    # One instance's own keys (a replaced key), then back to the setting.
+    status, own = control(endpoint, "POST", "host-keys", {"instance": "gw-ga-1", "host_keys": [rsa]})
+    status_get, got = api.get(path, queryPath="hostkeys/")
+    check("guest attributes: /_gangway/host-keys gives one instance its own (a replaced key)",
+          status == 200 and own["own"] is True and status_get == 200
+          and got["queryValue"]["items"] == [{"namespace": "hostkeys", "key": "ssh-rsa", "value": blob["ssh-rsa"]}],
+          (own, got))
+    status, own = control(endpoint, "POST", "host-keys", {"instance": "gw-ga-1", "host_keys": None})
+    check("guest attributes: host_keys null goes back to the setting",
+          status == 200 and own["host_keys"] == [ed, ecdsa]
+          and api.get(path, queryPath="hostkeys/")[1]["queryValue"]["items"] == items, own)
+    status, err = control(endpoint, "POST", "host-keys", {"instance": "gw-nobody", "host_keys": [ed]})
+    status_bad, err_bad = control(endpoint, "POST", "host-keys", {"instance": "gw-ga-1", "host_keys": ["x"]})
+    check("guest attributes: host-keys of an unknown instance 404, of a bad line 400",
+          (status, status_bad) == (404, 400), (err, err_bad))
+
+    # Stopped: nothing; started again: the keys.
+    api.until_done(api.post(f"zones/{ZONE}/instances/gw-ga-1/stop")[1])
+    stopped = api.get(path, queryPath="hostkeys/")[0]
+    api.until_done(api.post(f"zones/{ZONE}/instances/gw-ga-1/start")[1])
+    started = api.get(path, queryPath="hostkeys/")[0]
+    check("guest attributes: TERMINATED 404, RUNNING again 200", (stopped, started) == (404, 200),
+          (stopped, started))
+
+    # Guest attributes not enabled; an unknown instance; no keys set; a fault.
+    status, err = api.get(f"zones/{ZONE}/instances/gw-lo-1/getGuestAttributes", queryPath="hostkeys/")
+    check("guest attributes: without enable-guest-attributes TRUE, 403 saying so",
+          status == 403 and "enable-guest-attributes" in error_of(err).get("message", "")
+          and error_of(err).get("status") == "PERMISSION_DENIED", (status, err))
+    status, err = api.get(f"zones/{ZONE}/instances/gw-nobody/getGuestAttributes", queryPath="hostkeys/")
+    check("guest attributes: an unknown instance is 404 (the instance)",
+          status == 404 and "instances/gw-nobody" in error_of(err).get("message", ""), (status, err))
+    control(endpoint, "POST", "settings", {"host_keys": []})
+    status, err = api.get(path, queryPath="hostkeys/")
+    check("guest attributes: no host keys set, hostkeys/ is 404 (the agent wrote none)", status == 404, err)
+    control(endpoint, "POST", "fault", {"method": "instances.getGuestAttributes", "http_status": 503})
+    status, err = api.get(path, queryPath="hostkeys/")
+    check("guest attributes: fault rules apply", status == 503, (status, err))
+    api.until_done(api.delete(f"zones/{ZONE}/instances/gw-ga-1")[1])
 
 
 def kill_points_selftest(endpoint, api):

@@ -18,6 +18,10 @@ API the GCP provider uses, checked against Google's own discovery document
 * control endpoints under /_gangway/ for fault injection, spot preemption,
   capacity limits and settings; a GCE metadata server (instance/preempted
   with wait_for_change long polls) per instance;
+* instances.getGuestAttributes with the `hostkeys/` namespace the guest
+  agent writes: the host keys of the test's sshd (the `host_keys` setting,
+  or one instance's own), for instances whose metadata enables guest
+  attributes, so a client can pin the host key from the API;
 * kill points for gangway's fault sweep: SIGKILL the client's processes as
   the fake's N-th API request arrives or returns (/_gangway/kill);
 * Compute Engine's part of the Cloud Billing Catalog (GET /v1/services/
@@ -295,7 +299,46 @@ DEFAULT_SETTINGS = {
     # Service accounts (emails) that exist and the caller may act as,
     # besides the project's default compute one (NUMBER-compute@...).
     "service_accounts": [],
+    # OpenSSH public key lines of the sshd behind the instances' natIPs:
+    # what a RUNNING instance's guest agent has written to its guest
+    # attributes (namespace hostkeys). /_gangway/host-keys sets one
+    # instance's instead.
+    "host_keys": [],
 }
+
+# The host key types the guest agent writes to guest attributes (one key
+# each, the type as the key, the base64 blob as the value).
+HOST_KEY_TYPES = ("ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
+                  "ssh-ed25519", "ssh-rsa")
+
+
+def parse_host_keys(lines, field="host_keys"):
+    """[(type, base64 blob)] of a list of OpenSSH public key lines (`TYPE
+    BASE64 [comment]`); ApiError 400 saying which line is wrong and why.
+    The blob must decode and name its own type first, as a real key's
+    does (RFC 4253 section 6.6)."""
+    if not isinstance(lines, list):
+        raise ApiError(400, f'"{field}" is a list of OpenSSH public key lines ("ssh-ed25519 AAAA... comment")')
+    keys = []
+    for line in lines:
+        parts = line.split() if isinstance(line, str) else []
+        if len(parts) < 2:
+            raise ApiError(400, f"{field}: {line!r} is not an OpenSSH public key line `TYPE BASE64 [comment]`")
+        key_type, text = parts[0], parts[1]
+        if key_type not in HOST_KEY_TYPES:
+            raise ApiError(400, f"{field}: {line!r}: unknown key type {key_type!r}; known: "
+                                + ", ".join(HOST_KEY_TYPES))
+        try:
+            blob = base64.b64decode(text, validate=True)
+        except ValueError:
+            raise ApiError(400, f"{field}: {line!r}: {text!r} is not base64") from None
+        size = int.from_bytes(blob[:4], "big") if len(blob) >= 4 else -1
+        if blob[4:4 + size] != key_type.encode():
+            raise ApiError(400, f"{field}: {line!r}: the blob is not a {key_type} key")
+        if any(t == key_type for t, _ in keys):
+            raise ApiError(400, f"{field}: two {key_type} keys; the guest agent writes one per type")
+        keys.append((key_type, text))
+    return keys
 
 
 class ApiError(Exception):
@@ -734,6 +777,7 @@ class Instance:
         self.placement = placement  # (policy key, position) for COLLOCATED policies
         self.deleted = False
         self.preempted = False
+        self.host_keys = None       # its own host key lines; None: the host_keys setting
 
     @property
     def key(self):
@@ -1232,6 +1276,7 @@ class Emulator:
             "compute.instances.delete": self.instances_delete,
             "compute.instances.stop": self.instances_stop,
             "compute.instances.start": self.instances_start,
+            "compute.instances.getGuestAttributes": self.instances_get_guest_attributes,
             "compute.zoneOperations.get": self.operations_get,
             "compute.zoneOperations.wait": self.operations_wait,
             "compute.zoneOperations.list": self.operations_list,
@@ -1469,6 +1514,69 @@ class Emulator:
 
         return self.start_operation(ctx, "zones", p["zone"], "start", inst.body["selfLink"], work,
                                     target_id=inst.body["id"])
+
+    def guest_attributes_enabled(self, inst):
+        """Whether the instance's metadata has enable-guest-attributes TRUE
+        (the fake has no project-wide metadata to inherit it from)."""
+        items = inst.body.get("metadata", {}).get("items") or []
+        return any(item.get("key") == "enable-guest-attributes"
+                   and str(item.get("value", "")).strip().lower() == "true" for item in items)
+
+    def guest_attributes(self, inst):
+        """[(namespace, key, value)] the guest has written: its host keys
+        (namespace hostkeys, the key type as the key, the base64 blob as
+        the value, as the guest agent writes them at boot) once RUNNING,
+        nothing before and nothing while it is not running."""
+        if inst.status != "RUNNING":
+            return []
+        lines = inst.host_keys if inst.host_keys is not None else self.settings["host_keys"]
+        return [("hostkeys", key_type, blob) for key_type, blob in parse_host_keys(lines)]
+
+    def instances_get_guest_attributes(self, ctx):
+        """instances.getGuestAttributes: `variableKey=NS/KEY` answers that
+        one value (variableKey, variableValue); else `queryPath` ('' or
+        absent: everything, `NS/` or `NS`: a namespace, `NS/KEY`: one key)
+        answers the matching entries in queryValue.items. Nothing there is
+        404 "The resource 'PATH' of type 'Guest Attribute' was not found."
+        (the words gcloud matches for host keys not written yet).
+        Without enable-guest-attributes TRUE in the instance's metadata:
+        403 (the guest's metadata server refuses writes with 403 "Guest
+        attributes endpoint access is disabled."; the API's answer for such
+        an instance is a guess)."""
+        p = ctx.params
+        self.require_zone(p["project"], p["zone"])
+        inst = self.get_instance(p["project"], p["zone"], p["instance"])
+        if not self.guest_attributes_enabled(inst):
+            raise ApiError(403, f"Guest attributes are disabled for instance 'projects/{p['project']}/zones/"
+                                f"{p['zone']}/instances/{p['instance']}': set the metadata key "
+                                "enable-guest-attributes to TRUE to enable them.")
+        entries = self.guest_attributes(inst)
+
+        def missing(path):
+            return ApiError(404, f"The resource '{path}' of type 'Guest Attribute' was not found.")
+
+        variable_key = ctx.query.get("variableKey")
+        if variable_key:
+            for namespace, key, value in entries:
+                if f"{namespace}/{key}" == variable_key:
+                    return {"kind": "compute#guestAttributes", "variableKey": variable_key,
+                            "variableValue": value}
+            raise missing(variable_key)
+        query_path = ctx.query.get("queryPath")
+        wanted = (query_path or "").strip("/")
+        if not wanted:
+            found = entries
+        elif "/" in wanted:
+            found = [e for e in entries if f"{e[0]}/{e[1]}" == wanted]
+        else:
+            found = [e for e in entries if e[0] == wanted]
+        if not found:
+            raise missing(query_path or "")
+        answer = {"kind": "compute#guestAttributes",
+                  "queryValue": {"items": [{"namespace": n, "key": k, "value": v} for n, k, v in found]}}
+        if query_path is not None:
+            answer["queryPath"] = query_path
+        return answer
 
     # ----- handlers: operations ------------------------------------------------------
 
@@ -2403,6 +2511,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 unknown = set(spec) - set(DEFAULT_SETTINGS)
                 if unknown:
                     raise ApiError(400, f"unknown settings {sorted(unknown)}; known: {sorted(DEFAULT_SETTINGS)}")
+                if "host_keys" in spec:
+                    parse_host_keys(spec["host_keys"])
+                    spec["host_keys"] = [line.strip() for line in spec["host_keys"]]
                 with emu.lock:
                     emu.settings.update(spec)
             return self.send(200, dict(emu.settings))
@@ -2428,6 +2539,22 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     {"instance": spec["instance"], "zone": spec.get("zone"), "project": spec.get("project")}
                     if spec.get("instance") else None)
             return self.send(200, {"default": emu.default_metadata_instance})
+        if what == "host-keys" and method == "POST":
+            # One instance's own host keys (a VM that came up on another
+            # sshd, or a key replaced); "host_keys": null goes back to the
+            # host_keys setting.
+            lines = spec.get("host_keys")
+            if lines is not None:
+                parse_host_keys(lines)
+                lines = [line.strip() for line in lines]
+            with emu.lock:
+                inst = emu.find_instance(spec.get("instance", ""), spec.get("zone"), spec.get("project"))
+                if inst is None:
+                    raise ApiError(404, f"no instance named {spec.get('instance')!r}")
+                inst.host_keys = lines
+                effective = lines if lines is not None else list(emu.settings["host_keys"])
+                return self.send(200, {"instance": inst.name, "zone": inst.zone, "project": inst.project,
+                                       "host_keys": effective, "own": lines is not None})
         if what == "nat-ip" and method == "POST":
             with emu.lock:
                 inst = emu.find_instance(spec.get("instance", ""), spec.get("zone"), spec.get("project"))
