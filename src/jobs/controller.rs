@@ -1244,26 +1244,30 @@ fn market_choice(sh: &Shared, m: &mut Memo, running: Choice) -> Option<Choice> {
     Some(kind.build().decide(&state))
 }
 
-/// The last run's time from looking for a cluster to every rank running:
-/// the restart overhead the policy plans with.
+/// The longest a run of this job took from looking for a cluster to every
+/// rank running: the restart overhead the policy plans with. The longest,
+/// not the last: one quick restart must not make the policy count on the
+/// next (the one to on-demand that has to meet the deadline) being as
+/// quick.
 fn overhead_estimate(store: &Store, id: i64) -> f64 {
     let Ok(events) = store.managed_events(id) else {
         return DEFAULT_OVERHEAD_S;
     };
     let mut began = None;
-    let mut last = None;
+    let mut worst: Option<f64> = None;
     for e in &events {
         match ManagedState::parse(&e.state) {
             Some(ManagedState::Provisioning | ManagedState::Recovering) => began = Some(e.at),
             Some(ManagedState::Running) => {
                 if let Some(b) = began.take() {
-                    last = Some((e.at - b) as f64 / 1000.0);
+                    let took = (e.at - b) as f64 / 1000.0;
+                    worst = Some(worst.map_or(took, |w| w.max(took)));
                 }
             }
             _ => {}
         }
     }
-    last.map_or(DEFAULT_OVERHEAD_S, |s| s.max(1.0))
+    worst.map_or(DEFAULT_OVERHEAD_S, |s| s.max(1.0))
 }
 
 /// Asks the deadline policy whether the running job should change market;

@@ -303,7 +303,7 @@ impl LocalProvider {
         }
         // Which launch of this cluster name this is (for `preemptions`).
         let launch_no = if n_new > 0 {
-            self.layout.next_launch_number(&req.cluster.0)
+            self.layout.launch_number(&req.cluster.0, &req.client_token)
         } else {
             0
         };

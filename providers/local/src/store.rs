@@ -71,19 +71,28 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
-    /// Counts launches that create nodes, per cluster name: 0 for the
-    /// first. Called under the lock. A counter that cannot be read or
-    /// written counts as the first launch.
-    pub fn next_launch_number(&self, cluster: &str) -> u64 {
+    /// Which launch that creates nodes of `cluster` the one with client
+    /// token `token` is: 0 for the first token seen, 1 for the next... A
+    /// launch tried again with its token (a controller killed mid-launch
+    /// and restarted) is the same launch, so it takes the same entry of a
+    /// `preemptions` schedule. Called under the lock. A record that cannot
+    /// be read or written counts as the first launch. (Records of older
+    /// versions held a count: those launches stay counted.)
+    pub fn launch_number(&self, cluster: &str, token: &str) -> u64 {
         let dir = self.root.join("launches");
         let path = dir.join(cluster);
-        let n: u64 = std::fs::read_to_string(&path)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0);
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let mut tokens: Vec<String> = match text.trim().parse::<u64>() {
+            Ok(n) => (0..n).map(|i| format!("#{i}")).collect(),
+            Err(_) => text.lines().map(str::to_string).collect(),
+        };
+        if let Some(i) = tokens.iter().position(|t| t == token) {
+            return i as u64;
+        }
+        tokens.push(token.to_string());
         let _ = std::fs::create_dir_all(&dir);
-        let _ = std::fs::write(&path, (n + 1).to_string());
-        n
+        let _ = std::fs::write(&path, tokens.join("\n") + "\n");
+        tokens.len() as u64 - 1
     }
 
     pub fn lock_path(&self) -> PathBuf {

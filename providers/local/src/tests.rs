@@ -1074,49 +1074,32 @@ async fn start_honours_the_capacity_the_cluster_was_launched_with() {
 async fn preemptions_follow_the_schedule_launch_by_launch() {
     let (_tmp, p) = fresh();
     let cfg = json!({"preemptions": [{"after_s": 60, "notice_s": 10}, {"after_s": 30}]});
-    let first = p
-        .launch(&spot(req(
-            "s",
-            "local-a",
-            "local.cpu",
-            1,
-            Some(cfg.clone()),
-        )))
-        .await
-        .unwrap();
+    let launch = |token: &str| {
+        let mut r = spot(req("s", "local-a", "local.cpu", 1, Some(cfg.clone())));
+        r.client_token = token.to_string();
+        r
+    };
+    let first = p.launch(&launch("s-0")).await.unwrap();
     let r = &records(&p)[0];
     let after = r.preempt_at_ms.unwrap() - r.created_ms;
     assert!((59_000..=61_000).contains(&after), "{after}");
     assert_eq!(r.preempt_at_ms.unwrap() - r.notice_at_ms.unwrap(), 10_000);
     // A retried launch of the same cluster is not a new launch.
-    let again = p
-        .launch(&spot(req(
-            "s",
-            "local-a",
-            "local.cpu",
-            1,
-            Some(cfg.clone()),
-        )))
-        .await
-        .unwrap();
+    let again = p.launch(&launch("s-0")).await.unwrap();
     assert_eq!(ids(&again), ids(&first));
     p.terminate(&cluster("s")).await.unwrap();
-    p.launch(&spot(req(
-        "s",
-        "local-a",
-        "local.cpu",
-        1,
-        Some(cfg.clone()),
-    )))
-    .await
-    .unwrap();
+    // Made again with the same token (a controller killed mid-launch and
+    // restarted tries its launch again): still the first launch.
+    p.launch(&launch("s-0")).await.unwrap();
+    let r = &records(&p)[0];
+    assert_eq!(r.preempt_at_ms.unwrap() - r.notice_at_ms.unwrap(), 10_000);
+    p.terminate(&cluster("s")).await.unwrap();
+    p.launch(&launch("s-1")).await.unwrap();
     let r = &records(&p)[0];
     assert_eq!(r.preempt_at_ms.unwrap() - r.notice_at_ms.unwrap(), 0);
     p.terminate(&cluster("s")).await.unwrap();
     // Past the schedule: no more preemptions.
-    p.launch(&spot(req("s", "local-a", "local.cpu", 1, Some(cfg))))
-        .await
-        .unwrap();
+    p.launch(&launch("s-2")).await.unwrap();
     assert_eq!(records(&p)[0].preempt_at_ms, None);
     p.terminate(&cluster("s")).await.unwrap();
 }
