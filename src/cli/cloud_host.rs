@@ -273,13 +273,20 @@ enum Seen {
     Gone,
 }
 
-fn describe(home: &Path, cloud: &str, name: &str) -> Result<Seen, Error> {
-    let p = Providers::new(home).get(cloud).ok_or_else(|| {
+fn provider(
+    home: &Path,
+    cloud: &str,
+) -> Result<std::sync::Arc<dyn gangway_provider::Provider>, Error> {
+    Providers::new(home).get(cloud).ok_or_else(|| {
         Error::usage(
             format!("this gangway has no provider '{cloud}' for the controller host"),
             None,
         )
-    })?;
+    })
+}
+
+fn describe(home: &Path, cloud: &str, name: &str) -> Result<Seen, Error> {
+    let p = provider(home, cloud)?;
     let nodes = runtime()?.block_on(p.describe(&ClusterName(name.to_string())))?;
     let live: Vec<&NodeState> = nodes
         .iter()
@@ -303,9 +310,83 @@ fn hosted_of(home: &Path, c: &CloudHost, store: &Store, name: &str) -> Result<Ho
     Ok(host_of_record(home, store, name, c.remote_env(home))?.reached_by(home, c))
 }
 
-/// Where this machine keeps the controller host `name`'s SSH host keys.
+/// Where this machine keeps the controller host `name`'s SSH host keys,
+/// under the name `name` (ssh's `HostKeyAlias`: the VM's address changes
+/// at every start, its keys do not).
 fn known_hosts(home: &Path, name: &str) -> PathBuf {
     home.join("ssh").join(format!("known_hosts_{name}"))
+}
+
+/// Whether `known` holds a key of `name`.
+fn has_keys(known: &Path, name: &str) -> bool {
+    std::fs::read_to_string(known)
+        .is_ok_and(|t| t.lines().any(|l| l.split_whitespace().next() == Some(name)))
+}
+
+/// Writes `path` whole (through a new file renamed over it), readable by
+/// its owner only.
+fn write_owner_only(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension(format!("new-{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::File::options()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Pins the controller host `name`'s SSH host keys before this machine
+/// first connects to it (the host gets every job's secrets): the keys its
+/// provider published for the VM (EC2's console output, GCE's guest
+/// attributes), waited for while the VM boots. Where the provider
+/// publishes none (or none came within `limit`, or it could not be
+/// asked), the key the host offers at first contact is kept instead, with
+/// a warning; either way no other key is accepted for it afterwards.
+fn pin_host_keys(home: &Path, cloud: &str, name: &str, limit: Duration) -> Result<(), Error> {
+    let known = known_hosts(home, name);
+    if has_keys(&known, name) {
+        return Ok(());
+    }
+    let p = provider(home, cloud)?;
+    let rt = runtime()?;
+    let cluster = ClusterName(name.to_string());
+    let deadline = std::time::Instant::now() + limit;
+    let why = loop {
+        let nodes = rt.block_on(p.describe(&cluster))?;
+        if let Some(head) = nodes.iter().find(|n| n.state == NodeState::Running) {
+            match rt.block_on(p.host_keys(head)) {
+                Ok(None) => break format!("{cloud} publishes no SSH host keys"),
+                Ok(Some(keys)) if !keys.is_empty() => {
+                    let text: String = keys.iter().map(|k| format!("{name} {k}\n")).collect();
+                    write_owner_only(&known, text.as_bytes())?;
+                    return Ok(());
+                }
+                Ok(Some(_)) => {}
+                Err(e) => break format!("asking {cloud} for its SSH host keys failed: {e}"),
+            }
+        }
+        if std::time::Instant::now() >= deadline {
+            break format!(
+                "{cloud} published no SSH host keys of it within {} s of its start",
+                limit.as_secs()
+            );
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    };
+    eprintln!(
+        "gangway: WARNING: {why}: the controller host '{name}' is trusted by the key it offers at \
+         first contact (kept in {}), and only by that key after",
+        known.display()
+    );
+    Ok(())
 }
 
 /// The host of a controller cluster's record, as an SSH host whose
@@ -407,6 +488,7 @@ pub(crate) fn reach(home: &Path, c: &CloudHost) -> Result<Hosted, Error> {
                 }
                 match describe(home, &c.cloud, &name)? {
                     Seen::Running => {
+                        pin_host_keys(home, &c.cloud, &name, SSH_WAIT)?;
                         hosted.wait_reachable(SSH_WAIT)?;
                         return Ok(hosted);
                     }
@@ -458,6 +540,7 @@ pub(crate) fn reach(home: &Path, c: &CloudHost) -> Result<Hosted, Error> {
                     ));
                 }
                 let hosted = hosted_of(home, c, &store, &name)?;
+                pin_host_keys(home, &c.cloud, &name, SSH_WAIT)?;
                 hosted.wait_reachable(SSH_WAIT)?;
                 return Ok(hosted);
             }

@@ -244,6 +244,10 @@ pub(crate) struct Hosted {
     cloud: Option<(PathBuf, super::cloud_host::CloudHost)>,
 }
 
+/// What ssh (and gangway's error after it) says of a host key that is not
+/// the one recorded.
+const CHANGED_KEY: &str = "IDENTIFICATION HAS CHANGED";
+
 /// How a remote command's standard input is fed.
 pub(crate) enum Input<'a> {
     /// Nothing (`/dev/null`).
@@ -331,6 +335,8 @@ impl Hosted {
             let r = self.exchange("true".to_string(), None, Some(&mut Vec::new()));
             match r {
                 Ok(_) => return Ok(()),
+                // A key that is not the pinned one does not change by waiting.
+                Err(e) if e.to_string().contains(CHANGED_KEY) => return Err(e),
                 Err(e) if std::time::Instant::now() >= deadline => return Err(e),
                 Err(_) => std::thread::sleep(std::time::Duration::from_secs(2)),
             }
@@ -347,8 +353,10 @@ impl Hosted {
     /// after the last (`ControlPersist`), so a command costs one round
     /// trip once it is open. `BatchMode`: never a prompt. Host keys: your
     /// `~/.ssh/known_hosts` is checked; a host found in neither it nor
-    /// gangway's `ssh/known_hosts_controller` is recorded there on first
-    /// contact, then checked strictly.
+    /// gangway's file (`ssh/known_hosts_controller`, or the cloud host's
+    /// own, where its keys were pinned from the provider) is recorded there
+    /// on first contact, then checked strictly. A cloud host is looked up
+    /// by its cluster's name (`HostKeyAlias`).
     fn ssh(&self) -> Command {
         let ctl = self.ssh_dir.join("ctl");
         let _ = std::fs::create_dir_all(&ctl);
@@ -364,6 +372,12 @@ impl Hosted {
             ))
             .arg("-o")
             .arg(format!("ControlPath={}/ctrl-%C", ctl.display()));
+        // A cloud host's keys are kept under its cluster's name, not its
+        // address (a new one at every start): pinned once, checked at
+        // every address it gets.
+        if let Some(cluster) = &self.cluster {
+            c.arg("-o").arg(format!("HostKeyAlias={cluster}"));
+        }
         if let Some(p) = self.host.port {
             c.arg("-p").arg(p.to_string());
         }
@@ -538,6 +552,17 @@ impl Hosted {
     }
 
     fn unreachable(&self, held: &[String]) -> Error {
+        let said = held.join("\n");
+        if said.contains(CHANGED_KEY) {
+            return Error::Unreachable {
+                message: format!(
+                    "refusing the managed-job controller at {}: {}",
+                    self.address(),
+                    crate::gang::ssh::changed_key(&said, "it")
+                ),
+                hint: self.changed_key_hint(),
+            };
+        }
         let why = if held.is_empty() {
             "ssh failed without saying why".to_string()
         } else {
@@ -566,6 +591,34 @@ impl Hosted {
                     .map(|h| h.join("config.yaml").display().to_string())
                     .unwrap_or_else(|| "config.yaml".into()),
             ),
+        }
+    }
+
+    /// What to do about a changed host key: forget the old one (the
+    /// command), knowing what it means.
+    fn changed_key_hint(&self) -> String {
+        let known = self.known_hosts.display();
+        match &self.cluster {
+            Some(cluster) => format!(
+                "gangway pinned this host's key when it made the VM (from the provider's record of \
+                 it where it publishes one) and never replaces the VM without saying so: unless it \
+                 did, another machine answers at {host}; if the VM was really rebuilt, forget the \
+                 old key with `ssh-keygen -R {cluster} -f {known}` and run the command again",
+                host = self.host.host,
+            ),
+            None => format!(
+                "unless the host was reinstalled, another machine answers at its address; if it \
+                 was, forget the old key with `ssh-keygen -R {} -f {known}` and run the command again",
+                self.known_hosts_name(),
+            ),
+        }
+    }
+
+    /// How ssh names the host in a known_hosts file.
+    fn known_hosts_name(&self) -> String {
+        match self.host.port {
+            Some(p) if p != 22 => format!("'[{}]:{p}'", self.host.host),
+            _ => self.host.host.clone(),
         }
     }
 
@@ -656,8 +709,14 @@ fn relay_stderr(r: impl Read) -> (Option<Platform>, Vec<String>) {
     let mut install = None;
     let mut held = Vec::new();
     let mut err = std::io::stderr();
+    // Inside ssh's changed-key warning: held whole (its fingerprint and
+    // the offending file:line are the error's facts).
+    let mut warning = false;
     for line in BufReader::new(r).lines().map_while(Result::ok) {
-        if let Some(rest) = line.strip_prefix(INSTALL_MARK) {
+        if warning || line.starts_with("@@@") {
+            warning = !line.starts_with("Host key verification failed");
+            held.push(line);
+        } else if let Some(rest) = line.strip_prefix(INSTALL_MARK) {
             let mut w = rest.split_whitespace();
             install = Some((
                 w.next().unwrap_or_default().to_string(),
@@ -667,7 +726,6 @@ fn relay_stderr(r: impl Read) -> (Option<Platform>, Vec<String>) {
             || line.contains("Permission denied")
             || line.starts_with("kex_exchange_identification")
             || line.starts_with("Host key verification failed")
-            || line.starts_with("@@@")
         {
             held.push(line);
         } else {

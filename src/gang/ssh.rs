@@ -641,7 +641,10 @@ fn classify_connect(e: &openssh::Error) -> (ConnectFailure, String) {
             .unwrap_or_else(|| p.to_string())
     };
     let (failure, said) = if has("IDENTIFICATION HAS CHANGED") {
-        (ConnectFailure::HostKeyChanged, changed_key(&full))
+        (
+            ConnectFailure::HostKeyChanged,
+            changed_key(&full, "the node"),
+        )
     } else if has("Host key verification failed") {
         let said = lines
             .iter()
@@ -676,10 +679,10 @@ fn classify_connect(e: &openssh::Error) -> (ConnectFailure, String) {
 }
 
 /// What ssh said of a changed host key, with both fingerprints: the one
-/// the node sent (ssh prints it) and the one recorded in the file and line
+/// `who` sent (ssh prints it) and the one recorded in the file and line
 /// ssh names ("Offending ED25519 key in FILE:LINE"), read back with
 /// `ssh-keygen -l`.
-fn changed_key(said: &str) -> String {
+pub(crate) fn changed_key(said: &str, who: &str) -> String {
     let sent = said
         .split_whitespace()
         .find(|w| w.starts_with("SHA256:"))
@@ -707,7 +710,7 @@ fn changed_key(said: &str) -> String {
             .find(|w| w.starts_with("SHA256:"))
             .map(str::to_string)
     });
-    let mut out = String::from("REMOTE HOST IDENTIFICATION HAS CHANGED: the node sent a host key");
+    let mut out = format!("REMOTE HOST IDENTIFICATION HAS CHANGED: {who} sent a host key");
     if let Some(f) = sent {
         out.push_str(&format!(" with fingerprint {f}"));
     }

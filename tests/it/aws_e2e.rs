@@ -66,6 +66,9 @@ impl Cloud {
             "one metadata port per scope"
         );
         self.imds_port = port;
+        // Its console output shows the sshd's host keys, as cloud-init
+        // prints an instance's.
+        self.emu.publish_host_keys(&self.scope, &sshd.host_keys());
         // Where a node finds its metadata service: on the address its
         // session came to, as an instance does at 169.254.169.254.
         // The AWS SDKs (rclone's) find it the same way, through their own

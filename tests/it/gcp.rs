@@ -354,7 +354,8 @@ pub(crate) fn vms_with_sshd(n: usize) -> Option<(GceFake, crate::sshd::Sshd, Tes
     let set = gce.call(
         "POST",
         "/_gangway/settings",
-        &serde_json::json!({"nat_ip_prefix": format!("{block}.")}).to_string(),
+        &serde_json::json!({"nat_ip_prefix": format!("{block}."), "host_keys": sshd.host_keys()})
+            .to_string(),
     );
     assert_eq!(set["nat_ip_prefix"], format!("{block}."), "{set}");
     Some((gce, sshd, home))

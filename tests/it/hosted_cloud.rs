@@ -172,6 +172,15 @@ fn a_cloud_controller_host_is_provisioned_outlives_the_laptop_stops_when_idle_an
         "{err}"
     );
     eprintln!("provisioned and submitted in {:?}", started.elapsed());
+    // Its host key was pinned from its console output (cloud-init's
+    // block) before the first connection, under its cluster's name (its
+    // address changes at every start): nothing trusted on first use.
+    assert_eq!(
+        std::fs::read_to_string(laptop.join(format!("ssh/known_hosts_{}", host_cluster(REGION))))
+            .unwrap(),
+        format!("{} {}\n", host_cluster(REGION), key_of(&sshd)),
+    );
+    assert!(!err.contains("WARNING"), "{err}");
     let owner = std::fs::read_to_string(laptop.join("owner"))
         .unwrap()
         .trim()
@@ -363,6 +372,127 @@ fn a_cloud_controller_host_is_provisioned_outlives_the_laptop_stops_when_idle_an
     crate::common::assert_no_marker_procs(&cloud.home.marker, "the job ended");
 }
 
+/// The sshd's host key as a known_hosts entry has it: `TYPE BASE64`.
+fn key_of(sshd: &crate::sshd::Sshd) -> String {
+    let line = sshd.host_keys().remove(0);
+    line.split_whitespace()
+        .take(2)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `ssh-keygen -l`'s SHA256 fingerprint of an OpenSSH public key line.
+fn fingerprint(line: &str) -> String {
+    use std::io::Write as _;
+    let mut c = Command::new("ssh-keygen")
+        .args(["-l", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(line.as_bytes()).unwrap();
+    let out = String::from_utf8(c.wait_with_output().unwrap().stdout).unwrap();
+    out.split_whitespace()
+        .find(|w| w.starts_with("SHA256:"))
+        .unwrap_or_else(|| panic!("no fingerprint of {line}: {out}"))
+        .to_string()
+}
+
+/// A machine that is not the one EC2 says it made answers at the
+/// controller host's address: its key is not the one the instance's
+/// console published, so gangway refuses it at once (exit 7) before the
+/// host is given anything, naming both fingerprints and the command that
+/// forgets the pinned key; once the console shows the machine's key (the
+/// VM really rebuilt) and the user ran that command, the next command pins
+/// the new key and goes on. (Main before this pinning trusted whatever key
+/// answered at a new address.)
+#[test]
+fn a_controller_host_whose_key_is_not_the_one_its_cloud_published_is_refused() {
+    let Some(sshd) = crate::aws_e2e::machines(1) else {
+        return;
+    };
+    let Some(mut cloud) = Cloud::new(&sshd) else {
+        return;
+    };
+    cloud.profile = format!(
+        "export AWS_ENDPOINT_URL={e} AWS_ENDPOINT_URL_EC2={e} AWS_MAX_ATTEMPTS=1 \
+         AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null\n",
+        e = cloud.emu.endpoint
+    );
+    cloud.run_on(&sshd);
+    let host_home = sshd.home.join(".gangway-controller/home");
+    let _guard = HostGuard(host_home.clone());
+    let laptop = cloud.home.path().to_path_buf();
+    // The console publishes another machine's key.
+    let keys = tempfile::tempdir().unwrap();
+    let other = keys.path().join("other");
+    assert!(Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&other)
+        .status()
+        .unwrap()
+        .success());
+    let other_key = std::fs::read_to_string(other.with_extension("pub")).unwrap();
+    cloud
+        .emu
+        .publish_host_keys(&cloud.scope, &[other_key.trim().to_string()]);
+    let m = cloud.home.marker.to_ascii_lowercase();
+    let profile = format!("gw-{m}-ctl");
+    make_instance_profile(cloud.emu, &profile);
+    std::fs::write(
+        laptop.join("config.yaml"),
+        format!(
+            "jobs:\n  controller:\n    cloud: aws\n    region: {REGION}\n    remote_identity: {profile}\n\
+             \x20   image_id: {AMI}\n    config: {{ssh_user: root, poll_ms: 50}}\n"
+        ),
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let (code, out, err) = run(&cloud, &laptop, &["jobs", "queue"]);
+    assert_eq!(code, 7, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(120),
+        "refused at once, not waited on: {:?}",
+        started.elapsed()
+    );
+    let known = laptop.join(format!("ssh/known_hosts_{}", host_cluster(REGION)));
+    let forget = format!(
+        "ssh-keygen -R {} -f {}",
+        host_cluster(REGION),
+        known.display()
+    );
+    for said in [
+        "REMOTE HOST IDENTIFICATION HAS CHANGED",
+        &fingerprint(&other_key),
+        &fingerprint(&sshd.host_keys()[0]),
+        &forget,
+    ] {
+        assert!(err.contains(said), "{said} in:\n{err}");
+    }
+    // Nothing of gangway's reached the machine.
+    assert!(!sshd.home.join(".gangway-controller/bin/gangway").exists());
+    // The VM was really rebuilt: its console shows the new key; the
+    // user forgets the old one as told.
+    cloud.emu.publish_host_keys(&cloud.scope, &sshd.host_keys());
+    let mut words = forget.split_whitespace();
+    let ok = Command::new(words.next().unwrap())
+        .args(words)
+        .output()
+        .unwrap();
+    assert!(ok.status.success(), "{ok:?}");
+    let (code, out, err) = run(&cloud, &laptop, &["jobs", "queue"]);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        std::fs::read_to_string(&known)
+            .unwrap()
+            .contains(&key_of(&sshd)),
+        "the new key is pinned"
+    );
+    let (code, _, err) = run(&cloud, &laptop, &["down", "-y", &host_cluster(REGION)]);
+    assert_eq!(code, 0, "{err}");
+    kill_home(&laptop);
+}
+
 /// `jobs.controller: aws` without `remote_identity`: refused with exit 2,
 /// naming what to create and where to name it; nothing is provisioned
 /// (no cluster record, no AWS call made).
@@ -449,6 +579,17 @@ fn a_gcp_controller_host_runs_as_its_service_account_stops_when_idle_and_goes_wi
         "{scopes}"
     );
     assert_eq!(vm["labels"]["gangway-controller"], "true", "{vm:#}");
+    // Its host key was pinned from its guest attributes (the guest agent
+    // publishes them; gangway's metadata turns them on).
+    assert!(!err.contains("WARNING"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(
+            home.path()
+                .join("ssh/known_hosts_gangway-controller-gcp-us-central1")
+        )
+        .unwrap(),
+        format!("gangway-controller-gcp-us-central1 {}\n", key_of(&sshd)),
+    );
     // Its metadata server (the fake serves one per VM on request, once
     // the VM exists; a VM has it from boot): the host's supervisor,
     // started by the command above without it, starts again with it.

@@ -222,6 +222,14 @@ impl Sshd {
         self.dir.path().join("authorized_keys")
     }
 
+    /// The server's host keys, as OpenSSH public-key lines (what a cloud
+    /// publishes of the VM an emulator's instance stands for).
+    pub fn host_keys(&self) -> Vec<String> {
+        let text = std::fs::read_to_string(self.dir.path().join("host_ed25519.pub"))
+            .expect("the host key's public half");
+        text.lines().map(str::to_string).collect()
+    }
+
     /// Shell code every session runs (sourced by `sh`) before its command,
     /// for what a machine sets up for its logins: e.g. where its metadata
     /// service is, from the address the session came to (`$SSH_CONNECTION`'s

@@ -19,6 +19,7 @@ use std::path::Path;
 use std::time::Duration;
 
 mod endpoint;
+pub mod host_keys;
 mod registry;
 mod transport;
 pub mod tree;
@@ -543,6 +544,19 @@ pub trait Provider: Send + Sync {
     /// other machines, so its keys stay with its cluster.
     fn hosts_outlive_clusters(&self) -> bool {
         false
+    }
+
+    /// The SSH host keys `node` published through this provider's own
+    /// API (a boot console's cloud-init block, guest attributes), as
+    /// [`host_keys::key_line`]s: what gangway pins a machine it hands
+    /// secrets to (the managed-job controller host) by, before its first
+    /// connection, so that whoever answers at its address first is not
+    /// trusted for it. `Ok(Some(empty))`: the provider publishes them but
+    /// has none of this node yet (still booting); `Ok(None)` (the
+    /// default): it publishes none.
+    async fn host_keys(&self, node: &Node) -> Result<Option<Vec<String>>> {
+        let _ = node;
+        Ok(None)
     }
 
     /// For nodes reached over SSH: a shell command that asks the node for

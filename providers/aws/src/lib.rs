@@ -1453,6 +1453,32 @@ impl Provider for AwsProvider {
         Ok(())
     }
 
+    /// The keys cloud-init printed on the instance's serial console
+    /// (GetConsoleOutput, the latest output where the instance type
+    /// keeps it: Nitro; else the buffered one EC2 took at boot).
+    async fn host_keys(&self, node: &Node) -> Result<Option<Vec<String>>> {
+        let region = node.placement.region.as_str();
+        let ec2 = self.ec2(region).await;
+        let ask = |latest: bool| {
+            ec2.get_console_output()
+                .instance_id(node.id.0.as_str())
+                .set_latest(latest.then_some(true))
+                .send()
+        };
+        let answer = match ask(true).await {
+            Ok(a) => a,
+            Err(_) => ask(false)
+                .await
+                .map_err(|e| from_sdk(e, region, "GetConsoleOutput"))?,
+        };
+        let text = answer
+            .output()
+            .and_then(|b| aws_smithy_types::base64::decode(b.trim()).ok())
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default();
+        Ok(Some(gangway_provider::host_keys::in_console_output(&text)))
+    }
+
     async fn terminate(&self, cluster: &ClusterName) -> Result<()> {
         let rec = self.record(cluster)?;
         for region in &rec.regions {

@@ -1644,6 +1644,49 @@ impl Provider for GcpProvider {
         Ok(())
     }
 
+    /// The keys the guest agent wrote to the VM's guest attributes
+    /// (`hostkeys/`, enabled by gangway's `enable-guest-attributes`
+    /// metadata): `Some(empty)` until it has written them.
+    async fn host_keys(&self, node: &Node) -> Result<Option<Vec<String>>> {
+        let c = self.clients().await?;
+        let zone = node.placement.zone.as_str();
+        let answer = c
+            .instances
+            .get_guest_attributes()
+            .set_project(&c.project)
+            .set_zone(zone)
+            .set_instance(node.id.0.as_str())
+            .set_query_path("hostkeys/")
+            .send()
+            .await
+            .map_err(|e| call_err(&e, zone, "instances.getGuestAttributes"));
+        let attrs = match answer {
+            Ok(a) => a,
+            Err(e) if is_not_found(&e) => return Ok(Some(Vec::new())),
+            Err(e) => return Err(e),
+        };
+        Ok(Some(
+            attrs
+                .query_value
+                .map(|v| v.items)
+                .unwrap_or_default()
+                .iter()
+                .filter(|i| i.namespace.as_deref() == Some("hostkeys"))
+                .filter_map(|i| {
+                    // The value is the base64 blob (some agents write the
+                    // whole `TYPE BASE64` line).
+                    let kind = i.key.as_deref()?;
+                    let value = i.value.as_deref()?.trim();
+                    let blob = value
+                        .strip_prefix(kind)
+                        .map(str::trim_start)
+                        .unwrap_or(value);
+                    gangway_provider::host_keys::key_line(kind, blob.split_whitespace().next()?)
+                })
+                .collect(),
+        ))
+    }
+
     async fn stop(&self, cluster: &ClusterName) -> Result<()> {
         for i in self.vms(&self.names(cluster)).await? {
             if is_spot(&i) {
@@ -2013,6 +2056,11 @@ impl GcpProvider {
                     model::metadata::Items::new()
                         .set_key(META_INTERNAL)
                         .set_value(opts.use_internal_ips.to_string()),
+                    // The guest agent publishes the VM's SSH host keys
+                    // there, for gangway to check them by.
+                    model::metadata::Items::new()
+                        .set_key("enable-guest-attributes")
+                        .set_value("TRUE"),
                 ]),
             )
             .set_tags(model::Tags::new().set_items([names.tag.clone()]))

@@ -227,6 +227,25 @@ impl Ec2Emulator {
         v["imds_port"].as_u64().expect("imds_port") as u16
     }
 
+    /// Makes the instances of `scope` publish `host_keys` (OpenSSH public
+    /// key lines) in their console output, as cloud-init prints them on
+    /// EC2: the keys of the sshd behind the scope's addresses, or others
+    /// (a host key that changed, a machine that is not the instance).
+    pub fn publish_host_keys(&self, scope: &str, host_keys: &[String]) {
+        let spec = serde_json::json!({ "scope": scope, "host_keys": host_keys });
+        let (status, body) = self.control("POST", "/_gangway/machines", &spec.to_string());
+        assert_eq!(status, 200, "EC2 emulator host keys {spec}: {body}");
+    }
+
+    /// The `AssumeRole` calls signed with `scope`'s key:
+    /// `{"role_arn", "session_name", "policy", "duration"}` each.
+    pub fn assumed_roles(&self, scope: &str) -> Vec<serde_json::Value> {
+        let (status, body) = self.control("GET", &format!("/_gangway/sts?scope={scope}"), "");
+        assert_eq!(status, 200, "EC2 emulator sts of {scope}: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("sts JSON");
+        v["assume_role"].as_array().cloned().unwrap_or_default()
+    }
+
     /// The instances `scope` launched on machines, as placed:
     /// `{"instance_id", "region", "public", "private", "scope"}` each (also
     /// once terminated).
