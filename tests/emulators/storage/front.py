@@ -13,7 +13,10 @@ is how a test proves that no checkpoint byte passed through a given process
 prints `READY http://127.0.0.1:PORT` once it listens. The emulators'
 launchers (../s3/server.py, ../gcs/server.py) import it instead and start
 their store behind it. The control API, under /_gangway/ on the same port,
-is described in README.md beside this file.
+is described in README.md beside this file. With the `gcs` flavor it also
+answers Google's STS token exchange (POST /v1/token) and holds the
+downscoped tokens it issues to their Credential Access Boundary
+(gcs_sts.py beside this file).
 """
 
 import argparse
@@ -31,6 +34,8 @@ import hashlib
 import urllib.parse
 import http.client
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import gcs_sts
 
 # One piece of a streamed body.
 PIECE = 1 << 20
@@ -234,6 +239,7 @@ class Handler(BaseHTTPRequestHandler):
         self.connection.settimeout(IDLE_TIMEOUT)
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.upstream = None
+        self.prefetched = None
 
     def finish(self):
         try:
@@ -282,12 +288,23 @@ class Handler(BaseHTTPRequestHandler):
             "key_id": signing_key_id(self.headers.get("Authorization")),
             "fault": None,
             "error": None,
+            "denied": None,
         }
         started = time.monotonic()
-        rule = server.faults.take(method, self.path, caller)
-        if rule:
-            entry["fault"] = rule["id"]
+        # A body read before the request went on (see forward); per request.
+        self.prefetched = None
+        sts = server.sts
+        rule = None
         try:
+            if sts is not None and sts.is_token_request(self):
+                return self.token_exchange(sts, entry)
+            # A downscoped token's boundary is checked before any fault rule
+            # is taken: a refused request never reaches the store.
+            if sts is not None and sts.refuse(self, entry):
+                return
+            rule = server.faults.take(method, self.path, caller)
+            if rule:
+                entry["fault"] = rule["id"]
             if rule and rule["action"] == "delay":
                 time.sleep(rule["delay_ms"] / 1000)
                 rule = None
@@ -316,6 +333,47 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             entry["duration_s"] = round(time.monotonic() - started, 6)
             server.log.add(entry)
+
+    def token_exchange(self, sts, entry):
+        """POST /v1/token (GCS flavor): fault rules apply as to the store's
+        requests (a drop, either direction, closes the connection before
+        the answer); otherwise the STS answers."""
+        rule = self.server.faults.take(self.command, self.path, entry["caller"])
+        if rule:
+            entry["fault"] = rule["id"]
+            if rule["action"] == "delay":
+                time.sleep(rule["delay_ms"] / 1000)
+            elif rule["action"] == "status":
+                return self.answer_fault(rule, entry)
+            else:
+                limit = rule["after_bytes"] if rule["direction"] == "request" else None
+                for piece in self.body_pieces() if limit != 0 else ():
+                    entry["bytes_in"] += len(piece)
+                    if limit is not None and entry["bytes_in"] >= limit:
+                        break
+                raise Dropped()
+        sts.exchange(self, entry)
+
+    def read_small_body(self, entry, limit):
+        """The whole request body, or None when it is over `limit` bytes
+        (then the rest is unread and the connection is to be closed)."""
+        data = bytearray()
+        for piece in self.body_pieces():
+            entry["bytes_in"] += len(piece)
+            data += piece
+            if len(data) > limit:
+                self.close_connection = True
+                return None
+        return bytes(data)
+
+    def drain_body(self, entry, limit=None):
+        """Reads the request body and throws it away; False when it stopped
+        after `limit` bytes with more to come."""
+        for piece in self.body_pieces():
+            entry["bytes_in"] += len(piece)
+            if limit is not None and entry["bytes_in"] >= limit:
+                return False
+        return True
 
     def body_framing(self):
         """('length', N), ('chunked', None) or ('none', 0) for the request."""
@@ -431,6 +489,13 @@ class Handler(BaseHTTPRequestHandler):
                 drop_out = rule["after_bytes"] or 0
         if drop_in == 0:
             raise Dropped()
+        if body is None and self.prefetched is not None:
+            # Read already (a small body the boundary check needed): sent as is.
+            body = [self.prefetched]
+            if headers is None:
+                headers = [(n, v) for n, v in self.headers.items()
+                           if n.lower() not in HOP_BY_HOP and n.lower() != "content-length"]
+                headers.append(("Content-Length", str(len(self.prefetched))))
         if body is None:
             kind, _ = self.body_framing()
             body = self.body_pieces()
@@ -583,6 +648,10 @@ class Handler(BaseHTTPRequestHandler):
             if route == ("DELETE", "/_gangway/faults"):
                 rule_id = int(query["id"]) if "id" in query else None
                 return self.reply(200, {"removed": server.faults.remove(rule_id)})
+            if server.sts is not None and route[1].startswith("/_gangway/sts"):
+                answer = server.sts.control(self.command, route[1], raw)
+                if answer is not None:
+                    return self.reply(*answer)
             return self.reply(404, {"error": f"no control route {self.command} {url.path}"})
         except ClientGone:
             self.close_connection = True
@@ -605,6 +674,8 @@ class Front(ThreadingHTTPServer):
         self.verbose = verbose
         self.log = RequestLog()
         self.faults = FaultRules()
+        # The GCS flavor's STS token exchange and downscoped tokens.
+        self.sts = gcs_sts.Sts() if flavor == "gcs" else None
         # adapter(handler, rule, entry) -> True when it answered the request
         # itself (the GCS XML API, ../gcs/xml_api.py); None: plain proxy.
         self.adapter = None
