@@ -3,7 +3,7 @@
 //! `<provider>.remote_identity`). A task's own `config:` wins over it, key
 //! by key.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::spec::yaml::{Kind, Node};
 use crate::spec::{SpecError, Task};
@@ -72,6 +72,20 @@ pub(crate) fn check_identities(file: &str, config: &Node, prefix: &str) -> Resul
         }
     }
     Ok(())
+}
+
+/// `$GANGWAY_HOME`, or `~/.gangway`.
+pub(crate) fn gangway_home() -> Result<PathBuf, Error> {
+    if let Some(h) = std::env::var_os("GANGWAY_HOME").filter(|h| !h.is_empty()) {
+        return Ok(PathBuf::from(h));
+    }
+    match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        Some(h) => Ok(PathBuf::from(h).join(".gangway")),
+        None => Err(Error::usage(
+            "neither GANGWAY_HOME nor HOME is set; gangway needs a directory for its state",
+            Some("export GANGWAY_HOME=/some/dir"),
+        )),
+    }
 }
 
 /// The user's config file as JSON; `None` when there is none.

@@ -16,19 +16,7 @@ use crate::spec::{MountSource, Task, Workdir};
 use crate::state::{ClusterStatus, JobStatus, NewCluster, OwnerLock, Reserved, Store};
 use crate::{Error, ExitCode};
 
-/// `$GANGWAY_HOME`, or `~/.gangway`.
-pub(crate) fn gangway_home() -> Result<PathBuf, Error> {
-    if let Some(h) = std::env::var_os("GANGWAY_HOME").filter(|h| !h.is_empty()) {
-        return Ok(PathBuf::from(h));
-    }
-    match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
-        Some(h) => Ok(PathBuf::from(h).join(".gangway")),
-        None => Err(Error::usage(
-            "neither GANGWAY_HOME nor HOME is set; gangway needs a directory for its state",
-            Some("export GANGWAY_HOME=/some/dir"),
-        )),
-    }
-}
+pub(crate) use crate::config::gangway_home;
 
 /// Checks a cluster name: letters, digits, `-`, `_`, `.`; starts with a letter.
 pub(crate) fn check_name(name: &str) -> Result<(), Error> {

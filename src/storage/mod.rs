@@ -342,12 +342,40 @@ async fn s3_node_credentials(url: &BucketUrl) -> Result<gangway_aws::StorageCred
             return Ok(c.clone());
         }
     }
-    let c = gangway_aws::node_credentials(&url.bucket, &url.prefix).await?;
+    let role = aws_node_role()?;
+    let c = gangway_aws::node_credentials(&url.bucket, &url.prefix, role.as_deref()).await?;
     KEPT.lock()
         .map_err(|e| e.to_string())?
         .get_or_insert_with(HashMap::new)
         .insert(key, (Instant::now(), c.clone()));
     Ok(c)
+}
+
+/// `aws.node_role` of the user's `config.yaml`: the IAM role whose
+/// sessions, narrowed to a bucket and prefix, nodes get (see
+/// [`gangway_aws::node_credentials`]). `Err` for a value that is not a
+/// role's ARN.
+#[cfg(feature = "aws")]
+fn aws_node_role() -> Result<Option<String>, String> {
+    let home = crate::config::gangway_home().map_err(|e| e.to_string())?;
+    let config = crate::config::user_config(&home).map_err(|e| e.to_string())?;
+    let Some(v) = config.as_ref().map(|c| &c["aws"]["node_role"]) else {
+        return Ok(None);
+    };
+    match v {
+        serde_json::Value::Null => Ok(None),
+        serde_json::Value::String(arn)
+            if arn.starts_with("arn:")
+                && arn.split(':').nth(2) == Some("iam")
+                && arn.contains(":role/") =>
+        {
+            Ok(Some(arn.clone()))
+        }
+        other => Err(format!(
+            "aws.node_role in {} is {other}, not a role's ARN (arn:aws:iam::ACCOUNT:role/NAME)",
+            home.join("config.yaml").display()
+        )),
+    }
 }
 
 #[cfg(feature = "aws")]

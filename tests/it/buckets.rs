@@ -32,6 +32,7 @@ fn with_store(c: &mut std::process::Command, emu: &StoreEmulator) {
             .env_remove("AWS_PROFILE"),
         Store::Gcs => c
             .env("GANGWAY_GCS_ENDPOINT", &emu.endpoint)
+            .env("GANGWAY_GCS_STS_ENDPOINT", &emu.endpoint)
             .env("GOOGLE_SERVICE_ACCOUNT_KEY", GCS_NO_AUTH_KEY)
             .env("GOOGLE_CLOUD_PROJECT", "test"),
     };
@@ -334,6 +335,87 @@ fn a_nodes_s3_credentials_reach_only_their_bucket_and_prefix() {
         .collect();
     assert!(!mine.is_empty(), "no federation session for {bucket}");
     for p in &mine {
+        assert_reaches_only_data_of(p, &bucket);
+    }
+}
+
+/// A configured `aws.node_role` is what nodes' S3 sessions come from:
+/// `AssumeRole` of that role with the same session policy (one bucket and
+/// prefix), and no federation session; a value that is no role's ARN
+/// fails the launch naming the key and the file. (moto does not enforce
+/// the policy; the request is what is checked.)
+#[test]
+fn a_configured_node_role_is_assumed_with_the_bucket_and_prefix_policy() {
+    let Some(emu) = s3() else {
+        return;
+    };
+    let home = TestHome::new();
+    let bucket = format!("gw-{}-role", home.marker.to_ascii_lowercase());
+    emu.create_bucket(&bucket);
+    emu.put_object(&bucket, "data/x.txt", b"v1");
+    let role = format!(
+        "arn:aws:iam::123456789012:role/gw-{}-nodes",
+        home.marker.to_ascii_lowercase()
+    );
+    std::fs::write(
+        home.path().join("config.yaml"),
+        format!("aws:\n  node_role: {role}\n"),
+    )
+    .unwrap();
+    let task = home.file(
+        "role.yaml",
+        &format!(
+            "resources:\n  infra: local\nenvs:\n  GW_TEST_MARKER: {m}\n\
+             file_mounts:\n  ~/d: s3://{bucket}/data\nrun: cat ~/d/x.txt\n",
+            m = home.marker
+        ),
+    );
+    let ec2 = crate::ec2_emulator::Ec2Emulator::shared().unwrap();
+    let (code, out, err) = parts(&run(
+        emu,
+        &home,
+        &["launch", &task, "-c", "role", "-y", "--down"],
+    ));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("v1"), "{out}");
+    let mine: Vec<serde_json::Value> = ec2
+        .assumed_roles(gangway_test::storage::S3_KEY)
+        .into_iter()
+        .filter(|a| a["role_arn"] == role)
+        .collect();
+    assert!(!mine.is_empty(), "{role} was not assumed");
+    for a in &mine {
+        assert_eq!(a["session_name"], "gangway-node", "{a}");
+        let p: serde_json::Value = serde_json::from_str(a["policy"].as_str().unwrap()).unwrap();
+        assert_reaches_only_data_of(&p, &bucket);
+    }
+    assert!(
+        !ec2.sts_policies(gangway_test::storage::S3_KEY)
+            .iter()
+            .any(|p| p.contains(&bucket)),
+        "no federation session besides the role's"
+    );
+    std::fs::write(
+        home.path().join("config.yaml"),
+        "aws:\n  node_role: admin\n",
+    )
+    .unwrap();
+    let (code, out, err) = parts(&run(
+        emu,
+        &home,
+        &["launch", &task, "-c", "role2", "-y", "--down"],
+    ));
+    assert_ne!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        err.contains("aws.node_role") && err.contains("config.yaml"),
+        "{err}"
+    );
+}
+
+/// `p`, a session policy, allows S3 actions on `bucket`'s `data` prefix
+/// (and listing it) and nothing else.
+fn assert_reaches_only_data_of(p: &serde_json::Value, bucket: &str) {
+    {
         let mut resources = Vec::new();
         for st in p["Statement"].as_array().unwrap() {
             assert_eq!(st["Effect"], "Allow", "{p}");
@@ -440,12 +522,92 @@ fn a_mounts_s3_credentials_are_renewed_while_the_run_goes_on() {
 /// mount takes each renewed one when the one it holds runs out, and reads
 /// never stop. (The other GCS tests use a key that signs nothing: no
 /// token, nothing to renew.)
+/// A node's GCS token is the user's narrowed to the task's bucket and
+/// prefix (issue 32): gangway exchanges it at STS (the GCS front's
+/// emulation, which enforces the boundary on every request) for one whose
+/// Credential Access Boundary is objectAdmin on `B/x/...` and listings of
+/// `x/`; with it the node's own rclone reads and writes under the prefix
+/// and is refused (403) elsewhere in the bucket and in another bucket of
+/// the user's. The user's token never reaches the node. (Main before this
+/// handed nodes the user's token itself.)
 #[test]
-fn a_mounts_gcs_token_is_renewed_while_the_run_goes_on() {
+fn a_nodes_gcs_token_reaches_only_its_bucket_and_prefix() {
     let Some(emu) = StoreEmulator::gcs() else {
         return;
     };
     let home = TestHome::new();
+    let key = service_account_key();
+    let m = home.marker.to_ascii_lowercase();
+    let (bucket, other) = (format!("gw-{m}-scoped"), format!("gw-{m}-other"));
+    emu.create_bucket(&bucket);
+    emu.create_bucket(&other);
+    emu.put_object(&bucket, "x/a.txt", b"inside");
+    emu.put_object(&bucket, "y/secret.txt", b"sibling");
+    emu.put_object(&other, "secret.txt", b"elsewhere");
+    let task = home.file(
+        "scoped.yaml",
+        &format!(
+            "resources:\n  infra: local\nenvs:\n  GW_TEST_MARKER: {marker}\n\
+             file_mounts:\n  ~/m:\n    source: gs://{bucket}/x\n    mode: MOUNT\n\
+             run: |\n  c=$(ls ~/.gangway/creds/*/*.conf | head -1)\n\
+             \x20 echo \"mounted=$(cat ~/m/a.txt)\"\n\
+             \x20 echo \"prefix=$(rclone --config \"$c\" cat gw0:{bucket}/x/a.txt 2>&1)\"\n\
+             \x20 echo w | rclone --config \"$c\" rcat gw0:{bucket}/x/new.txt && echo wrote-inside\n\
+             \x20 rclone --config \"$c\" cat gw0:{bucket}/y/secret.txt >/dev/null 2>&1 || echo sibling-refused\n\
+             \x20 rclone --config \"$c\" cat gw0:{other}/secret.txt >/dev/null 2>&1 || echo other-bucket-refused\n\
+             \x20 echo w | rclone --config \"$c\" rcat gw0:{bucket}/y/planted.txt 2>/dev/null || echo write-outside-refused\n",
+            marker = home.marker
+        ),
+    );
+    let mut c = command_in(home.path());
+    with_store(&mut c, emu);
+    c.env("GOOGLE_SERVICE_ACCOUNT_KEY", &key)
+        .args(["launch", &task, "-c", "sc", "-y", "--down"]);
+    let (code, out, err) = parts(&Running::start(c).wait());
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    for said in [
+        "mounted=inside",
+        "prefix=inside",
+        "wrote-inside",
+        "sibling-refused",
+        "other-bucket-refused",
+        "write-outside-refused",
+    ] {
+        assert!(out.contains(said), "{said}:\n{out}");
+    }
+    assert_eq!(
+        emu.get_object(&bucket, "x/new.txt").as_deref(),
+        Some(&b"w\n"[..])
+    );
+    assert_eq!(emu.get_object(&bucket, "y/planted.txt"), None);
+    // What gangway asked STS for: this bucket, this prefix, objects only.
+    let asked: Vec<serde_json::Value> = emu
+        .token_exchanges()
+        .into_iter()
+        .filter(|x| x["boundary"].to_string().contains(&bucket))
+        .collect();
+    assert!(!asked.is_empty(), "no token exchange for {bucket}");
+    for x in &asked {
+        let rules = x["boundary"]["accessBoundaryRules"].as_array().unwrap();
+        assert_eq!(rules.len(), 1, "{x}");
+        assert_eq!(
+            rules[0]["availableResource"],
+            format!("//storage.googleapis.com/projects/_/buckets/{bucket}"),
+            "{x}"
+        );
+        assert_eq!(
+            rules[0]["availablePermissions"],
+            serde_json::json!(["inRole:roles/storage.objectAdmin"]),
+            "{x}"
+        );
+        let e = rules[0]["availabilityCondition"]["expression"].to_string();
+        assert!(e.contains(&format!("buckets/{bucket}/objects/x/")), "{e}");
+    }
+}
+
+/// A service account key whose tokens the GCS front sees (object_store
+/// signs a JWT with it): a user's credentials that carry a token.
+fn service_account_key() -> String {
     let pem = std::process::Command::new("openssl")
         .args([
             "genpkey",
@@ -457,13 +619,22 @@ fn a_mounts_gcs_token_is_renewed_while_the_run_goes_on() {
         .output()
         .expect("openssl genpkey");
     assert!(pem.status.success(), "openssl: {pem:?}");
-    let key = serde_json::json!({
+    serde_json::json!({
         "type": "service_account",
         "client_email": "gw-renew@test.iam.gserviceaccount.com",
         "private_key_id": "k1",
         "private_key": String::from_utf8(pem.stdout).unwrap(),
     })
-    .to_string();
+    .to_string()
+}
+
+#[test]
+fn a_mounts_gcs_token_is_renewed_while_the_run_goes_on() {
+    let Some(emu) = StoreEmulator::gcs() else {
+        return;
+    };
+    let home = TestHome::new();
+    let key = service_account_key();
     let bucket = format!("gw-{}-renew", home.marker.to_ascii_lowercase());
     emu.create_bucket(&bucket);
     emu.put_object(&bucket, "x.txt", b"v1");

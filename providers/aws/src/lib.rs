@@ -2230,47 +2230,64 @@ pub async fn user_credentials() -> std::result::Result<StorageCredentials, Strin
 
 /// Credentials to hand to a node for the S3 bucket `bucket` under
 /// `prefix` (empty: the whole bucket): temporary ones only, and no more
-/// than that bucket and prefix. Long-lived keys are exchanged for a
-/// 12-hour STS federation session whose policy ([`node_policy`]) allows
-/// listing, reading, writing and deleting under the prefix and nothing
-/// else (the session's permissions are the intersection of the user's and
-/// the policy), so neither the keys nor the rest of the user's permissions
-/// leave this machine. Temporary user credentials (SSO, an assumed role,
-/// an instance role) cannot be narrowed this way (STS refuses federation
-/// from them) and are passed on as they are.
+/// than that bucket and prefix. With `role` (the user's `aws.node_role`),
+/// a one-hour `AssumeRole` session of that role whose session policy
+/// ([`node_policy`]) allows listing, reading, writing and deleting under
+/// the prefix and nothing else (the session can do what both the role and
+/// the policy allow), from any credentials of the user's, temporary ones
+/// (SSO, an assumed role) included. Without one, long-lived keys are
+/// exchanged for a 12-hour STS federation session with the same policy, so
+/// neither the keys nor the rest of the user's permissions leave this
+/// machine; temporary user credentials cannot be narrowed that way (STS
+/// refuses federation from them) and are passed on as they are.
 pub async fn node_credentials(
     bucket: &str,
     prefix: &str,
+    role: Option<&str>,
 ) -> std::result::Result<StorageCredentials, String> {
     let user = user_credentials().await?;
-    if user.token.is_some() {
+    if user.token.is_some() && role.is_none() {
         return Ok(user);
     }
     let conf = aws_config::defaults(aws_config::BehaviorVersion::latest())
         .load()
         .await;
     let sts = aws_sdk_sts::Client::new(&conf);
+    let region = || conf.region().map_or("us-east-1".into(), |r| r.to_string());
     // STS takes at most 2,048 characters of policy: a prefix too long for
     // that narrows the session to the bucket alone.
     let mut policy = node_policy(bucket, prefix);
     if policy.len() > 2048 {
         policy = node_policy(bucket, "");
     }
-    let out = sts
-        .get_federation_token()
-        // 2-32 of [A-Za-z0-9+=,.@-]: shown in CloudTrail as the caller.
-        .name("gangway-node")
-        .policy(policy)
-        .duration_seconds(12 * 3600)
-        .send()
-        .await
-        .map_err(|e| {
-            let region = conf.region().map_or("us-east-1".into(), |r| r.to_string());
-            from_sdk(e, &region, "GetFederationToken").message
-        })?;
-    let c = out
-        .credentials()
-        .ok_or("STS GetFederationToken returned no credentials")?;
+    let c = if let Some(role) = role {
+        sts.assume_role()
+            .role_arn(role)
+            // 2-64 of [A-Za-z0-9+=,.@-]: shown in CloudTrail.
+            .role_session_name("gangway-node")
+            .policy(policy)
+            // What every role allows (more needs the role's
+            // MaxSessionDuration raised); sessions are renewed anyway.
+            .duration_seconds(3600)
+            .send()
+            .await
+            .map_err(|e| from_sdk(e, &region(), &format!("AssumeRole of {role}")).message)?
+            .credentials()
+            .cloned()
+            .ok_or("STS AssumeRole returned no credentials")?
+    } else {
+        sts.get_federation_token()
+            // 2-32 of [A-Za-z0-9+=,.@-]: shown in CloudTrail as the caller.
+            .name("gangway-node")
+            .policy(policy)
+            .duration_seconds(12 * 3600)
+            .send()
+            .await
+            .map_err(|e| from_sdk(e, &region(), "GetFederationToken").message)?
+            .credentials()
+            .cloned()
+            .ok_or("STS GetFederationToken returned no credentials")?
+    };
     Ok(StorageCredentials {
         key_id: c.access_key_id().to_string(),
         secret: c.secret_access_key().to_string(),

@@ -15,6 +15,8 @@
 )]
 
 mod admin;
+#[cfg(feature = "gcs")]
+mod downscope;
 mod upload;
 mod url;
 
@@ -453,14 +455,34 @@ impl Bucket {
                     // Credentials that sign nothing (an emulator's).
                     set("ANONYMOUS", "true");
                 } else {
-                    // An OAuth access token: short-lived, no refresh token.
+                    // An OAuth access token bounded to this bucket and
+                    // prefix (exchanged at Google's STS): short-lived, no
+                    // refresh token; it ends when STS says or with the
+                    // user's token it came from.
+                    let (scoped, lifetime) = downscope::downscope(&c.bearer, &self.url)
+                        .await
+                        .map_err(|reason| StoreError::NoCredentials {
+                            url: self.url.clone(),
+                            reason: format!(
+                                "the token for nodes could not be narrowed to this bucket \
+                                     (Google's Security Token Service, a Credential Access \
+                                     Boundary): {reason}"
+                            ),
+                        })?;
                     let token = serde_json::json!({
-                        "access_token": c.bearer,
+                        "access_token": scoped,
                         "token_type": "Bearer",
                     });
                     set("TOKEN", &token.to_string());
-                    expires = Some(gcs_token_expires(&c.bearer));
+                    let mut until = gcs_token_expires(&c.bearer);
+                    if let Some(s) = lifetime {
+                        until = until.min(unix_now() + s);
+                    }
+                    expires = Some(until);
                 }
+                // A token bounded to a prefix may not list the bucket's
+                // root, which rclone does to check the bucket exists.
+                set("NO_CHECK_BUCKET", "true");
                 set("BUCKET_POLICY_ONLY", "true");
                 if let Some(ep) = &self.endpoints.gcs {
                     // rclone wants the JSON API's root.
@@ -582,6 +604,14 @@ fn open_s3(url: &BucketUrl, _: &Endpoints, _: Option<&S3Keys>) -> Result<Built, 
 /// a GCE metadata server may be older: then less; docs/storage.md).
 #[cfg(feature = "gcs")]
 const GCS_TOKEN_TAKEN_TO_LAST: std::time::Duration = std::time::Duration::from_secs(50 * 60);
+
+/// Now, in Unix seconds.
+#[cfg(feature = "gcs")]
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
 
 /// When `bearer` is taken to expire (Unix seconds): [`GCS_TOKEN_TAKEN_TO_LAST`]
 /// after this process first saw it.

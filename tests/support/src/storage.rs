@@ -524,6 +524,16 @@ impl StoreEmulator {
         self.control("DELETE", &format!("/_gangway/faults?id={id}"), "");
     }
 
+    /// The GCS front's token exchanges (its STS face, `POST /v1/token`):
+    /// `{"id", "subject_sha256", "boundary", "token_sha256", ...}` each,
+    /// oldest first; `boundary` is the access boundary asked for.
+    pub fn token_exchanges(&self) -> Vec<serde_json::Value> {
+        self.control("GET", "/_gangway/sts", "")["exchanges"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
     /// True when this process started the server.
     pub fn started_here(&self) -> bool {
         self._child.is_some()
