@@ -996,9 +996,35 @@ fn a_killed_checkpoint_upload_never_becomes_the_checkpoint_that_is_restored() {
         "method": "PUT", "path_contains": [bucket.as_str(), "/gen-"],
         "action": "drop", "after_bytes": 0, "times": -1,
     }));
-    // A sync already past its uploads may still complete: let it.
-    std::thread::sleep(std::time::Duration::from_secs(5));
-    let kept = *complete_generations(emu, &bucket, "k").last().unwrap();
+    // A sync already past its uploads when the rule came may still
+    // complete: the kept generation is the last one once a sync that began
+    // after the rule has been cut off (fired) and, after it, another
+    // (fired again) without a new generation completing in between.
+    let fired_more_than = |n: u64| {
+        crate::common::wait_for(
+            "a checkpoint upload cut off",
+            crate::common::DEADLINE,
+            || match emu.fired(rule) {
+                f if f > n => Ok(f),
+                f => Err(format!("{f} cut off")),
+            },
+        )
+    };
+    let mut fired = fired_more_than(0);
+    let kept = crate::common::wait_for(
+        "the last complete generation to settle",
+        crate::common::DEADLINE,
+        || {
+            let before = complete_generations(emu, &bucket, "k");
+            fired = fired_more_than(fired);
+            let after = complete_generations(emu, &bucket, "k");
+            if before == after {
+                Ok(*after.last().unwrap())
+            } else {
+                Err(format!("{before:?} became {after:?}"))
+            }
+        },
+    );
     let key = {
         let manifest = emu
             .get_object(&bucket, &format!("k/manifests/{kept}/rank-0.tsv"))
