@@ -555,7 +555,16 @@ def test_sts(url, work, bucket, rc, mount):
         # fake-gcs-server answers a delete 200 (GCS: 204).
         check(f"{tag} objectAdmin in the prefix: a delete",
               call(url, "DELETE", f"/storage/v1/b/{bucket}/o/{q('sts/in/x.xml')}", admin)[0] in (200, 204))
-        before = control(url, "GET", "/_gangway/requests")["requests"][-1]["id"]
+        # An entry is logged when its request ends, which may be after the
+        # client has its answer: the window starts at the delete's entry.
+        deadline = time.monotonic() + 10
+        while True:
+            deleted = [r["id"] for r in control(url, "GET", "/_gangway/requests")["requests"]
+                       if r["method"] == "DELETE" and "sts%2Fin%2Fx.xml" in r["path"]]
+            if deleted or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        before = deleted[-1]
         refused("an upload outside the prefix", upload("sts/out/a.bin", data, admin), "storage.objects.create")
         check(f"{tag} the refused upload stored nothing", get_media("sts/out/a.bin")[0] == 404)
         refused("a read outside the prefix", get_media("sts/out/seed.txt", admin), "storage.objects.get")
