@@ -15,6 +15,7 @@ use crate::aws_e2e::{make_instance_profile, tag, Cloud, AMI, REGION};
 use crate::common::{command_in, json_doc, parts, wait_for, Running, TestHome, DEADLINE};
 use crate::hosted::kill_home;
 use crate::jobs::spot_train;
+use crate::ssh::{fingerprint, stranger_key};
 
 /// The controller host's cluster for `region`.
 fn host_cluster(region: &str) -> String {
@@ -111,6 +112,24 @@ impl Drop for HostGuard {
     }
 }
 
+/// An EC2 emulator account whose instances run on one sshd, their
+/// sessions' AWS SDK reaching the emulator with no keys of the laptop's
+/// (only the instance's metadata service's); the controller host's home on
+/// it, and the guard that kills what runs there when the test ends.
+fn aws_host() -> Option<(crate::sshd::Sshd, Cloud, PathBuf, HostGuard)> {
+    let sshd = crate::aws_e2e::machines(1)?;
+    let mut cloud = Cloud::new(&sshd)?;
+    cloud.profile = format!(
+        "export AWS_ENDPOINT_URL={e} AWS_ENDPOINT_URL_EC2={e} AWS_MAX_ATTEMPTS=1 \
+         AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null\n",
+        e = cloud.emu.endpoint
+    );
+    cloud.run_on(&sshd);
+    let host_home = sshd.home.join(".gangway-controller/home");
+    let guard = HostGuard(host_home.clone());
+    Some((sshd, cloud, host_home, guard))
+}
+
 /// `jobs.controller: {cloud: aws}` end to end on the EC2 emulator: `jobs
 /// launch` provisions one on-demand m6i.large (the cheapest type with 2
 /// vCPUs and 4 GB) tagged with the owner, the user and the controller
@@ -129,22 +148,9 @@ impl Drop for HostGuard {
 /// leaves nothing tagged.
 #[test]
 fn a_cloud_controller_host_is_provisioned_outlives_the_laptop_stops_when_idle_and_goes_with_down() {
-    let Some(sshd) = crate::aws_e2e::machines(1) else {
+    let Some((sshd, cloud, host_home, _guard)) = aws_host() else {
         return;
     };
-    let Some(mut cloud) = Cloud::new(&sshd) else {
-        return;
-    };
-    // The host's SDK reaches the emulator, with no keys of the laptop's:
-    // only its metadata service's.
-    cloud.profile = format!(
-        "export AWS_ENDPOINT_URL={e} AWS_ENDPOINT_URL_EC2={e} AWS_MAX_ATTEMPTS=1 \
-         AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null\n",
-        e = cloud.emu.endpoint
-    );
-    cloud.run_on(&sshd);
-    let host_home = sshd.home.join(".gangway-controller/home");
-    let _guard = HostGuard(host_home.clone());
     let m = cloud.home.marker.to_ascii_lowercase();
     let profile = format!("gw-{m}-ctl");
     let arn = make_instance_profile(cloud.emu, &profile);
@@ -381,23 +387,6 @@ fn key_of(sshd: &crate::sshd::Sshd) -> String {
         .join(" ")
 }
 
-/// `ssh-keygen -l`'s SHA256 fingerprint of an OpenSSH public key line.
-fn fingerprint(line: &str) -> String {
-    use std::io::Write as _;
-    let mut c = Command::new("ssh-keygen")
-        .args(["-l", "-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    c.stdin.take().unwrap().write_all(line.as_bytes()).unwrap();
-    let out = String::from_utf8(c.wait_with_output().unwrap().stdout).unwrap();
-    out.split_whitespace()
-        .find(|w| w.starts_with("SHA256:"))
-        .unwrap_or_else(|| panic!("no fingerprint of {line}: {out}"))
-        .to_string()
-}
-
 /// A machine that is not the one EC2 says it made answers at the
 /// controller host's address: its key is not the one the instance's
 /// console published, so gangway refuses it at once (exit 7) before the
@@ -408,30 +397,13 @@ fn fingerprint(line: &str) -> String {
 /// answered at a new address.)
 #[test]
 fn a_controller_host_whose_key_is_not_the_one_its_cloud_published_is_refused() {
-    let Some(sshd) = crate::aws_e2e::machines(1) else {
+    let Some((sshd, cloud, _, _guard)) = aws_host() else {
         return;
     };
-    let Some(mut cloud) = Cloud::new(&sshd) else {
-        return;
-    };
-    cloud.profile = format!(
-        "export AWS_ENDPOINT_URL={e} AWS_ENDPOINT_URL_EC2={e} AWS_MAX_ATTEMPTS=1 \
-         AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null\n",
-        e = cloud.emu.endpoint
-    );
-    cloud.run_on(&sshd);
-    let host_home = sshd.home.join(".gangway-controller/home");
-    let _guard = HostGuard(host_home.clone());
     let laptop = cloud.home.path().to_path_buf();
     // The console publishes another machine's key.
     let keys = tempfile::tempdir().unwrap();
-    let other = keys.path().join("other");
-    assert!(Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-        .arg(&other)
-        .status()
-        .unwrap()
-        .success());
+    let other = stranger_key(keys.path());
     let other_key = std::fs::read_to_string(other.with_extension("pub")).unwrap();
     cloud
         .emu

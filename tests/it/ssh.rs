@@ -254,16 +254,7 @@ fn a_pool_machines_key_is_learnt_once_for_every_cluster() {
         .with_connect_timeout(Duration::from_secs(5));
     let err = connect(&third, &ns).unwrap_err();
     assert!(err.contains("IDENTIFICATION HAS CHANGED"), "{err}");
-    let recorded = std::process::Command::new("ssh-keygen")
-        .args(["-l", "-f"])
-        .arg(&public)
-        .output()
-        .unwrap();
-    let recorded = String::from_utf8_lossy(&recorded.stdout)
-        .split_whitespace()
-        .nth(1)
-        .unwrap()
-        .to_string();
+    let recorded = fingerprint(&std::fs::read_to_string(&public).unwrap());
     assert!(
         err.contains(&format!(
             "not the key {recorded} recorded in {}:1",
@@ -286,7 +277,7 @@ fn forged_host_line(sshd: &Sshd, dir: &std::path::Path) -> (String, std::path::P
 }
 
 /// A fresh ed25519 key pair no server knows; returns the private half.
-fn stranger_key(dir: &std::path::Path) -> std::path::PathBuf {
+pub(crate) fn stranger_key(dir: &std::path::Path) -> std::path::PathBuf {
     let key = dir.join("stranger");
     let ok = std::process::Command::new("ssh-keygen")
         .args(["-q", "-t", "ed25519", "-N", "", "-f"])
@@ -295,6 +286,23 @@ fn stranger_key(dir: &std::path::Path) -> std::path::PathBuf {
         .unwrap();
     assert!(ok.success());
     key
+}
+
+/// `ssh-keygen -l`'s SHA256 fingerprint of an OpenSSH public key line.
+pub(crate) fn fingerprint(line: &str) -> String {
+    use std::io::Write as _;
+    let mut c = std::process::Command::new("ssh-keygen")
+        .args(["-l", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(line.as_bytes()).unwrap();
+    let out = String::from_utf8(c.wait_with_output().unwrap().stdout).unwrap();
+    out.split_whitespace()
+        .find(|w| w.starts_with("SHA256:"))
+        .unwrap_or_else(|| panic!("no fingerprint of {line}: {out}"))
+        .to_string()
 }
 
 #[test]

@@ -111,6 +111,16 @@ class Rclone:
         return r.stdout
 
 
+def unmount(point, proc):
+    """Unmounts an rclone mount at `point` and waits for its process (the
+    cache's uploads end first), killing it after a minute."""
+    subprocess.run(["fusermount3", "-u", point], capture_output=True, timeout=60)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def md5(path):
     h = hashlib.md5()
     with open(path, "rb") as f:
@@ -315,11 +325,7 @@ def test_store(kind, url, work, mount):
                             break
                         time.sleep(0.5)
             finally:
-                subprocess.run(["fusermount3", "-u", point], capture_output=True, timeout=60)
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+                unmount(point, proc)
             # Unmounting waits for the cache's uploads.
             check(f"{tag} [{mode}] a file written through the mount is in the bucket",
                   rc.ok("cat", f"store:{bucket}/written-{mode}.bin") == data)
@@ -718,11 +724,7 @@ def test_sts(url, work, bucket, rc, mount):
                 with open(os.path.join(point, "from-mount.bin"), "wb") as f:
                     f.write(written)
             finally:
-                subprocess.run(["fusermount3", "-u", point], capture_output=True, timeout=60)
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+                unmount(point, proc)
             check(f"{tag} rclone mount of the prefix with the token: a file reads, a file written lands",
                   read_ok and get_media("sts/rclone/from-mount.bin")[2] == written)
         control(url, "POST", "/_gangway/sts/expire", {"token_sha256": sha16(token)})
