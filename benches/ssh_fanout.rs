@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::time::{Duration, Instant};
 
-use gangway::gang::ssh::SshTransport;
+use gangway::transport::ssh::SshTransport;
 use gangway_provider::NodeRow;
 use gangway_provider::{NodeCommand, Transport};
 
@@ -86,7 +86,7 @@ fn main() {
     // Cold with the default bound on handshakes at once, and others.
     let bounds: Vec<usize> = env("GW_SSH_BOUNDS")
         .map(|b| b.split(',').filter_map(|x| x.parse().ok()).collect())
-        .unwrap_or_else(|| vec![gangway::gang::ssh::MAX_HANDSHAKES]);
+        .unwrap_or_else(|| vec![gangway::transport::ssh::MAX_HANDSHAKES]);
     for &bound in &bounds {
         let mut cold = Vec::new();
         for round in 0..rounds {

@@ -38,7 +38,7 @@ const LINUX_ONLY: &[&str] = &[
 /// remote Linux node, not something the laptop runs.
 const NODE_SIDE: &[(&str, &str, &str)] = &[
     (
-        "src/gang/ssh.rs",
+        "src/core/transport/ssh.rs",
         "/proc/",
         "signal_job's script runs on the SSH node",
     ),
@@ -183,8 +183,8 @@ fn the_check_sees_linux_only_uses_and_what_excuses_them() {
         "#[cfg(target_os = \"linux\")]\nfn f() {\n    std::fs::read(\"/proc/self/stat\");\n}";
     assert!(linux_only_uses("src/x.rs", gated).is_empty());
     let remote = r#"    "for p in /proc/[0-9]*; do kill $p; done""#;
-    assert!(linux_only_uses("src/gang/ssh.rs", remote).is_empty());
-    assert_eq!(linux_only_uses("src/gang/driver.rs", remote).len(), 1);
+    assert!(linux_only_uses("src/core/transport/ssh.rs", remote).is_empty());
+    assert_eq!(linux_only_uses("src/core/gang/driver.rs", remote).len(), 1);
     // Comments and test modules do not count.
     assert!(linux_only_uses("src/x.rs", "// unlike /proc/PID/environ").is_empty());
     let text = "fn f() {}\n#[cfg(test)]\nmod tests {\n    \"/proc/1\"\n}\n";

@@ -1,27 +1,30 @@
 //! gangway: a multi-cloud GPU launcher for training runs.
 //!
-//! The flow is `spec` (task files) → `optimizer` (catalog × resources →
-//! ranked failover plan) → provisioning and gang startup (later issues).
-//! Logic never prints; the `cli` module renders.
+//! Four layers, each a folder, each calling only the ones below it
+//! (docs/design.md draws them; `src/layers.rs` enforces it):
+//! - [`cli`]: clap, rendering, exit codes.
+//! - [`services`]: what a user asks for (launch, managed jobs, the
+//!   controller host), one module each.
+//! - [`core`]: task files, catalog, optimizer, provisioning, gang startup,
+//!   storage, state.
+//! - the provider crates under `providers/`, behind `providers/api`.
 #![deny(missing_docs)]
 
-pub mod catalog;
 pub mod cli;
-mod config;
-pub mod context;
-pub mod error;
-pub mod gang;
-pub mod jobs;
+pub mod core;
 #[cfg(test)]
 mod laptop_portable;
 #[cfg(test)]
+mod layers;
+#[cfg(test)]
 mod no_provider_names;
-pub mod optimizer;
-pub mod provision;
-pub mod spec;
-pub mod state;
-mod storage;
-/// Checkpoint manifests as a restore reads them (public for the fuzzer).
-pub use storage::manifest as checkpoint_manifest;
+pub mod services;
 
-pub use error::{Error, ExitCode};
+// The core's public parts under their short names, for the binary, the
+// integration tests, the benchmarks and the fuzzers.
+pub use crate::core::error::{Error, ExitCode};
+pub use crate::core::storage::manifest as checkpoint_manifest;
+pub use crate::core::{
+    catalog, context, error, gang, optimizer, provision, ranks, spec, state, transport,
+};
+pub use crate::services::jobs;

@@ -85,7 +85,7 @@ fn compares(line: &str, name: &str) -> bool {
 
 #[test]
 fn the_core_compares_no_provider_names() {
-    let names: Vec<&str> = crate::provision::registered().collect();
+    let names: Vec<&str> = crate::core::registry::registered().collect();
     assert!(names.contains(&"local"), "{names:?}");
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();

@@ -6,7 +6,7 @@ use clap::Subcommand;
 use serde_json::json;
 
 use super::{load_catalog, print_json, table, Output};
-use crate::catalog::Date;
+use crate::core::catalog::Date;
 use crate::{Error, ExitCode};
 
 /// Catalog actions.
@@ -86,7 +86,7 @@ fn refresh(
     dir: Option<&Path>,
     out: Output,
 ) -> Result<ExitCode, Error> {
-    use crate::provision::Providers;
+    use crate::core::registry::Providers;
     let home = super::launch::gangway_home()?;
     let providers = Providers::new(&home);
     // Clouds whose prices come from a live API.
@@ -107,7 +107,7 @@ fn refresh(
     };
     // (No "prices are old, run refresh" warning while refreshing.)
     let base = super::load_catalog_for(dir, |_| false)?;
-    let rt = super::launch::runtime()?;
+    let rt = crate::core::runtime::runtime()?;
     let today = Date::today();
     let mut report = Vec::new();
     for c in clouds {
@@ -180,7 +180,7 @@ fn refresh(
         let rows = base.refreshed(c, &wanted, &quotes);
         let spot = quotes.iter().filter(|q| q.spot_price.is_some()).count();
         let on_demand = quotes.iter().filter(|q| q.price.is_some()).count();
-        let refs: Vec<&crate::catalog::Offering> = rows.iter().collect();
+        let refs: Vec<&crate::core::catalog::Offering> = rows.iter().collect();
         let note = format!(
             "{c}: offerings of {} from the {c} API on {today}, with {on_demand} on-demand and {spot} spot price(s) from it; other prices as before{}",
             wanted.join(" "),
@@ -192,7 +192,7 @@ fn refresh(
         let path = home.join("catalog").join(format!("{c}.csv"));
         write_atomic(
             &path,
-            crate::catalog::Catalog::to_own_csv(&refs, today, &note).as_bytes(),
+            crate::core::catalog::Catalog::to_own_csv(&refs, today, &note).as_bytes(),
         )?;
         if out == Output::Table {
             println!(
@@ -210,9 +210,9 @@ fn refresh(
         let buckets = match rt.block_on(provider.interruption_buckets()) {
             Ok(Some(b)) => {
                 let path = home
-                    .join(crate::context::INTERRUPTIONS_DIR)
+                    .join(crate::core::context::INTERRUPTIONS_DIR)
                     .join(format!("{c}.csv"));
-                let text = crate::catalog::risk::RiskTable::to_csv(
+                let text = crate::core::catalog::risk::RiskTable::to_csv(
                     &b,
                     today,
                     &format!("the {c} API on {today}"),

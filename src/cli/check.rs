@@ -8,7 +8,7 @@ use serde_json::json;
 
 use super::launch::{gangway_home, runtime};
 use super::{print_json, table, Output};
-use crate::provision::Providers;
+use crate::core::registry::Providers;
 use crate::{Error, ExitCode};
 
 /// `gangway check`.
@@ -76,7 +76,7 @@ pub(crate) fn check(a: &CheckArgs, out: Output) -> Result<ExitCode, Error> {
     }
     // Whose cloud resources this installation's are: the tag a
     // `down --orphans` sweep matches.
-    let owner = crate::provision::owner(&home)?;
+    let owner = crate::core::state::owner(&home)?;
     if out == Output::Json {
         print_json(&json!({ "clouds": docs, "owner": owner }))?;
     } else {
@@ -86,7 +86,7 @@ pub(crate) fn check(a: &CheckArgs, out: Output) -> Result<ExitCode, Error> {
         }
         println!(
             "\nowner id: {owner} (in {}; tagged on every cloud resource as gangway-owner; `gangway down --orphans` sweeps only it)",
-            home.join(crate::provision::OWNER_FILE).display()
+            home.join(crate::core::state::OWNER_FILE).display()
         );
     }
     Ok(if all_ok {

@@ -13,9 +13,11 @@ use super::launch::{
 };
 use super::progress::Progress;
 use super::{print_json, table, Output};
-use crate::gang::{assign_ranks, JobSpec, GRACE};
-use crate::provision::{self, node_rows, Providers, TeardownError};
-use crate::state::{ClusterRow, ClusterStatus, JobRow, OwnerLock, Store};
+use crate::core::gang::{JobSpec, GRACE};
+use crate::core::provision::{self, node_rows, TeardownError};
+use crate::core::ranks::assign_ranks;
+use crate::core::registry::Providers;
+use crate::core::state::{ClusterRow, ClusterStatus, JobRow, OwnerLock, Store};
 use crate::{Error, ExitCode};
 use gangway_provider::ClusterName;
 
@@ -158,7 +160,7 @@ fn cluster_row(store: &Store, name: &str) -> Result<ClusterRow, Error> {
 }
 
 fn ago(ms: i64) -> String {
-    let s = ((crate::state::now_ms() - ms) / 1000).max(0);
+    let s = ((crate::core::state::now_ms() - ms) / 1000).max(0);
     match s {
         0..=59 => format!("{s}s ago"),
         60..=3599 => format!("{}m ago", s / 60),
@@ -192,7 +194,7 @@ fn shown_status(store: &Store, c: &ClusterRow) -> String {
 /// `gangway status`.
 pub(crate) fn status(a: &StatusArgs, out: Output) -> Result<ExitCode, Error> {
     let (_, store) = open()?;
-    crate::gang::reap(&store)?;
+    crate::core::gang::reap(&store)?;
     let mut clusters = store.clusters()?;
     if !a.clusters.is_empty() {
         for n in &a.clusters {
@@ -223,7 +225,7 @@ pub(crate) fn status(a: &StatusArgs, out: Output) -> Result<ExitCode, Error> {
                 let mut v = serde_json::to_value(c).unwrap_or_default();
                 v["shown_status"] = json!(shown_status(&store, c));
                 v["active_jobs"] = json!(live(&c.name));
-                v["jobs_controller"] = json!(super::cloud_host::is_controller(&c.name));
+                v["jobs_controller"] = json!(crate::services::host::cloud::is_controller(&c.name));
                 if !a.clusters.is_empty() {
                     v["nodes"] = json!(store.nodes(&c.name).unwrap_or_default());
                 }
@@ -270,7 +272,7 @@ pub(crate) fn status(a: &StatusArgs, out: Output) -> Result<ExitCode, Error> {
                 None => status,
             };
             vec![
-                if super::cloud_host::is_controller(&c.name) {
+                if crate::services::host::cloud::is_controller(&c.name) {
                     format!("{} (jobs controller)", c.name)
                 } else {
                     c.name.clone()
@@ -407,7 +409,7 @@ fn finish_teardowns(store: &Store, clusters: &[ClusterRow], out: Output) -> Resu
         let Ok(_lock) = store.lock_cluster(&c.name, "tearing down") else {
             continue; // someone works on it now
         };
-        match rt.block_on(provision::teardown(store, &c.name, &providers)) {
+        match rt.block_on(crate::core::lifecycle::teardown(store, &c.name, &providers)) {
             Ok(()) => {
                 if out == Output::Table {
                     println!("Finished tearing down '{}' (it had failed before).", c.name);
@@ -454,7 +456,7 @@ fn job_rows(jobs: &[JobRow]) -> Vec<Vec<String>> {
         .map(|j| {
             let dur = match (j.started_at, j.ended_at) {
                 (Some(s), Some(e)) => duration(e - s),
-                (Some(s), None) => duration(crate::state::now_ms() - s),
+                (Some(s), None) => duration(crate::core::state::now_ms() - s),
                 _ => "-".into(),
             };
             vec![
@@ -477,7 +479,7 @@ fn job_rows(jobs: &[JobRow]) -> Vec<Vec<String>> {
 pub(crate) fn queue(a: &QueueArgs, out: Output) -> Result<ExitCode, Error> {
     let (_, store) = open()?;
     cluster_row(&store, &a.cluster)?;
-    crate::gang::reap(&store)?;
+    crate::core::gang::reap(&store)?;
     let jobs = store.jobs(&a.cluster)?;
     if out == Output::Json {
         print_json(&json!({ "cluster": a.cluster, "jobs": jobs }))?;
@@ -529,7 +531,7 @@ pub(crate) fn logs(a: &LogsArgs) -> Result<ExitCode, Error> {
         }
         cluster_row(&store, &a.cluster)?;
     }
-    crate::gang::reap(&store)?;
+    crate::core::gang::reap(&store)?;
     let job = pick_job(&store, &a.cluster, a.job)?;
     if a.no_follow || job.status.is_terminal() {
         let dir = store.job_log_dir(job.id);
@@ -563,7 +565,7 @@ pub(crate) fn logs(a: &LogsArgs) -> Result<ExitCode, Error> {
 pub(crate) fn cancel(a: &CancelArgs, out: Output) -> Result<ExitCode, Error> {
     let (_, store) = open()?;
     cluster_row(&store, &a.cluster)?;
-    crate::gang::reap(&store)?;
+    crate::core::gang::reap(&store)?;
     let live: Vec<JobRow> = store
         .jobs(&a.cluster)?
         .into_iter()
@@ -601,7 +603,7 @@ pub(crate) fn cancel(a: &CancelArgs, out: Output) -> Result<ExitCode, Error> {
     let mut ended = Vec::new();
     for j in &chosen {
         loop {
-            crate::gang::reap(&store)?;
+            crate::core::gang::reap(&store)?;
             let now = store.job(j.id)?;
             match now {
                 Some(n) if !n.status.is_terminal() && std::time::Instant::now() < deadline => {
@@ -674,9 +676,9 @@ pub(crate) fn exec(a: &ExecArgs, out: Output) -> Result<ExitCode, Error> {
         let spec = job_spec(&task, &args.task, false, false)?;
         // The cluster's nodes are there: what they reach by themselves
         // needs no credentials from here.
-        let own = crate::storage::OwnIdentity::of_nodes(&store.nodes(&a.cluster)?);
-        crate::storage::preflight_now(&task, &args.task, &spec.bucket_mounts, &own)?;
-        crate::storage::make_buckets_now(
+        let own = crate::core::storage::OwnIdentity::of_nodes(&store.nodes(&a.cluster)?);
+        crate::core::storage::preflight_now(&task, &args.task, &spec.bucket_mounts, &own)?;
+        crate::core::storage::make_buckets_now(
             &task,
             &args.task,
             &spec.bucket_mounts,
@@ -688,13 +690,14 @@ pub(crate) fn exec(a: &ExecArgs, out: Output) -> Result<ExitCode, Error> {
         let mut envs = Vec::new();
         for e in &a.env {
             envs.push(
-                crate::spec::parse_assignment(e)
+                crate::core::spec::parse_assignment(e)
                     .map_err(|m| Error::usage(format!("--env: {m}"), None))?,
             );
         }
         let mut secrets = Vec::new();
         if let Some(f) = &a.secret_file {
-            secrets.extend(crate::spec::read_secret_file(f).map_err(|e| Error::usage(e, None))?);
+            secrets
+                .extend(crate::core::spec::read_secret_file(f).map_err(|e| Error::usage(e, None))?);
         }
         for s in &a.secret {
             secrets.push(super::plan::secret_arg(s)?);
@@ -769,8 +772,11 @@ pub(crate) fn down(a: &DownArgs, out: Output) -> Result<ExitCode, Error> {
     }
     // A controller host with jobs still running: their clusters would be
     // left without a controller. Refused unless --yes, which cancels them.
-    for n in names.iter().filter(|n| super::cloud_host::is_controller(n)) {
-        let left = super::cloud_host::unfinished_jobs(&home, &store, n)?;
+    for n in names
+        .iter()
+        .filter(|n| crate::services::host::cloud::is_controller(n))
+    {
+        let left = crate::services::host::cloud::unfinished_jobs(&home, &store, n)?;
         if left == 0 {
             continue;
         }
@@ -785,7 +791,7 @@ pub(crate) fn down(a: &DownArgs, out: Output) -> Result<ExitCode, Error> {
         eprintln!(
             "gangway: cancelling the {left} unfinished managed job(s) on the controller host '{n}'"
         );
-        super::cloud_host::cancel_all(&home, &store, n)?;
+        crate::services::host::cloud::cancel_all(&home, &store, n)?;
     }
     if out == Output::Table && !confirm_names("Tear down", &names, a.yes)? {
         return Ok(ExitCode::Interrupted);
@@ -799,7 +805,7 @@ pub(crate) fn down(a: &DownArgs, out: Output) -> Result<ExitCode, Error> {
             .lock_cluster(n, "launching or tearing down")
             .map_err(Error::from)
             .and_then(|_lock| {
-                rt.block_on(provision::teardown(&store, n, &providers))
+                rt.block_on(crate::core::lifecycle::teardown(&store, n, &providers))
                     .map_err(|e| match e {
                         TeardownError::State(e) => Error::State(e),
                         // The nodes are gone; a bucket made for it is not.
@@ -846,7 +852,7 @@ fn down_orphans(
     out: Output,
     adopt: Option<&str>,
 ) -> Result<ExitCode, Error> {
-    let me = provision::owner(home)?;
+    let me = crate::core::state::owner(home)?;
     let target = adopt.unwrap_or(&me).to_string();
     if target.is_empty() || target.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err(Error::usage(
@@ -959,7 +965,7 @@ pub(crate) fn stop(a: &NamesArgs, out: Output) -> Result<ExitCode, Error> {
         let p = providers
             .get(&cloud)
             .ok_or_else(|| TeardownError::NoProvider(cloud.clone()))?;
-        rt.block_on(provision::stop_drivers(&store, n))?;
+        rt.block_on(crate::core::lifecycle::stop_drivers(&store, n))?;
         rt.block_on(p.stop(&ClusterName(n.clone())))?;
         store.set_status(n, ClusterStatus::Stopped, None)?;
         store.event(n, None, "stop", "stopped")?;
@@ -1072,7 +1078,7 @@ pub(crate) fn autostop_watch(cluster: &str) -> Result<ExitCode, Error> {
     let Some(_lock) = OwnerLock::try_acquire(&lock_path)? else {
         return Ok(ExitCode::Ok);
     };
-    let mut idle_since = crate::state::now_ms();
+    let mut idle_since = crate::core::state::now_ms();
     loop {
         let Some(row) = store.cluster(cluster)? else {
             return Ok(ExitCode::Ok);
@@ -1083,11 +1089,15 @@ pub(crate) fn autostop_watch(cluster: &str) -> Result<ExitCode, Error> {
         // A teardown this watcher started and that failed is retried
         // here when due (the row says when), until the cluster is gone.
         if row.status == ClusterStatus::Terminating && row.autostop_down {
-            let due = row.retry_at.is_none_or(|t| t <= crate::state::now_ms());
+            let due = row
+                .retry_at
+                .is_none_or(|t| t <= crate::core::state::now_ms());
             if due {
                 if let Ok(_l) = store.lock_cluster(cluster, "autostopping") {
                     let providers = Providers::new(&home);
-                    let _ = runtime()?.block_on(provision::teardown(&store, cluster, &providers));
+                    let _ = runtime()?.block_on(crate::core::lifecycle::teardown(
+                        &store, cluster, &providers,
+                    ));
                 }
             }
             std::thread::sleep(Duration::from_secs(1));
@@ -1096,16 +1106,16 @@ pub(crate) fn autostop_watch(cluster: &str) -> Result<ExitCode, Error> {
         if row.status != ClusterStatus::Up {
             return Ok(ExitCode::Ok);
         }
-        crate::gang::reap(&store)?;
+        crate::core::gang::reap(&store)?;
         let jobs = store.jobs(cluster)?;
         let busy = jobs.iter().any(|j| !j.status.is_terminal());
         if busy {
-            idle_since = crate::state::now_ms();
+            idle_since = crate::core::state::now_ms();
         } else if let Some(end) = jobs.iter().filter_map(|j| j.ended_at).max() {
             idle_since = idle_since.max(end);
         }
         // A cluster with a live job is never idle, whatever the minutes say.
-        if !busy && crate::state::now_ms() - idle_since >= i64::from(idle_min) * 60_000 {
+        if !busy && crate::core::state::now_ms() - idle_since >= i64::from(idle_min) * 60_000 {
             let providers = Providers::new(&home);
             let rt = runtime()?;
             let Ok(_l) = store.lock_cluster(cluster, "autostopping") else {
@@ -1117,7 +1127,9 @@ pub(crate) fn autostop_watch(cluster: &str) -> Result<ExitCode, Error> {
                 // A failure is kept on the row (TERMINATING, the reason,
                 // the next retry) and retried above.
                 if rt
-                    .block_on(provision::teardown(&store, cluster, &providers))
+                    .block_on(crate::core::lifecycle::teardown(
+                        &store, cluster, &providers,
+                    ))
                     .is_ok()
                 {
                     return Ok(ExitCode::Ok);

@@ -9,7 +9,7 @@ use serde_json::json;
 
 use super::launch::gangway_home;
 use super::{print_json, table, Output};
-use crate::state::{now_ms, LedgerRow, ManagedJob, Store};
+use crate::core::state::{now_ms, LedgerRow, ManagedJob, Store};
 use crate::{Error, ExitCode};
 
 /// `gangway cost-report`.
@@ -76,12 +76,12 @@ pub(crate) fn cost_report(a: &CostReportArgs, out: Output) -> Result<ExitCode, E
     let home = gangway_home()?;
     let store = Store::open(&home)?;
     let mut report = report(&store, a.days)?;
-    if let Some(h) = super::hosted::Hosted::configured(&home)? {
+    if let Some(h) = crate::services::host::Hosted::configured(&home)? {
         let args: Vec<String> = ["cost-report", "--days", &a.days.to_string(), "-o", "json"]
             .iter()
             .map(|s| s.to_string())
             .collect();
-        let (code, answer) = h.output(&args, super::hosted::Input::Nothing)?;
+        let (code, answer) = h.output(&args, crate::services::host::Input::Nothing)?;
         if code != 0 {
             return Ok(ExitCode::from_code(code));
         }
@@ -231,7 +231,7 @@ fn report(store: &Store, days: u32) -> Result<serde_json::Value, Error> {
     // A cloud controller host is a cluster of this machine's, shown apart.
     let (hosts, clusters): (Vec<_>, Vec<_>) = clusters
         .iter()
-        .partition(|(name, _)| super::cloud_host::is_controller(name));
+        .partition(|(name, _)| crate::services::host::cloud::is_controller(name));
     let clusters: Vec<serde_json::Value> = clusters
         .iter()
         .map(|(name, s)| {

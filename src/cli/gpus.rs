@@ -8,9 +8,9 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::{load_catalog_for, print_json, table, Output};
-use crate::catalog::risk::expected_cost;
-use crate::catalog::{Catalog, Offering, ANY_ACCELERATOR};
-use crate::spec::SpotRisk;
+use crate::core::catalog::risk::expected_cost;
+use crate::core::catalog::{Catalog, Offering, ANY_ACCELERATOR};
+use crate::core::spec::SpotRisk;
 use crate::{Error, ExitCode};
 
 /// `gangway show-gpus [NAME]`.
@@ -137,7 +137,7 @@ pub(crate) fn show_gpus(
         let hint = a
             .name
             .as_deref()
-            .and_then(|n| crate::spec::closest_name(n, &refs))
+            .and_then(|n| crate::core::spec::closest_name(n, &refs))
             .map(|n| format!("did you mean '{n}'?"))
             .unwrap_or_else(|| format!("known GPUs: {}", names.join(", ")));
         return Err(Error::Usage {

@@ -9,12 +9,12 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use serde_json::json;
 
-use super::hosted::{Hosted, Input, HOSTED_ENV};
 use super::launch::{gangway_home, job_spec, secrets_of};
 use super::{interrupts, print_json, table, Output, TaskArgs};
-use crate::jobs::controller::{controller_paths, Controller, Until};
-use crate::jobs::{signal_number, ManagedTask};
-use crate::state::{now_ms, ManagedJob, ManagedState, OwnerLock, Store};
+use crate::core::state::{now_ms, ManagedJob, ManagedState, OwnerLock, Store};
+use crate::services::host::{Hosted, Input, HOSTED_ENV};
+use crate::services::jobs::controller::{controller_paths, Controller, Until};
+use crate::services::jobs::{signal_number, ManagedTask};
 use crate::{Error, ExitCode};
 
 /// Managed-job commands.
@@ -205,7 +205,7 @@ fn log_line(home: &Path, line: &str) {
 /// when idle (the laptop says so, with the provider's name).
 fn self_stopping() -> bool {
     std::env::var_os(HOSTED_ENV).is_some()
-        && std::env::var(super::cloud_host::SELF_STOP_ENV).is_ok_and(|c| !c.is_empty())
+        && std::env::var(crate::services::host::cloud::SELF_STOP_ENV).is_ok_and(|c| !c.is_empty())
 }
 
 /// The file whose modification time is the last command's, on a host.
@@ -233,8 +233,8 @@ fn since_activity(home: &Path) -> Option<Duration> {
 /// own identity (the SDK's default chain: the metadata service). A
 /// failure is logged; the supervisor ends either way.
 fn stop_this_machine(home: &Path) {
-    let cloud = std::env::var(super::cloud_host::SELF_STOP_ENV).unwrap_or_default();
-    let Some(p) = crate::provision::Providers::new(home).get(&cloud) else {
+    let cloud = std::env::var(crate::services::host::cloud::SELF_STOP_ENV).unwrap_or_default();
+    let Some(p) = crate::core::registry::Providers::new(home).get(&cloud) else {
         log_line(
             home,
             &format!("supervisor: no provider '{cloud}' to stop this machine with"),
@@ -245,7 +245,7 @@ fn stop_this_machine(home: &Path) {
         home,
         &format!("supervisor: idle; stopping this machine ({cloud})"),
     );
-    let r = super::launch::runtime().map(|rt| rt.block_on(p.stop_this_machine()));
+    let r = crate::core::runtime::runtime().map(|rt| rt.block_on(p.stop_this_machine()));
     match r {
         Ok(Ok(())) => log_line(home, "supervisor: this machine is stopping"),
         Ok(Err(e)) => log_line(
@@ -507,10 +507,10 @@ fn launch_hosted(
     let sub = prepare(a, None, store, &pending, Some(&h.address()))?;
     let job_files = sub.task.job_files.clone();
     let undo = || {
-        crate::storage::remove_buckets_now(store, &pending);
+        crate::core::storage::remove_buckets_now(store, &pending);
         if let Some(url) = &job_files {
-            if let Ok(rt) = crate::cli::launch::runtime() {
-                let _ = rt.block_on(crate::storage::remove_job_files(url));
+            if let Ok(rt) = crate::core::runtime::runtime() {
+                let _ = rt.block_on(crate::core::storage::remove_job_files(url));
             }
         }
     };
@@ -565,10 +565,10 @@ fn launch_hosted(
 /// bucket, checked now (it exists, these credentials may list it), before
 /// anything is provisioned.
 fn checkpoint_storage(
-    task: &crate::spec::Task,
+    task: &crate::core::spec::Task,
     file: &Path,
     default: PathBuf,
-    own: &crate::storage::OwnIdentity,
+    own: &crate::core::storage::OwnIdentity,
 ) -> Result<(PathBuf, Option<String>), Error> {
     let Some(ck) = task.checkpoint.as_ref() else {
         return Ok((default, None));
@@ -576,7 +576,7 @@ fn checkpoint_storage(
     match ck.storage.clone() {
         None => Ok((default, None)),
         Some(s) if s.contains("://") => {
-            let url = crate::storage::check_checkpoint_bucket(&s, file, ck.storage_at, own)?;
+            let url = crate::core::storage::check_checkpoint_bucket(&s, file, ck.storage_at, own)?;
             Ok((default, Some(url)))
         }
         Some(s) => {
@@ -623,23 +623,27 @@ fn prepare(
     // those are checked (and made) at each run's storage step instead.
     let own = {
         let home = gangway_home()?;
-        let config = crate::config::launch_config(&task, &home)?;
-        crate::storage::OwnIdentity::configured(
+        let config = crate::core::config::launch_config(&task, &home)?;
+        crate::core::storage::OwnIdentity::configured(
             config.as_ref(),
-            &crate::provision::Providers::new(&home),
+            &crate::core::registry::Providers::new(&home),
         )
     };
-    crate::storage::preflight_now(&task, &a.task.task, &spec.bucket_mounts, &own)?;
+    crate::core::storage::preflight_now(&task, &a.task.task, &spec.bucket_mounts, &own)?;
     // With jobs.bucket, the workdir and local file mounts go to the store
     // once, now: recoveries fetch them from there, not from this machine.
     let local_files = spec.workdir.is_some() || !spec.file_mounts.is_empty();
-    let job_files = match crate::config::jobs_bucket(&task, store.home())? {
+    let job_files = match crate::core::config::jobs_bucket(&task, store.home())? {
         Some(b) if local_files => {
-            let tag = format!("{}-{}", crate::state::now_ms(), std::process::id());
-            Some(
-                crate::cli::launch::runtime()?
-                    .block_on(crate::storage::stage_job_files(&b, &mut spec, &tag))?,
-            )
+            let tag = format!("{}-{}", crate::core::state::now_ms(), std::process::id());
+            Some(crate::core::runtime::runtime()?.block_on(
+                crate::core::storage::stage_job_files(
+                    &b,
+                    spec.take_local_files(),
+                    &mut spec.bucket_mounts,
+                    &tag,
+                ),
+            )?)
         }
         None if local_files && hosted.is_some() => {
             return Err(Error::usage(
@@ -657,14 +661,18 @@ fn prepare(
     // The copy recoveries plan from, with literal secret values taken out
     // (they are in secrets.json, owner-only, until the job ends).
     let text = std::fs::read_to_string(&a.task.task)?;
-    let redacted = crate::spec::redact_secrets(&text, &a.task.task.display().to_string())
+    let redacted = crate::core::spec::redact_secrets(&text, &a.task.task.display().to_string())
         .map_err(|e| Error::usage(e.to_string(), None))?;
     // Buckets the task names and lacks are made now, once: recoveries
     // reuse them. Held under a placeholder owner until the job has an id.
-    if let Err(e) =
-        crate::storage::make_buckets_now(&task, &a.task.task, &spec.bucket_mounts, store, pending)
-    {
-        crate::storage::remove_buckets_now(store, pending);
+    if let Err(e) = crate::core::storage::make_buckets_now(
+        &task,
+        &a.task.task,
+        &spec.bucket_mounts,
+        store,
+        pending,
+    ) {
+        crate::core::storage::remove_buckets_now(store, pending);
         return Err(e);
     }
     let ck = task.checkpoint.clone().unwrap_or_default();
@@ -770,7 +778,7 @@ fn pending_owner() -> String {
     format!(
         "job:pending-{}-{}",
         std::process::id(),
-        crate::state::now_ms()
+        crate::core::state::now_ms()
     )
 }
 

@@ -9,14 +9,16 @@ use serde_json::json;
 
 use super::progress::{LogView, Progress};
 use super::{interrupts, print_json, LaunchArgs, Output};
-use crate::gang::JobSpec;
-use crate::optimizer;
-use crate::provision::{self, Providers, RetryPolicy};
-use crate::spec::{MountSource, Task, Workdir};
-use crate::state::{ClusterStatus, JobStatus, NewCluster, OwnerLock, Reserved, Store};
+use crate::core::gang::JobSpec;
+use crate::core::optimizer;
+use crate::core::provision::{self, RetryPolicy};
+use crate::core::registry::Providers;
+use crate::core::spec::{MountSource, Task, Workdir};
+use crate::core::state::{ClusterStatus, JobStatus, NewCluster, OwnerLock, Reserved, Store};
 use crate::{Error, ExitCode};
 
-pub(crate) use crate::config::gangway_home;
+pub(crate) use crate::core::config::{gangway_home, local_path};
+pub(crate) use crate::core::runtime::runtime;
 
 /// Checks a cluster name: letters, digits, `-`, `_`, `.`; starts with a letter.
 pub(crate) fn check_name(name: &str) -> Result<(), Error> {
@@ -44,14 +46,6 @@ fn generated_name() -> String {
     format!("gangway-{:04x}", h >> 48)
 }
 
-pub(crate) fn local_path(p: &str) -> PathBuf {
-    let expanded = match (p.strip_prefix("~/"), std::env::var_os("HOME")) {
-        (Some(rest), Some(home)) => PathBuf::from(home).join(rest),
-        _ => PathBuf::from(p),
-    };
-    std::path::absolute(&expanded).unwrap_or(expanded)
-}
-
 /// What a task runs, ready to store with a job.
 pub(crate) fn job_spec(
     task: &Task,
@@ -77,7 +71,7 @@ pub(crate) fn job_spec(
             Some(path)
         }
         Some(Workdir::Git { url, git_ref }) => {
-            git_workdir = Some(crate::gang::GitWorkdir {
+            git_workdir = Some(crate::core::gang::GitWorkdir {
                 url: url.clone(),
                 git_ref: git_ref.clone(),
             });
@@ -102,7 +96,7 @@ pub(crate) fn job_spec(
             mounts.push((m.dest.clone(), path));
         }
     }
-    let bucket_mounts = crate::storage::bucket_mounts(task, task_file)?;
+    let bucket_mounts = crate::core::storage::bucket_mounts(task, task_file)?;
     Ok(JobSpec {
         name: task.name.clone(),
         setup: if setup { task.setup.clone() } else { None },
@@ -140,13 +134,6 @@ pub(crate) fn secrets_of(task: &Task) -> Vec<(String, String)> {
         .collect()
 }
 
-pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Error> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(Error::Io)
-}
-
 fn confirm(question: &str) -> Result<bool, Error> {
     if !std::io::stdin().is_terminal() {
         return Ok(true);
@@ -177,7 +164,9 @@ pub(crate) fn launch(
         None => generated_name(),
     };
     check_name(&name)?;
-    if super::cloud_host::is_controller(&name) && !super::cloud_host::launching_controller() {
+    if crate::services::host::cloud::is_controller(&name)
+        && !crate::services::host::cloud::launching_controller()
+    {
         return Err(Error::usage(
             "cluster names starting with 'gangway-controller' are the managed-job controller host's",
             Some("pick another name with -c; jobs.controller in config.yaml launches the controller host"),
@@ -186,11 +175,11 @@ pub(crate) fn launch(
     let spec = job_spec(&task, &a.task.task, true, a.down)?;
     let home = gangway_home()?;
     let store = Store::open(&home)?;
-    let launch_config = crate::config::launch_config(&task, &home)?;
+    let launch_config = crate::core::config::launch_config(&task, &home)?;
     let providers = Providers::new(&home);
     // Buckets are checked before anything is provisioned.
-    let own = crate::storage::OwnIdentity::configured(launch_config.as_ref(), &providers);
-    crate::storage::preflight_now(&task, &a.task.task, &spec.bucket_mounts, &own)?;
+    let own = crate::core::storage::OwnIdentity::configured(launch_config.as_ref(), &providers);
+    crate::core::storage::preflight_now(&task, &a.task.task, &spec.bucket_mounts, &own)?;
     let secrets = secrets_of(&task);
     let progress = Progress::new(out);
 
@@ -215,7 +204,9 @@ pub(crate) fn launch(
                         "Cluster '{name}' {why}: replacing it with a new one"
                     ));
                     store.event(&name, None, "replace", &why)?;
-                    if let Err(e) = rt.block_on(provision::teardown(&store, &name, &providers)) {
+                    if let Err(e) =
+                        rt.block_on(crate::core::lifecycle::teardown(&store, &name, &providers))
+                    {
                         return Err(Error::leftover(&store, &name, e));
                     }
                     replaced = true;
@@ -265,7 +256,7 @@ pub(crate) fn launch(
                 "Reusing cluster '{name}' ({} node(s), {})",
                 row.num_nodes, row.status
             ));
-            crate::storage::make_buckets_now(
+            crate::core::storage::make_buckets_now(
                 &task,
                 &a.task.task,
                 &spec.bucket_mounts,
@@ -297,7 +288,7 @@ pub(crate) fn launch(
             }
             // Buckets the task names and lacks are made once the user said
             // yes, recorded for the cluster.
-            if let Err(e) = crate::storage::make_buckets_now(
+            if let Err(e) = crate::core::storage::make_buckets_now(
                 &task,
                 &a.task.task,
                 &spec.bucket_mounts,
@@ -305,7 +296,7 @@ pub(crate) fn launch(
                 &format!("cluster:{name}"),
             ) {
                 store.remove_cluster(&name)?;
-                crate::storage::remove_buckets_now(&store, &format!("cluster:{name}"));
+                crate::core::storage::remove_buckets_now(&store, &format!("cluster:{name}"));
                 return Err(e);
             }
             // Ctrl-C while provisioning: stop, and remove what was created.
@@ -342,7 +333,9 @@ pub(crate) fn launch(
             };
             if let Some(what) = interrupted {
                 progress.line(what);
-                if let Err(e) = rt.block_on(provision::teardown(&store, &name, &providers)) {
+                if let Err(e) =
+                    rt.block_on(crate::core::lifecycle::teardown(&store, &name, &providers))
+                {
                     return Err(Error::leftover(&store, &name, e));
                 }
                 return Ok(ExitCode::Interrupted);
@@ -372,7 +365,10 @@ pub(crate) fn launch(
                         provision::ProvisionError::Exhausted { .. }
                         | provision::ProvisionError::Provider(_) => {
                             store.remove_cluster(&name)?;
-                            crate::storage::remove_buckets_now(&store, &format!("cluster:{name}"));
+                            crate::core::storage::remove_buckets_now(
+                                &store,
+                                &format!("cluster:{name}"),
+                            );
                         }
                     }
                     return Err(e.into());
@@ -415,7 +411,7 @@ pub(crate) fn launch(
 async fn lost_nodes(
     store: &Store,
     providers: &Providers,
-    row: &crate::state::ClusterRow,
+    row: &crate::core::state::ClusterRow,
 ) -> Result<Option<String>, Error> {
     let Some(p) = row.cloud.as_deref().and_then(|c| providers.get(c)) else {
         return Ok(None);
@@ -464,7 +460,7 @@ pub(crate) fn submit(
     out: Output,
     progress: &Progress,
 ) -> Result<ExitCode, Error> {
-    let id = crate::gang::submit(store, home, cluster, &spec, secrets)?;
+    let id = crate::core::gang::submit(store, home, cluster, &spec, secrets)?;
     store.event(cluster, Some(id), "job", &format!("job {id} submitted"))?;
     if detach {
         if out == Output::Json {
@@ -598,7 +594,7 @@ pub(crate) fn follow(
                 return Ok(job.status);
             }
         } else if !driver_alive && job.driver_pid.is_some() {
-            crate::gang::reap(store)?;
+            crate::core::gang::reap(store)?;
         }
         std::thread::sleep(Duration::from_millis(25));
     }
@@ -667,7 +663,7 @@ pub(crate) fn drive(job: i64) -> Result<ExitCode, Error> {
     let home = gangway_home()?;
     let secrets = read_driver_secrets();
     let rt = runtime()?;
-    match rt.block_on(crate::gang::drive(&home, job, secrets)) {
+    match rt.block_on(crate::core::lifecycle::drive(&home, job, secrets)) {
         Ok(s) => Ok(exit_for(s)),
         Err(e) => {
             eprintln!("gangway driver: job {job}: {e}");

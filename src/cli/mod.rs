@@ -4,14 +4,12 @@
 
 mod catalog_cmd;
 mod check;
-mod cloud_host;
 mod cluster;
 mod cost;
 mod gpus;
-mod hosted;
 mod interrupts;
 mod jobs;
-pub(crate) mod launch;
+mod launch;
 mod plan;
 mod progress;
 mod sim;
@@ -23,7 +21,7 @@ use std::path::PathBuf;
 
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
-use crate::catalog::{Catalog, Date};
+use crate::core::catalog::{Catalog, Date};
 use crate::{Error, ExitCode};
 
 pub(crate) use plan::TaskArgs;
@@ -143,7 +141,7 @@ pub(crate) struct OptimizeArgs {
     #[arg(long, default_value_t = 20)]
     pub(crate) limit: usize,
     /// Instance types kept per cloud and region.
-    #[arg(long, default_value_t = crate::optimizer::DEFAULT_TYPES_PER_REGION)]
+    #[arg(long, default_value_t = crate::core::optimizer::DEFAULT_TYPES_PER_REGION)]
     pub(crate) types_per_region: usize,
 }
 
@@ -223,7 +221,7 @@ pub(crate) fn load_catalog_for(
     relevant: impl Fn(&str) -> bool,
 ) -> Result<Catalog, Error> {
     let home = launch::gangway_home().ok();
-    let c = crate::context::load_catalog(home.as_deref(), dir)?;
+    let c = crate::core::context::load_catalog(home.as_deref(), dir)?;
     let today = Date::today();
     let stale: Vec<_> = c
         .stale_sources(today)
@@ -301,7 +299,7 @@ pub(crate) const EST_NOTE: &str = "est. = an estimate, not a published price \
      (src/catalog/data/SOURCES.md says how; `gangway catalog refresh` replaces it)";
 
 /// The mark after an estimated price in tables (see
-/// [`crate::catalog::Estimated`]).
+/// [`crate::core::catalog::Estimated`]).
 pub(crate) fn est(estimated: bool) -> &'static str {
     if estimated {
         " est."
@@ -314,7 +312,7 @@ pub(crate) fn est(estimated: bool) -> &'static str {
 pub(crate) fn clock_time(ms: i64) -> String {
     let secs = ms.div_euclid(1000);
     let day = secs.rem_euclid(86_400);
-    let delta = (ms - crate::state::now_ms()) / 1000;
+    let delta = (ms - crate::core::state::now_ms()) / 1000;
     let rel = match delta {
         d if d <= 0 => "now".to_string(),
         d if d < 60 => format!("in {d}s"),

@@ -6,9 +6,9 @@ use clap::Args;
 use serde_json::json;
 
 use super::{est, load_catalog_for, print_json, table, OptimizeArgs, Output};
-use crate::catalog::Catalog;
-use crate::optimizer::{self, Blocklist, Candidate, Options};
-use crate::spec::{self, Choice, OverrideError, Overrides, ResourceSpec, Task};
+use crate::core::catalog::Catalog;
+use crate::core::optimizer::{self, Blocklist, Candidate, Options};
+use crate::core::spec::{self, Choice, OverrideError, Overrides, ResourceSpec, Task};
 use crate::{Error, ExitCode};
 
 /// A task file and the flags that override it.
@@ -112,7 +112,7 @@ fn override_error(e: OverrideError) -> Error {
 /// environment. Errors never echo a value.
 pub(crate) fn secret_arg(s: &str) -> Result<(String, String), Error> {
     let name = s.split('=').next().unwrap_or("");
-    if !crate::spec::valid_env_name(name) {
+    if !crate::core::spec::valid_env_name(name) {
         return Err(Error::usage(
             format!("--secret {name}: not a valid environment variable name"),
             Some("letters, digits and _, not starting with a digit: --secret KEY or --secret KEY=VALUE"),

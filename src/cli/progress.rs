@@ -6,7 +6,7 @@ use std::io::IsTerminal;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::Output;
-use crate::provision::{ProvisionEvent, Reporter};
+use crate::core::provision::{ProvisionEvent, Reporter};
 
 /// The CLI's reporter.
 pub(crate) struct Progress {

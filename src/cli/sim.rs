@@ -7,8 +7,8 @@ use clap::{Args, ValueEnum};
 use serde_json::json;
 
 use super::{print_json, table, Output};
-use crate::jobs::policy::PolicyKind;
-use crate::jobs::sim::{
+use crate::services::jobs::policy::PolicyKind;
+use crate::services::jobs::sim::{
     simulate, Job, Outcome, Trace, Zones, DEFAULT_ON_DEMAND_PRICE, DEFAULT_SPOT_PRICE,
 };
 use crate::{Error, ExitCode};

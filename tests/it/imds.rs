@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use gangway::gang::ssh::SshTransport;
+use gangway::transport::ssh::SshTransport;
 use gangway_provider::NodeRow;
 use gangway_provider::Transport;
 use serde_json::Value;

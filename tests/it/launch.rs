@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use gangway::gang::ring_hops;
+use gangway::ranks::ring_hops;
 
 use crate::common::{
     assert_no_marker_procs, command_in, json_doc, parts, root, single_address, wait_for, Running,

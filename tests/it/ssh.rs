@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::time::Duration;
 
-use gangway::gang::ssh::SshTransport;
+use gangway::transport::ssh::SshTransport;
 use gangway_provider::NodeRow;
 use gangway_provider::{NodeCommand, Transport};
 

@@ -27,8 +27,8 @@ pub use tree::{copy_tree, merge_newest, unpack_merging, Skipped};
 
 pub use endpoint::SshEndpoint;
 pub use registry::{
-    no_capacity, Capacity, ConfigError, Offer, Registration, Setup, DEFAULT_CPUS,
-    DEFAULT_MEMORY_GIB,
+    no_capacity, Capacity, ConfigError, Offer, Registration, Setup, StoreAccess, StoreFuture,
+    StoreKeys, DEFAULT_CPUS, DEFAULT_MEMORY_GIB,
 };
 pub use transport::{
     kill_option, kill_where, output_with_input, release_mounts, shell, signal_token, NodeCommand,

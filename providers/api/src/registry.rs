@@ -105,6 +105,69 @@ pub struct Registration {
     /// an identity of its own to the machine and implements
     /// [`crate::Provider::stop_this_machine`].
     pub hosts_controller: bool,
+    /// The bucket stores this provider's cloud serves, and what its crate
+    /// does for them: the core reaches a store's credentials only here.
+    pub stores: &'static [StoreAccess],
+}
+
+/// What [`StoreAccess`]'s functions return: a future for the keys, or
+/// why there are none.
+pub type StoreFuture<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<StoreKeys, String>> + Send + 'a>>;
+
+/// Keys for a bucket store, as a bucket client or a node's rclone takes
+/// them. `Debug` shows the key id only.
+#[derive(Clone)]
+pub struct StoreKeys {
+    /// The access key id.
+    pub key_id: String,
+    /// The secret key.
+    pub secret: String,
+    /// The session token: set for temporary keys.
+    pub token: Option<String>,
+    /// When temporary keys expire, where the issuer says.
+    pub expires: Option<std::time::SystemTime>,
+}
+
+impl std::fmt::Debug for StoreKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreKeys")
+            .field("key_id", &self.key_id)
+            .field("secret", &"<redacted>")
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("expires", &self.expires)
+            .finish()
+    }
+}
+
+/// Mints keys for nodes: `(bucket, prefix, role)`.
+pub type NodeKeysFn = for<'a> fn(&'a str, &'a str, Option<&'a str>) -> StoreFuture<'a>;
+
+/// What a provider crate does for one bucket store (a URL scheme) of its
+/// cloud. A function left `None` falls back to what the store client
+/// reads from the environment by itself.
+pub struct StoreAccess {
+    /// The store's URL scheme (`s3`, `gs`).
+    pub scheme: &'static str,
+    /// The user's own keys for the store, from the cloud's usual chain.
+    pub user_keys: Option<fn() -> StoreFuture<'static>>,
+    /// Keys fit to leave this machine for nodes, narrowed to a bucket and
+    /// a prefix; the last argument is a role the user configured for
+    /// nodes to assume.
+    pub node_keys: Option<NodeKeysFn>,
+    /// The project (or account) new buckets are made in.
+    pub project: Option<fn() -> Option<String>>,
+}
+
+impl std::fmt::Debug for StoreAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreAccess")
+            .field("scheme", &self.scheme)
+            .field("user_keys", &self.user_keys.is_some())
+            .field("node_keys", &self.node_keys.is_some())
+            .field("project", &self.project.is_some())
+            .finish()
+    }
 }
 
 /// For [`Registration::capacity`]: nothing beyond the shipped catalogs.

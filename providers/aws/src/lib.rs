@@ -1135,6 +1135,12 @@ pub const REGISTRATION: gangway_provider::Registration = gangway_provider::Regis
     },
     capacity: gangway_provider::no_capacity,
     hosts_controller: true,
+    stores: &[gangway_provider::StoreAccess {
+        scheme: "s3",
+        user_keys: Some(|| Box::pin(user_credentials())),
+        node_keys: Some(node_keys),
+        project: None,
+    }],
 };
 
 #[async_trait::async_trait]
@@ -2016,6 +2022,163 @@ fn my_public_ip() -> std::result::Result<String, ConfigError> {
     gangway_provider::my_public_ip().map_err(ConfigError::NoPublicIp)
 }
 
+
+/// AWS credentials as a bucket client or a node's rclone takes them.
+pub use gangway_provider::StoreKeys as StorageCredentials;
+
+/// [`node_credentials`] as the registry hands it out.
+fn node_keys<'a>(
+    bucket: &'a str,
+    prefix: &'a str,
+    role: Option<&'a str>,
+) -> gangway_provider::StoreFuture<'a> {
+    Box::pin(node_credentials(bucket, prefix, role))
+}
+
+/// The user's credentials from the SDK's standard chain (environment,
+/// profiles, SSO, instance role), as they are.
+pub async fn user_credentials() -> std::result::Result<StorageCredentials, String> {
+    use aws_credential_types::provider::ProvideCredentials;
+    let conf = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .load()
+        .await;
+    let provider = conf.credentials_provider().ok_or(
+        "no AWS credentials provider (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE)",
+    )?;
+    let c = provider
+        .provide_credentials()
+        .await
+        .map_err(|e| format!("no AWS credentials: {e}"))?;
+    Ok(StorageCredentials {
+        key_id: c.access_key_id().to_string(),
+        secret: c.secret_access_key().to_string(),
+        token: c.session_token().map(str::to_string),
+        expires: c.expiry(),
+    })
+}
+
+/// Credentials to hand to a node for the S3 bucket `bucket` under
+/// `prefix` (empty: the whole bucket): temporary ones only, and no more
+/// than that bucket and prefix. With `role` (the user's `aws.node_role`),
+/// a one-hour `AssumeRole` session of that role whose session policy
+/// ([`node_policy`]) allows listing, reading, writing and deleting under
+/// the prefix and nothing else (the session can do what both the role and
+/// the policy allow), from any credentials of the user's, temporary ones
+/// (SSO, an assumed role) included. Without one, long-lived keys are
+/// exchanged for a 12-hour STS federation session with the same policy, so
+/// neither the keys nor the rest of the user's permissions leave this
+/// machine; temporary user credentials cannot be narrowed that way (STS
+/// refuses federation from them) and are passed on as they are.
+pub async fn node_credentials(
+    bucket: &str,
+    prefix: &str,
+    role: Option<&str>,
+) -> std::result::Result<StorageCredentials, String> {
+    let user = user_credentials().await?;
+    if user.token.is_some() && role.is_none() {
+        return Ok(user);
+    }
+    let conf = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .load()
+        .await;
+    let sts = aws_sdk_sts::Client::new(&conf);
+    let region = || conf.region().map_or("us-east-1".into(), |r| r.to_string());
+    // STS takes at most 2,048 characters of policy: a prefix too long for
+    // that narrows the session to the bucket alone.
+    let mut policy = node_policy(bucket, prefix);
+    if policy.len() > 2048 {
+        policy = node_policy(bucket, "");
+    }
+    let c = if let Some(role) = role {
+        sts.assume_role()
+            .role_arn(role)
+            // 2-64 of [A-Za-z0-9+=,.@-]: shown in CloudTrail.
+            .role_session_name("gangway-node")
+            .policy(policy)
+            // What every role allows (more needs the role's
+            // MaxSessionDuration raised); sessions are renewed anyway.
+            .duration_seconds(3600)
+            .send()
+            .await
+            .map_err(|e| from_sdk(e, &region(), &format!("AssumeRole of {role}")).message)?
+            .credentials()
+            .cloned()
+            .ok_or("STS AssumeRole returned no credentials")?
+    } else {
+        sts.get_federation_token()
+            // 2-32 of [A-Za-z0-9+=,.@-]: shown in CloudTrail as the caller.
+            .name("gangway-node")
+            .policy(policy)
+            .duration_seconds(12 * 3600)
+            .send()
+            .await
+            .map_err(|e| from_sdk(e, &region(), "GetFederationToken").message)?
+            .credentials()
+            .cloned()
+            .ok_or("STS GetFederationToken returned no credentials")?
+    };
+    Ok(StorageCredentials {
+        key_id: c.access_key_id().to_string(),
+        secret: c.secret_access_key().to_string(),
+        token: Some(c.session_token().to_string()),
+        expires: std::time::SystemTime::try_from(*c.expiration()).ok(),
+    })
+}
+
+/// The session policy of a node's credentials for `bucket` under
+/// `prefix`: the bucket's location; listing only under the prefix; reading,
+/// writing and deleting objects (and multipart uploads) only under it.
+/// Nothing of any other bucket.
+pub fn node_policy(bucket: &str, prefix: &str) -> String {
+    let prefix = prefix.trim_matches('/');
+    let bucket_arn = format!("arn:aws:s3:::{bucket}");
+    let (objects, listed) = if prefix.is_empty() {
+        (vec![format!("{bucket_arn}/*")], None)
+    } else {
+        (
+            vec![
+                format!("{bucket_arn}/{prefix}"),
+                format!("{bucket_arn}/{prefix}/*"),
+            ],
+            Some(vec![prefix.to_string(), format!("{prefix}/*")]),
+        )
+    };
+    let mut list = serde_json::json!({
+        "Sid": "List",
+        "Effect": "Allow",
+        "Action": ["s3:ListBucket"],
+        "Resource": bucket_arn,
+    });
+    if let Some(p) = listed {
+        list["Condition"] = serde_json::json!({"StringLike": {"s3:prefix": p}});
+    }
+    serde_json::json!({
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "Bucket",
+                "Effect": "Allow",
+                "Action": ["s3:GetBucketLocation", "s3:ListBucketMultipartUploads"],
+                "Resource": bucket_arn,
+            },
+            list,
+            {
+                "Sid": "Objects",
+                "Effect": "Allow",
+                "Action": [
+                    "s3:GetObject",
+                    "s3:PutObject",
+                    "s3:DeleteObject",
+                    "s3:AbortMultipartUpload",
+                    "s3:ListMultipartUploadParts"
+                ],
+                "Resource": objects,
+            }
+        ]
+    })
+    .to_string()
+}
+
 #[cfg(test)]
 mod tests {
     /// A node's S3 session reaches its bucket and prefix only.
@@ -2182,170 +2345,4 @@ mod tests {
         assert_ne!(a.resource_name(&c), b.resource_name(&c));
         assert!(a.resource_name(&c).starts_with("gangway-train-"));
     }
-}
-
-/// AWS credentials as a bucket client or a node's rclone takes them.
-#[derive(Clone)]
-pub struct StorageCredentials {
-    /// `AWS_ACCESS_KEY_ID`.
-    pub key_id: String,
-    /// `AWS_SECRET_ACCESS_KEY`.
-    pub secret: String,
-    /// `AWS_SESSION_TOKEN`: set for temporary credentials.
-    pub token: Option<String>,
-    /// When temporary credentials expire, where the chain says.
-    pub expires: Option<std::time::SystemTime>,
-}
-
-impl std::fmt::Debug for StorageCredentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StorageCredentials")
-            .field("key_id", &self.key_id)
-            .field("temporary", &self.token.is_some())
-            .finish_non_exhaustive()
-    }
-}
-
-/// The user's credentials from the SDK's standard chain (environment,
-/// profiles, SSO, instance role), as they are.
-pub async fn user_credentials() -> std::result::Result<StorageCredentials, String> {
-    use aws_credential_types::provider::ProvideCredentials;
-    let conf = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .load()
-        .await;
-    let provider = conf.credentials_provider().ok_or(
-        "no AWS credentials provider (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE)",
-    )?;
-    let c = provider
-        .provide_credentials()
-        .await
-        .map_err(|e| format!("no AWS credentials: {e}"))?;
-    Ok(StorageCredentials {
-        key_id: c.access_key_id().to_string(),
-        secret: c.secret_access_key().to_string(),
-        token: c.session_token().map(str::to_string),
-        expires: c.expiry(),
-    })
-}
-
-/// Credentials to hand to a node for the S3 bucket `bucket` under
-/// `prefix` (empty: the whole bucket): temporary ones only, and no more
-/// than that bucket and prefix. With `role` (the user's `aws.node_role`),
-/// a one-hour `AssumeRole` session of that role whose session policy
-/// ([`node_policy`]) allows listing, reading, writing and deleting under
-/// the prefix and nothing else (the session can do what both the role and
-/// the policy allow), from any credentials of the user's, temporary ones
-/// (SSO, an assumed role) included. Without one, long-lived keys are
-/// exchanged for a 12-hour STS federation session with the same policy, so
-/// neither the keys nor the rest of the user's permissions leave this
-/// machine; temporary user credentials cannot be narrowed that way (STS
-/// refuses federation from them) and are passed on as they are.
-pub async fn node_credentials(
-    bucket: &str,
-    prefix: &str,
-    role: Option<&str>,
-) -> std::result::Result<StorageCredentials, String> {
-    let user = user_credentials().await?;
-    if user.token.is_some() && role.is_none() {
-        return Ok(user);
-    }
-    let conf = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .load()
-        .await;
-    let sts = aws_sdk_sts::Client::new(&conf);
-    let region = || conf.region().map_or("us-east-1".into(), |r| r.to_string());
-    // STS takes at most 2,048 characters of policy: a prefix too long for
-    // that narrows the session to the bucket alone.
-    let mut policy = node_policy(bucket, prefix);
-    if policy.len() > 2048 {
-        policy = node_policy(bucket, "");
-    }
-    let c = if let Some(role) = role {
-        sts.assume_role()
-            .role_arn(role)
-            // 2-64 of [A-Za-z0-9+=,.@-]: shown in CloudTrail.
-            .role_session_name("gangway-node")
-            .policy(policy)
-            // What every role allows (more needs the role's
-            // MaxSessionDuration raised); sessions are renewed anyway.
-            .duration_seconds(3600)
-            .send()
-            .await
-            .map_err(|e| from_sdk(e, &region(), &format!("AssumeRole of {role}")).message)?
-            .credentials()
-            .cloned()
-            .ok_or("STS AssumeRole returned no credentials")?
-    } else {
-        sts.get_federation_token()
-            // 2-32 of [A-Za-z0-9+=,.@-]: shown in CloudTrail as the caller.
-            .name("gangway-node")
-            .policy(policy)
-            .duration_seconds(12 * 3600)
-            .send()
-            .await
-            .map_err(|e| from_sdk(e, &region(), "GetFederationToken").message)?
-            .credentials()
-            .cloned()
-            .ok_or("STS GetFederationToken returned no credentials")?
-    };
-    Ok(StorageCredentials {
-        key_id: c.access_key_id().to_string(),
-        secret: c.secret_access_key().to_string(),
-        token: Some(c.session_token().to_string()),
-        expires: std::time::SystemTime::try_from(*c.expiration()).ok(),
-    })
-}
-
-/// The session policy of a node's credentials for `bucket` under
-/// `prefix`: the bucket's location; listing only under the prefix; reading,
-/// writing and deleting objects (and multipart uploads) only under it.
-/// Nothing of any other bucket.
-pub fn node_policy(bucket: &str, prefix: &str) -> String {
-    let prefix = prefix.trim_matches('/');
-    let bucket_arn = format!("arn:aws:s3:::{bucket}");
-    let (objects, listed) = if prefix.is_empty() {
-        (vec![format!("{bucket_arn}/*")], None)
-    } else {
-        (
-            vec![
-                format!("{bucket_arn}/{prefix}"),
-                format!("{bucket_arn}/{prefix}/*"),
-            ],
-            Some(vec![prefix.to_string(), format!("{prefix}/*")]),
-        )
-    };
-    let mut list = serde_json::json!({
-        "Sid": "List",
-        "Effect": "Allow",
-        "Action": ["s3:ListBucket"],
-        "Resource": bucket_arn,
-    });
-    if let Some(p) = listed {
-        list["Condition"] = serde_json::json!({"StringLike": {"s3:prefix": p}});
-    }
-    serde_json::json!({
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Sid": "Bucket",
-                "Effect": "Allow",
-                "Action": ["s3:GetBucketLocation", "s3:ListBucketMultipartUploads"],
-                "Resource": bucket_arn,
-            },
-            list,
-            {
-                "Sid": "Objects",
-                "Effect": "Allow",
-                "Action": [
-                    "s3:GetObject",
-                    "s3:PutObject",
-                    "s3:DeleteObject",
-                    "s3:AbortMultipartUpload",
-                    "s3:ListMultipartUploadParts"
-                ],
-                "Resource": objects,
-            }
-        ]
-    })
-    .to_string()
 }

@@ -1315,6 +1315,12 @@ pub const REGISTRATION: gangway_provider::Registration = gangway_provider::Regis
     },
     capacity: gangway_provider::no_capacity,
     hosts_controller: true,
+    stores: &[gangway_provider::StoreAccess {
+        scheme: "gs",
+        user_keys: None,
+        node_keys: None,
+        project: Some(project),
+    }],
 };
 
 #[async_trait::async_trait]

@@ -1494,6 +1494,7 @@ pub const REGISTRATION: gangway_provider::Registration = gangway_provider::Regis
     },
     capacity,
     hosts_controller: false,
+    stores: &[],
 };
 
 /// How long the catalog waits for a cluster's nodes.

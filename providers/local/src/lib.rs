@@ -674,6 +674,7 @@ pub const REGISTRATION: gangway_provider::Registration = gangway_provider::Regis
     },
     capacity: gangway_provider::no_capacity,
     hosts_controller: false,
+    stores: &[],
 };
 
 #[async_trait::async_trait]

@@ -646,6 +646,7 @@ pub const REGISTRATION: gangway_provider::Registration = gangway_provider::Regis
     },
     capacity: |home| Ok(clusters::load(home)?.map(|c| c.capacity())),
     hosts_controller: false,
+    stores: &[],
 };
 
 #[async_trait::async_trait]

@@ -558,6 +558,7 @@ pub const REGISTRATION: gangway_provider::Registration = gangway_provider::Regis
     },
     capacity: |home| Ok(inventory::load(home)?.map(|inv| inv.capacity())),
     hosts_controller: false,
+    stores: &[],
 };
 
 #[async_trait::async_trait]
