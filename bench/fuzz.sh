@@ -124,7 +124,7 @@ for t in "${targets[@]}"; do
         for f in tests/fixtures/catalog/*/vms.csv; do
             seed catalog "$f" "fixture-$(basename "$(dirname "$f")").csv"
         done
-        for f in src/catalog/data/*.csv; do seed catalog "$f" "own-$(basename "$f")"; done
+        for f in src/core/catalog/data/*.csv; do seed catalog "$f" "own-$(basename "$f")"; done
         for cloud in aws azure gcp lambda; do
             excerpt catalog "$shared/catalogs/skypilot-format/$cloud/vms.csv" "shared-$cloud.csv"
         done

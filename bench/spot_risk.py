@@ -10,7 +10,7 @@ checkpoints keep all work) from START_EVERY-hour steps through the trace,
 at a spot price of 1, so the simulated cost per hour of work is the
 multiplier interruptions put on the price. Compares it with the estimate
 `resources.spot_risk: expected_cost` uses: 1 / (1 - rate x restart), rate
-from the offer's advisor bucket (src/catalog/risk.rs HOURLY_RATE), no
+from the offer's advisor bucket (src/core/catalog/risk.rs HOURLY_RATE), no
 checkpoint loss (the simulator keeps all work).
 
 Two sets of traces, reported apart:
@@ -47,14 +47,14 @@ SETS = [
 JOB = float(os.environ.get("JOB_HOURS", "10"))
 RESTART = float(os.environ.get("RESTART_HOURS", "0.05"))
 STEP = float(os.environ.get("START_EVERY", "12"))
-# Must match HOURLY_RATE and DEFAULT_BUCKET in src/catalog/risk.rs.
+# Must match HOURLY_RATE and DEFAULT_BUCKET in src/core/catalog/risk.rs.
 HOURLY_RATE = [0.042, 0.125, 0.208, 0.292, 0.5]
 DEFAULT_BUCKET = 2
 LABELS = ["<5%", "5-10%", "10-15%", "15-20%", ">20%"]
 
 
 def buckets():
-    path = os.path.join(ROOT, "src/catalog/data/aws-interruption.csv")
+    path = os.path.join(ROOT, "src/core/catalog/data/aws-interruption.csv")
     rows = csv.reader(line for line in open(path) if not line.startswith("#"))
     next(rows)
     return {(r[0], r[1]): int(r[2]) for r in rows}

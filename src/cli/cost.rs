@@ -1,5 +1,5 @@
 //! `gangway cost-report`: what clusters and managed jobs cost, from the
-//! ledger (src/state/ledger.rs): node-hours by market at the plan's price,
+//! ledger (src/core/state/ledger.rs): node-hours by market at the plan's price,
 //! kept after `down` and across a managed job's recoveries.
 
 use std::collections::BTreeMap;

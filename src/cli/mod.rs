@@ -296,7 +296,7 @@ fn stale_warnings_due<'a>(
 
 /// What the mark means, printed under a table that has one.
 pub(crate) const EST_NOTE: &str = "est. = an estimate, not a published price \
-     (src/catalog/data/SOURCES.md says how; `gangway catalog refresh` replaces it)";
+     (src/core/catalog/data/SOURCES.md says how; `gangway catalog refresh` replaces it)";
 
 /// The mark after an estimated price in tables (see
 /// [`crate::core::catalog::Estimated`]).

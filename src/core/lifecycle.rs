@@ -1,6 +1,10 @@
-//! One cluster's life cycle, as every service goes through it. Today:
-//! tearing a cluster down (its jobs stopped, its nodes terminated, the
-//! buckets made for it deleted, then its rows forgotten).
+//! One cluster's life cycle, as every service goes through it (`launch`,
+//! `exec`, the managed-job controller, the controller host): reserve a row
+//! ([`Store::reserve_cluster`]), provision and record it ([`bring_up`]),
+//! start jobs on it ([`gang::submit`], driven by [`drive`]), tear it down
+//! ([`teardown`]). Billing rides on the records: the store opens a ledger
+//! row when a cluster's nodes are recorded up and closes it when the row
+//! goes, whoever asked.
 
 use std::path::Path;
 use std::time::Duration;
@@ -8,9 +12,62 @@ use std::time::Duration;
 use gangway_provider::ClusterName;
 
 use crate::core::gang::{self, DriveError};
-use crate::core::provision::{remove_attempt, RetryPolicy, TeardownError};
+use crate::core::optimizer::Candidate;
+use crate::core::provision::{
+    self, remove_attempt, Contact, ProvisionError, Reporter, RetryPolicy, TeardownError,
+};
 use crate::core::registry::Providers;
-use crate::core::state::{ClusterStatus, JobStatus, OwnerLock, StateError, Store};
+use crate::core::state::{ClusterRow, ClusterStatus, JobStatus, OwnerLock, StateError, Store};
+
+/// Provisions a reserved cluster along `plan` and records its nodes `UP`
+/// (which opens its ledger row). A failure leaves the state as it
+/// demands: a leftover keeps the `TERMINATING` row with the reason
+/// (something may still run there); a state error leaves the row `INIT`
+/// with the reason, for the next reservation to resume; anything else
+/// (every attempt's nodes confirmed gone) forgets the row and deletes the
+/// buckets made for it.
+pub(crate) async fn bring_up(
+    store: &Store,
+    row: &ClusterRow,
+    plan: &[Candidate],
+    providers: &Providers,
+    reporter: &dyn Reporter,
+    contact: Contact,
+) -> Result<ClusterRow, ProvisionError> {
+    let name = &row.name;
+    let result = provision::provision(
+        store,
+        row,
+        plan,
+        providers,
+        reporter,
+        RetryPolicy::default(),
+        contact,
+    )
+    .await;
+    match result {
+        Ok(p) => {
+            store.set_nodes(name, ClusterStatus::Up, &p.nodes)?;
+            Ok(store
+                .cluster(name)?
+                .expect("the cluster row was just set up"))
+        }
+        Err(e) => {
+            match &e {
+                ProvisionError::Leftover { .. } => {}
+                ProvisionError::State(_) => {
+                    store.set_status(name, ClusterStatus::Init, Some(&e.to_string()))?
+                }
+                ProvisionError::Exhausted { .. } | ProvisionError::Provider(_) => {
+                    store.remove_cluster(name)?;
+                    crate::core::storage::remove_buckets_saying(store, &format!("cluster:{name}"))
+                        .await;
+                }
+            }
+            Err(e)
+        }
+    }
+}
 
 /// Tears a cluster down: stops its jobs, terminates every node by tag,
 /// then forgets it. The row stays (`TERMINATING`, with the error) if the

@@ -667,7 +667,7 @@ fn a_recovery_plans_with_the_prices_a_refresh_saved() {
     );
     // What `gangway catalog refresh` would save: local-c is now the
     // cheapest of the zones left.
-    let text = std::fs::read_to_string(root().join("src/catalog/data/local.csv"))
+    let text = std::fs::read_to_string(root().join("src/core/catalog/data/local.csv"))
         .unwrap()
         .replace(
             "local.cpu,,0,,4,8,local,local-c,0.01,0.0033,",

@@ -2022,7 +2022,6 @@ fn my_public_ip() -> std::result::Result<String, ConfigError> {
     gangway_provider::my_public_ip().map_err(ConfigError::NoPublicIp)
 }
 
-
 /// AWS credentials as a bucket client or a node's rclone takes them.
 pub use gangway_provider::StoreKeys as StorageCredentials;
 

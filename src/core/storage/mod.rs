@@ -870,18 +870,23 @@ pub(crate) fn make_buckets_now(
     runtime()?.block_on(make_buckets(task, file, mounts, store, owner))
 }
 
-/// [`remove_buckets`] from synchronous code, saying on stderr what it
-/// deleted or why it could not (what it could not delete stays recorded).
-pub(crate) fn remove_buckets_now(store: &Store, owner: &str) {
-    let done = runtime()
-        .map_err(|e| e.to_string())
-        .and_then(|rt| rt.block_on(remove_buckets(store, owner)));
-    match done {
+/// [`remove_buckets`], saying on stderr what it deleted or why it could
+/// not (what it could not delete stays recorded, for `down` to retry).
+pub(crate) async fn remove_buckets_saying(store: &Store, owner: &str) {
+    match remove_buckets(store, owner).await {
         Ok(urls) => {
             for u in urls {
                 eprintln!("Deleted bucket {u} (persistent: false)");
             }
         }
+        Err(e) => eprintln!("gangway: warning: a bucket gangway created could not be deleted: {e}"),
+    }
+}
+
+/// [`remove_buckets_saying`] from synchronous code.
+pub(crate) fn remove_buckets_now(store: &Store, owner: &str) {
+    match runtime() {
+        Ok(rt) => rt.block_on(remove_buckets_saying(store, owner)),
         Err(e) => eprintln!("gangway: warning: a bucket gangway created could not be deleted: {e}"),
     }
 }

@@ -36,12 +36,13 @@ use super::ManagedTask;
 use crate::core::catalog::Catalog;
 use crate::core::context::Context;
 use crate::core::gang::{self, Transport};
+use crate::core::lifecycle;
 use crate::core::optimizer::{self, Block, Blocklist, Candidate, Options};
-use crate::core::provision::{self, RetryPolicy, Silent};
+use crate::core::provision::{self, Silent};
 use crate::core::registry::Providers;
 use crate::core::state::{
-    now_ms, ClusterStatus, EndReason, JobRow, JobStatus, Location, LossSeen, LostNode, ManagedJob,
-    ManagedState, Market, NewCluster, NodeRow, OwnerLock, Reserved, Store, Watched,
+    now_ms, ClusterRow, ClusterStatus, EndReason, JobRow, JobStatus, Location, LossSeen, LostNode,
+    ManagedJob, ManagedState, Market, NewCluster, NodeRow, OwnerLock, Reserved, Store, Watched,
 };
 use crate::core::storage::checkpoint;
 
@@ -673,14 +674,40 @@ fn plan(
     }
 }
 
+/// Finds the job a cluster and starts its run there: reserve the
+/// cluster's row, bring a new one up (or reuse one up), submit the run
+/// (or adopt the one already there), and record where it runs.
 async fn provision_and_submit(sh: &Shared, m: &mut Memo) -> Result<Action, crate::Error> {
-    let mt = m.task();
     let job = m.job().clone();
-    let was = job.state;
-    let store = sh.store();
-    let Ok(lock) = store.lock_cluster(&job.cluster, "recovering") else {
+    let Ok(lock) = sh.store().lock_cluster(&job.cluster, "recovering") else {
         return Ok(Action::Requeue(ERROR_BACKOFF)); // someone else works on it
     };
+    let row = match reserve(sh, m)? {
+        Reserved::Existing(row) if row.status == ClusterStatus::Up => row,
+        Reserved::Existing(row) => return clear_stale(sh, m, &row).await,
+        Reserved::New(row) | Reserved::Resumed(row) => match bring_up(sh, m, row).await? {
+            Ok(row) => row,
+            Err(next) => {
+                drop(lock);
+                return next.await_action(sh, m).await;
+            }
+        },
+    };
+    drop(lock);
+    m.reach = None;
+    let inner = match adopt_or_submit(sh, m, &row).await? {
+        Ok(inner) => inner,
+        Err(next) => return next.await_action(sh, m).await,
+    };
+    record_running(sh, m, &row, inner)
+}
+
+/// Reserves the job's cluster row for this run (the run's token makes a
+/// retry of the same run resume the same reservation).
+fn reserve(sh: &Shared, m: &mut Memo) -> Result<Reserved, crate::Error> {
+    let mt = m.task();
+    let job = m.job();
+    let store = sh.store();
     let config = crate::core::spec::load(&mt.task_file)
         .ok()
         // A user file broken since the job was launched leaves the task's.
@@ -690,169 +717,196 @@ async fn provision_and_submit(sh: &Shared, m: &mut Memo) -> Result<Action, crate
         })
         .map(|c| c.to_string());
     let token = format!("{}-{}", job.cluster, job.restart_count);
-    let reserved = store.reserve_cluster(&NewCluster {
+    Ok(store.reserve_cluster(&NewCluster {
         name: &job.cluster,
         num_nodes: mt.spec.num_nodes,
         client_token: &token,
         provider_config: config,
-    })?;
-    let row = match reserved {
-        Reserved::Existing(row) if row.status == ClusterStatus::Up => row,
-        Reserved::Existing(row) => {
-            // A teardown that failed is tried again when it is due, not on
-            // every round.
-            if let Some(t) = row.retry_at.filter(|t| *t > now_ms()) {
-                m.job().next_try_at = Some(t);
-                m.save(sh, was, "")?;
-                return Ok(Action::at(t));
+    })?)
+}
+
+/// A cluster row of the job's that is stopped or half torn down: removed
+/// (when its retry is due) so that the next step starts afresh.
+async fn clear_stale(sh: &Shared, m: &mut Memo, row: &ClusterRow) -> Result<Action, crate::Error> {
+    // A teardown that failed is tried again when it is due, not on every
+    // round.
+    if let Some(t) = row.retry_at.filter(|t| *t > now_ms()) {
+        let was = m.job().state;
+        m.job().next_try_at = Some(t);
+        m.save(sh, was, "")?;
+        return Ok(Action::at(t));
+    }
+    let name = row.name.clone();
+    let done = sh
+        .off_thread(move |store, providers| async move {
+            lifecycle::teardown(&store, &name, &providers).await
+        })
+        .await?;
+    if let Err(e) = done {
+        return Err(crate::Error::leftover(sh.store(), &row.name, e));
+    }
+    Ok(Action::Requeue(Duration::ZERO))
+}
+
+/// What a step does instead of going on: a plain next action, or one
+/// that needs the job's task (waiting for capacity, ending the job).
+enum Detour {
+    Now(Action),
+    NoCapacity(String),
+    Fail(String),
+}
+
+impl Detour {
+    async fn await_action(self, sh: &Shared, m: &mut Memo) -> Result<Action, crate::Error> {
+        match self {
+            Detour::Now(a) => Ok(a),
+            Detour::NoCapacity(why) => no_capacity(sh, m, &why).await,
+            Detour::Fail(why) => {
+                finish(sh, m, ManagedState::Failed, &why).await?;
+                Ok(Action::Requeue(Duration::ZERO))
             }
-            // Stopped or half torn down: remove it and start afresh.
-            let name = job.cluster.clone();
-            let done = sh
-                .off_thread(move |store, providers| async move {
-                    crate::core::lifecycle::teardown(&store, &name, &providers).await
-                })
-                .await?;
-            if let Err(e) = done {
-                return Err(crate::Error::leftover(store, &job.cluster, e));
-            }
-            return Ok(Action::Requeue(Duration::ZERO));
         }
-        Reserved::New(row) | Reserved::Resumed(row) => {
-            let choice = market_choice(sh, m, Choice::Idle);
-            if choice == Some(Choice::Idle) {
-                // The policy would rather wait for spot than pay now.
-                store.remove_cluster(&job.cluster)?;
-                let j = m.job();
-                j.next_try_at = Some(now_ms() + DECIDE_EVERY.as_millis() as i64);
-                j.detail = Some("deadline policy: waiting for spot capacity".into());
-                m.save(sh, was, "")?;
-                return Ok(Action::Requeue(DECIDE_EVERY));
-            }
-            let market = choice.map(|c| Market::of_spot(c == Choice::Spot));
-            let plan = match plan(sh, &job, &mt, market) {
-                Ok(p) => p,
-                Err(why) => {
-                    store.remove_cluster(&job.cluster)?;
-                    if market == Some(Market::Spot) {
-                        m.no_spot = true;
-                    }
-                    return no_capacity(sh, m, &why.to_string()).await;
-                }
-            };
-            let started = now_ms();
-            let result = sh
-                .off_thread(move |store, providers| async move {
-                    provision::provision(
-                        &store,
-                        &row,
-                        &plan,
-                        &providers,
-                        &Silent,
-                        RetryPolicy::default(),
-                        provision::Contact::Now,
-                    )
-                    .await
-                })
-                .await?;
-            match result {
-                Ok(p) => {
-                    store.set_nodes(&job.cluster, ClusterStatus::Up, &p.nodes)?;
-                    sh.say(&format!(
-                        "job {}: provisioned {} in {} ms",
-                        job.id,
-                        job.cluster,
-                        now_ms() - started
-                    ));
-                    store.cluster(&job.cluster)?.expect("just set up")
-                }
-                Err(provision::ProvisionError::Exhausted { attempts, .. }) => {
-                    store.remove_cluster(&job.cluster)?;
-                    if market == Some(Market::Spot) {
-                        m.no_spot = true;
-                    }
-                    let why = attempts
-                        .iter()
-                        .map(|a| format!("{}/{}/{}: {}", a.cloud, a.region, a.zone, a.outcome))
-                        .collect::<Vec<_>>()
-                        .join("; ");
-                    return no_capacity(sh, m, &why).await;
-                }
-                // The cluster stays TERMINATING (something may still run
-                // there); the next step tears it down first.
-                Err(e @ provision::ProvisionError::Leftover { .. }) => {
-                    return Err(crate::Error::leftover(store, &job.cluster, e));
-                }
-                Err(e) => {
-                    store.remove_cluster(&job.cluster)?;
-                    drop(lock);
-                    finish(sh, m, ManagedState::Failed, &e.to_string()).await?;
-                    return Ok(Action::Requeue(Duration::ZERO));
-                }
-            }
+    }
+}
+
+/// Brings a newly reserved cluster up on the market the deadline policy
+/// picks (or waits, when it would rather), along the job's plan.
+async fn bring_up(
+    sh: &Shared,
+    m: &mut Memo,
+    row: ClusterRow,
+) -> Result<Result<ClusterRow, Detour>, crate::Error> {
+    let store = sh.store();
+    let job = m.job().clone();
+    let choice = market_choice(sh, m, Choice::Idle);
+    if choice == Some(Choice::Idle) {
+        // The policy would rather wait for spot than pay now.
+        store.remove_cluster(&job.cluster)?;
+        let j = m.job();
+        j.next_try_at = Some(now_ms() + DECIDE_EVERY.as_millis() as i64);
+        j.detail = Some("deadline policy: waiting for spot capacity".into());
+        m.save(sh, job.state, "")?;
+        return Ok(Err(Detour::Now(Action::Requeue(DECIDE_EVERY))));
+    }
+    let market = choice.map(|c| Market::of_spot(c == Choice::Spot));
+    let plan = match plan(sh, &job, &m.task(), market) {
+        Ok(p) => p,
+        Err(why) => {
+            store.remove_cluster(&job.cluster)?;
+            m.no_spot |= market == Some(Market::Spot);
+            return Ok(Err(Detour::NoCapacity(why.to_string())));
         }
     };
-    drop(lock);
-    m.reach = None;
-    // A run already on the cluster (the controller died right after
-    // submitting it) is adopted, never doubled.
+    let started = now_ms();
+    let result = sh
+        .off_thread(move |store, providers| async move {
+            let contact = provision::Contact::Now;
+            lifecycle::bring_up(&store, &row, &plan, &providers, &Silent, contact).await
+        })
+        .await?;
+    match result {
+        Ok(row) => {
+            let ms = now_ms() - started;
+            sh.say(&format!(
+                "job {}: provisioned {} in {ms} ms",
+                job.id, job.cluster
+            ));
+            Ok(Ok(row))
+        }
+        Err(provision::ProvisionError::Exhausted { attempts, .. }) => {
+            m.no_spot |= market == Some(Market::Spot);
+            let why = attempts
+                .iter()
+                .map(|a| format!("{}/{}/{}: {}", a.cloud, a.region, a.zone, a.outcome))
+                .collect::<Vec<_>>()
+                .join("; ");
+            Ok(Err(Detour::NoCapacity(why)))
+        }
+        // The cluster stays TERMINATING (something may still run there);
+        // the next step tears it down first.
+        Err(e @ provision::ProvisionError::Leftover { .. }) => {
+            Err(crate::Error::leftover(store, &job.cluster, e))
+        }
+        Err(e) => {
+            // A managed job's cluster is its own: no row stays.
+            store.remove_cluster(&job.cluster)?;
+            Ok(Err(Detour::Fail(e.to_string())))
+        }
+    }
+}
+
+/// The run on the cluster: one already there (the controller died right
+/// after submitting it) is adopted, never doubled; else a new one is
+/// submitted, restoring the newest complete checkpoint.
+async fn adopt_or_submit(
+    sh: &Shared,
+    m: &mut Memo,
+    row: &ClusterRow,
+) -> Result<Result<i64, Detour>, crate::Error> {
+    let store = sh.store();
+    let job = m.job().clone();
+    let mt = m.task();
+    let runs = store.managed_dir(job.id).join("runs");
     let existing = store
         .jobs(&job.cluster)?
         .into_iter()
         .rfind(|j| !j.status.is_terminal());
-    let runs = store.managed_dir(job.id).join("runs");
-    let inner = match existing {
-        Some(j) => {
-            let listed = std::fs::read_to_string(&runs)
-                .unwrap_or_default()
-                .lines()
-                .any(|l| l.trim() == j.id.to_string());
-            if !listed {
-                append_line(&runs, &j.id.to_string());
-            }
-            j.id
+    if let Some(j) = existing {
+        let listed = std::fs::read_to_string(&runs)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.trim() == j.id.to_string());
+        if !listed {
+            append_line(&runs, &j.id.to_string());
         }
-        None => {
-            let mut spec = mt.spec.clone();
-            spec.job_id = Some(job.id.to_string());
-            spec.restart_count = job.restart_count;
-            spec.gpus_per_node = row.accelerator_count.ceil() as u32;
-            spec.restore_from = mt.storage.is_dir().then(|| mt.storage.clone());
-            if let Some(url) = &mt.storage_url {
-                // The newest complete checkpoint, restored by the nodes.
-                let newest = async {
-                    let bucket = checkpoint::open(url).await?;
-                    Ok::<_, checkpoint::CheckpointError>(
-                        checkpoint::complete(&bucket).await?.last().copied(),
-                    )
-                }
-                .await;
-                match newest {
-                    Ok(g) => {
-                        spec.restore_bucket = g.map(|generation| crate::core::storage::Restore {
-                            url: url.clone(),
-                            generation,
-                        })
-                    }
-                    Err(e) => {
-                        let why = format!("cannot read the checkpoints in {url}: {e}; will retry");
-                        sh.say(&why);
-                        return Ok(Action::Requeue(Duration::from_secs(30)));
-                    }
-                }
+        return Ok(Ok(j.id));
+    }
+    let mut spec = mt.spec.clone();
+    spec.job_id = Some(job.id.to_string());
+    spec.restart_count = job.restart_count;
+    spec.gpus_per_node = row.accelerator_count.ceil() as u32;
+    spec.restore_from = mt.storage.is_dir().then(|| mt.storage.clone());
+    if let Some(url) = &mt.storage_url {
+        match newest_checkpoint(url).await {
+            Ok(restore) => spec.restore_bucket = restore,
+            Err(e) => {
+                sh.say(&format!(
+                    "cannot read the checkpoints in {url}: {e}; will retry"
+                ));
+                return Ok(Err(Detour::Now(Action::Requeue(Duration::from_secs(30)))));
             }
-            let secrets = match secrets_of(store, &job, &mt) {
-                Ok(s) => s,
-                Err(why) => {
-                    finish(sh, m, ManagedState::Failed, &why.to_string()).await?;
-                    return Ok(Action::Requeue(Duration::ZERO));
-                }
-            };
-            let id = gang::submit(store, sh.cx.home(), &job.cluster, &spec, &secrets)?;
-            append_line(&runs, &id.to_string());
-            id
         }
+    }
+    let secrets = match secrets_of(store, &job, &mt) {
+        Ok(s) => s,
+        Err(why) => return Ok(Err(Detour::Fail(why.to_string()))),
     };
+    let id = gang::submit(store, sh.cx.home(), &job.cluster, &spec, &secrets)?;
+    append_line(&runs, &id.to_string());
+    Ok(Ok(id))
+}
+
+/// The newest complete checkpoint in the job's bucket, for the nodes to
+/// restore (`None` before the first).
+async fn newest_checkpoint(
+    url: &str,
+) -> Result<Option<crate::core::storage::Restore>, checkpoint::CheckpointError> {
+    let bucket = checkpoint::open(url).await?;
+    let newest = checkpoint::complete(&bucket).await?.last().copied();
+    Ok(newest.map(|generation| crate::core::storage::Restore {
+        url: url.to_string(),
+        generation,
+    }))
+}
+
+/// Records that run `inner` starts on `row`: where, on which market, at
+/// what price.
+fn record_running(
+    sh: &Shared,
+    m: &mut Memo,
+    row: &ClusterRow,
+    inner: i64,
+) -> Result<Action, crate::Error> {
     let placement = format!(
         "{}/{}/{} {}{}",
         row.cloud.as_deref().unwrap_or("-"),
@@ -864,8 +918,9 @@ async fn provision_and_submit(sh: &Shared, m: &mut Memo) -> Result<Action, crate
     if row.use_spot {
         m.no_spot = false;
     }
-    m.run = store.job(inner)?;
+    m.run = sh.store().job(inner)?;
     let j = m.job();
+    let was = j.state;
     j.market = Some(Market::of_spot(row.use_spot));
     j.moving_to = None;
     j.location = match (&row.cloud, &row.region, &row.zone) {
@@ -1036,8 +1091,10 @@ async fn signal_ranks(
     .await;
 }
 
+/// Watches a job's run: marks it running once every rank runs, watches a
+/// live run ([`watch_live`]) and decides what an ended one means
+/// ([`run_ended`]).
 async fn observe(sh: &Shared, m: &mut Memo) -> Result<Action, crate::Error> {
-    let mt = m.task();
     let was = m.job().state;
     let Some(inner_id) = m.job().inner_job else {
         m.job().state = ManagedState::Recovering;
@@ -1049,94 +1106,152 @@ async fn observe(sh: &Shared, m: &mut Memo) -> Result<Action, crate::Error> {
         return Ok(Action::Requeue(Duration::ZERO));
     };
     if run.status == JobStatus::Running && was == ManagedState::Starting {
-        let j = m.job();
-        j.state = ManagedState::Running;
-        j.work_since = Some(now_ms());
-        let reason = match j.recovery_started_at.take() {
-            Some(t) => format!(
-                "resumed {:.1} s after the loss (restart {})",
-                (now_ms() - t) as f64 / 1000.0,
-                j.restart_count
-            ),
-            None => "every rank runs".into(),
-        };
-        m.save(sh, was, &reason)?;
-        return Ok(Action::Requeue(Duration::ZERO));
+        return mark_running(sh, m);
     }
-    let Some((nodes, transport)) = nodes_and_transport(sh, m).await? else {
+    let Some(reach) = nodes_and_transport(sh, m).await? else {
         preempted(sh, m, "the job's cluster disappeared").await?;
         return Ok(Action::Requeue(Duration::ZERO));
     };
     if !run.status.is_terminal() {
-        // 1. The provider's advance notice: checkpoint now.
-        if m.job().notice_at.is_none() {
-            if let Some((rank, words)) = notice(Arc::clone(&nodes), Arc::clone(&transport)).await {
-                signal_ranks(sh, Arc::clone(&nodes), transport, inner_id, mt.signal).await;
-                let j = m.job();
-                j.notice_at = Some(now_ms());
-                let reason = format!(
-                    "preemption notice on rank {rank} ({words}); signal {} sent, {} s to checkpoint",
-                    mt.signal, mt.grace_s
-                );
-                sh.store()
-                    .managed_event(j.id, "NOTICE", j.placement.as_deref(), &reason)?;
-                m.save(sh, was, "")?;
-                return Ok(Action::Requeue(Duration::from_secs_f64(mt.grace_s)));
-            }
-        }
-        if let Some(t) = m.job().notice_at {
-            let end = t + (mt.grace_s * 1000.0) as i64;
-            if now_ms() > end {
-                if m.job().moving_to.is_some() {
-                    requeue(sh, m, "moved by the deadline policy", false).await?;
-                } else {
-                    preempted(sh, m, "the grace period after the notice ran out").await?;
-                }
-                return Ok(Action::Requeue(Duration::ZERO));
-            }
-            return Ok(Action::at(end));
-        }
-        // The deadline policy may want the other market.
-        if run.status == JobStatus::Running
-            && reconsider(sh, m, &nodes, &transport, inner_id).await?
-        {
-            return Ok(Action::Requeue(Duration::from_secs_f64(mt.grace_s)));
-        }
-        // 2. The provider took a node without notice (asked at most every
-        // DESCRIBE_EVERY: the ranks dying tells the driver sooner).
-        let every = DESCRIBE_EVERY.max(Duration::from_secs_f64(
-            sh.jobs.get() as f64 / DESCRIBES_PER_S,
-        ));
-        if m.described.is_none_or(|t| t.elapsed() >= every) {
-            m.described = Some(Instant::now());
-            if let Some(lost) = lost_node(sh, m, &nodes).await {
-                preempted(sh, m, &lost.to_string()).await?;
-                return Ok(Action::Requeue(Duration::ZERO));
-            }
-        }
-        // 3. Keep the checkpoint fresh, beside this loop: a big upload
-        // takes minutes, and the notice must still be read meanwhile.
-        if m.syncing.as_ref().is_some_and(|h| h.is_finished()) {
-            sync_ended(sh, m, was).await?;
-        }
-        let due = m
-            .job()
-            .last_sync_at
-            .is_none_or(|t| (now_ms() - t) as f64 >= mt.sync_interval_s * 1000.0);
-        if due && run.status == JobStatus::Running && m.syncing.is_none() {
-            let (mt, nodes) = (Rc::clone(&mt), Arc::clone(&nodes));
-            m.syncing = Some(tokio::task::spawn_local(async move {
-                sync(&mt, nodes, transport).await
-            }));
-        }
-        return Ok(Action::Requeue(NOTICE_EVERY));
+        return watch_live(sh, m, &run, inner_id, reach).await;
     }
-    // The run ended. A periodic sync still going finishes first: the last
-    // one must not race it.
+    // A periodic sync still going finishes first: the last one must not
+    // race it.
     if m.syncing.is_some() {
         sync_ended(sh, m, was).await?;
     }
-    let detail = run.detail.clone().unwrap_or_default();
+    run_ended(sh, m, &run, reach).await?;
+    Ok(Action::Requeue(Duration::ZERO))
+}
+
+/// A run's nodes and a transport to them.
+type Reached = (Arc<Vec<NodeRow>>, Arc<dyn Transport>);
+
+/// Every rank of the run started: the job runs (and, after a loss, says
+/// how long resuming took).
+fn mark_running(sh: &Shared, m: &mut Memo) -> Result<Action, crate::Error> {
+    let j = m.job();
+    let was = j.state;
+    j.state = ManagedState::Running;
+    j.work_since = Some(now_ms());
+    let reason = match j.recovery_started_at.take() {
+        Some(t) => format!(
+            "resumed {:.1} s after the loss (restart {})",
+            (now_ms() - t) as f64 / 1000.0,
+            j.restart_count
+        ),
+        None => "every rank runs".into(),
+    };
+    m.save(sh, was, &reason)?;
+    Ok(Action::Requeue(Duration::ZERO))
+}
+
+/// One look at a live run, in order: the provider's advance notice (then
+/// checkpoint), the grace after it, the deadline policy's market, a node
+/// taken without notice, and the periodic checkpoint sync.
+async fn watch_live(
+    sh: &Shared,
+    m: &mut Memo,
+    run: &JobRow,
+    inner_id: i64,
+    (nodes, transport): Reached,
+) -> Result<Action, crate::Error> {
+    let mt = m.task();
+    if m.job().notice_at.is_none() {
+        if let Some((rank, words)) = notice(Arc::clone(&nodes), Arc::clone(&transport)).await {
+            signal_ranks(sh, Arc::clone(&nodes), transport, inner_id, mt.signal).await;
+            return noticed(sh, m, rank, &words);
+        }
+    }
+    if let Some(t) = m.job().notice_at {
+        return grace_after_notice(sh, m, t).await;
+    }
+    // The deadline policy may want the other market.
+    if run.status == JobStatus::Running && reconsider(sh, m, &nodes, &transport, inner_id).await? {
+        return Ok(Action::Requeue(Duration::from_secs_f64(mt.grace_s)));
+    }
+    // The provider took a node without notice (asked at most every
+    // DESCRIBE_EVERY: the ranks dying tells the driver sooner).
+    let every = DESCRIBE_EVERY.max(Duration::from_secs_f64(
+        sh.jobs.get() as f64 / DESCRIBES_PER_S,
+    ));
+    if m.described.is_none_or(|t| t.elapsed() >= every) {
+        m.described = Some(Instant::now());
+        if let Some(lost) = lost_node(sh, m, &nodes).await {
+            preempted(sh, m, &lost.to_string()).await?;
+            return Ok(Action::Requeue(Duration::ZERO));
+        }
+    }
+    keep_synced(sh, m, run, (nodes, transport)).await?;
+    Ok(Action::Requeue(NOTICE_EVERY))
+}
+
+/// A preemption notice was seen on `rank` and the ranks were signalled:
+/// recorded, with the grace period they have to checkpoint.
+fn noticed(sh: &Shared, m: &mut Memo, rank: u32, words: &str) -> Result<Action, crate::Error> {
+    let mt = m.task();
+    let j = m.job();
+    let was = j.state;
+    j.notice_at = Some(now_ms());
+    let reason = format!(
+        "preemption notice on rank {rank} ({words}); signal {} sent, {} s to checkpoint",
+        mt.signal, mt.grace_s
+    );
+    sh.store()
+        .managed_event(j.id, "NOTICE", j.placement.as_deref(), &reason)?;
+    m.save(sh, was, "")?;
+    Ok(Action::Requeue(Duration::from_secs_f64(mt.grace_s)))
+}
+
+/// After a notice at `t`: once the grace period ran out, the run is lost
+/// (or moved, for the deadline policy); until then, wait for it.
+async fn grace_after_notice(sh: &Shared, m: &mut Memo, t: i64) -> Result<Action, crate::Error> {
+    let end = t + (m.task().grace_s * 1000.0) as i64;
+    if now_ms() <= end {
+        return Ok(Action::at(end));
+    }
+    if m.job().moving_to.is_some() {
+        requeue(sh, m, "moved by the deadline policy", false).await?;
+    } else {
+        preempted(sh, m, "the grace period after the notice ran out").await?;
+    }
+    Ok(Action::Requeue(Duration::ZERO))
+}
+
+/// Keeps the checkpoint fresh, beside the watch loop: a big upload takes
+/// minutes, and the notice must still be read meanwhile.
+async fn keep_synced(
+    sh: &Shared,
+    m: &mut Memo,
+    run: &JobRow,
+    (nodes, transport): Reached,
+) -> Result<(), crate::Error> {
+    let mt = m.task();
+    if m.syncing.as_ref().is_some_and(|h| h.is_finished()) {
+        let was = m.job().state;
+        sync_ended(sh, m, was).await?;
+    }
+    let due = m
+        .job()
+        .last_sync_at
+        .is_none_or(|t| (now_ms() - t) as f64 >= mt.sync_interval_s * 1000.0);
+    if due && run.status == JobStatus::Running && m.syncing.is_none() {
+        m.syncing = Some(tokio::task::spawn_local(async move {
+            sync(&mt, nodes, transport).await
+        }));
+    }
+    Ok(())
+}
+
+/// What an ended run means for the job: checkpointed on a notice, done,
+/// failed in setup, or failed ([`run_failed`]).
+async fn run_ended(
+    sh: &Shared,
+    m: &mut Memo,
+    run: &JobRow,
+    (nodes, transport): Reached,
+) -> Result<(), crate::Error> {
+    let mt = m.task();
     // Only a run whose ranks all started has a checkpoint of its own: the
     // directories of one stopped in setup hold at most the restored copy.
     let ran = run.started_at.is_some();
@@ -1146,11 +1261,9 @@ async fn observe(sh: &Shared, m: &mut Memo) -> Result<Action, crate::Error> {
             last_sync(sh, m, &mt, nodes, transport).await;
         }
         if m.job().moving_to.is_some() {
-            requeue(sh, m, "checkpointed for the deadline policy's move", false).await?;
-        } else {
-            preempted(sh, m, "checkpointed on the preemption notice").await?;
+            return requeue(sh, m, "checkpointed for the deadline policy's move", false).await;
         }
-        return Ok(Action::Requeue(Duration::ZERO));
+        return preempted(sh, m, "checkpointed on the preemption notice").await;
     }
     match run.status {
         JobStatus::Succeeded => {
@@ -1160,64 +1273,73 @@ async fn observe(sh: &Shared, m: &mut Memo) -> Result<Action, crate::Error> {
             // seen here: that is a preemption, not the end.
             if let Some((rank, words)) = notice(nodes, transport).await {
                 let why = format!("the ranks ended on a preemption (rank {rank}: {words})");
-                preempted(sh, m, &why).await?;
+                preempted(sh, m, &why).await
             } else {
-                finish(sh, m, ManagedState::Succeeded, "every rank exited 0").await?;
+                finish(sh, m, ManagedState::Succeeded, "every rank exited 0").await
             }
         }
         JobStatus::FailedSetup => {
-            finish(sh, m, ManagedState::FailedSetup, &detail).await?;
+            let detail = run.detail.clone().unwrap_or_default();
+            finish(sh, m, ManagedState::FailedSetup, &detail).await
         }
-        _ => {
-            // A rank that died of the notice's signal before this loop saw
-            // the notice (the node's own reader signals it first): the
-            // checkpoint it was asked for is kept, and it is a preemption.
-            if let Some((rank, words)) = notice(Arc::clone(&nodes), Arc::clone(&transport)).await {
-                if ran {
-                    last_sync(sh, m, &mt, Arc::clone(&nodes), Arc::clone(&transport)).await;
-                }
-                let why =
-                    format!("{detail}; a preemption notice was posted (rank {rank}: {words})");
-                preempted(sh, m, &why).await?;
-                return Ok(Action::Requeue(Duration::ZERO));
-            }
-            let outcome = run.outcome.clone();
-            let lost = match lost_node(sh, m, &nodes).await {
-                Some(l) => Some(l),
-                None => outcome.as_ref().and_then(|o| o.lost.clone()),
-            };
-            if let Some(l) = lost {
-                let why = if detail.is_empty() {
-                    l.to_string()
-                } else {
-                    format!("{detail}; {l}")
-                };
-                preempted(sh, m, &why).await?;
-                return Ok(Action::Requeue(Duration::ZERO));
-            }
-            let code = outcome
-                .as_ref()
-                .filter(|o| o.reason == EndReason::RankFailed)
-                .and_then(|o| o.failed_code());
-            if code.is_some_and(|c| mt.recover_on_exit_codes.contains(&c)) {
-                m.job().detail = Some(detail.clone());
-                let why = format!("{detail} (a recoverable exit code)");
-                requeue(sh, m, &why, false).await?;
-            } else if m.job().restarts_on_errors < mt.max_restarts_on_errors {
-                let j = m.job();
-                j.restarts_on_errors += 1;
-                j.detail = Some(detail.clone());
-                let why = format!(
-                    "{detail} (restart {} of {} on errors)",
-                    j.restarts_on_errors, mt.max_restarts_on_errors
-                );
-                requeue(sh, m, &why, false).await?;
-            } else {
-                finish(sh, m, ManagedState::Failed, &detail).await?;
-            }
-        }
+        _ => run_failed(sh, m, run, (nodes, transport)).await,
     }
-    Ok(Action::Requeue(Duration::ZERO))
+}
+
+/// A run that failed: a preemption when a notice was posted or a node is
+/// lost, else requeued for a recoverable exit code or while restarts on
+/// errors remain, else the job failed.
+async fn run_failed(
+    sh: &Shared,
+    m: &mut Memo,
+    run: &JobRow,
+    (nodes, transport): Reached,
+) -> Result<(), crate::Error> {
+    let mt = m.task();
+    let detail = run.detail.clone().unwrap_or_default();
+    // A rank that died of the notice's signal before this loop saw the
+    // notice (the node's own reader signals it first): the checkpoint it
+    // was asked for is kept, and it is a preemption.
+    if let Some((rank, words)) = notice(Arc::clone(&nodes), Arc::clone(&transport)).await {
+        if run.started_at.is_some() {
+            last_sync(sh, m, &mt, Arc::clone(&nodes), Arc::clone(&transport)).await;
+        }
+        let why = format!("{detail}; a preemption notice was posted (rank {rank}: {words})");
+        return preempted(sh, m, &why).await;
+    }
+    let outcome = run.outcome.clone();
+    let lost = match lost_node(sh, m, &nodes).await {
+        Some(l) => Some(l),
+        None => outcome.as_ref().and_then(|o| o.lost.clone()),
+    };
+    if let Some(l) = lost {
+        let why = if detail.is_empty() {
+            l.to_string()
+        } else {
+            format!("{detail}; {l}")
+        };
+        return preempted(sh, m, &why).await;
+    }
+    let code = outcome
+        .as_ref()
+        .filter(|o| o.reason == EndReason::RankFailed)
+        .and_then(|o| o.failed_code());
+    if code.is_some_and(|c| mt.recover_on_exit_codes.contains(&c)) {
+        m.job().detail = Some(detail.clone());
+        let why = format!("{detail} (a recoverable exit code)");
+        return requeue(sh, m, &why, false).await;
+    }
+    if m.job().restarts_on_errors < mt.max_restarts_on_errors {
+        let j = m.job();
+        j.restarts_on_errors += 1;
+        j.detail = Some(detail.clone());
+        let why = format!(
+            "{detail} (restart {} of {} on errors)",
+            j.restarts_on_errors, mt.max_restarts_on_errors
+        );
+        return requeue(sh, m, &why, false).await;
+    }
+    finish(sh, m, ManagedState::Failed, &detail).await
 }
 
 /// What the deadline policy would run the job on now, if the task has one
