@@ -8,9 +8,7 @@ use std::time::Duration;
 use clap::Args;
 use serde_json::json;
 
-use super::launch::{
-    check_name, exit_for, follow, gangway_home, job_spec, runtime, secrets_of, submit,
-};
+use super::launch::{exit_for, follow, gangway_home, runtime, submit};
 use super::progress::Progress;
 use super::{print_json, table, Output};
 use crate::core::gang::{JobSpec, GRACE};
@@ -18,6 +16,7 @@ use crate::core::provision::{self, node_rows, TeardownError};
 use crate::core::ranks::assign_ranks;
 use crate::core::registry::Providers;
 use crate::core::state::{ClusterRow, ClusterStatus, JobRow, OwnerLock, Store};
+use crate::services::{self, launch::secrets_of};
 use crate::{Error, ExitCode};
 use gangway_provider::ClusterName;
 
@@ -153,10 +152,7 @@ fn open() -> Result<(PathBuf, Store), Error> {
 }
 
 fn cluster_row(store: &Store, name: &str) -> Result<ClusterRow, Error> {
-    store.cluster(name)?.ok_or_else(|| Error::NotFound {
-        message: format!("no cluster named '{name}'"),
-        hint: Some("`gangway status` lists the clusters".into()),
-    })
+    services::exec::cluster(store, name)
 }
 
 fn ago(ms: i64) -> String {
@@ -641,17 +637,7 @@ fn signal_driver(store: &Store, j: &JobRow, sig: i32) {
 /// `gangway exec`.
 pub(crate) fn exec(a: &ExecArgs, out: Output) -> Result<ExitCode, Error> {
     let (home, store) = open()?;
-    check_name(&a.cluster)?;
-    let row = cluster_row(&store, &a.cluster)?;
-    if row.status != ClusterStatus::Up {
-        return Err(Error::usage(
-            format!("cluster '{}' is {}, not UP", a.cluster, row.status),
-            Some(&format!(
-                "`gangway start {}` starts a stopped cluster",
-                a.cluster
-            )),
-        ));
-    }
+    let row = services::exec::up_cluster(&store, &a.cluster)?;
     let first = &a.target[0];
     let is_task = a.target.len() == 1
         && (first.ends_with(".yaml") || first.ends_with(".yml"))
@@ -673,18 +659,7 @@ pub(crate) fn exec(a: &ExecArgs, out: Output) -> Result<ExitCode, Error> {
         };
         let task = args.load()?;
         super::plan::require_values(&task, &args.task)?;
-        let spec = job_spec(&task, &args.task, false, false)?;
-        // The cluster's nodes are there: what they reach by themselves
-        // needs no credentials from here.
-        let own = crate::core::storage::OwnIdentity::of_nodes(&store.nodes(&a.cluster)?);
-        crate::core::storage::preflight_now(&task, &args.task, &spec.bucket_mounts, &own)?;
-        crate::core::storage::make_buckets_now(
-            &task,
-            &args.task,
-            &spec.bucket_mounts,
-            &store,
-            &format!("cluster:{}", a.cluster),
-        )?;
+        let spec = services::exec::task_job(&store, &a.cluster, &task, &args.task)?;
         (spec, secrets_of(&task))
     } else {
         let mut envs = Vec::new();
@@ -711,16 +686,7 @@ pub(crate) fn exec(a: &ExecArgs, out: Output) -> Result<ExitCode, Error> {
         };
         (spec, secrets)
     };
-    if spec.num_nodes > row.num_nodes {
-        return Err(Error::usage(
-            format!(
-                "the job needs {} nodes; cluster '{}' has {}",
-                spec.num_nodes, a.cluster, row.num_nodes
-            ),
-            None,
-        ));
-    }
-    spec.gpus_per_node = row.accelerator_count.ceil() as u32;
+    services::exec::fit(&mut spec, &row)?;
     let progress = Progress::new(out);
     submit(
         &store, &home, &a.cluster, spec, &secrets, a.detach, out, &progress,

@@ -9,12 +9,13 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use serde_json::json;
 
-use super::launch::{gangway_home, job_spec, secrets_of};
+use super::launch::gangway_home;
 use super::{interrupts, print_json, table, Output, TaskArgs};
 use crate::core::state::{now_ms, ManagedJob, ManagedState, OwnerLock, Store};
 use crate::services::host::{Hosted, Input, HOSTED_ENV};
 use crate::services::jobs::controller::{controller_paths, Controller, Until};
 use crate::services::jobs::{signal_number, ManagedTask};
+use crate::services::launch::{job_spec, secrets_of};
 use crate::{Error, ExitCode};
 
 /// Managed-job commands.

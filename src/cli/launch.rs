@@ -11,128 +11,16 @@ use super::progress::{LogView, Progress};
 use super::{interrupts, print_json, LaunchArgs, Output};
 use crate::core::gang::JobSpec;
 use crate::core::optimizer;
-use crate::core::provision::{self, RetryPolicy};
-use crate::core::registry::Providers;
-use crate::core::spec::{MountSource, Task, Workdir};
-use crate::core::state::{ClusterStatus, JobStatus, NewCluster, OwnerLock, Reserved, Store};
+use crate::core::provision::{ProvisionEvent, Reporter};
+use crate::core::state::{JobStatus, OwnerLock, Store};
+use crate::services::launch::{
+    check_name, ended_status, generated_name, job_spec, secrets_of, Request, Up,
+};
+use crate::services::{self, Ui};
 use crate::{Error, ExitCode};
 
-pub(crate) use crate::core::config::{gangway_home, local_path};
+pub(crate) use crate::core::config::gangway_home;
 pub(crate) use crate::core::runtime::runtime;
-
-/// Checks a cluster name: letters, digits, `-`, `_`, `.`; starts with a letter.
-pub(crate) fn check_name(name: &str) -> Result<(), Error> {
-    let ok = name.len() <= 63
-        && name.starts_with(|c: char| c.is_ascii_alphabetic())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::usage(
-            format!("cluster name '{name}' is not valid"),
-            Some("use up to 63 letters, digits, '-', '_' or '.', starting with a letter"),
-        ))
-    }
-}
-
-fn generated_name() -> String {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    let h = (t ^ ((std::process::id() as u64) << 20)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    format!("gangway-{:04x}", h >> 48)
-}
-
-/// What a task runs, ready to store with a job.
-pub(crate) fn job_spec(
-    task: &Task,
-    task_file: &Path,
-    setup: bool,
-    down_after: bool,
-) -> Result<JobSpec, Error> {
-    let mut git_workdir = None;
-    let workdir = match &task.workdir {
-        None => None,
-        Some(Workdir::Path(p)) => {
-            let path = local_path(p);
-            if !path.is_dir() {
-                return Err(Error::usage(
-                    format!(
-                        "{}: workdir {} is not a directory",
-                        task_file.display(),
-                        path.display()
-                    ),
-                    Some("workdir is resolved against the directory you run gangway from"),
-                ));
-            }
-            Some(path)
-        }
-        Some(Workdir::Git { url, git_ref }) => {
-            git_workdir = Some(crate::core::gang::GitWorkdir {
-                url: url.clone(),
-                git_ref: git_ref.clone(),
-            });
-            None
-        }
-    };
-    let mut mounts = Vec::new();
-    for m in &task.file_mounts {
-        if let MountSource::Local(src) = &m.source {
-            let path = local_path(src);
-            if !path.exists() {
-                return Err(Error::usage(
-                    format!(
-                        "{}: file_mounts.{}: {} does not exist",
-                        task_file.display(),
-                        m.dest,
-                        path.display()
-                    ),
-                    None,
-                ));
-            }
-            mounts.push((m.dest.clone(), path));
-        }
-    }
-    let bucket_mounts = crate::core::storage::bucket_mounts(task, task_file)?;
-    Ok(JobSpec {
-        name: task.name.clone(),
-        setup: if setup { task.setup.clone() } else { None },
-        run: task.run.clone(),
-        envs: task
-            .envs
-            .iter()
-            .filter_map(|(k, v)| v.clone().map(|v| (k.clone(), v)))
-            .collect(),
-        secret_names: task.secrets.iter().map(|(k, _)| k.clone()).collect(),
-        workdir,
-        git_workdir,
-        file_mounts: mounts,
-        num_nodes: task.num_nodes,
-        gpus_per_node: 0,
-        checkpoint_dir: task.checkpoint.as_ref().and_then(|c| c.path.clone()),
-        down_after,
-        ports: task
-            .resources
-            .base
-            .ports
-            .iter()
-            .map(|p| (p.start, p.end))
-            .collect(),
-        bucket_mounts,
-        ..JobSpec::default()
-    })
-}
-
-/// Secret values of a task, for the driver's pipe.
-pub(crate) fn secrets_of(task: &Task) -> Vec<(String, String)> {
-    task.secrets
-        .iter()
-        .filter_map(|(k, v)| v.as_ref().map(|v| (k.clone(), v.expose().to_string())))
-        .collect()
-}
 
 fn confirm(question: &str) -> Result<bool, Error> {
     if !std::io::stdin().is_terminal() {
@@ -144,6 +32,51 @@ fn confirm(question: &str) -> Result<bool, Error> {
     std::io::stdin().read_line(&mut line)?;
     let a = line.trim().to_ascii_lowercase();
     Ok(a.is_empty() || a == "y" || a == "yes")
+}
+
+/// The launcher's side of a service: progress on the terminal, the
+/// question asked there, Ctrl-C counted from the first look.
+pub(crate) struct LaunchUi<'a> {
+    progress: &'a Progress,
+    out: Output,
+    before: std::cell::OnceCell<usize>,
+}
+
+impl<'a> LaunchUi<'a> {
+    pub(crate) fn new(progress: &'a Progress, out: Output) -> LaunchUi<'a> {
+        LaunchUi {
+            progress,
+            out,
+            before: std::cell::OnceCell::new(),
+        }
+    }
+}
+
+impl Reporter for LaunchUi<'_> {
+    fn event(&self, e: ProvisionEvent<'_>) {
+        self.progress.event(e)
+    }
+}
+
+impl Ui for LaunchUi<'_> {
+    fn line(&self, s: &str) {
+        self.progress.line(s)
+    }
+
+    fn confirm(&self, question: &str) -> Result<bool, Error> {
+        if self.out != Output::Table {
+            return Ok(true);
+        }
+        confirm(question)
+    }
+
+    fn interrupted(&self) -> bool {
+        let before = *self.before.get_or_init(|| {
+            interrupts::install();
+            interrupts::count()
+        });
+        interrupts::count() != before
+    }
 }
 
 /// `gangway launch`.
@@ -172,211 +105,21 @@ pub(crate) fn launch(
             Some("pick another name with -c; jobs.controller in config.yaml launches the controller host"),
         ));
     }
-    let spec = job_spec(&task, &a.task.task, true, a.down)?;
-    let home = gangway_home()?;
-    let store = Store::open(&home)?;
-    let launch_config = crate::core::config::launch_config(&task, &home)?;
-    let providers = Providers::new(&home);
-    // Buckets are checked before anything is provisioned.
-    let own = crate::core::storage::OwnIdentity::configured(launch_config.as_ref(), &providers);
-    crate::core::storage::preflight_now(&task, &a.task.task, &spec.bucket_mounts, &own)?;
-    let secrets = secrets_of(&task);
+    let mut spec = job_spec(&task, &a.task.task, true, a.down)?;
     let progress = Progress::new(out);
-
-    let lock = store.lock_cluster(&name, "launching")?;
-    let config = launch_config.map(|c| c.to_string());
-    let token = format!("{name}-{}", generated_name().trim_start_matches("gangway-"));
-    let rt = runtime()?;
-    let mut replaced = false;
-    let reserved = loop {
-        let reserved = store.reserve_cluster(&NewCluster {
-            name: &name,
-            num_nodes: task.num_nodes,
-            client_token: &token,
-            provider_config: config.clone(),
-        })?;
-        // An UP record is only what was true last time: ask the provider
-        // before reusing it, and replace a cluster that lost nodes.
-        if let (Reserved::Existing(row), false) = (&reserved, replaced) {
-            if row.status == ClusterStatus::Up {
-                if let Some(why) = rt.block_on(lost_nodes(&store, &providers, row))? {
-                    progress.line(&format!(
-                        "Cluster '{name}' {why}: replacing it with a new one"
-                    ));
-                    store.event(&name, None, "replace", &why)?;
-                    if let Err(e) =
-                        rt.block_on(crate::core::lifecycle::teardown(&store, &name, &providers))
-                    {
-                        return Err(Error::leftover(&store, &name, e));
-                    }
-                    replaced = true;
-                    continue;
-                }
-            }
-        }
-        break reserved;
+    let req = Request {
+        task: &task,
+        task_file: &a.task.task,
+        plan: &plan,
+        name: &name,
+        spec: &spec,
+        ask: !a.yes,
+        provision_only: a.provision_only,
     };
-    let row = match reserved {
-        Reserved::Existing(row) => {
-            match row.status {
-                ClusterStatus::Up => {}
-                ClusterStatus::Stopped => {
-                    return Err(Error::usage(
-                        format!("cluster '{name}' is stopped"),
-                        Some(&format!(
-                            "start it with `gangway start {name}`, or pick another name with -c"
-                        )),
-                    ))
-                }
-                _ => {
-                    return Err(Error::usage(
-                        format!(
-                            "cluster '{name}' is being torn down{}",
-                            row.last_error
-                                .as_deref()
-                                .map(|e| format!(" (last error: {e})"))
-                                .unwrap_or_default()
-                        ),
-                        Some(&format!(
-                            "run `gangway down {name}` to finish, then launch again"
-                        )),
-                    ))
-                }
-            }
-            if row.num_nodes < task.num_nodes {
-                return Err(Error::usage(
-                    format!(
-                        "cluster '{name}' has {} node(s); the task needs {}",
-                        row.num_nodes, task.num_nodes
-                    ),
-                    Some("launch a new cluster with another -c name, or `gangway down` this one first"),
-                ));
-            }
-            progress.line(&format!(
-                "Reusing cluster '{name}' ({} node(s), {})",
-                row.num_nodes, row.status
-            ));
-            crate::core::storage::make_buckets_now(
-                &task,
-                &a.task.task,
-                &spec.bucket_mounts,
-                &store,
-                &format!("cluster:{name}"),
-            )?;
-            row
-        }
-        Reserved::New(row) | Reserved::Resumed(row) => {
-            let best = &plan[0];
-            // A cloud on this machine costs nothing real: no question to ask.
-            if !a.yes
-                && !providers
-                    .get(&best.cloud)
-                    .is_some_and(|p| p.runs_on_this_machine())
-                && out == Output::Table
-                && !confirm(&format!(
-                    "Launch '{name}': {} x {} on {}/{}/{} at ${:.2}/h?",
-                    best.nodes,
-                    best.instance_type,
-                    best.cloud,
-                    best.region,
-                    best.zone,
-                    best.total_per_hour
-                ))?
-            {
-                store.remove_cluster(&name)?;
-                return Ok(ExitCode::Interrupted);
-            }
-            // Buckets the task names and lacks are made once the user said
-            // yes, recorded for the cluster.
-            if let Err(e) = crate::core::storage::make_buckets_now(
-                &task,
-                &a.task.task,
-                &spec.bucket_mounts,
-                &store,
-                &format!("cluster:{name}"),
-            ) {
-                store.remove_cluster(&name)?;
-                crate::core::storage::remove_buckets_now(&store, &format!("cluster:{name}"));
-                return Err(e);
-            }
-            // Ctrl-C while provisioning: stop, and remove what was created.
-            interrupts::install();
-            let before = interrupts::count();
-            let result = rt.block_on(async {
-                tokio::select! {
-                    r = provision::provision(
-                        &store,
-                        &row,
-                        &plan,
-                        &providers,
-                        &progress,
-                        RetryPolicy::default(),
-                        if a.provision_only {
-                            provision::Contact::Later
-                        } else {
-                            provision::Contact::Now
-                        },
-                    ) => Some(r),
-                    _ = async {
-                        while interrupts::count() == before {
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                    } => None,
-                }
-            });
-            let interrupted = match &result {
-                None => Some("Interrupted: terminating whatever was created"),
-                Some(_) if interrupts::count() != before => {
-                    Some("Interrupted: terminating the new cluster")
-                }
-                Some(_) => None,
-            };
-            if let Some(what) = interrupted {
-                progress.line(what);
-                if let Err(e) =
-                    rt.block_on(crate::core::lifecycle::teardown(&store, &name, &providers))
-                {
-                    return Err(Error::leftover(&store, &name, e));
-                }
-                return Ok(ExitCode::Interrupted);
-            }
-            let result = result.expect("not interrupted");
-            match result {
-                Ok(p) => {
-                    store.set_nodes(&name, ClusterStatus::Up, &p.nodes)?;
-                    progress.line(&format!(
-                        "Cluster '{name}' is up: {} node(s), head {}",
-                        p.nodes.len(),
-                        p.nodes[0].private_ip
-                    ));
-                    store.cluster(&name)?.expect("cluster row exists")
-                }
-                Err(e) => {
-                    match &e {
-                        // The row stays TERMINATING with the reason:
-                        // something may still run there.
-                        provision::ProvisionError::Leftover { .. } => {
-                            return Err(Error::leftover(&store, &name, &e))
-                        }
-                        provision::ProvisionError::State(_) => {
-                            store.set_status(&name, ClusterStatus::Init, Some(&e.to_string()))?
-                        }
-                        // Every attempt's nodes were confirmed gone.
-                        provision::ProvisionError::Exhausted { .. }
-                        | provision::ProvisionError::Provider(_) => {
-                            store.remove_cluster(&name)?;
-                            crate::core::storage::remove_buckets_now(
-                                &store,
-                                &format!("cluster:{name}"),
-                            );
-                        }
-                    }
-                    return Err(e.into());
-                }
-            }
-        }
+    let (home, store, row) = match services::launch::up(&req, &LaunchUi::new(&progress, out))? {
+        Up::Ready(r) => (r.home, r.store, r.row),
+        Up::Declined | Up::Interrupted => return Ok(ExitCode::Interrupted),
     };
-    drop(lock);
     if a.provision_only {
         if out == Output::Json {
             print_json(&json!({"cluster": name, "status": "UP", "nodes": row.num_nodes}))?;
@@ -387,8 +130,8 @@ pub(crate) fn launch(
         }
         return Ok(ExitCode::Ok);
     }
-    let mut spec = spec;
     spec.gpus_per_node = row.accelerator_count.ceil() as u32;
+    let secrets = secrets_of(&task);
     let code = submit(
         &store, &home, &name, spec, &secrets, a.detach, out, &progress,
     )?;
@@ -406,48 +149,6 @@ pub(crate) fn launch(
     Ok(code)
 }
 
-/// Why an `UP` cluster cannot be reused as it is: a node the provider no
-/// longer reports running (preempted, stopped, gone). `None` when all are.
-async fn lost_nodes(
-    store: &Store,
-    providers: &Providers,
-    row: &crate::core::state::ClusterRow,
-) -> Result<Option<String>, Error> {
-    let Some(p) = row.cloud.as_deref().and_then(|c| providers.get(c)) else {
-        return Ok(None);
-    };
-    let seen = p
-        .describe(&gangway_provider::ClusterName(row.name.clone()))
-        .await?;
-    for n in store.nodes(&row.name)? {
-        let state = seen
-            .iter()
-            .find(|s| s.id.0 == n.instance_id)
-            .map(|s| &s.state);
-        let why = match state {
-            Some(gangway_provider::NodeState::Running) => continue,
-            Some(gangway_provider::NodeState::Preempted { reason }) => {
-                format!(
-                    "lost node {} (rank {}): preempted: {reason}",
-                    n.instance_id, n.rank
-                )
-            }
-            Some(s) => format!(
-                "lost node {} (rank {}): it is {}",
-                n.instance_id,
-                n.rank,
-                provision::state_name(s)
-            ),
-            None => format!(
-                "lost node {} (rank {}): the provider no longer has it",
-                n.instance_id, n.rank
-            ),
-        };
-        return Ok(Some(why));
-    }
-    Ok(None)
-}
-
 /// Stores the job, starts its driver, and follows it unless `detach`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn submit(
@@ -460,8 +161,7 @@ pub(crate) fn submit(
     out: Output,
     progress: &Progress,
 ) -> Result<ExitCode, Error> {
-    let id = crate::core::gang::submit(store, home, cluster, &spec, secrets)?;
-    store.event(cluster, Some(id), "job", &format!("job {id} submitted"))?;
+    let id = services::launch::start_job(store, home, cluster, &spec, secrets)?;
     if detach {
         if out == Output::Json {
             print_json(&json!({ "cluster": cluster, "job_id": id, "status": "SUBMITTED" }))?;
@@ -640,15 +340,6 @@ impl Tail {
         self.view.finish();
         Ok(())
     }
-}
-
-/// How a job ended, from the `status.json` its driver leaves beside the logs.
-pub(crate) fn ended_status(log_dir: &Path) -> Option<(JobStatus, Option<String>)> {
-    let text = std::fs::read_to_string(log_dir.join("status.json")).ok()?;
-    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-    let status = JobStatus::parse(v.get("status")?.as_str()?)?;
-    let detail = v.get("detail").and_then(|d| d.as_str()).map(str::to_string);
-    Some((status, detail))
 }
 
 /// Reads the secrets a launcher writes to the driver's stdin.
