@@ -12,13 +12,11 @@ use super::launch::{exit_for, follow, gangway_home, runtime, submit};
 use super::progress::Progress;
 use super::{print_json, table, Output};
 use crate::core::gang::{JobSpec, GRACE};
-use crate::core::provision::{self, node_rows, TeardownError};
-use crate::core::ranks::assign_ranks;
+use crate::core::provision;
 use crate::core::registry::Providers;
 use crate::core::state::{ClusterRow, ClusterStatus, JobRow, OwnerLock, Store};
 use crate::services::{self, launch::secrets_of};
 use crate::{Error, ExitCode};
-use gangway_provider::ClusterName;
 
 /// `gangway status`.
 #[derive(Debug, Args)]
@@ -205,7 +203,7 @@ pub(crate) fn status(a: &StatusArgs, out: Output) -> Result<ExitCode, Error> {
         if !a.clusters.is_empty() {
             clusters.retain(|c| a.clusters.contains(&c.name));
         }
-        refresh(&store, &clusters)?;
+        services::cluster::refresh(&store, &clusters)?;
     }
     let code = if still_failing > 0 {
         ExitCode::Leftover
@@ -387,64 +385,24 @@ pub(crate) fn status(a: &StatusArgs, out: Output) -> Result<ExitCode, Error> {
     Ok(code)
 }
 
-/// Retries the teardowns that failed before (and that no process works on
-/// now): the user asked the providers, so no backoff applies. Returns how
-/// many still failed.
+/// Retries the teardowns that failed before, saying how each went.
+/// Returns how many still failed.
 fn finish_teardowns(store: &Store, clusters: &[ClusterRow], out: Output) -> Result<usize, Error> {
-    let due: Vec<&ClusterRow> = clusters
-        .iter()
-        .filter(|c| c.status == ClusterStatus::Terminating && c.teardown_failures > 0)
-        .collect();
-    if due.is_empty() {
-        return Ok(0);
-    }
-    let providers = Providers::new(store.home());
-    let rt = runtime()?;
     let mut failing = 0;
-    for c in due {
-        let Ok(_lock) = store.lock_cluster(&c.name, "tearing down") else {
-            continue; // someone works on it now
-        };
-        match rt.block_on(crate::core::lifecycle::teardown(store, &c.name, &providers)) {
+    for (name, r) in services::cluster::finish_teardowns(store, clusters)? {
+        match r {
             Ok(()) => {
                 if out == Output::Table {
-                    println!("Finished tearing down '{}' (it had failed before).", c.name);
+                    println!("Finished tearing down '{name}' (it had failed before).");
                 }
             }
-            Err(TeardownError::State(e)) => return Err(e.into()),
             Err(e) => {
                 failing += 1;
-                eprintln!("gangway: {}: the teardown failed again: {e}", c.name);
+                eprintln!("gangway: {name}: the teardown failed again: {e}");
             }
         }
     }
     Ok(failing)
-}
-
-/// Records what the providers say about each cluster's nodes now.
-fn refresh(store: &Store, clusters: &[ClusterRow]) -> Result<(), Error> {
-    let providers = Providers::new(store.home());
-    let rt = runtime()?;
-    for c in clusters {
-        if c.status == ClusterStatus::Terminating {
-            continue;
-        }
-        let Some(p) = c.cloud.as_deref().and_then(|cl| providers.get(cl)) else {
-            continue;
-        };
-        let seen = rt.block_on(p.describe(&ClusterName(c.name.clone())))?;
-        let states: Vec<(String, String)> = seen
-            .iter()
-            .map(|n| (n.id.0.clone(), provision::state_name(&n.state).to_string()))
-            .collect();
-        store.update_node_states(&c.name, &states)?;
-        for n in &seen {
-            if let gangway_provider::NodeState::Preempted { reason } = &n.state {
-                store.event(&c.name, None, "preempted", &format!("{}: {reason}", n.id))?;
-            }
-        }
-    }
-    Ok(())
 }
 
 fn job_rows(jobs: &[JobRow]) -> Vec<Vec<String>> {
@@ -763,28 +721,10 @@ pub(crate) fn down(a: &DownArgs, out: Output) -> Result<ExitCode, Error> {
         return Ok(ExitCode::Interrupted);
     }
     let providers = Providers::new(&home);
-    let rt = runtime()?;
     let mut done = Vec::new();
     let mut first_err: Option<Error> = None;
     for n in &names {
-        let result = store
-            .lock_cluster(n, "launching or tearing down")
-            .map_err(Error::from)
-            .and_then(|_lock| {
-                rt.block_on(crate::core::lifecycle::teardown(&store, n, &providers))
-                    .map_err(|e| match e {
-                        TeardownError::State(e) => Error::State(e),
-                        // The nodes are gone; a bucket made for it is not.
-                        e @ TeardownError::Bucket(_) => Error::usage(
-                            format!("the nodes are terminated, but {e}"),
-                            Some(&format!(
-                                "the cluster stays listed (TERMINATING) until the bucket is deleted: \
-                                 fix the credentials and run `gangway down {n}` again"
-                            )),
-                        ),
-                        e => Error::leftover(&store, n, e),
-                    })
-            });
+        let result = services::cluster::down(&store, &providers, n);
         match result {
             Ok(()) => {
                 if out == Output::Table {
@@ -818,54 +758,14 @@ fn down_orphans(
     out: Output,
     adopt: Option<&str>,
 ) -> Result<ExitCode, Error> {
-    let me = crate::core::state::owner(home)?;
-    let target = adopt.unwrap_or(&me).to_string();
-    if target.is_empty() || target.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(Error::usage(
-            format!("--owner '{target}' is not an owner tag"),
-            Some("give an installation's owner id (gw-...) or the user name `gangway down --orphans` listed"),
-        ));
-    }
-    let adopting = target != me;
-    let providers = Providers::with_owner(home, &target);
+    let services::cluster::Orphans {
+        target,
+        found,
+        legacy,
+        others,
+        providers,
+    } = services::cluster::orphans(home, store, adopt)?;
     let rt = runtime()?;
-    let known: Vec<String> = store.clusters()?.into_iter().map(|c| c.name).collect();
-    let mut found: Vec<(String, ClusterName)> = Vec::new();
-    // Earlier versions' clusters by owner tag: (cluster, cloud, user).
-    type Listed = Vec<(String, String, Option<String>)>;
-    let mut legacy: std::collections::BTreeMap<String, Listed> = Default::default();
-    let mut others = 0usize;
-    for (cloud, p) in providers.all() {
-        let listed = match rt.block_on(p.clusters()) {
-            Ok(l) => l,
-            // A cloud you have no credentials for holds nothing of yours
-            // that this machine could tear down: say so and go on.
-            Err(e) if e.kind == gangway_provider::ErrorKind::Auth => {
-                eprintln!("{cloud}: skipped: {e}");
-                continue;
-            }
-            Err(e) => return Err(e.into()),
-        };
-        for c in listed {
-            if c.owner == target {
-                // Another owner's clusters are not the ones this state knows.
-                if (adopting || !known.contains(&c.name.0))
-                    && !found.iter().any(|(cl, n)| cl == cloud && *n == c.name)
-                {
-                    found.push((cloud.to_string(), c.name));
-                }
-            } else if !gangway_provider::is_owner_id(&c.owner) {
-                if !known.contains(&c.name.0) {
-                    legacy
-                        .entry(c.owner)
-                        .or_default()
-                        .push((c.name.0, cloud.to_string(), c.user));
-                }
-            } else {
-                others += 1;
-            }
-        }
-    }
     let names: Vec<String> = found.iter().map(|(cl, c)| format!("{c} ({cl})")).collect();
     if out == Output::Table {
         for (owner, clusters) in &legacy {
@@ -923,18 +823,9 @@ fn down_orphans(
 pub(crate) fn stop(a: &NamesArgs, out: Output) -> Result<ExitCode, Error> {
     let (home, store) = open()?;
     let providers = Providers::new(&home);
-    let rt = runtime()?;
     for n in &a.clusters {
         let row = cluster_row(&store, n)?;
-        let _lock = store.lock_cluster(n, "launching or tearing down")?;
-        let cloud = row.cloud.clone().unwrap_or_default();
-        let p = providers
-            .get(&cloud)
-            .ok_or_else(|| TeardownError::NoProvider(cloud.clone()))?;
-        rt.block_on(crate::core::lifecycle::stop_drivers(&store, n))?;
-        rt.block_on(p.stop(&ClusterName(n.clone())))?;
-        store.set_status(n, ClusterStatus::Stopped, None)?;
-        store.event(n, None, "stop", "stopped")?;
+        services::cluster::stop(&store, &providers, &row)?;
         if out == Output::Table {
             println!("Stopped cluster '{n}'.");
         }
@@ -949,7 +840,6 @@ pub(crate) fn stop(a: &NamesArgs, out: Output) -> Result<ExitCode, Error> {
 pub(crate) fn start(a: &NamesArgs, out: Output) -> Result<ExitCode, Error> {
     let (home, store) = open()?;
     let providers = Providers::new(&home);
-    let rt = runtime()?;
     for n in &a.clusters {
         let row = cluster_row(&store, n)?;
         if row.status == ClusterStatus::Up {
@@ -958,22 +848,9 @@ pub(crate) fn start(a: &NamesArgs, out: Output) -> Result<ExitCode, Error> {
             }
             continue;
         }
-        let _lock = store.lock_cluster(n, "launching or tearing down")?;
-        let cloud = row.cloud.clone().unwrap_or_default();
-        let p = providers
-            .get(&cloud)
-            .ok_or_else(|| TeardownError::NoProvider(cloud.clone()))?;
-        let config: Option<serde_json::Value> = row
-            .provider_config
-            .as_deref()
-            .and_then(|c| serde_json::from_str::<serde_json::Value>(c).ok())
-            .and_then(|v| v.get(&cloud).cloned());
-        let nodes = rt.block_on(p.start(&ClusterName(n.clone()), config.as_ref()))?;
-        let ranked = assign_ranks(nodes);
-        store.set_nodes(n, ClusterStatus::Up, &node_rows(&ranked))?;
-        store.event(n, None, "start", "started")?;
+        let count = services::cluster::start(&store, &providers, &row)?;
         if out == Output::Table {
-            println!("Started cluster '{n}' ({} node(s)).", ranked.len());
+            println!("Started cluster '{n}' ({count} node(s)).");
         }
     }
     if out == Output::Json {
@@ -994,36 +871,7 @@ pub(crate) fn autostop(a: &AutostopArgs, out: Output) -> Result<ExitCode, Error>
         return Ok(ExitCode::Ok);
     }
     let idle = a.idle_minutes.unwrap_or(0);
-    if !a.down {
-        // Refused now rather than failing later, when nobody watches.
-        let providers = Providers::new(&home);
-        let why = row
-            .cloud
-            .as_deref()
-            .and_then(|c| providers.get(c))
-            .and_then(|p| p.cannot_stop(row.use_spot));
-        if let Some(why) = why {
-            return Err(Error::usage(
-                format!("'{}' cannot be autostopped: {why}", a.cluster),
-                Some(&format!(
-                    "`gangway autostop {} -i {idle} --down` tears it down when idle instead",
-                    a.cluster
-                )),
-            ));
-        }
-    }
-    store.set_autostop(&a.cluster, Some(idle), a.down)?;
-    // One watcher per cluster; a second start finds the lock held and exits.
-    let exe = std::env::current_exe()?;
-    let mut cmd = std::process::Command::new(exe);
-    cmd.arg("__autostop")
-        .arg(&a.cluster)
-        .env("GANGWAY_HOME", &home)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-    cmd.spawn()?;
+    services::cluster::autostop(&home, &store, &row, idle, a.down)?;
     if out == Output::Json {
         print_json(&json!({ "cluster": a.cluster, "idle_minutes": idle, "down": a.down }))?;
     } else {
@@ -1036,98 +884,8 @@ pub(crate) fn autostop(a: &AutostopArgs, out: Output) -> Result<ExitCode, Error>
     Ok(ExitCode::Ok)
 }
 
-/// `gangway __autostop CLUSTER`: waits until the cluster has been idle long
-/// enough, then stops or tears it down.
+/// `gangway __autostop CLUSTER`.
 pub(crate) fn autostop_watch(cluster: &str) -> Result<ExitCode, Error> {
-    let (home, store) = open()?;
-    let lock_path = home.join("locks").join(format!("autostop-{cluster}.lock"));
-    let Some(_lock) = OwnerLock::try_acquire(&lock_path)? else {
-        return Ok(ExitCode::Ok);
-    };
-    let mut idle_since = crate::core::state::now_ms();
-    loop {
-        let Some(row) = store.cluster(cluster)? else {
-            return Ok(ExitCode::Ok);
-        };
-        let Some(idle_min) = row.autostop_idle_min else {
-            return Ok(ExitCode::Ok);
-        };
-        // A teardown this watcher started and that failed is retried
-        // here when due (the row says when), until the cluster is gone.
-        if row.status == ClusterStatus::Terminating && row.autostop_down {
-            let due = row
-                .retry_at
-                .is_none_or(|t| t <= crate::core::state::now_ms());
-            if due {
-                if let Ok(_l) = store.lock_cluster(cluster, "autostopping") {
-                    let providers = Providers::new(&home);
-                    let _ = runtime()?.block_on(crate::core::lifecycle::teardown(
-                        &store, cluster, &providers,
-                    ));
-                }
-            }
-            std::thread::sleep(Duration::from_secs(1));
-            continue;
-        }
-        if row.status != ClusterStatus::Up {
-            return Ok(ExitCode::Ok);
-        }
-        crate::core::gang::reap(&store)?;
-        let jobs = store.jobs(cluster)?;
-        let busy = jobs.iter().any(|j| !j.status.is_terminal());
-        if busy {
-            idle_since = crate::core::state::now_ms();
-        } else if let Some(end) = jobs.iter().filter_map(|j| j.ended_at).max() {
-            idle_since = idle_since.max(end);
-        }
-        // A cluster with a live job is never idle, whatever the minutes say.
-        if !busy && crate::core::state::now_ms() - idle_since >= i64::from(idle_min) * 60_000 {
-            let providers = Providers::new(&home);
-            let rt = runtime()?;
-            let Ok(_l) = store.lock_cluster(cluster, "autostopping") else {
-                std::thread::sleep(Duration::from_secs(1));
-                continue;
-            };
-            if row.autostop_down {
-                store.event(cluster, None, "autostop", "idle: tearing down")?;
-                // A failure is kept on the row (TERMINATING, the reason,
-                // the next retry) and retried above.
-                if rt
-                    .block_on(crate::core::lifecycle::teardown(
-                        &store, cluster, &providers,
-                    ))
-                    .is_ok()
-                {
-                    return Ok(ExitCode::Ok);
-                }
-                continue;
-            }
-            let cloud = row.cloud.clone().unwrap_or_default();
-            let stopped = match providers.get(&cloud) {
-                Some(p) => rt
-                    .block_on(p.stop(&ClusterName(cluster.to_string())))
-                    .map_err(|e| e.to_string()),
-                None => Err(format!("the {cloud} provider is not in this build")),
-            };
-            match stopped {
-                Ok(()) => {
-                    store.set_status(cluster, ClusterStatus::Stopped, None)?;
-                    store.event(cluster, None, "autostop", "idle: stopped")?;
-                    return Ok(ExitCode::Ok);
-                }
-                Err(e) => {
-                    // Shown by `status` until a stop succeeds; tried again
-                    // after a minute (the nodes keep running meanwhile).
-                    let why = format!("autostop could not stop it (retrying each minute): {e}");
-                    store.set_last_error(cluster, Some(&why))?;
-                    store.event(cluster, None, "autostop", &why)?;
-                    drop(_l);
-                    std::thread::sleep(Duration::from_secs(60));
-                    continue;
-                }
-            }
-        }
-        let pause = if idle_min == 0 { 500 } else { 5_000 };
-        std::thread::sleep(Duration::from_millis(pause));
-    }
+    services::cluster::autostop_watch(&gangway_home()?, cluster)?;
+    Ok(ExitCode::Ok)
 }

@@ -2,6 +2,8 @@
 //! and called by the CLI (and by each other where one service is made of
 //! another, never in a circle).
 
+pub mod catalog;
+pub mod cluster;
 pub mod exec;
 pub mod host;
 pub mod jobs;

@@ -12,6 +12,8 @@
 pub(crate) mod controller;
 pub(crate) mod policy;
 pub(crate) mod sim;
+pub(crate) mod submit;
+pub(crate) mod supervisor;
 
 use std::path::PathBuf;
 

@@ -1,0 +1,257 @@
+//! Submitting a managed job: the task read, checked and staged once
+//! (buckets made, local files uploaded to jobs.bucket, secrets taken out of
+//! the kept copy), then registered with an id for a controller.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use super::{signal_number, ManagedTask};
+use crate::core::spec::{Overrides, Task};
+use crate::core::state::Store;
+use crate::services::launch::{job_spec, secrets_of};
+use crate::Error;
+
+/// What `jobs launch` asks for.
+pub(crate) struct Launch<'a> {
+    /// The task, overrides applied.
+    pub task: &'a Task,
+    /// Its file.
+    pub task_file: &'a Path,
+    /// The overrides, kept for recoveries.
+    pub overrides: Overrides,
+    /// `--name`.
+    pub name: Option<String>,
+    /// `--catalog`, for the controller's plans.
+    pub catalog: Option<&'a Path>,
+}
+
+/// `checkpoint.storage`: a local directory (default: the job's own), or a
+/// bucket, checked now (it exists, these credentials may list it), before
+/// anything is provisioned.
+fn checkpoint_storage(
+    task: &crate::core::spec::Task,
+    file: &Path,
+    default: PathBuf,
+    own: &crate::core::storage::OwnIdentity,
+) -> Result<(PathBuf, Option<String>), Error> {
+    let Some(ck) = task.checkpoint.as_ref() else {
+        return Ok((default, None));
+    };
+    match ck.storage.clone() {
+        None => Ok((default, None)),
+        Some(s) if s.contains("://") => {
+            let url = crate::core::storage::check_checkpoint_bucket(&s, file, ck.storage_at, own)?;
+            Ok((default, Some(url)))
+        }
+        Some(s) => {
+            let p = PathBuf::from(&s);
+            Ok((std::path::absolute(&p).unwrap_or(p), None))
+        }
+    }
+}
+
+/// A managed job ready for a controller: everything but its id, as the
+/// laptop sends it to a hosted controller (over the SSH connection's
+/// stdin: secrets included, never on a command line).
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(crate) struct Submission {
+    /// `--name`, or the task's.
+    pub(crate) name: Option<String>,
+    /// The task file with literal secret values taken out.
+    pub(crate) task_text: String,
+    /// The job; `task_file`, and `storage` where `own_storage`, are placed
+    /// by the side that registers it.
+    pub(crate) task: ManagedTask,
+    /// Whether the checkpoints go to the job's own directory.
+    pub(crate) own_storage: bool,
+    /// The task's secrets, for its recoveries.
+    pub(crate) secrets: Vec<(String, String)>,
+    /// Buckets made for the job (URL, persistent): the job's end deletes
+    /// the others.
+    pub(crate) buckets: Vec<(String, bool)>,
+}
+
+/// Reads, checks and stages a task for `jobs launch`: buckets it makes are
+/// recorded in `store` under `pending` until the job is registered.
+pub(crate) fn prepare(
+    a: &Launch<'_>,
+    store: &Store,
+    pending: &str,
+    hosted: Option<&str>,
+) -> Result<Submission, Error> {
+    let task = a.task;
+    let task_file = a.task_file;
+    let mut spec = job_spec(task, task_file, true, false)?;
+    // Nodes with an identity of their own need no credentials from here:
+    // those are checked (and made) at each run's storage step instead.
+    let own = {
+        let home = crate::core::config::gangway_home()?;
+        let config = crate::core::config::launch_config(task, &home)?;
+        crate::core::storage::OwnIdentity::configured(
+            config.as_ref(),
+            &crate::core::registry::Providers::new(&home),
+        )
+    };
+    crate::core::storage::preflight_now(task, task_file, &spec.bucket_mounts, &own)?;
+    // With jobs.bucket, the workdir and local file mounts go to the store
+    // once, now: recoveries fetch them from there, not from this machine.
+    let local_files = spec.workdir.is_some() || !spec.file_mounts.is_empty();
+    let job_files = match crate::core::config::jobs_bucket(task, store.home())? {
+        Some(b) if local_files => {
+            let tag = format!("{}-{}", crate::core::state::now_ms(), std::process::id());
+            Some(crate::core::runtime::runtime()?.block_on(
+                crate::core::storage::stage_job_files(
+                    &b,
+                    spec.take_local_files(),
+                    &mut spec.bucket_mounts,
+                    &tag,
+                ),
+            )?)
+        }
+        None if local_files && hosted.is_some() => {
+            return Err(Error::usage(
+                format!(
+                    "{}: the job has a workdir or local file mounts, and its controller runs on {} where this machine's files are not",
+                    task_file.display(),
+                    hosted.unwrap_or_default()
+                ),
+                Some("set jobs.bucket (config.yaml or the task's config:) to a bucket: the files go there once and every recovery fetches them from it"),
+            ));
+        }
+        _ => None,
+    };
+    let secrets = secrets_of(task);
+    // The copy recoveries plan from, with literal secret values taken out
+    // (they are in secrets.json, owner-only, until the job ends).
+    let text = std::fs::read_to_string(task_file)?;
+    let redacted = crate::core::spec::redact_secrets(&text, &task_file.display().to_string())
+        .map_err(|e| Error::usage(e.to_string(), None))?;
+    // Buckets the task names and lacks are made now, once: recoveries
+    // reuse them. Held under a placeholder owner until the job has an id.
+    if let Err(e) =
+        crate::core::storage::make_buckets_now(task, task_file, &spec.bucket_mounts, store, pending)
+    {
+        crate::core::storage::remove_buckets_now(store, pending);
+        return Err(e);
+    }
+    let ck = task.checkpoint.clone().unwrap_or_default();
+    let (storage, storage_url) = checkpoint_storage(task, task_file, PathBuf::new(), &own)?;
+    let own_storage = storage.as_os_str().is_empty();
+    if own_storage && storage_url.is_none() && task.checkpoint.is_some() {
+        if let Some(host) = hosted {
+            eprintln!(
+                "gangway: the checkpoints are kept on the controller host {host}; \
+                 checkpoint.storage: s3://... or gs://... keeps them in a bucket the nodes write themselves"
+            );
+        }
+    }
+    let recovery = task.resources.job_recovery.clone();
+    let buckets = store
+        .buckets_of(pending)?
+        .into_iter()
+        .map(|b| (b.url, b.persistent))
+        .collect();
+    Ok(Submission {
+        name: a.name.clone().or_else(|| task.name.clone()),
+        task_text: redacted,
+        own_storage,
+        secrets,
+        buckets,
+        task: ManagedTask {
+            task_file: PathBuf::new(),
+            task_path: task_file.display().to_string(),
+            overrides: a.overrides.clone(),
+            // Absolute: the controller runs elsewhere in the file system.
+            catalog_dir: a
+                .catalog
+                .map(|d| std::path::absolute(d).unwrap_or_else(|_| d.to_path_buf())),
+            spec,
+            storage,
+            storage_url,
+            job_files,
+            keep: ck.keep,
+            sync_interval_s: ck.sync_interval_s as f64,
+            signal: signal_number(&ck.signal),
+            grace_s: ck.grace_s as f64,
+            strategy: recovery
+                .as_ref()
+                .and_then(|r| r.strategy.clone())
+                .unwrap_or_else(|| "EAGER_NEXT_REGION".into()),
+            max_restarts_on_errors: recovery.as_ref().map_or(0, |r| r.max_restarts_on_errors),
+            recover_on_exit_codes: recovery
+                .as_ref()
+                .map(|r| r.recover_on_exit_codes.clone())
+                .unwrap_or_default(),
+            deadline_s: task.deadline_s.map(|d| d as f64),
+            work_s: task.deadline_work_s.map(|w| w as f64),
+            policy: task.deadline_policy.clone(),
+        },
+    })
+}
+
+/// Gives a prepared job an id in `store`: its directory, the redacted task,
+/// its secrets (owner-only) and its buckets (those under `pending` in this
+/// store, or the submission's list).
+pub(crate) fn register(
+    store: &Store,
+    sub: Submission,
+    pending: Option<&str>,
+) -> Result<i64, Error> {
+    let placeholder = "{}";
+    let job = store.add_managed(sub.name.as_deref(), placeholder)?;
+    let owner = format!("job:{}", job.id);
+    match pending {
+        Some(p) => store.move_buckets(p, &owner)?,
+        None => {
+            for (url, persistent) in &sub.buckets {
+                // Made by the submitting side for this job: its own.
+                let _ = store.add_bucket(url, &owner, *persistent)?;
+            }
+        }
+    }
+    let dir = store.managed_dir(job.id);
+    std::fs::create_dir_all(&dir)?;
+    let task_file = dir.join("task.yaml");
+    std::fs::write(&task_file, &sub.task_text)?;
+    if !sub.secrets.is_empty() {
+        // Kept only so a recovery can hand them to the new nodes; owner-only,
+        // removed when the job ends.
+        let mut f = std::fs::File::options()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .mode(0o600)
+            .open(dir.join("secrets.json"))?;
+        f.write_all(
+            serde_json::to_string(&sub.secrets)
+                .map_err(std::io::Error::from)?
+                .as_bytes(),
+        )?;
+    }
+    let mut mt = sub.task;
+    mt.task_file = task_file;
+    if sub.own_storage {
+        mt.storage = dir.join("checkpoint");
+    }
+    let text = serde_json::to_string(&mt).map_err(std::io::Error::from)?;
+    store.set_managed_task(job.id, &text)?;
+    Ok(job.id)
+}
+
+/// A placeholder owner for the buckets of a job not yet registered.
+pub(crate) fn pending_owner() -> String {
+    format!(
+        "job:pending-{}-{}",
+        std::process::id(),
+        crate::core::state::now_ms()
+    )
+}
+
+/// Whether a controller has work: live jobs, or ended ones whose cluster
+/// is still there (it was killed before the teardown, or the teardown
+/// failed and is retried).
+/// The same query the controller watches.
+pub(crate) fn needs_controller(store: &Store) -> Result<bool, Error> {
+    Ok(!store.managed_watch()?.is_empty())
+}
