@@ -1,21 +1,31 @@
-//! Integration tests: the real binary, end to end.
+//! Integration tests: the real binary, end to end. The suites of a cloud
+//! are built with its feature (all three are default): `cargo test
+//! --no-default-features --test it` builds and runs the rest.
 
+#[cfg(feature = "aws")]
 mod aws;
+#[cfg(feature = "aws")]
 mod aws_e2e;
 mod bad_specs;
+#[cfg(all(feature = "aws", feature = "gcp"))]
 mod buckets;
 mod cli;
+#[cfg(all(feature = "aws", feature = "gcp"))]
 mod cloud_sweep;
 mod cluster_cmds;
 mod common;
 mod compat;
 mod docs;
+#[cfg(feature = "gcp")]
 mod gcp;
 mod hosted;
+#[cfg(all(feature = "aws", feature = "gcp"))]
 mod hosted_cloud;
 mod imds;
 mod jobs;
+#[cfg(feature = "kubernetes")]
 mod k8s;
+#[cfg(feature = "kubernetes")]
 mod k8s_harness;
 mod launch;
 mod netns;
@@ -27,4 +37,5 @@ mod ssh;
 mod sshd;
 
 // The shared test support (tests/support), under the names the modules use.
+#[allow(unused_imports)] // without the cloud features, some go unused
 use gangway_test::{ec2_emulator, gce_fake, skip};

@@ -1,6 +1,7 @@
 //! The job driver: sync, setup on all, barrier, run on all, stop the gang
 //! when a rank fails, record how it ended.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::ExitStatusExt;
@@ -223,50 +224,16 @@ pub(crate) async fn drive(
     spawn_signal_watch(cancel_tx);
 
     let mut outcome = RunOutcome::of(EndReason::Succeeded);
-    let (status, detail) = run_job(
-        &cx,
-        &job.cluster,
-        job_id,
-        &spec,
-        &secrets,
-        &logs,
-        &mut cancel,
-        &mut outcome,
-    )
-    .await?;
-    outcome.reason = match status {
-        JobStatus::Succeeded => EndReason::Succeeded,
-        JobStatus::FailedSetup => EndReason::SetupFailed,
-        JobStatus::Cancelled => EndReason::Cancelled,
-        JobStatus::Failed if outcome.failed_rank.is_some() => EndReason::RankFailed,
-        _ => EndReason::NoCluster,
+    let run = Job {
+        cx: &cx,
+        cluster: &job.cluster,
+        id: job_id,
+        spec: &spec,
+        secrets: &secrets,
+        logs: &logs,
     };
-    store.end_job(job_id, status, detail.as_deref(), &outcome)?;
-    store.event(
-        &job.cluster,
-        Some(job_id),
-        "job",
-        &format!(
-            "job {job_id} {status}{}",
-            detail
-                .as_deref()
-                .map(|d| format!(": {d}"))
-                .unwrap_or_default()
-        ),
-    )?;
-    logs.say(&format!(
-        "job {job_id} {status}{}",
-        detail
-            .as_deref()
-            .map(|d| format!(": {d}"))
-            .unwrap_or_default()
-    ));
-    // The ending also goes next to the logs, which outlive the cluster's
-    // rows (`--down` removes them).
-    let _ = std::fs::write(
-        logs.dir.join("status.json"),
-        serde_json::json!({ "status": status, "detail": detail }).to_string(),
-    );
+    let (status, detail) = run_job(&run, &mut cancel, &mut outcome).await?;
+    record_end(store, &job, status, detail.as_deref(), &mut outcome, &logs)?;
     Ok(Driven {
         status,
         cx,
@@ -275,6 +242,39 @@ pub(crate) async fn drive(
         down_after: spec.down_after,
         logs: Some(logs),
     })
+}
+
+/// Records how job `job` ended: its row and outcome, an event, the last
+/// line of its log, and `status.json` beside the logs, which outlive the
+/// cluster's rows (`--down` removes them).
+fn record_end(
+    store: &Store,
+    job: &crate::core::state::JobRow,
+    status: JobStatus,
+    detail: Option<&str>,
+    outcome: &mut RunOutcome,
+    logs: &Logs,
+) -> Result<(), DriveError> {
+    outcome.reason = match status {
+        JobStatus::Succeeded => EndReason::Succeeded,
+        JobStatus::FailedSetup => EndReason::SetupFailed,
+        JobStatus::Cancelled => EndReason::Cancelled,
+        JobStatus::Failed if outcome.failed_rank.is_some() => EndReason::RankFailed,
+        _ => EndReason::NoCluster,
+    };
+    store.end_job(job.id, status, detail, outcome)?;
+    let ending = format!(
+        "job {} {status}{}",
+        job.id,
+        detail.map(|d| format!(": {d}")).unwrap_or_default()
+    );
+    store.event(&job.cluster, Some(job.id), "job", &ending)?;
+    logs.say(&ending);
+    let _ = std::fs::write(
+        logs.dir.join("status.json"),
+        serde_json::json!({ "status": status, "detail": detail }).to_string(),
+    );
+    Ok(())
 }
 
 fn spawn_signal_watch(tx: tokio::sync::watch::Sender<Cancel>) {
@@ -302,247 +302,50 @@ fn spawn_signal_watch(tx: tokio::sync::watch::Sender<Cancel>) {
     });
 }
 
-#[allow(clippy::too_many_arguments)] // the job's whole context, passed once
+/// How a job ended: its status and why.
+type Ended = (JobStatus, Option<String>);
+
+/// One job as its driver runs it.
+struct Job<'a> {
+    cx: &'a Context,
+    cluster: &'a str,
+    id: i64,
+    spec: &'a JobSpec,
+    secrets: &'a [(String, String)],
+    logs: &'a Logs,
+}
+
+/// Runs the job once it is its turn on the cluster: reaches its nodes,
+/// places its files, runs the storage step and setup everywhere, then the
+/// run ([`phase`] each); says how it ended.
 async fn run_job(
-    cx: &Context,
-    cluster: &str,
-    job_id: i64,
-    spec: &JobSpec,
-    secrets: &[(String, String)],
-    logs: &Logs,
+    job: &Job<'_>,
     cancel: &mut tokio::sync::watch::Receiver<Cancel>,
     outcome: &mut RunOutcome,
-) -> Result<(JobStatus, Option<String>), DriveError> {
-    let store = cx.store();
-    // Jobs on one cluster run one at a time, in submission order.
-    loop {
-        crate::core::gang::reap(store)?;
-        let earlier = store
-            .jobs(cluster)?
-            .into_iter()
-            .any(|j| j.id < job_id && !j.status.is_terminal());
-        if !earlier {
-            break;
-        }
-        if *cancel.borrow() != Cancel::None {
-            return Ok((
-                JobStatus::Cancelled,
-                Some("cancelled while waiting in the queue".into()),
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+) -> Result<Ended, DriveError> {
+    let (cx, cluster, spec, logs) = (job.cx, job.cluster, job.spec, job.logs);
+    if let Some(ended) = wait_turn(job, cancel).await? {
+        return Ok(ended);
     }
-    let Some(row) = store.cluster(cluster)? else {
-        return Ok((
-            JobStatus::Failed,
-            Some(format!("cluster {cluster} no longer exists")),
-        ));
+    let (cloud, nodes, transport) = match reach(job).await? {
+        Ok(reached) => reached,
+        Err(ended) => return Ok(ended),
     };
-    let mut nodes = store.nodes(cluster)?;
-    if nodes.len() < spec.num_nodes as usize {
-        return Ok((
-            JobStatus::Failed,
-            Some(format!(
-                "the job needs {} nodes; cluster {cluster} has {}",
-                spec.num_nodes,
-                nodes.len()
-            )),
-        ));
-    }
-    nodes.truncate(spec.num_nodes.max(1) as usize);
-    let cloud = row.cloud.clone().unwrap_or_default();
-    let Some(transport) = transport_for(&cloud, store.home(), cluster) else {
-        return Ok((
-            JobStatus::Failed,
-            Some(format!("no transport for {cloud} nodes yet")),
-        ));
+    let info = match gang_info(job, &nodes, transport.as_ref()).await {
+        Ok(info) => info,
+        Err(why) => return Ok((JobStatus::FailedSetup, Some(why))),
     };
-    let transport: Arc<dyn Transport> = Arc::from(transport);
-    store.set_job_status(job_id, JobStatus::SettingUp, None)?;
-    if let Err(e) = transport.connect(&nodes).await {
-        return Ok((JobStatus::FailedSetup, Some(e.to_string())));
+    let _renewing = keep_mounts_renewed(job, &nodes, &transport);
+    if let Err(why) = place_files(job, &nodes, transport.as_ref(), &info.checkpoint_dirs) {
+        return Ok((JobStatus::FailedSetup, Some(why)));
     }
-    // Machines gangway did not create say what GPUs they have: ask them.
-    for n in nodes
-        .iter_mut()
-        .filter(|n| n.extra.get("gpus.discover").is_some_and(|v| v == "true"))
-    {
-        let out = transport
-            .probe(n, super::gpus::DISCOVER_SCRIPT)
-            .unwrap_or_default();
-        let (gpus, order) = super::gpus::discovered(&out);
-        n.extra.insert("gpus.discovered".into(), gpus.to_string());
-        if !order.is_empty() {
-            n.extra.insert(
-                "env.CUDA_VISIBLE_DEVICES".into(),
-                order
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(","),
-            );
-        }
-    }
-    let ck = spec
-        .checkpoint_dir
-        .as_deref()
-        .unwrap_or(super::DEFAULT_CHECKPOINT_DIR);
-    let checkpoint_dirs: Vec<String> = nodes.iter().map(|n| transport.node_path(n, ck)).collect();
-    // Bucket credentials are made now, from the user's own chain, for
-    // this run only: never stored, never on the driver's pipe; none for
-    // the buckets every node reaches with an identity of its own.
-    let own = crate::core::storage::OwnIdentity::of_nodes(&nodes);
-    let storage_env = match crate::core::storage::node_credentials(
-        &spec.bucket_mounts,
-        spec.restore_bucket.as_ref(),
-        &own,
-    )
-    .await
-    {
-        Ok(env) => env,
-        Err(e) => return Ok((JobStatus::FailedSetup, Some(e.to_string()))),
-    };
-    let mount_dirs: Vec<Vec<String>> = nodes
-        .iter()
-        .map(|n| {
-            spec.bucket_mounts
-                .iter()
-                .map(|m| transport.node_path(n, &m.dest))
-                .collect()
-        })
-        .collect();
-    let workdir_dirs = nodes
-        .iter()
-        .map(|n| transport.node_path(n, super::WORKDIR_ON_NODE))
-        .collect();
-    let info = GangInfo {
-        spec,
-        secrets,
-        nodes: &nodes,
-        cluster,
-        job_id,
-        checkpoint_dirs,
-        storage_env,
-        mount_dirs,
-        workdir_dirs,
-    };
-
-    // Bucket mounts outlive the storage step: while setup and the run go
-    // on, their credentials are renewed before they expire.
-    let renewed = crate::core::storage::renewed_mounts(&spec.bucket_mounts, &own);
-    let _renewing = (!renewed.is_empty()).then(|| {
-        let (transport, nodes) = (Arc::clone(&transport), nodes.clone());
-        let (mounts, cluster, logs) = (renewed, cluster.to_string(), logs.clone());
-        AbortOnDrop(tokio::spawn(async move {
-            let every = crate::core::storage::renew_every();
-            loop {
-                tokio::time::sleep(every).await;
-                let t = Arc::clone(&transport);
-                match crate::core::storage::renew_mounts(&mounts, &cluster, &nodes, t).await {
-                    Ok(n) => logs.say(&format!(
-                        "renewed the bucket mounts' credentials on {n} node(s)"
-                    )),
-                    Err(e) => logs.say(&format!(
-                        "could not renew the bucket mounts' credentials: {e}"
-                    )),
-                }
-            }
-        }))
-    });
-
-    // Files first, on every node.
-    for (rank, n) in nodes.iter().enumerate() {
-        if let Err(e) = transport.make_dir(n, &info.checkpoint_dirs[rank]) {
-            return Ok((JobStatus::FailedSetup, Some(e.to_string())));
-        }
-        if let Some(kept) = spec.restore_from.as_deref().filter(|p| p.is_dir()) {
-            // `upload` takes the node's own spelling of the path.
-            if let Err(e) = transport.upload(n, kept, ck) {
-                return Ok((
-                    JobStatus::FailedSetup,
-                    Some(format!("restoring the checkpoint: {e}")),
-                ));
-            }
-        }
-        let mut uploads: Vec<(&Path, &str)> = Vec::new();
-        if let Some(w) = &spec.workdir {
-            uploads.push((w.as_path(), super::WORKDIR_ON_NODE));
-        }
-        for (dest, src) in &spec.file_mounts {
-            uploads.push((src.as_path(), dest.as_str()));
-        }
-        for (src, dest) in uploads {
-            if let Err(e) = transport.upload(n, src, dest) {
-                return Ok((JobStatus::FailedSetup, Some(e.to_string())));
-            }
-        }
-    }
-    // Before the run, on every node: the storage step (bucket mounts, a
-    // checkpoint to restore), then setup; either failing stops the job.
-    let storage = (!spec.bucket_mounts.is_empty()
-        || spec.restore_bucket.is_some()
-        || spec.git_workdir.is_some())
-    .then(|| {
-        let mut what: Vec<String> = spec
-            .git_workdir
-            .iter()
-            .map(|g| format!("git {} -> {}", g.url, super::WORKDIR_ON_NODE))
-            .collect();
-        what.extend(
-            spec.bucket_mounts
-                .iter()
-                .map(|m| format!("{} -> {}", m.url, m.dest)),
-        );
-        if let Some(r) = &spec.restore_bucket {
-            what.push(format!("checkpoint {} of {}", r.generation, r.url));
-        }
-        (
-            crate::core::storage::node_script(&spec.bucket_mounts),
-            format!("storage on {} node(s): {}", nodes.len(), what.join(", ")),
-        )
-    });
-    let setup = spec
-        .setup
-        .as_deref()
-        .filter(|s| !s.trim().is_empty())
-        .map(|s| (s.to_string(), format!("setup on {} node(s)", nodes.len())));
-    for (which, step, name, stops) in [
-        (Phase::Storage, storage, "storage", "setup does not start"),
-        (Phase::Setup, setup, "setup", "the run does not start"),
-    ] {
-        let Some((script, starting)) = step else {
-            continue;
-        };
-        logs.say(&starting);
-        let (end, ranks) = phase(
-            which,
-            &script,
-            &info,
-            transport.as_ref(),
-            store,
-            logs,
-            cancel,
-        )
-        .await?;
-        outcome.ranks = ranks;
-        match end {
-            PhaseEnd::Ok => {}
-            PhaseEnd::Failed { rank, what } => {
-                outcome.failed_rank = Some(rank as u32);
-                logs.say(&format!("{name} failed on rank {rank}; {stops}"));
-                return Ok((JobStatus::FailedSetup, Some(format!("{name} on {what}"))));
-            }
-            PhaseEnd::Cancelled => {
-                return Ok((
-                    JobStatus::Cancelled,
-                    Some(format!("cancelled during {name}")),
-                ))
-            }
-        }
+    if let Some(ended) = before_run(job, &info, transport.as_ref(), cancel, outcome).await? {
+        return Ok(ended);
     }
     let Some(run) = spec.run.as_deref().filter(|s| !s.trim().is_empty()) else {
         return Ok((JobStatus::Succeeded, Some("no run commands".into())));
     };
+    let store = cx.store();
     let (end, ranks) = phase(
         Phase::Run,
         run,
@@ -569,6 +372,281 @@ async fn run_job(
         }
         PhaseEnd::Cancelled => Ok((JobStatus::Cancelled, Some("cancelled by the user".into()))),
     }
+}
+
+/// Jobs on one cluster run one at a time, in submission order: waits for
+/// the earlier ones (an ending when cancelled meanwhile).
+async fn wait_turn(
+    job: &Job<'_>,
+    cancel: &tokio::sync::watch::Receiver<Cancel>,
+) -> Result<Option<Ended>, DriveError> {
+    let store = job.cx.store();
+    loop {
+        crate::core::gang::reap(store)?;
+        let earlier = store
+            .jobs(job.cluster)?
+            .into_iter()
+            .any(|j| j.id < job.id && !j.status.is_terminal());
+        if !earlier {
+            return Ok(None);
+        }
+        if *cancel.borrow() != Cancel::None {
+            return Ok(Some((
+                JobStatus::Cancelled,
+                Some("cancelled while waiting in the queue".into()),
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The job's nodes (as many as it asks for, in rank order), connected,
+/// with the GPUs of machines gangway did not create discovered; and their
+/// cloud.
+async fn reach(
+    job: &Job<'_>,
+) -> Result<Result<(String, Vec<NodeRow>, Arc<dyn Transport>), Ended>, DriveError> {
+    let (store, cluster, spec) = (job.cx.store(), job.cluster, job.spec);
+    let Some(row) = store.cluster(cluster)? else {
+        let why = format!("cluster {cluster} no longer exists");
+        return Ok(Err((JobStatus::Failed, Some(why))));
+    };
+    let mut nodes = store.nodes(cluster)?;
+    if nodes.len() < spec.num_nodes as usize {
+        let why = format!(
+            "the job needs {} nodes; cluster {cluster} has {}",
+            spec.num_nodes,
+            nodes.len()
+        );
+        return Ok(Err((JobStatus::Failed, Some(why))));
+    }
+    nodes.truncate(spec.num_nodes.max(1) as usize);
+    let cloud = row.cloud.clone().unwrap_or_default();
+    let Some(transport) = transport_for(&cloud, store.home(), cluster) else {
+        let why = format!("no transport for {cloud} nodes yet");
+        return Ok(Err((JobStatus::Failed, Some(why))));
+    };
+    let transport: Arc<dyn Transport> = Arc::from(transport);
+    store.set_job_status(job.id, JobStatus::SettingUp, None)?;
+    if let Err(e) = transport.connect(&nodes).await {
+        return Ok(Err((JobStatus::FailedSetup, Some(e.to_string()))));
+    }
+    discover_gpus(transport.as_ref(), &mut nodes);
+    Ok(Ok((cloud, nodes, transport)))
+}
+
+/// Machines gangway did not create say what GPUs they have: asks them,
+/// and orders `CUDA_VISIBLE_DEVICES` by what they answer.
+fn discover_gpus(transport: &dyn Transport, nodes: &mut [NodeRow]) {
+    for n in nodes
+        .iter_mut()
+        .filter(|n| n.extra.get("gpus.discover").is_some_and(|v| v == "true"))
+    {
+        let out = transport
+            .probe(n, super::gpus::DISCOVER_SCRIPT)
+            .unwrap_or_default();
+        let (gpus, order) = super::gpus::discovered(&out);
+        n.extra.insert("gpus.discovered".into(), gpus.to_string());
+        if !order.is_empty() {
+            let order: Vec<String> = order.iter().map(u32::to_string).collect();
+            n.extra
+                .insert("env.CUDA_VISIBLE_DEVICES".into(), order.join(","));
+        }
+    }
+}
+
+/// What every phase of the job needs: its paths as each node sees them
+/// and the storage step's bucket credentials. Those are made now, from
+/// the user's own chain, for this run only: never stored, never on the
+/// driver's pipe; none for the buckets every node reaches with an
+/// identity of its own.
+async fn gang_info<'a>(
+    job: &Job<'a>,
+    nodes: &'a [NodeRow],
+    transport: &dyn Transport,
+) -> Result<GangInfo<'a>, String> {
+    let spec = job.spec;
+    let ck = checkpoint_dir(spec);
+    let own = crate::core::storage::OwnIdentity::of_nodes(nodes);
+    let storage_env = crate::core::storage::node_credentials(
+        &spec.bucket_mounts,
+        spec.restore_bucket.as_ref(),
+        &own,
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let on_each = |path: &str| -> Vec<String> {
+        nodes.iter().map(|n| transport.node_path(n, path)).collect()
+    };
+    let mount_dirs: Vec<Vec<String>> = nodes
+        .iter()
+        .map(|n| {
+            spec.bucket_mounts
+                .iter()
+                .map(|m| transport.node_path(n, &m.dest))
+                .collect()
+        })
+        .collect();
+    Ok(GangInfo {
+        spec,
+        secrets: job.secrets,
+        nodes,
+        cluster: job.cluster,
+        job_id: job.id,
+        checkpoint_dirs: on_each(ck),
+        storage_env,
+        mount_dirs,
+        workdir_dirs: on_each(super::WORKDIR_ON_NODE),
+    })
+}
+
+/// The checkpoint directory the job's nodes use.
+fn checkpoint_dir(spec: &JobSpec) -> &str {
+    spec.checkpoint_dir
+        .as_deref()
+        .unwrap_or(super::DEFAULT_CHECKPOINT_DIR)
+}
+
+/// Bucket mounts outlive the storage step: while setup and the run go on,
+/// their credentials are renewed before they expire (until the returned
+/// guard is dropped).
+fn keep_mounts_renewed(
+    job: &Job<'_>,
+    nodes: &[NodeRow],
+    transport: &Arc<dyn Transport>,
+) -> Option<AbortOnDrop> {
+    let own = crate::core::storage::OwnIdentity::of_nodes(nodes);
+    let renewed = crate::core::storage::renewed_mounts(&job.spec.bucket_mounts, &own);
+    if renewed.is_empty() {
+        return None;
+    }
+    let (transport, nodes) = (Arc::clone(transport), nodes.to_vec());
+    let (cluster, logs) = (job.cluster.to_string(), job.logs.clone());
+    Some(AbortOnDrop(tokio::spawn(async move {
+        let every = crate::core::storage::renew_every();
+        loop {
+            tokio::time::sleep(every).await;
+            let t = Arc::clone(&transport);
+            match crate::core::storage::renew_mounts(&renewed, &cluster, &nodes, t).await {
+                Ok(n) => logs.say(&format!(
+                    "renewed the bucket mounts' credentials on {n} node(s)"
+                )),
+                Err(e) => logs.say(&format!(
+                    "could not renew the bucket mounts' credentials: {e}"
+                )),
+            }
+        }
+    })))
+}
+
+/// Files first, on every node: the checkpoint directory (with a kept
+/// checkpoint restored into it), the workdir and the file mounts.
+fn place_files(
+    job: &Job<'_>,
+    nodes: &[NodeRow],
+    transport: &dyn Transport,
+    checkpoint_dirs: &[String],
+) -> Result<(), String> {
+    let spec = job.spec;
+    for (rank, n) in nodes.iter().enumerate() {
+        transport
+            .make_dir(n, &checkpoint_dirs[rank])
+            .map_err(|e| e.to_string())?;
+        if let Some(kept) = spec.restore_from.as_deref().filter(|p| p.is_dir()) {
+            // `upload` takes the node's own spelling of the path.
+            transport
+                .upload(n, kept, checkpoint_dir(spec))
+                .map_err(|e| format!("restoring the checkpoint: {e}"))?;
+        }
+        let mut uploads: Vec<(&Path, &str)> = Vec::new();
+        if let Some(w) = &spec.workdir {
+            uploads.push((w.as_path(), super::WORKDIR_ON_NODE));
+        }
+        for (dest, src) in &spec.file_mounts {
+            uploads.push((src.as_path(), dest.as_str()));
+        }
+        for (src, dest) in uploads {
+            transport.upload(n, src, dest).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+/// The storage step (a git workdir, bucket mounts, a checkpoint to
+/// restore), when the job has one: its script and what it says it does.
+fn storage_step(spec: &JobSpec, nodes: usize) -> Option<(String, String)> {
+    if spec.bucket_mounts.is_empty() && spec.restore_bucket.is_none() && spec.git_workdir.is_none()
+    {
+        return None;
+    }
+    let mut what: Vec<String> = spec
+        .git_workdir
+        .iter()
+        .map(|g| format!("git {} -> {}", g.url, super::WORKDIR_ON_NODE))
+        .collect();
+    what.extend(
+        spec.bucket_mounts
+            .iter()
+            .map(|m| format!("{} -> {}", m.url, m.dest)),
+    );
+    if let Some(r) = &spec.restore_bucket {
+        what.push(format!("checkpoint {} of {}", r.generation, r.url));
+    }
+    Some((
+        crate::core::storage::node_script(&spec.bucket_mounts),
+        format!("storage on {nodes} node(s): {}", what.join(", ")),
+    ))
+}
+
+/// Before the run, on every node: the storage step, then setup; either
+/// failing (or a cancel) ends the job.
+async fn before_run(
+    job: &Job<'_>,
+    info: &GangInfo<'_>,
+    transport: &dyn Transport,
+    cancel: &mut tokio::sync::watch::Receiver<Cancel>,
+    outcome: &mut RunOutcome,
+) -> Result<Option<Ended>, DriveError> {
+    let nodes = info.nodes.len();
+    let setup = job
+        .spec
+        .setup
+        .as_deref()
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| (s.to_string(), format!("setup on {nodes} node(s)")));
+    let steps = [
+        (
+            Phase::Storage,
+            storage_step(job.spec, nodes),
+            "storage",
+            "setup does not start",
+        ),
+        (Phase::Setup, setup, "setup", "the run does not start"),
+    ];
+    for (which, step, name, stops) in steps {
+        let Some((script, starting)) = step else {
+            continue;
+        };
+        job.logs.say(&starting);
+        let store = job.cx.store();
+        let (end, ranks) = phase(which, &script, info, transport, store, job.logs, cancel).await?;
+        outcome.ranks = ranks;
+        match end {
+            PhaseEnd::Ok => {}
+            PhaseEnd::Failed { rank, what } => {
+                outcome.failed_rank = Some(rank as u32);
+                job.logs
+                    .say(&format!("{name} failed on rank {rank}; {stops}"));
+                let why = format!("{name} on {what}");
+                return Ok(Some((JobStatus::FailedSetup, Some(why))));
+            }
+            PhaseEnd::Cancelled => {
+                let why = format!("cancelled during {name}");
+                return Ok(Some((JobStatus::Cancelled, Some(why))));
+            }
+        }
+    }
+    Ok(None)
 }
 
 /// Which node the provider took away, if it did.
@@ -603,6 +681,10 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// Runs one phase (storage, setup or the run) on every rank at once and
+/// waits for all of them: the first failure, a cancel or the cluster going
+/// away stops the others (SIGTERM, SIGKILL after [`GRACE`]). Returns how
+/// the phase ended and how each rank did.
 async fn phase(
     which: Phase,
     script: &str,
@@ -612,69 +694,22 @@ async fn phase(
     logs: &Logs,
     cancel: &mut tokio::sync::watch::Receiver<Cancel>,
 ) -> Result<(PhaseEnd, Vec<Option<RankEnd>>), DriveError> {
-    let nodes = info.nodes;
-    let mut ends: Vec<Option<RankEnd>> = vec![None; nodes.len()];
-    let cwd = super::WORKDIR_ON_NODE.to_string();
-    let mut set: JoinSet<(usize, std::io::Result<ExitStatus>)> = JoinSet::new();
-    let mut pgids: Vec<Option<u32>> = vec![None; nodes.len()];
-    let mut pumps = Vec::new();
-    let mut end: Option<PhaseEnd> = None;
-    for (rank, node) in nodes.iter().enumerate() {
-        let cmd = NodeCommand {
-            script: script.to_string(),
-            env: node_env(which, info, rank),
-            cwd: cwd.clone(),
-        };
-        let spawned = std::io::pipe()
-            .map_err(|e| super::TransportError {
-                node: format!("rank {rank} ({})", node.private_ip),
-                what: "cannot make an output pipe".into(),
-                source: e,
-            })
-            .and_then(|(r, w)| transport.spawn(node, &cmd, w).map(|c| (r, c)));
-        match spawned {
-            Ok((reader, child)) => {
-                if child.id() != 0 {
-                    pgids[rank] = Some(child.id());
-                    logs.record_pid(rank, child.id());
-                }
-                pumps.push((rank, logs.pump(reader, rank, &node.private_ip, which)));
-                set.spawn(async move { (rank, child.wait().await) });
-            }
-            Err(e) => {
-                end = Some(PhaseEnd::Failed {
-                    rank,
-                    what: e.to_string(),
-                });
-                break;
-            }
-        }
-    }
-    if end.is_none() && which == Phase::Run {
+    let mut g = Ranks::new(which, info.nodes, transport, logs);
+    let (mut set, pumps) = g.start(script, info);
+    if g.end.is_none() && which == Phase::Run {
         // Every rank was started; record it (the run's clock starts here).
         store.set_job_status(info.job_id, JobStatus::Running, None)?;
-        logs.say(&format!("all {} rank(s) running", nodes.len()));
+        logs.say(&format!("all {} rank(s) running", g.nodes.len()));
     }
-    let signal_all = |pgids: &[Option<u32>], sig: i32| {
-        for (rank, p) in pgids.iter().enumerate() {
-            if let Some(p) = p {
-                transport.signal(&nodes[rank], *p, sig);
-            }
-        }
-    };
-    let mut kill_at: Option<tokio::time::Instant> = None;
+    if g.end.is_some() {
+        g.stop_all();
+    }
     // A teardown signals the driver; should that signal be missed (a
     // driver caught starting), the cluster's row still says it is going.
     let mut going = tokio::time::interval(Duration::from_secs(2));
     going.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    if end.is_some() {
-        signal_all(&pgids, libc::SIGTERM);
-        kill_at = Some(tokio::time::Instant::now() + GRACE);
-    }
-    let mut tails: std::collections::HashMap<usize, Vec<String>> = Default::default();
-    let mut failed: Option<(usize, String)> = None;
-    let mut setup_done = 0usize;
     loop {
+        let kill_at = g.kill_at;
         let sleep = async {
             match kill_at {
                 Some(t) => tokio::time::sleep_until(t).await,
@@ -685,77 +720,219 @@ async fn phase(
             done = set.join_next() => {
                 let Some(done) = done else { break };
                 let Ok((rank, status)) = done else { continue };
-                ends[rank] = Some(status.as_ref().map_or(RankEnd::Unknown, rank_end));
-                if let Some(p) = pgids[rank].take() {
-                    transport.reaped(&nodes[rank], p);
-                }
-                if which == Phase::Setup && matches!(&status, Ok(s) if s.success()) {
-                    setup_done += 1;
-                    logs.say(&format!(
-                        "setup done on rank {rank} ({}) [{setup_done}/{}]",
-                        nodes[rank].private_ip,
-                        nodes.len()
-                    ));
-                }
-                let what = match status {
-                    Ok(s) if s.success() => None,
-                    Ok(s) => Some(
-                        transport
-                            .explain_exit(&s)
-                            .unwrap_or_else(|| describe_exit(&s)),
-                    ),
-                    Err(e) => Some(format!("could not be waited for: {e}")),
-                };
-                if let Some(what) = what {
-                    if failed.is_none() && end.is_none() {
-                        logs.say(&format!(
-                            "rank {rank} ({}) {what}; stopping the other ranks",
-                            nodes[rank].private_ip
-                        ));
-                        failed = Some((rank, what));
-                        signal_all(&pgids, libc::SIGTERM);
-                        kill_at = Some(tokio::time::Instant::now() + GRACE);
-                    }
-                }
+                g.rank_ended(rank, status);
             }
             _ = cancel.changed() => {
                 let level = *cancel.borrow();
-                if end.is_none() && failed.is_none() {
-                    end = Some(PhaseEnd::Cancelled);
-                }
-                if level == Cancel::Kill {
-                    logs.say("killing every rank");
-                    signal_all(&pgids, libc::SIGKILL);
-                } else {
-                    logs.say(&format!("stopping every rank (SIGTERM; SIGKILL after {}s)", GRACE.as_secs()));
-                    signal_all(&pgids, libc::SIGTERM);
-                    kill_at = Some(tokio::time::Instant::now() + GRACE);
-                }
+                g.cancelled(level);
             }
-            _ = going.tick(), if end.is_none() && failed.is_none() => {
-                let gone = match store.cluster(info.cluster) {
-                    Ok(row) => row.is_none_or(|r| r.status == ClusterStatus::Terminating),
-                    Err(_) => false,
-                };
-                if gone {
+            _ = going.tick(), if g.end.is_none() && g.failed.is_none() => {
+                if cluster_going(store, info.cluster) {
                     logs.say(&format!(
                         "cluster {} is being taken down; stopping every rank (SIGTERM; SIGKILL after {}s)",
                         info.cluster,
                         GRACE.as_secs()
                     ));
-                    end = Some(PhaseEnd::Cancelled);
-                    signal_all(&pgids, libc::SIGTERM);
-                    kill_at = Some(tokio::time::Instant::now() + GRACE);
+                    g.end = Some(PhaseEnd::Cancelled);
+                    g.stop_all();
                 }
             }
             _ = sleep => {
-                signal_all(&pgids, libc::SIGKILL);
-                kill_at = None;
+                g.signal_all(libc::SIGKILL);
+                g.kill_at = None;
             }
         }
     }
-    // Output ends when the last holder of a pipe exits; a process that
-    // escaped its group must not hold the driver forever.
+    let tails = last_lines(pumps).await;
+    Ok(g.verdict(&tails))
+}
+
+/// Whether the cluster's row says it is going (or gone).
+fn cluster_going(store: &Store, cluster: &str) -> bool {
+    match store.cluster(cluster) {
+        Ok(row) => row.is_none_or(|r| r.status == ClusterStatus::Terminating),
+        Err(_) => false,
+    }
+}
+
+/// A rank's process as the phase waits for it: (rank, how it exited).
+type RankWait = JoinSet<(usize, std::io::Result<ExitStatus>)>;
+
+/// A rank's output being copied into the logs; its last lines at the end.
+type Pump = (usize, std::thread::JoinHandle<Vec<String>>);
+
+/// The ranks of one phase while it runs.
+struct Ranks<'a> {
+    which: Phase,
+    nodes: &'a [NodeRow],
+    transport: &'a dyn Transport,
+    logs: &'a Logs,
+    /// Each rank's process group, while it runs.
+    pgids: Vec<Option<u32>>,
+    /// How each rank ended.
+    ends: Vec<Option<RankEnd>>,
+    /// How the phase ends regardless of the ranks (a rank that could not
+    /// start, a cancel, the cluster going away).
+    end: Option<PhaseEnd>,
+    /// The first rank that failed, and how.
+    failed: Option<(usize, String)>,
+    /// When the ranks still running get SIGKILL.
+    kill_at: Option<tokio::time::Instant>,
+    /// Ranks whose setup is done.
+    setup_done: usize,
+}
+
+impl<'a> Ranks<'a> {
+    fn new(
+        which: Phase,
+        nodes: &'a [NodeRow],
+        transport: &'a dyn Transport,
+        logs: &'a Logs,
+    ) -> Self {
+        Ranks {
+            which,
+            nodes,
+            transport,
+            logs,
+            pgids: vec![None; nodes.len()],
+            ends: vec![None; nodes.len()],
+            end: None,
+            failed: None,
+            kill_at: None,
+            setup_done: 0,
+        }
+    }
+
+    /// Starts `script` on every rank, each with its own environment and
+    /// its output copied into the logs; a rank that cannot start fails the
+    /// phase (and no later rank is started).
+    fn start(&mut self, script: &str, info: &GangInfo<'_>) -> (RankWait, Vec<Pump>) {
+        let mut set: RankWait = JoinSet::new();
+        let mut pumps = Vec::new();
+        for (rank, node) in self.nodes.iter().enumerate() {
+            let cmd = NodeCommand {
+                script: script.to_string(),
+                env: node_env(self.which, info, rank),
+                cwd: super::WORKDIR_ON_NODE.to_string(),
+            };
+            let spawned = std::io::pipe()
+                .map_err(|e| super::TransportError {
+                    node: format!("rank {rank} ({})", node.private_ip),
+                    what: "cannot make an output pipe".into(),
+                    source: e,
+                })
+                .and_then(|(r, w)| self.transport.spawn(node, &cmd, w).map(|c| (r, c)));
+            match spawned {
+                Ok((reader, child)) => {
+                    if child.id() != 0 {
+                        self.pgids[rank] = Some(child.id());
+                        self.logs.record_pid(rank, child.id());
+                    }
+                    let pump = self.logs.pump(reader, rank, &node.private_ip, self.which);
+                    pumps.push((rank, pump));
+                    set.spawn(async move { (rank, child.wait().await) });
+                }
+                Err(e) => {
+                    let what = e.to_string();
+                    self.end = Some(PhaseEnd::Failed { rank, what });
+                    break;
+                }
+            }
+        }
+        (set, pumps)
+    }
+
+    /// Sends `sig` to every rank still running.
+    fn signal_all(&self, sig: i32) {
+        for (rank, p) in self.pgids.iter().enumerate() {
+            if let Some(p) = p {
+                self.transport.signal(&self.nodes[rank], *p, sig);
+            }
+        }
+    }
+
+    /// SIGTERM to every rank now, SIGKILL after [`GRACE`].
+    fn stop_all(&mut self) {
+        self.signal_all(libc::SIGTERM);
+        self.kill_at = Some(tokio::time::Instant::now() + GRACE);
+    }
+
+    /// Rank `rank` exited: recorded; the first failure stops the others.
+    fn rank_ended(&mut self, rank: usize, status: std::io::Result<ExitStatus>) {
+        self.ends[rank] = Some(status.as_ref().map_or(RankEnd::Unknown, rank_end));
+        if let Some(p) = self.pgids[rank].take() {
+            self.transport.reaped(&self.nodes[rank], p);
+        }
+        let ip = &self.nodes[rank].private_ip;
+        if self.which == Phase::Setup && matches!(&status, Ok(s) if s.success()) {
+            self.setup_done += 1;
+            let (done, of) = (self.setup_done, self.nodes.len());
+            self.logs
+                .say(&format!("setup done on rank {rank} ({ip}) [{done}/{of}]"));
+        }
+        let what = match status {
+            Ok(s) if s.success() => return,
+            Ok(s) => self
+                .transport
+                .explain_exit(&s)
+                .unwrap_or_else(|| describe_exit(&s)),
+            Err(e) => format!("could not be waited for: {e}"),
+        };
+        if self.failed.is_none() && self.end.is_none() {
+            self.logs.say(&format!(
+                "rank {rank} ({ip}) {what}; stopping the other ranks"
+            ));
+            self.failed = Some((rank, what));
+            self.stop_all();
+        }
+    }
+
+    /// The driver was asked to stop: gracefully the first time, a kill
+    /// after that.
+    fn cancelled(&mut self, level: Cancel) {
+        if self.end.is_none() && self.failed.is_none() {
+            self.end = Some(PhaseEnd::Cancelled);
+        }
+        if level == Cancel::Kill {
+            self.logs.say("killing every rank");
+            self.signal_all(libc::SIGKILL);
+        } else {
+            self.logs.say(&format!(
+                "stopping every rank (SIGTERM; SIGKILL after {}s)",
+                GRACE.as_secs()
+            ));
+            self.stop_all();
+        }
+    }
+
+    /// How the phase ended: a failed setup says its rank's last lines.
+    fn verdict(self, tails: &HashMap<usize, Vec<String>>) -> (PhaseEnd, Vec<Option<RankEnd>>) {
+        if let Some(e) = self.end {
+            return (e, self.ends);
+        }
+        let end = match self.failed {
+            None => PhaseEnd::Ok,
+            Some((rank, what)) => {
+                let node = &self.nodes[rank];
+                let mut msg = format!("rank {rank} ({}) {what}", node.private_ip);
+                if self.which == Phase::Setup {
+                    if let Some(t) = tails.get(&rank).filter(|t| !t.is_empty()) {
+                        msg.push_str("; last lines:\n");
+                        msg.push_str(&t.join("\n"));
+                    }
+                }
+                PhaseEnd::Failed { rank, what: msg }
+            }
+        };
+        (end, self.ends)
+    }
+}
+
+/// Each rank's last lines, once its output ended. Output ends when the
+/// last holder of a pipe exits; a process that escaped its group must not
+/// hold the driver forever (2 s at most).
+async fn last_lines(pumps: Vec<Pump>) -> HashMap<usize, Vec<String>> {
+    let mut tails = HashMap::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(2);
     for (rank, h) in pumps {
         while !h.is_finished() && std::time::Instant::now() < deadline {
@@ -767,22 +944,5 @@ async fn phase(
             }
         }
     }
-    if let Some(e) = end {
-        return Ok((e, ends));
-    }
-    let end = match failed {
-        None => PhaseEnd::Ok,
-        Some((rank, what)) => {
-            let node = &nodes[rank];
-            let mut msg = format!("rank {rank} ({}) {what}", node.private_ip);
-            if which == Phase::Setup {
-                if let Some(t) = tails.get(&rank).filter(|t| !t.is_empty()) {
-                    msg.push_str("; last lines:\n");
-                    msg.push_str(&t.join("\n"));
-                }
-            }
-            PhaseEnd::Failed { rank, what: msg }
-        }
-    };
-    Ok((end, ends))
+    tails
 }

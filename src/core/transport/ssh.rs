@@ -167,6 +167,36 @@ const LASTING_HOSTS: &str = "_lasting-hosts";
 const SCOPE_VAR: &str = "GANGWAY_SCOPE";
 
 impl SshTransport {
+    /// A command's environment, as the script its wrapper reads from stdin
+    /// (not the command line, which other users of the node can read): the
+    /// token by which `signal` finds it, the node's own variables, then the
+    /// command's, with gangway's paths on the node made absolute there.
+    fn command_env(&self, node: &NodeRow, cmd: &NodeCommand, token: &str) -> String {
+        let mut env = format!(
+            "export {TOKEN_VAR}={token}\nexport {SCOPE_VAR}={}\n",
+            sq(&self.scope)
+        );
+        for (k, v) in &node.extra {
+            if let Some(n) = k.strip_prefix("env.") {
+                env.push_str(&format!("export {n}={}\n", sq(v)));
+            }
+        }
+        for (k, v) in &cmd.env {
+            // As on every other cloud: `~/x` would stay a literal `~` in
+            // "$VAR/f".
+            let value = match v.strip_prefix("~/") {
+                Some(_)
+                    if NODE_PATH_VARS.contains(&k.as_str()) || k.starts_with("GANGWAY_MOUNT_") =>
+                {
+                    remote_path(v)
+                }
+                _ => sq(v),
+            };
+            env.push_str(&format!("export {k}={value}\n"));
+        }
+        env
+    }
+
     /// A transport for `cluster`, with state under `home`. `first_contact`:
     /// accept host keys not seen before (while provisioning).
     pub fn new(home: &Path, cluster: &str, first_contact: bool) -> Result<SshTransport, KeyError> {
@@ -877,41 +907,8 @@ impl Transport for SshTransport {
             std::process::id(),
             crate::core::state::now_ms() ^ (node.rank as i64) << 40
         );
-        // The environment goes over stdin (not the command line, which
-        // other users of the node can read). The command runs as its own
-        // session and process group (`setsid` in a background child, which
-        // is never a group leader, so no fork), and carries a token in its
-        // environment by which `signal` finds it. No pid file: a command is
-        // one fork and two execs on the node, and nothing is left behind
-        // when the connection drops.
-        let mut env = format!(
-            "export {TOKEN_VAR}={token}\nexport {SCOPE_VAR}={}\n",
-            sq(&self.scope)
-        );
-        for (k, v) in &node.extra {
-            if let Some(n) = k.strip_prefix("env.") {
-                env.push_str(&format!("export {n}={}\n", sq(v)));
-            }
-        }
-        for (k, v) in &cmd.env {
-            // gangway's own paths on the node are absolute there, as on
-            // every other cloud: `~/x` would stay a literal `~` in "$VAR/f".
-            let value = match v.strip_prefix("~/") {
-                Some(_)
-                    if NODE_PATH_VARS.contains(&k.as_str()) || k.starts_with("GANGWAY_MOUNT_") =>
-                {
-                    remote_path(v)
-                }
-                _ => sq(v),
-            };
-            env.push_str(&format!("export {k}={value}\n"));
-        }
-        let wrapper = format!(
-            ". /dev/stdin; cd {cwd} 2>/dev/null || cd; \
-             setsid bash -c {script} </dev/null & wait $!",
-            cwd = remote_path(&cmd.cwd),
-            script = sq(&cmd.script),
-        );
+        let env = self.command_env(node, cmd, &token);
+        let wrapper = wrapper(cmd);
         let (env_r, mut env_w) = std::io::pipe().map_err(|e| err("cannot make a pipe", e))?;
         env_w
             .write_all(env.as_bytes())
@@ -949,38 +946,7 @@ impl Transport for SshTransport {
                 std::io::Error::other(e),
             )
         })?;
-        let started = rt.spawn(async move {
-            use std::os::unix::process::ExitStatusExt;
-            let code = |c: i32| std::process::ExitStatus::from_raw(c << 8);
-            let spawned = c.spawn().await;
-            // Our copies of the pipe's write end go with the command: from
-            // here only the master holds it.
-            drop(c);
-            let child = match spawned {
-                Ok(child) => child,
-                Err(e) => {
-                    tracing::debug!("{who}: cannot start the command: {e}");
-                    return Ok(code(255));
-                }
-            };
-            let pumped = tokio::task::spawn_blocking(move || {
-                let (mut from, mut to) = (pump_r, output);
-                let _ = std::io::copy(&mut from, &mut to);
-            });
-            let _ = pumped.await;
-            match child.wait().await {
-                Ok(status) => Ok(status),
-                // The crate reads exit code 127 as "not found": give it back.
-                Err(openssh::Error::Remote(e)) if e.kind() == std::io::ErrorKind::NotFound => {
-                    Ok(code(127))
-                }
-                // No exit status: the connection (or the master) went away.
-                Err(e) => {
-                    tracing::debug!("{who}: the command's session ended without a status: {e}");
-                    Ok(code(255))
-                }
-            }
-        });
+        let started = rt.spawn(run_session(c, pump_r, output, who));
         Ok(NodeProcess::new(id, async move {
             started.await.map_err(std::io::Error::other)?
         }))
@@ -1134,6 +1100,60 @@ impl Transport for SshTransport {
             path.to_string()
         } else {
             format!("~/{path}")
+        }
+    }
+}
+
+/// The command line a node runs for a command: the environment from stdin,
+/// the working directory, then the script as its own session and process
+/// group (`setsid` in a background child, which is never a group leader,
+/// so no fork). No pid file: a command is one fork and two execs on the
+/// node, and nothing is left behind when the connection drops. Plain
+/// POSIX sh: it runs in the login shell as is.
+fn wrapper(cmd: &NodeCommand) -> String {
+    format!(
+        ". /dev/stdin; cd {cwd} 2>/dev/null || cd; \
+         setsid bash -c {script} </dev/null & wait $!",
+        cwd = remote_path(&cmd.cwd),
+        script = sq(&cmd.script),
+    )
+}
+
+/// Starts a command over the master and waits for it: its output copied to
+/// `output` until the master closes the pipe, then its exit status (255
+/// when the connection went away, 127 for a command not found).
+async fn run_session(
+    mut c: openssh::OwningCommand<Arc<openssh::Session>>,
+    pump_r: std::io::PipeReader,
+    output: PipeWriter,
+    who: String,
+) -> std::io::Result<std::process::ExitStatus> {
+    use std::os::unix::process::ExitStatusExt;
+    let code = |c: i32| std::process::ExitStatus::from_raw(c << 8);
+    let spawned = c.spawn().await;
+    // Our copies of the pipe's write end go with the command: from here
+    // only the master holds it.
+    drop(c);
+    let child = match spawned {
+        Ok(child) => child,
+        Err(e) => {
+            tracing::debug!("{who}: cannot start the command: {e}");
+            return Ok(code(255));
+        }
+    };
+    let pumped = tokio::task::spawn_blocking(move || {
+        let (mut from, mut to) = (pump_r, output);
+        let _ = std::io::copy(&mut from, &mut to);
+    });
+    let _ = pumped.await;
+    match child.wait().await {
+        Ok(status) => Ok(status),
+        // The crate reads exit code 127 as "not found": give it back.
+        Err(openssh::Error::Remote(e)) if e.kind() == std::io::ErrorKind::NotFound => Ok(code(127)),
+        // No exit status: the connection (or the master) went away.
+        Err(e) => {
+            tracing::debug!("{who}: the command's session ended without a status: {e}");
+            Ok(code(255))
         }
     }
 }
