@@ -18,6 +18,7 @@ use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
+pub mod children;
 mod endpoint;
 pub mod host_keys;
 mod registry;

@@ -106,12 +106,10 @@ pub(crate) fn spawn(
 /// (so none stays a zombie) at the next start of a market, without a
 /// thread per market: a controller with hundreds of spot clusters would
 /// otherwise hold hundreds of threads.
-static STARTED: std::sync::Mutex<Vec<std::process::Child>> = std::sync::Mutex::new(Vec::new());
+static STARTED: gangway_provider::children::Children = gangway_provider::children::Children::new();
 
 fn reap_later(child: std::process::Child) {
-    let mut started = STARTED.lock().unwrap_or_else(|e| e.into_inner());
-    started.retain_mut(|c| matches!(c.try_wait(), Ok(None)));
-    started.push(child);
+    STARTED.adopt(child);
 }
 
 /// Kills the market process group `pid` if it is still the market of the

@@ -331,23 +331,16 @@ pub(crate) fn submit(
 }
 
 /// Drivers this process started and has not seen exit.
-static DRIVERS: std::sync::Mutex<Vec<std::process::Child>> = std::sync::Mutex::new(Vec::new());
+static DRIVERS: gangway_provider::children::Children = gangway_provider::children::Children::new();
 
 fn reap_later(child: std::process::Child) {
-    DRIVERS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push(child);
-    reap_drivers();
+    DRIVERS.adopt(child);
 }
 
 /// Waits for the drivers this process started that have exited (never
 /// blocks). A long-lived caller calls it now and then; [`submit`] does too.
 pub(crate) fn reap_drivers() {
-    DRIVERS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .retain_mut(|c| matches!(c.try_wait(), Ok(None)));
+    DRIVERS.reap();
 }
 
 /// Marks jobs whose driver died as `FAILED_DRIVER` and kills the ranks
