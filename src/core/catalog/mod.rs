@@ -13,7 +13,7 @@ mod skypilot;
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::BuildHasherDefault;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use gangway_provider::PriceQuote;
 use serde::Serialize;
@@ -348,82 +348,18 @@ impl Catalog {
 
     /// The rows of `dir`'s files, not yet indexed.
     fn load_rows(dir: &Path, cache: Option<&Path>) -> Result<Catalog, CatalogError> {
-        let io = |path: &Path, e: std::io::Error| CatalogError::Io {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        };
-        let mut entries: Vec<_> = std::fs::read_dir(dir)
-            .map_err(|e| io(dir, e))?
-            .filter_map(|e| e.ok())
-            .map(|e| e.path())
-            .collect();
-        entries.sort();
-        let mut c = Catalog::default();
         let mut files = Vec::new();
-        for path in entries {
-            let (cloud, file) = if path.is_dir() {
-                let f = path.join("vms.csv");
-                if !f.is_file() {
-                    continue;
-                }
-                (name_of(&path), f)
-            } else if path.extension().is_some_and(|e| e == "csv") {
-                (
-                    path.file_stem()
-                        .map(|s| s.to_string_lossy().to_string())
-                        .unwrap_or_default(),
-                    path.clone(),
-                )
-            } else {
-                continue;
-            };
-            let shown = file.display().to_string();
-            let got = match cache {
-                None => Got::Parsed(parse_file(&cloud, &file, &shown)?),
-                Some(cache) => {
-                    let key = cache::Key::of(&file).map_err(|e| io(&file, e))?;
-                    let entry = cache::entry_path(cache, &shown);
-                    match cache::read(&entry, &key) {
-                        Some(e) => Got::Cached(e, entry, key),
-                        None => {
-                            let p = parse_file(&cloud, &file, &shown)?;
-                            save(&entry, &key, &p);
-                            Got::Parsed(p)
-                        }
-                    }
-                }
-            };
-            files.push((cloud, file, shown, got));
+        for (cloud, file) in catalog_files(dir)? {
+            files.push(CatalogFile::read(cloud, file, cache)?);
         }
         // One vector for every row, sized once (with room for the rows an
         // overlay keeps from below: see [`Catalog::overlay`]); cached rows
         // are decoded straight into it.
-        let total: usize = files.iter().map(|f| f.3.rows()).sum();
+        let mut c = Catalog::default();
+        let total: usize = files.iter().map(|f| f.got.rows()).sum();
         c.offerings.reserve_exact(total + 1024);
-        for (cloud, file, shown, got) in files {
-            let before = c.offerings.len();
-            let (taken, warnings) = match got {
-                Got::Parsed(p) => {
-                    c.offerings.extend(p.rows);
-                    (p.taken, p.warnings)
-                }
-                Got::Cached(e, entry, key) => match e.decode_into(&mut c.offerings) {
-                    Some(tw) => tw,
-                    None => {
-                        let p = parse_file(&cloud, &file, &shown)?;
-                        save(&entry, &key, &p);
-                        c.offerings.extend(p.rows);
-                        (p.taken, p.warnings)
-                    }
-                },
-            };
-            c.sources.push(Source {
-                cloud,
-                origin: shown,
-                taken,
-                rows: c.offerings.len() - before,
-            });
-            c.warnings.extend(warnings);
+        for f in files {
+            c.take_file(f)?;
         }
         if c.sources.is_empty() {
             return Err(CatalogError::Layout {
@@ -432,6 +368,42 @@ impl Catalog {
             });
         }
         Ok(c)
+    }
+
+    /// Appends one file's rows (decoding a cache entry, or parsing the
+    /// file again when the entry will not decode), its source and its
+    /// warnings.
+    fn take_file(&mut self, f: CatalogFile) -> Result<(), CatalogError> {
+        let CatalogFile {
+            cloud,
+            file,
+            shown,
+            got,
+        } = f;
+        let before = self.offerings.len();
+        let (taken, warnings) = match got {
+            Got::Parsed(p) => {
+                self.offerings.extend(p.rows);
+                (p.taken, p.warnings)
+            }
+            Got::Cached(e, entry, key) => match e.decode_into(&mut self.offerings) {
+                Some(tw) => tw,
+                None => {
+                    let p = parse_file(&cloud, &file, &shown)?;
+                    save(&entry, &key, &p);
+                    self.offerings.extend(p.rows);
+                    (p.taken, p.warnings)
+                }
+            },
+        };
+        self.sources.push(Source {
+            cloud,
+            origin: shown,
+            taken,
+            rows: self.offerings.len() - before,
+        });
+        self.warnings.extend(warnings);
+        Ok(())
     }
 
     /// The catalog of what a provider's configuration file offers: on
@@ -484,93 +456,22 @@ impl Catalog {
         self.only_when_named.iter().any(|c| c == cloud)
     }
 
+    /// Rebuilds the indexes over the offerings: by accelerator, and each
+    /// row's integer [`Keys`].
     fn reindex(&mut self) {
-        // Names are shared copies (see [`Name`]): each distinct copy is
-        // looked up once by address, so 90,000 rows cost a few thousand
-        // string hashes, and ranks compare integers.
-        let n = self.offerings.len();
-        let mut clouds = Ids::default();
-        let mut regions = Ids::default();
-        let mut zones = Ids::default();
-        let mut types = Ids::default();
-        let mut accels = Ids::default();
-        let mut raw: Vec<[u32; 5]> = Vec::with_capacity(n);
-        for o in &self.offerings {
-            raw.push([
-                clouds.id(&o.cloud),
-                regions.id(&o.region),
-                zones.id(&o.zone),
-                types.id(&o.instance_type),
-                o.accelerator.as_ref().map_or(u32::MAX, |a| accels.id(a)),
-            ]);
-        }
-        // By accelerator, case-insensitively; CPU-only under "".
-        let mut lower: HashMap<String, u32> = HashMap::new();
-        let accel_group: Vec<u32> = accels
-            .texts
-            .iter()
-            .map(|t| {
-                let next = lower.len() as u32;
-                *lower.entry(t.to_ascii_lowercase()).or_insert(next)
-            })
-            .collect();
-        let cpu_group = {
-            let next = lower.len() as u32;
-            *lower.entry(String::new()).or_insert(next)
-        };
-        let mut groups: Vec<Vec<u32>> = vec![Vec::new(); lower.len()];
-        for (i, r) in raw.iter().enumerate() {
-            let g = match r[4] {
-                u32::MAX => cpu_group,
-                a => accel_group[a as usize],
-            };
-            groups[g as usize].push(i as u32);
-        }
-        self.by_accel = lower
-            .into_iter()
-            .map(|(k, g)| (k, std::mem::take(&mut groups[g as usize])))
-            .filter(|(_, v)| !v.is_empty())
-            .collect();
+        let ids = NameIds::of(&self.offerings);
+        self.by_accel = accelerator_index(&ids.accels, &ids.raw);
         // Rank in (cloud, region, zone, instance type) order: each name's
         // id becomes its place in sorted order, then rows sort by integers.
         let (c, r, z, t) = (
-            clouds.sorted_ranks(),
-            regions.sorted_ranks(),
-            zones.sorted_ranks(),
-            types.sorted_ranks(),
+            ids.clouds.sorted_ranks(),
+            ids.regions.sorted_ranks(),
+            ids.zones.sorted_ranks(),
+            ids.types.sorted_ranks(),
         );
-        let order = rank_order(&raw, [&c, &r, &z, &t]);
-        // Region ids number (cloud, region) pairs in rank order (rows of
-        // one pair are adjacent in it); type ids number types in rank order.
-        let mut regions = 0u32;
-        let mut last: Option<(u32, u32)> = None;
-        let mut type_ids: Vec<u32> = vec![u32::MAX; t.len()];
-        let mut next_type = 0;
-        let mut keys = vec![Keys::default(); n];
-        for (rank, i) in order.iter().enumerate() {
-            let x = &raw[*i as usize];
-            if last.is_some_and(|l| l != (x[0], x[1])) {
-                regions += 1;
-            }
-            last = Some((x[0], x[1]));
-            let region = regions;
-            let ty = &mut type_ids[x[3] as usize];
-            if *ty == u32::MAX {
-                *ty = next_type;
-                next_type += 1;
-            }
-            keys[*i as usize] = Keys {
-                rank: rank as u32,
-                region,
-                ty: *ty,
-            };
-        }
-        self.regions = if last.is_some() {
-            regions as usize + 1
-        } else {
-            0
-        };
+        let (keys, regions) = row_keys(&ids.raw, [&c, &r, &z, &t]);
         self.keys = keys;
+        self.regions = regions;
     }
 
     /// Takes the interruption buckets in `dir` over the shipped ones
@@ -756,6 +657,78 @@ impl Catalog {
     }
 }
 
+/// A catalog directory's files in name order, each with its cloud:
+/// `<cloud>/vms.csv` (SkyPilot's layout) or `<cloud>.csv`.
+fn catalog_files(dir: &Path) -> Result<Vec<(String, PathBuf)>, CatalogError> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| io_error(dir, e))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .collect();
+    entries.sort();
+    let mut out = Vec::new();
+    for path in entries {
+        if path.is_dir() {
+            let f = path.join("vms.csv");
+            if f.is_file() {
+                out.push((name_of(&path), f));
+            }
+        } else if path.extension().is_some_and(|e| e == "csv") {
+            let cloud = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().to_string())
+                .unwrap_or_default();
+            out.push((cloud, path));
+        }
+    }
+    Ok(out)
+}
+
+/// An unreadable catalog path.
+fn io_error(path: &Path, e: std::io::Error) -> CatalogError {
+    CatalogError::Io {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    }
+}
+
+/// One catalog file, read: its cloud, path (and as shown) and rows.
+struct CatalogFile {
+    cloud: String,
+    file: PathBuf,
+    shown: String,
+    got: Got,
+}
+
+impl CatalogFile {
+    /// Parses `file`, or with a `cache` directory finds its entry there
+    /// (parsing and saving one when there is none).
+    fn read(cloud: String, file: PathBuf, cache: Option<&Path>) -> Result<Self, CatalogError> {
+        let shown = file.display().to_string();
+        let got = match cache {
+            None => Got::Parsed(parse_file(&cloud, &file, &shown)?),
+            Some(cache) => {
+                let key = cache::Key::of(&file).map_err(|e| io_error(&file, e))?;
+                let entry = cache::entry_path(cache, &shown);
+                match cache::read(&entry, &key) {
+                    Some(e) => Got::Cached(e, entry, key),
+                    None => {
+                        let p = parse_file(&cloud, &file, &shown)?;
+                        save(&entry, &key, &p);
+                        Got::Parsed(p)
+                    }
+                }
+            }
+        };
+        Ok(CatalogFile {
+            cloud,
+            file,
+            shown,
+            got,
+        })
+    }
+}
+
 /// A catalog file's rows: parsed now, or a cache entry to decode.
 enum Got {
     Parsed(cache::Parsed),
@@ -796,6 +769,114 @@ fn parse_file(cloud: &str, file: &Path, shown: &str) -> Result<cache::Parsed, Ca
         taken,
         warnings,
     })
+}
+
+/// The offerings' names numbered, one table per field, and per row its
+/// ids: (cloud, region, zone, type, accelerator or `u32::MAX` for none).
+struct NameIds {
+    clouds: Ids,
+    regions: Ids,
+    zones: Ids,
+    types: Ids,
+    accels: Ids,
+    raw: Vec<[u32; 5]>,
+}
+
+impl NameIds {
+    /// Numbers `offerings`' names. Names are shared copies (see [`Name`]):
+    /// each distinct copy is looked up once by address, so 90,000 rows
+    /// cost a few thousand string hashes, and ranks compare integers.
+    fn of(offerings: &[Offering]) -> Self {
+        let mut ids = NameIds {
+            clouds: Ids::default(),
+            regions: Ids::default(),
+            zones: Ids::default(),
+            types: Ids::default(),
+            accels: Ids::default(),
+            raw: Vec::with_capacity(offerings.len()),
+        };
+        for o in offerings {
+            let row = [
+                ids.clouds.id(&o.cloud),
+                ids.regions.id(&o.region),
+                ids.zones.id(&o.zone),
+                ids.types.id(&o.instance_type),
+                o.accelerator
+                    .as_ref()
+                    .map_or(u32::MAX, |a| ids.accels.id(a)),
+            ];
+            ids.raw.push(row);
+        }
+        ids
+    }
+}
+
+/// Row indexes by lower-cased accelerator name (case-insensitively one
+/// group per name), CPU-only rows under "".
+fn accelerator_index(accels: &Ids, raw: &[[u32; 5]]) -> HashMap<String, Vec<u32>> {
+    let mut lower: HashMap<String, u32> = HashMap::new();
+    let accel_group: Vec<u32> = accels
+        .texts
+        .iter()
+        .map(|t| {
+            let next = lower.len() as u32;
+            *lower.entry(t.to_ascii_lowercase()).or_insert(next)
+        })
+        .collect();
+    let cpu_group = {
+        let next = lower.len() as u32;
+        *lower.entry(String::new()).or_insert(next)
+    };
+    let mut groups: Vec<Vec<u32>> = vec![Vec::new(); lower.len()];
+    for (i, r) in raw.iter().enumerate() {
+        let g = match r[4] {
+            u32::MAX => cpu_group,
+            a => accel_group[a as usize],
+        };
+        groups[g as usize].push(i as u32);
+    }
+    lower
+        .into_iter()
+        .map(|(k, g)| (k, std::mem::take(&mut groups[g as usize])))
+        .filter(|(_, v)| !v.is_empty())
+        .collect()
+}
+
+/// Each row's [`Keys`] from its ids and the names' sorted `ranks` (see
+/// [`rank_order`]), and the number of (cloud, region) pairs. Region ids
+/// number (cloud, region) pairs in rank order (rows of one pair are
+/// adjacent in it); type ids number types in rank order.
+fn row_keys(raw: &[[u32; 5]], ranks: [&[u32]; 4]) -> (Vec<Keys>, usize) {
+    let order = rank_order(raw, ranks);
+    let mut regions = 0u32;
+    let mut last: Option<(u32, u32)> = None;
+    let mut type_ids: Vec<u32> = vec![u32::MAX; ranks[3].len()];
+    let mut next_type = 0;
+    let mut keys = vec![Keys::default(); raw.len()];
+    for (rank, i) in order.iter().enumerate() {
+        let x = &raw[*i as usize];
+        if last.is_some_and(|l| l != (x[0], x[1])) {
+            regions += 1;
+        }
+        last = Some((x[0], x[1]));
+        let region = regions;
+        let ty = &mut type_ids[x[3] as usize];
+        if *ty == u32::MAX {
+            *ty = next_type;
+            next_type += 1;
+        }
+        keys[*i as usize] = Keys {
+            rank: rank as u32,
+            region,
+            ty: *ty,
+        };
+    }
+    let count = if last.is_some() {
+        regions as usize + 1
+    } else {
+        0
+    };
+    (keys, count)
 }
 
 /// Row indexes sorted by the ranks of their first four ids (cloud, region,

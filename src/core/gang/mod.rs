@@ -112,8 +112,6 @@ pub(crate) enum Phase {
     Run,
 }
 
-/// The environment of one node's setup or run: the task's values and
-/// secrets, then gangway's, torchrun's and SkyPilot's names.
 /// Everything a node's environment is made from.
 pub(crate) struct GangInfo<'a> {
     /// The job.
@@ -140,125 +138,153 @@ pub(crate) struct GangInfo<'a> {
 /// The environment of one node's setup or run: the task's values and
 /// secrets, then gangway's, torchrun's and SkyPilot's names.
 pub(crate) fn node_env(phase: Phase, g: &GangInfo<'_>, rank: usize) -> Vec<(String, String)> {
-    let GangInfo {
-        spec,
-        secrets,
-        nodes,
-        cluster,
-        job_id,
-        ..
-    } = *g;
-    let checkpoint_dir = g.checkpoint_dirs.get(rank).map_or("", String::as_str);
-    let ips: Vec<&str> = nodes.iter().map(|n| n.private_ip.as_str()).collect();
-    let ips = ips.join("\n");
-    let head = nodes
-        .first()
-        .map(|n| n.private_ip.clone())
-        .unwrap_or_default();
-    let n = nodes.len().to_string();
-    // GPUs found on the node itself (ssh pools) win over the catalog's.
-    let gpus = nodes[rank]
-        .extra
-        .get("gpus.discovered")
-        .cloned()
-        .unwrap_or_else(|| spec.gpus_per_node.to_string());
-    let task_id = match &spec.job_id {
-        Some(id) => format!("gangway-job-{id}"),
-        None => format!("gangway-{cluster}-{job_id}"),
-    };
-    let topology = nodes[rank].topology.clone();
-    let mut env: Vec<(String, String)> = spec.envs.clone();
-    env.extend(secrets.iter().cloned());
-    let set = |env: &mut Vec<(String, String)>, k: &str, v: String| {
-        env.retain(|(name, _)| name != k);
-        env.push((k.to_string(), v));
-    };
-    set(&mut env, "GANGWAY_NUM_NODES", n.clone());
-    set(&mut env, "GANGWAY_NUM_GPUS_PER_NODE", gpus.clone());
-    set(&mut env, "GANGWAY_CLUSTER", cluster.to_string());
-    let job_id = spec.job_id.clone().unwrap_or_else(|| job_id.to_string());
-    set(&mut env, "GANGWAY_JOB_ID", job_id.clone());
-    set(&mut env, "GANGWAY_NODE_TOPOLOGY", topology);
-    set(
-        &mut env,
-        "GANGWAY_CHECKPOINT_DIR",
-        checkpoint_dir.to_string(),
-    );
-    // The cluster job this process belongs to: how a process is matched to
-    // its run before anyone signals it (pids are reused).
-    set(&mut env, "GANGWAY_RUN", g.job_id.to_string());
-    set(&mut env, "SKYPILOT_NUM_NODES", n.clone());
-    set(&mut env, "SKYPILOT_NUM_GPUS_PER_NODE", gpus);
-    set(&mut env, "SKYPILOT_TASK_ID", task_id);
+    let mut vars: Vec<(String, String)> = g.spec.envs.clone();
+    vars.extend(g.secrets.iter().cloned());
+    let mut env = NodeEnv { g, rank, vars };
+    env.gang();
     match phase {
-        Phase::Storage => {
-            env.extend(g.storage_env.iter().cloned());
-            if let Some(dirs) = g.mount_dirs.get(rank) {
-                for (i, d) in dirs.iter().enumerate() {
-                    set(&mut env, &format!("GANGWAY_MOUNT_{i}"), d.clone());
-                }
-            }
-            if let (Some(git), Some(dir)) = (&spec.git_workdir, g.workdir_dirs.get(rank)) {
-                set(&mut env, "GANGWAY_WORKDIR", dir.clone());
-                set(&mut env, "GW_GIT_URL", git.url.clone());
-                set(
-                    &mut env,
-                    "GW_GIT_REF",
-                    git.git_ref.clone().unwrap_or_default(),
-                );
+        Phase::Storage => env.storage(),
+        Phase::Setup => env.setup(),
+        Phase::Run => env.run(),
+    }
+    env.vars
+}
+
+/// One node's environment being built from its gang's [`GangInfo`].
+struct NodeEnv<'g> {
+    g: &'g GangInfo<'g>,
+    rank: usize,
+    vars: Vec<(String, String)>,
+}
+
+impl NodeEnv<'_> {
+    /// Sets `k` to `v`, dropping an earlier value: the new one goes last.
+    fn set(&mut self, k: &str, v: String) {
+        self.vars.retain(|(name, _)| name != k);
+        self.vars.push((k.to_string(), v));
+    }
+
+    /// Every phase's names: the gang's size and ids, and this node's GPUs,
+    /// topology and checkpoint directory.
+    fn gang(&mut self) {
+        let (g, rank) = (self.g, self.rank);
+        let (spec, nodes, cluster) = (g.spec, g.nodes, g.cluster);
+        let checkpoint_dir = g.checkpoint_dirs.get(rank).map_or("", String::as_str);
+        let n = nodes.len().to_string();
+        // GPUs found on the node itself (ssh pools) win over the catalog's.
+        let gpus = nodes[rank]
+            .extra
+            .get("gpus.discovered")
+            .cloned()
+            .unwrap_or_else(|| spec.gpus_per_node.to_string());
+        let task_id = match &spec.job_id {
+            Some(id) => format!("gangway-job-{id}"),
+            None => format!("gangway-{cluster}-{}", g.job_id),
+        };
+        self.set("GANGWAY_NUM_NODES", n.clone());
+        self.set("GANGWAY_NUM_GPUS_PER_NODE", gpus.clone());
+        self.set("GANGWAY_CLUSTER", cluster.to_string());
+        let job_id = spec.job_id.clone().unwrap_or_else(|| g.job_id.to_string());
+        self.set("GANGWAY_JOB_ID", job_id);
+        self.set("GANGWAY_NODE_TOPOLOGY", nodes[rank].topology.clone());
+        self.set("GANGWAY_CHECKPOINT_DIR", checkpoint_dir.to_string());
+        // The cluster job this process belongs to: how a process is matched
+        // to its run before anyone signals it (pids are reused).
+        self.set("GANGWAY_RUN", g.job_id.to_string());
+        self.set("SKYPILOT_NUM_NODES", n);
+        self.set("SKYPILOT_NUM_GPUS_PER_NODE", gpus);
+        self.set("SKYPILOT_TASK_ID", task_id);
+    }
+
+    /// The storage step's: the buckets' credentials, where each bucket
+    /// mount goes and the git workdir to clone.
+    fn storage(&mut self) {
+        let (g, rank) = (self.g, self.rank);
+        self.vars.extend(g.storage_env.iter().cloned());
+        if let Some(dirs) = g.mount_dirs.get(rank) {
+            for (i, d) in dirs.iter().enumerate() {
+                self.set(&format!("GANGWAY_MOUNT_{i}"), d.clone());
             }
         }
-        Phase::Setup => {
-            set(&mut env, "GANGWAY_SETUP_NODE_RANK", rank.to_string());
-            set(&mut env, "GANGWAY_SETUP_NODE_IPS", ips.clone());
-            set(&mut env, "SKYPILOT_SETUP_NODE_RANK", rank.to_string());
-            set(&mut env, "SKYPILOT_SETUP_NODE_IPS", ips);
-        }
-        Phase::Run => {
-            // Nodes that share one address (the local provider where only
-            // 127.0.0.1 answers) each own a port range: rank 0 listens on
-            // the first port of its own, whatever the task asked for.
-            let port = match nodes.first().and_then(node_ports) {
-                Some((first, _)) => first.to_string(),
-                None => spec
-                    .envs
-                    .iter()
-                    .find(|(k, _)| k == "MASTER_PORT")
-                    .map(|(_, v)| v.clone())
-                    .unwrap_or_else(|| DEFAULT_MASTER_PORT.to_string()),
-            };
-            if let Some((first, last)) = node_ports(&nodes[rank]) {
-                set(&mut env, "GANGWAY_PORT_RANGE", format!("{first}-{last}"));
-                let firsts: Vec<String> = nodes
-                    .iter()
-                    .map(|n| node_ports(n).map_or(String::new(), |p| p.0.to_string()))
-                    .collect();
-                set(&mut env, "GANGWAY_NODE_PORTS", firsts.join("\n"));
-            }
-            for (task_port, here) in task_ports(&spec.ports, node_ports(&nodes[rank])) {
-                set(
-                    &mut env,
-                    &format!("GANGWAY_PORT_{task_port}"),
-                    here.to_string(),
-                );
-            }
-            set(&mut env, "GANGWAY_NODE_RANK", rank.to_string());
-            set(&mut env, "GANGWAY_NODE_IPS", ips.clone());
-            set(&mut env, "GANGWAY_HEAD_IP", head.clone());
-            set(
-                &mut env,
-                "GANGWAY_RESTART_COUNT",
-                spec.restart_count.to_string(),
-            );
-            set(&mut env, "MASTER_ADDR", head);
-            set(&mut env, "MASTER_PORT", port);
-            set(&mut env, "NODE_RANK", rank.to_string());
-            set(&mut env, "NNODES", n);
-            set(&mut env, "SKYPILOT_NODE_RANK", rank.to_string());
-            set(&mut env, "SKYPILOT_NODE_IPS", ips);
+        if let (Some(git), Some(dir)) = (&g.spec.git_workdir, g.workdir_dirs.get(rank)) {
+            self.set("GANGWAY_WORKDIR", dir.clone());
+            self.set("GW_GIT_URL", git.url.clone());
+            self.set("GW_GIT_REF", git.git_ref.clone().unwrap_or_default());
         }
     }
-    env
+
+    /// Setup's: this node's rank and every node's address.
+    fn setup(&mut self) {
+        let ips = node_ips(self.g.nodes);
+        self.set("GANGWAY_SETUP_NODE_RANK", self.rank.to_string());
+        self.set("GANGWAY_SETUP_NODE_IPS", ips.clone());
+        self.set("SKYPILOT_SETUP_NODE_RANK", self.rank.to_string());
+        self.set("SKYPILOT_SETUP_NODE_IPS", ips);
+    }
+
+    /// The run's: ports, this node's rank, every node's address, the head
+    /// and torchrun's `MASTER_ADDR`/`MASTER_PORT`.
+    fn run(&mut self) {
+        let (g, rank) = (self.g, self.rank);
+        let ips = node_ips(g.nodes);
+        let head = g
+            .nodes
+            .first()
+            .map(|n| n.private_ip.clone())
+            .unwrap_or_default();
+        let port = master_port(g.spec, g.nodes);
+        self.ports();
+        self.set("GANGWAY_NODE_RANK", rank.to_string());
+        self.set("GANGWAY_NODE_IPS", ips.clone());
+        self.set("GANGWAY_HEAD_IP", head.clone());
+        self.set("GANGWAY_RESTART_COUNT", g.spec.restart_count.to_string());
+        self.set("MASTER_ADDR", head);
+        self.set("MASTER_PORT", port);
+        self.set("NODE_RANK", rank.to_string());
+        self.set("NNODES", g.nodes.len().to_string());
+        self.set("SKYPILOT_NODE_RANK", rank.to_string());
+        self.set("SKYPILOT_NODE_IPS", ips);
+    }
+
+    /// On a node sharing its address: its own port range and every node's
+    /// first port; then where each of the task's ports is on this node.
+    fn ports(&mut self) {
+        let (g, rank) = (self.g, self.rank);
+        if let Some((first, last)) = node_ports(&g.nodes[rank]) {
+            self.set("GANGWAY_PORT_RANGE", format!("{first}-{last}"));
+            let firsts: Vec<String> = g
+                .nodes
+                .iter()
+                .map(|n| node_ports(n).map_or(String::new(), |p| p.0.to_string()))
+                .collect();
+            self.set("GANGWAY_NODE_PORTS", firsts.join("\n"));
+        }
+        for (task_port, here) in task_ports(&g.spec.ports, node_ports(&g.nodes[rank])) {
+            self.set(&format!("GANGWAY_PORT_{task_port}"), here.to_string());
+        }
+    }
+}
+
+/// Every node's private address, one a line, in rank order.
+fn node_ips(nodes: &[NodeRow]) -> String {
+    let ips: Vec<&str> = nodes.iter().map(|n| n.private_ip.as_str()).collect();
+    ips.join("\n")
+}
+
+/// The port rank 0 listens on. Nodes that share one address (the local
+/// provider where only 127.0.0.1 answers) each own a port range: rank 0
+/// listens on the first port of its own, whatever the task asked for;
+/// otherwise the task's `MASTER_PORT`, or the default.
+fn master_port(spec: &JobSpec, nodes: &[NodeRow]) -> String {
+    match nodes.first().and_then(node_ports) {
+        Some((first, _)) => first.to_string(),
+        None => spec
+            .envs
+            .iter()
+            .find(|(k, _)| k == "MASTER_PORT")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| DEFAULT_MASTER_PORT.to_string()),
+    }
 }
 
 /// The node's own port range, where it shares its address with others

@@ -346,96 +346,33 @@ pub fn optimize(
     blocklist: &Blocklist,
     opts: &Options,
 ) -> Result<Vec<Candidate>, Infeasible> {
-    let groups = task.resources.preference_groups();
-    let nodes = task.num_nodes;
+    let ranking = Ranking {
+        catalog,
+        blocklist,
+        now: opts.now,
+        nodes: task.num_nodes,
+    };
     let mut plan: Vec<Candidate> = Vec::new();
     let mut reasons = Vec::new();
     let mut seen = std::collections::HashSet::new();
-    for (gi, group) in groups.iter().enumerate() {
+    for (gi, group) in task.resources.preference_groups().iter().enumerate() {
         let mut hits: Vec<Hit> = Vec::new();
         for (si, spec) in group.iter().enumerate() {
-            let f = Filter::new(spec, catalog, blocklist, opts.now);
-            let before = hits.len();
-            for idx in pool(catalog, spec) {
-                let o = catalog.get(idx);
-                if f.feasible(o) {
-                    let Some(price) = f.price(o) else {
-                        continue;
-                    };
-                    let total = price * nodes as f64;
-                    let key = match spec.spot_risk {
-                        Some(r) if f.spot && r.rank == SpotRank::ExpectedCost => {
-                            let i = catalog.interruption(o);
-                            expected_cost(
-                                price,
-                                i.hourly_rate(),
-                                r.restart_minutes / 60.0,
-                                r.checkpoint_minutes / 60.0,
-                            )
-                            .map_or(f64::INFINITY, |e| e * nodes as f64)
-                        }
-                        _ => total,
-                    };
-                    hits.push(Hit {
-                        price,
-                        total,
-                        key,
-                        spot: f.spot,
-                        rank: catalog.keys(idx).rank,
-                        idx,
-                        spec: si as u32,
-                    });
-                }
-            }
-            if hits.len() == before {
+            let found = ranking.hits(spec, si as u32);
+            if found.is_empty() {
                 reasons.push(explain(catalog, spec, blocklist, opts.now));
             }
+            hits.extend(found);
         }
         let specs: Vec<Arc<ResourceSpec>> = group.iter().cloned().map(Arc::new).collect();
         for h in keep_best_per_region(catalog, hits, opts.types_per_region) {
-            let o = catalog.get(h.idx);
             let spec = &specs[h.spec as usize];
-            let accelerator = match (&o.accelerator, accel_of(spec)) {
-                (Some(a), Some((asked, _))) if a == ANY_ACCELERATOR => Some(asked.to_string()),
-                (a, _) => a.as_ref().map(|a| a.to_string()),
-            };
+            let accelerator = accelerator_shown(catalog.get(h.idx), spec);
             // The same placement can come from two alternatives; keep the first.
             if !seen.insert((h.idx, h.spot, accelerator.clone())) {
                 continue;
             }
-            plan.push(Candidate {
-                cloud: o.cloud.to_string(),
-                region: o.region.to_string(),
-                zone: o.zone.to_string(),
-                instance_type: o.instance_type.to_string(),
-                accelerator,
-                accelerator_count: o.accelerator_count,
-                use_spot: h.spot,
-                nodes,
-                price_per_node_hour: h.price,
-                total_per_hour: h.total,
-                price_estimated: o.estimated.market(h.spot),
-                interruption: h.spot.then(|| catalog.interruption(o).label()),
-                expected_cost_per_node_hour: if h.spot {
-                    let r = spec.spot_risk.unwrap_or(SpotRisk {
-                        rank: SpotRank::Price,
-                        restart_minutes: SpotRisk::DEFAULT_RESTART_MINUTES,
-                        checkpoint_minutes: SpotRisk::DEFAULT_CHECKPOINT_MINUTES,
-                    });
-                    expected_cost(
-                        h.price,
-                        catalog.interruption(o).hourly_rate(),
-                        r.restart_minutes / 60.0,
-                        r.checkpoint_minutes / 60.0,
-                    )
-                } else {
-                    None
-                },
-                vcpus: o.vcpus,
-                memory_gib: o.memory_gib,
-                group: gi,
-                spec: Arc::clone(spec),
-            });
+            plan.push(ranking.candidate(&h, spec, accelerator, gi));
         }
     }
     if plan.is_empty() {
@@ -443,6 +380,121 @@ pub fn optimize(
         return Err(Infeasible { reasons });
     }
     Ok(plan)
+}
+
+/// What ranking one task's placements needs besides its specs.
+struct Ranking<'a> {
+    catalog: &'a Catalog,
+    blocklist: &'a Blocklist,
+    now: SystemTime,
+    nodes: u32,
+}
+
+impl Ranking<'_> {
+    /// The feasible offerings for `spec`, item `si` of its group, priced
+    /// for the task's nodes and keyed for ranking.
+    fn hits(&self, spec: &ResourceSpec, si: u32) -> Vec<Hit> {
+        let f = Filter::new(spec, self.catalog, self.blocklist, self.now);
+        let mut hits = Vec::new();
+        for idx in pool(self.catalog, spec) {
+            let o = self.catalog.get(idx);
+            if !f.feasible(o) {
+                continue;
+            }
+            let Some(price) = f.price(o) else {
+                continue;
+            };
+            let total = price * self.nodes as f64;
+            hits.push(Hit {
+                price,
+                total,
+                key: self.rank_key(&f, o, price, total),
+                spot: f.spot,
+                rank: self.catalog.keys(idx).rank,
+                idx,
+                spec: si,
+            });
+        }
+        hits
+    }
+
+    /// What a hit at `price` per node (`total` for all nodes) is ranked by:
+    /// `total`, or for spot with `spot_risk: expected_cost`, the expected
+    /// cost of the nodes' useful hour (infinite when there is no progress).
+    fn rank_key(&self, f: &Filter, o: &Offering, price: f64, total: f64) -> f64 {
+        match f.spec.spot_risk {
+            Some(r) if f.spot && r.rank == SpotRank::ExpectedCost => {
+                let i = self.catalog.interruption(o);
+                expected_cost(
+                    price,
+                    i.hourly_rate(),
+                    r.restart_minutes / 60.0,
+                    r.checkpoint_minutes / 60.0,
+                )
+                .map_or(f64::INFINITY, |e| e * self.nodes as f64)
+            }
+            _ => total,
+        }
+    }
+
+    /// The plan's entry for a kept hit of preference group `group`.
+    fn candidate(
+        &self,
+        h: &Hit,
+        spec: &Arc<ResourceSpec>,
+        accelerator: Option<String>,
+        group: usize,
+    ) -> Candidate {
+        let o = self.catalog.get(h.idx);
+        Candidate {
+            cloud: o.cloud.to_string(),
+            region: o.region.to_string(),
+            zone: o.zone.to_string(),
+            instance_type: o.instance_type.to_string(),
+            accelerator,
+            accelerator_count: o.accelerator_count,
+            use_spot: h.spot,
+            nodes: self.nodes,
+            price_per_node_hour: h.price,
+            total_per_hour: h.total,
+            price_estimated: o.estimated.market(h.spot),
+            interruption: h.spot.then(|| self.catalog.interruption(o).label()),
+            expected_cost_per_node_hour: if h.spot {
+                self.spot_expected_cost(o, h.price, spec)
+            } else {
+                None
+            },
+            vcpus: o.vcpus,
+            memory_gib: o.memory_gib,
+            group,
+            spec: Arc::clone(spec),
+        }
+    }
+
+    /// The expected cost of a spot node's useful hour at `price`, with the
+    /// spec's `spot_risk` overheads or their defaults.
+    fn spot_expected_cost(&self, o: &Offering, price: f64, spec: &ResourceSpec) -> Option<f64> {
+        let r = spec.spot_risk.unwrap_or(SpotRisk {
+            rank: SpotRank::Price,
+            restart_minutes: SpotRisk::DEFAULT_RESTART_MINUTES,
+            checkpoint_minutes: SpotRisk::DEFAULT_CHECKPOINT_MINUTES,
+        });
+        expected_cost(
+            price,
+            self.catalog.interruption(o).hourly_rate(),
+            r.restart_minutes / 60.0,
+            r.checkpoint_minutes / 60.0,
+        )
+    }
+}
+
+/// The GPU name a candidate shows: the task's spelling on a cloud whose
+/// rows take any GPU name (the local provider's fake GPUs), else the row's.
+fn accelerator_shown(o: &Offering, spec: &ResourceSpec) -> Option<String> {
+    match (&o.accelerator, accel_of(spec)) {
+        (Some(a), Some((asked, _))) if a == ANY_ACCELERATOR => Some(asked.to_string()),
+        (a, _) => a.as_ref().map(|a| a.to_string()),
+    }
 }
 
 /// Ranking order: cheapest first; spot before on-demand at equal price;
@@ -539,33 +591,13 @@ pub(crate) fn explain(
     blocklist: &Blocklist,
     now: SystemTime,
 ) -> String {
-    let what = match (accel_of(spec), &spec.instance_type) {
-        (Some((n, c)), _) => format!("{n}:{c}"),
-        (None, Some(t)) => format!("instance type {t}"),
-        (None, None) => "a CPU-only instance".to_string(),
-    };
+    let what = wanted(spec);
     let mut left: Vec<&Offering> = pool(catalog, spec)
         .into_iter()
         .map(|i| catalog.get(i))
         .collect();
     if left.is_empty() {
-        return match (accel_of(spec), &spec.instance_type) {
-            (Some((n, _)), _) => {
-                let names = catalog.accelerator_names();
-                let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-                match crate::core::spec::closest_name(n, &refs) {
-                    Some(near) => format!(
-                        "no offering of accelerator '{n}' in the catalog; did you mean '{near}'?"
-                    ),
-                    None => format!(
-                        "no offering of accelerator '{n}' in the catalog (known: {})",
-                        list(names)
-                    ),
-                }
-            }
-            (None, Some(t)) => format!("instance type '{t}' is not in the catalog"),
-            (None, None) => "the catalog has no CPU-only instance types".into(),
-        };
+        return not_in_catalog(catalog, spec);
     }
     let f = Filter::new(spec, catalog, blocklist, now);
     for stage in STAGES {
@@ -574,32 +606,75 @@ pub(crate) fn explain(
             left = next;
             continue;
         }
+        let out = Eliminated {
+            f: &f,
+            what: &what,
+            left: &left,
+        };
+        return out.reason(stage);
+    }
+    format!("{what}: no feasible placement")
+}
+
+/// What `spec` asks for, as the reasons name it.
+fn wanted(spec: &ResourceSpec) -> String {
+    match (accel_of(spec), &spec.instance_type) {
+        (Some((n, c)), _) => format!("{n}:{c}"),
+        (None, Some(t)) => format!("instance type {t}"),
+        (None, None) => "a CPU-only instance".to_string(),
+    }
+}
+
+/// Why `spec` has no offering in the catalog at all, with the nearest
+/// accelerator name when it looks like a typo.
+fn not_in_catalog(catalog: &Catalog, spec: &ResourceSpec) -> String {
+    match (accel_of(spec), &spec.instance_type) {
+        (Some((n, _)), _) => {
+            let names = catalog.accelerator_names();
+            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            match crate::core::spec::closest_name(n, &refs) {
+                Some(near) => format!(
+                    "no offering of accelerator '{n}' in the catalog; did you mean '{near}'?"
+                ),
+                None => format!(
+                    "no offering of accelerator '{n}' in the catalog (known: {})",
+                    list(names)
+                ),
+            }
+        }
+        (None, Some(t)) => format!("instance type '{t}' is not in the catalog"),
+        (None, None) => "the catalog has no CPU-only instance types".into(),
+    }
+}
+
+/// The offerings `left` when a stage removed them all, ready to say why.
+struct Eliminated<'a> {
+    f: &'a Filter<'a>,
+    /// What the spec asks for (see [`wanted`]).
+    what: &'a str,
+    left: &'a [&'a Offering],
+}
+
+impl Eliminated<'_> {
+    /// The reason `stage` removed every offering left.
+    fn reason(&self, stage: Stage) -> String {
+        let (spec, what, left) = (self.f.spec, self.what, self.left);
         let clouds = list(left.iter().map(|o| o.cloud.to_string()));
-        return match stage {
+        match stage {
             Stage::Count => format!(
                 "{what} is not offered; {} comes with {} per instance",
                 accel_of(spec).map(|a| a.0).unwrap_or_default(),
-                counts(&left)
+                counts(left)
             ),
             Stage::Cloud => format!(
                 "{} is offered only on {clouds}; not on {}",
-                accel_of(spec).map_or(what.as_str(), |a| a.0),
+                accel_of(spec).map_or(what, |a| a.0),
                 spec.infra
                     .cloud
                     .as_deref()
                     .unwrap_or("any cloud but local (use infra: local)")
             ),
-            Stage::Region => match spec.infra.cloud.as_deref() {
-                Some(cloud) => format!(
-                    "{what} on {cloud} is not offered in region {} (regions: {})",
-                    spec.infra.region.as_deref().unwrap_or(""),
-                    list(left.iter().map(|o| o.region.to_string()))
-                ),
-                None => format!(
-                    "{what} is offered only on {clouds}; none of them in region {}",
-                    spec.infra.region.as_deref().unwrap_or("")
-                ),
-            },
+            Stage::Region => self.region(&clouds),
             Stage::Zone => format!(
                 "{what} is not offered in zone {} (zones: {})",
                 spec.infra.zone.as_deref().unwrap_or(""),
@@ -612,7 +687,7 @@ pub(crate) fn explain(
             ),
             Stage::Cpus => format!(
                 "no {what} offering has cpus {} (offered: {})",
-                f.cpus.map(|q| q.to_string()).unwrap_or_default(),
+                self.f.cpus.map(|q| q.to_string()).unwrap_or_default(),
                 list(left.iter().map(|o| format!("{}", o.vcpus)))
             ),
             Stage::Memory => format!(
@@ -628,31 +703,62 @@ pub(crate) fn explain(
                     "on-demand"
                 }
             ),
-            Stage::MaxCost => {
-                let spot = spec.use_spot.unwrap_or(false);
-                let cheapest = left
-                    .iter()
-                    .filter_map(|o| if spot { o.spot_price } else { o.price })
-                    .fold(f64::INFINITY, f64::min);
-                format!(
-                    "the cheapest {what} costs ${cheapest:.2}/h per node, above max_hourly_cost ${:.2}",
-                    spec.max_hourly_cost.unwrap_or_default()
-                )
-            }
-            Stage::Blocked => {
-                let reasons: BTreeSet<String> = left
-                    .iter()
-                    .filter_map(|o| blocklist.blocks(o, now).map(|b| b.reason.clone()))
-                    .collect();
-                format!(
-                    "all {} matching {what} offerings are blocked for now ({})",
-                    left.len(),
-                    reasons.into_iter().collect::<Vec<_>>().join("; ")
-                )
-            }
-        };
+            Stage::MaxCost => self.max_cost(),
+            Stage::Blocked => self.blocked(),
+        }
     }
-    format!("{what}: no feasible placement")
+
+    /// No offering in the asked region, on the asked cloud or on `clouds`.
+    fn region(&self, clouds: &str) -> String {
+        let (spec, what) = (self.f.spec, self.what);
+        match spec.infra.cloud.as_deref() {
+            Some(cloud) => format!(
+                "{what} on {cloud} is not offered in region {} (regions: {})",
+                spec.infra.region.as_deref().unwrap_or(""),
+                list(self.left.iter().map(|o| o.region.to_string()))
+            ),
+            None => format!(
+                "{what} is offered only on {clouds}; none of them in region {}",
+                spec.infra.region.as_deref().unwrap_or("")
+            ),
+        }
+    }
+
+    /// Every offering left costs more than `max_hourly_cost`: the cheapest.
+    fn max_cost(&self) -> String {
+        let spec = self.f.spec;
+        let spot = spec.use_spot.unwrap_or(false);
+        let cheapest = self
+            .left
+            .iter()
+            .filter_map(|o| if spot { o.spot_price } else { o.price })
+            .fold(f64::INFINITY, f64::min);
+        format!(
+            "the cheapest {} costs ${cheapest:.2}/h per node, above max_hourly_cost ${:.2}",
+            self.what,
+            spec.max_hourly_cost.unwrap_or_default()
+        )
+    }
+
+    /// Every offering left is blocked: how many, and the blocks' reasons.
+    fn blocked(&self) -> String {
+        let reasons: BTreeSet<String> = self
+            .left
+            .iter()
+            .filter_map(|o| {
+                self.f
+                    .blocklist
+                    .blocks(o, self.f.now)
+                    .map(|b| b.reason.clone())
+            })
+            .collect();
+        format!(
+            "all {} matching {} offerings are blocked for now ({})",
+            self.left.len(),
+            self.what,
+            reasons.into_iter().collect::<Vec<_>>().join("; ")
+        )
+    }
 }
 
 #[cfg(test)]

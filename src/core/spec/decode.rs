@@ -497,6 +497,7 @@ fn env_map(cx: &Cx, v: &Node, field: &str) -> R<Vec<(String, Option<String>)>> {
 const MOUNT_HINT: &str =
     "write e.g. /data: ./data, /data: s3://bucket, or /data: {source: s3://bucket, mode: MOUNT}";
 
+/// Reads `file_mounts`, a mapping of destination on the node to source.
 fn file_mounts(cx: &Cx, v: &Node) -> R<Vec<FileMount>> {
     let items = match &v.kind {
         Kind::Null => return Ok(Vec::new()),
@@ -512,71 +513,8 @@ fn file_mounts(cx: &Cx, v: &Node) -> R<Vec<FileMount>> {
     };
     let mut out = Vec::new();
     for (k, val) in items {
-        let dest = cx.string(k, "file_mounts")?;
-        let path = join("file_mounts", &dest);
-        if dest.split('/').any(|seg| seg == "..")
-            || dest.is_empty()
-            || dest.contains(char::is_control)
-        {
-            return Err(cx.err(
-                k,
-                &path,
-                format!(
-                    "the destination '{}' climbs out with '..', is empty or holds a control character",
-                    dest.escape_debug()
-                ),
-                "name the path on the node itself, e.g. /data or ~/data (no '..')",
-            ));
-        }
-        let source = match &val.kind {
-            Kind::Scalar { text, .. } if text.contains("://") => MountSource::Uri(text.clone()),
-            Kind::Scalar { text, .. } => MountSource::Local(text.clone()),
-            Kind::Map(_) => {
-                let mut s = (None, None, None, None, None);
-                for (key, _k, fv) in cx.fields(
-                    val,
-                    &path,
-                    &["name", "source", "store", "persistent", "mode"],
-                    MOUNT_HINT,
-                )? {
-                    let fp = join(&path, key);
-                    match key {
-                        "name" => s.0 = cx.opt_string(fv, &fp)?,
-                        "source" => s.1 = cx.opt_string(fv, &fp)?,
-                        "store" => s.2 = cx.opt_string(fv, &fp)?,
-                        "persistent" => s.3 = Some(cx.boolean(fv, &fp)?),
-                        _ => {
-                            let m = cx.string(fv, &fp)?;
-                            let up = m.to_ascii_uppercase();
-                            if !["MOUNT", "COPY", "MOUNT_CACHED"].contains(&up.as_str()) {
-                                return Err(cx.err(
-                                    fv,
-                                    &fp,
-                                    format!("unknown mode '{m}'"),
-                                    "expected MOUNT, COPY or MOUNT_CACHED",
-                                ));
-                            }
-                            s.4 = Some(up);
-                        }
-                    }
-                }
-                MountSource::Storage {
-                    name: s.0,
-                    source: s.1,
-                    store: s.2,
-                    persistent: s.3,
-                    mode: s.4,
-                }
-            }
-            _ => {
-                return Err(cx.expected(
-                    val,
-                    &path,
-                    "a local path, a bucket URI, or {name, source, store, mode}",
-                    MOUNT_HINT,
-                ))
-            }
-        };
+        let dest = mount_dest(cx, k)?;
+        let source = mount_source(cx, val, &join("file_mounts", &dest))?;
         out.push(FileMount {
             dest,
             source,
@@ -584,6 +522,83 @@ fn file_mounts(cx: &Cx, v: &Node) -> R<Vec<FileMount>> {
         });
     }
     Ok(out)
+}
+
+/// Reads a mount's destination on the node, refusing one that climbs out
+/// with `..`, is empty or holds a control character.
+fn mount_dest(cx: &Cx, k: &Node) -> R<String> {
+    let dest = cx.string(k, "file_mounts")?;
+    if dest.split('/').any(|seg| seg == "..") || dest.is_empty() || dest.contains(char::is_control)
+    {
+        return Err(cx.err(
+            k,
+            &join("file_mounts", &dest),
+            format!(
+                "the destination '{}' climbs out with '..', is empty or holds a control character",
+                dest.escape_debug()
+            ),
+            "name the path on the node itself, e.g. /data or ~/data (no '..')",
+        ));
+    }
+    Ok(dest)
+}
+
+/// Reads a mount's source: a bucket URI, a local path, or a storage mapping.
+fn mount_source(cx: &Cx, val: &Node, path: &str) -> R<MountSource> {
+    match &val.kind {
+        Kind::Scalar { text, .. } if text.contains("://") => Ok(MountSource::Uri(text.clone())),
+        Kind::Scalar { text, .. } => Ok(MountSource::Local(text.clone())),
+        Kind::Map(_) => storage_mount(cx, val, path),
+        _ => Err(cx.expected(
+            val,
+            path,
+            "a local path, a bucket URI, or {name, source, store, mode}",
+            MOUNT_HINT,
+        )),
+    }
+}
+
+/// Reads the `{name, source, store, persistent, mode}` form of a mount.
+fn storage_mount(cx: &Cx, val: &Node, path: &str) -> R<MountSource> {
+    let (mut name, mut source, mut store, mut persistent, mut mode) =
+        (None, None, None, None, None);
+    for (key, _k, fv) in cx.fields(
+        val,
+        path,
+        &["name", "source", "store", "persistent", "mode"],
+        MOUNT_HINT,
+    )? {
+        let fp = join(path, key);
+        match key {
+            "name" => name = cx.opt_string(fv, &fp)?,
+            "source" => source = cx.opt_string(fv, &fp)?,
+            "store" => store = cx.opt_string(fv, &fp)?,
+            "persistent" => persistent = Some(cx.boolean(fv, &fp)?),
+            _ => mode = Some(mount_mode(cx, fv, &fp)?),
+        }
+    }
+    Ok(MountSource::Storage {
+        name,
+        source,
+        store,
+        persistent,
+        mode,
+    })
+}
+
+/// Reads a mount mode, MOUNT, COPY or MOUNT_CACHED in any case, uppercased.
+fn mount_mode(cx: &Cx, fv: &Node, fp: &str) -> R<String> {
+    let m = cx.string(fv, fp)?;
+    let up = m.to_ascii_uppercase();
+    if !["MOUNT", "COPY", "MOUNT_CACHED"].contains(&up.as_str()) {
+        return Err(cx.err(
+            fv,
+            fp,
+            format!("unknown mode '{m}'"),
+            "expected MOUNT, COPY or MOUNT_CACHED",
+        ));
+    }
+    Ok(up)
 }
 
 fn config(cx: &Cx, v: &Node) -> R<Option<serde_json::Value>> {
@@ -899,6 +914,8 @@ fn items(cx: &Cx, v: &Node, field: &str) -> R<Vec<ResourceSpec>> {
     Ok(out)
 }
 
+/// Decodes one item's fields into a `ResourceSpec`, then rejects the
+/// combinations of fields that no single field can judge alone.
 fn resource_spec(cx: &Cx, fields: &[(&str, &Node, &Node)], parent: &str) -> R<ResourceSpec> {
     let mut s = ResourceSpec::default();
     let mut has_infra = false;
@@ -912,18 +929,7 @@ fn resource_spec(cx: &Cx, fields: &[(&str, &Node, &Node)], parent: &str) -> R<Re
             }
             "cloud" | "region" | "zone" => {
                 legacy.get_or_insert((key, k));
-                let val = cx.opt_string(v, &path)?;
-                let val = val.filter(|x| x != "*");
-                match *key {
-                    "cloud" => {
-                        s.infra.cloud = match val {
-                            Some(c) => Some(cloud_name(cx, v, &path, &c)?),
-                            None => None,
-                        }
-                    }
-                    "region" => s.infra.region = val,
-                    _ => s.infra.zone = val,
-                }
+                legacy_location(cx, v, &path, key, &mut s.infra)?;
             }
             "accelerators" => s.accelerators = accelerators(cx, v, &path)?,
             "cpus" => s.cpus = quantity(cx, v, &path, "vCPUs")?,
@@ -936,91 +942,126 @@ fn resource_spec(cx: &Cx, fields: &[(&str, &Node, &Node)], parent: &str) -> R<Re
                 }
             }
             "disk_size" => s.disk_size = disk_size(cx, v, &path)?,
-            "disk_tier" | "network_tier" => {
-                let t = cx.opt_string(v, &path)?;
-                if let Some(t) = &t {
-                    let ok: &[&str] = if *key == "disk_tier" {
-                        &["low", "medium", "high", "ultra", "best"]
-                    } else {
-                        &["standard", "best"]
-                    };
-                    if !ok.contains(&t.to_ascii_lowercase().as_str()) {
-                        return Err(cx.err(
-                            v,
-                            &path,
-                            format!("unknown {key} '{t}'"),
-                            format!("expected one of {}", ok.join(", ")),
-                        ));
-                    }
-                }
-                let t = t.map(|t| t.to_ascii_lowercase());
-                if *key == "disk_tier" {
-                    s.disk_tier = t
-                } else {
-                    s.network_tier = t
-                }
-            }
-            "image_id" => {
-                s.image_id = match &v.kind {
-                    // Per-region images: `{us-east-1: ami-1, ...}`. Kept as text.
-                    Kind::Map(_) => Some(to_json(v).to_string()),
-                    _ => cx.opt_string(v, &path)?,
-                }
-            }
+            "disk_tier" => s.disk_tier = tier(cx, v, &path, key, DISK_TIERS)?,
+            "network_tier" => s.network_tier = tier(cx, v, &path, key, NETWORK_TIERS)?,
+            "image_id" => s.image_id = image_id(cx, v, &path)?,
             "ports" => s.ports = ports(cx, v, &path)?,
-            "labels" => {
-                for (lk, lv) in env_like_pairs(cx, v, &path)? {
-                    s.labels.insert(lk, lv);
-                }
-            }
-            "max_hourly_cost" => {
-                let hint = "write the most to pay per node-hour in USD, e.g. 12.5";
-                let c = cx.number(v, &path, hint)?;
-                if c <= 0.0 {
-                    return Err(cx.err(
-                        v,
-                        &path,
-                        format!(
-                            "expected a positive price in USD per node-hour, found {}",
-                            shown(v)
-                        ),
-                        hint,
-                    ));
-                }
-                s.max_hourly_cost = Some(c);
-            }
+            "labels" => s.labels.extend(env_like_pairs(cx, v, &path)?),
+            "max_hourly_cost" => s.max_hourly_cost = Some(max_hourly_cost(cx, v, &path)?),
             "spot_risk" => s.spot_risk = spot_risk(cx, v, &path)?,
             // Accepted for compatibility; they do not change placement.
             "accelerator_args" | "autostop" => {}
             _ => {}
         }
     }
-    if let (true, Some((name, k))) = (has_infra, legacy) {
-        return Err(cx.err(
-            k,
-            &join(parent, name),
-            format!("{name} cannot be combined with infra"),
-            format!(
-                "infra replaces cloud, region and zone (e.g. infra: aws/us-east-1); remove {name}"
-            ),
-        ));
+    if has_infra {
+        no_legacy_beside_infra(cx, parent, legacy)?;
     }
-    if let (Some(it), Some(Accelerators::AnyOf(_) | Accelerators::Ordered(_))) =
-        (&s.instance_type, &s.accelerators)
-    {
-        let node = fields
-            .iter()
-            .find(|(k, _, _)| *k == "accelerators")
-            .map(|(_, k, _)| *k)
-            .expect("accelerators was set from a field");
-        return Err(cx.err(
-            node,
-            &join(parent, "accelerators"),
-            format!("a set or list of accelerators cannot be combined with instance_type '{it}'"),
-            "use any_of with one instance_type per item",
-        ));
-    }
+    no_accelerator_choice_beside_instance_type(cx, fields, parent, &s)?;
     Ok(s)
+}
+
+/// Sets the cloud, region or zone (`key`) of `infra` from the legacy
+/// per-field form; `*` means any.
+fn legacy_location(cx: &Cx, v: &Node, path: &str, key: &str, infra: &mut Infra) -> R<()> {
+    let val = cx.opt_string(v, path)?.filter(|x| x != "*");
+    match key {
+        "cloud" => {
+            infra.cloud = match val {
+                Some(c) => Some(cloud_name(cx, v, path, &c)?),
+                None => None,
+            }
+        }
+        "region" => infra.region = val,
+        _ => infra.zone = val,
+    }
+    Ok(())
+}
+
+const DISK_TIERS: &[&str] = &["low", "medium", "high", "ultra", "best"];
+const NETWORK_TIERS: &[&str] = &["standard", "best"];
+
+/// Reads a disk or network tier (`key`), one of `ok` in any case, lowercased.
+fn tier(cx: &Cx, v: &Node, path: &str, key: &str, ok: &[&str]) -> R<Option<String>> {
+    let t = cx.opt_string(v, path)?;
+    if let Some(t) = &t {
+        if !ok.contains(&t.to_ascii_lowercase().as_str()) {
+            return Err(cx.err(
+                v,
+                path,
+                format!("unknown {key} '{t}'"),
+                format!("expected one of {}", ok.join(", ")),
+            ));
+        }
+    }
+    Ok(t.map(|t| t.to_ascii_lowercase()))
+}
+
+/// Reads `image_id`: one image, or per-region images (`{us-east-1: ami-1, ...}`)
+/// kept as JSON text.
+fn image_id(cx: &Cx, v: &Node, path: &str) -> R<Option<String>> {
+    match &v.kind {
+        Kind::Map(_) => Ok(Some(to_json(v).to_string())),
+        _ => cx.opt_string(v, path),
+    }
+}
+
+/// Reads `max_hourly_cost`, a positive price in USD per node-hour.
+fn max_hourly_cost(cx: &Cx, v: &Node, path: &str) -> R<f64> {
+    let hint = "write the most to pay per node-hour in USD, e.g. 12.5";
+    let c = cx.number(v, path, hint)?;
+    if c <= 0.0 {
+        return Err(cx.err(
+            v,
+            path,
+            format!(
+                "expected a positive price in USD per node-hour, found {}",
+                shown(v)
+            ),
+            hint,
+        ));
+    }
+    Ok(c)
+}
+
+/// Rejects the legacy `cloud`/`region`/`zone` field seen first (`legacy`)
+/// in an item that also has `infra`.
+fn no_legacy_beside_infra(cx: &Cx, parent: &str, legacy: Option<(&str, &Node)>) -> R<()> {
+    let Some((name, k)) = legacy else {
+        return Ok(());
+    };
+    Err(cx.err(
+        k,
+        &join(parent, name),
+        format!("{name} cannot be combined with infra"),
+        format!("infra replaces cloud, region and zone (e.g. infra: aws/us-east-1); remove {name}"),
+    ))
+}
+
+/// Rejects a set or list of accelerators in an item that names an
+/// `instance_type`: the type fixes the accelerator.
+fn no_accelerator_choice_beside_instance_type(
+    cx: &Cx,
+    fields: &[(&str, &Node, &Node)],
+    parent: &str,
+    s: &ResourceSpec,
+) -> R<()> {
+    let (Some(it), Some(Accelerators::AnyOf(_) | Accelerators::Ordered(_))) =
+        (&s.instance_type, &s.accelerators)
+    else {
+        return Ok(());
+    };
+    let node = fields
+        .iter()
+        .find(|(k, _, _)| *k == "accelerators")
+        .map(|(_, k, _)| *k)
+        .expect("accelerators was set from a field");
+    Err(cx.err(
+        node,
+        &join(parent, "accelerators"),
+        format!("a set or list of accelerators cannot be combined with instance_type '{it}'"),
+        "use any_of with one instance_type per item",
+    ))
 }
 
 fn env_like_pairs(cx: &Cx, v: &Node, field: &str) -> R<Vec<(String, String)>> {

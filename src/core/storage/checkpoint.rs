@@ -100,40 +100,13 @@ pub(crate) async fn sync(
     let done = complete(bucket).await?;
     let prev = done.last().copied();
     let own = super::OwnIdentity::of_nodes(nodes);
-    let creds = super::bucket_env(bucket.url(), REMOTE, &own).await?;
-    let base = bucket.url().rclone_path(REMOTE);
-    let mut runs = Vec::new();
-    for (rank, node) in nodes.iter().enumerate() {
-        let mut env = creds.clone();
-        env.extend(super::rclone_source_env());
-        env.extend([
-            (
-                "GANGWAY_CHECKPOINT_DIR".to_string(),
-                checkpoint_dirs[rank].clone(),
-            ),
-            ("GW_CK_BASE".to_string(), base.clone()),
-            ("GW_CK_GEN".to_string(), generation.to_string()),
-            (
-                "GW_CK_PREV".to_string(),
-                prev.map(|p| p.to_string()).unwrap_or_default(),
-            ),
-            ("GW_CK_RANK".to_string(), rank.to_string()),
-        ]);
-        let cmd = NodeCommand {
-            script: format!(
-                "{}{}{MANIFESTS}{UPLOAD}",
-                super::RCLONE_PRELUDE,
-                super::manifest::VALIDATE
-            ),
-            env,
-            cwd: "~".into(),
-        };
-        runs.push(run_on(Arc::clone(&transport), node.clone(), cmd, rank));
-    }
-    let mut reports = Vec::new();
-    for r in futures::future::join_all(runs).await {
-        reports.push(r?);
-    }
+    let upload = Upload {
+        creds: super::bucket_env(bucket.url(), REMOTE, &own).await?,
+        base: bucket.url().rclone_path(REMOTE),
+        generation,
+        prev,
+    };
+    let reports = upload.run(nodes, checkpoint_dirs, transport).await?;
     let files: usize = reports.iter().map(|r| r.files).sum();
     if let Some(p) = prev {
         if reports.iter().all(|r| r.unchanged) {
@@ -143,49 +116,14 @@ pub(crate) async fn sync(
                 new: false,
             });
         }
-        // A rank whose files did not change wrote no manifest: its
-        // previous one is this generation's too (metadata, not bytes).
-        for (rank, r) in reports.iter().enumerate() {
-            if r.unchanged {
-                let m = bucket
-                    .get(&format!("manifests/{p}/rank-{rank}.tsv"))
-                    .await?
-                    .unwrap_or_default();
-                bucket
-                    .put(&format!("manifests/{generation}/rank-{rank}.tsv"), m)
-                    .await?;
-            }
-        }
+        carry_unchanged_manifests(bucket, p, generation, &reports).await?;
     }
-    // Complete only when every rank's manifest is there.
-    let listed: BTreeSet<String> = bucket
-        .list(&format!("manifests/{generation}/"))
-        .await?
-        .into_iter()
-        .map(|o| o.key)
-        .collect();
-    let missing: Vec<usize> = (0..nodes.len())
-        .filter(|r| !listed.contains(&format!("manifests/{generation}/rank-{r}.tsv")))
-        .collect();
-    if !missing.is_empty() {
-        return Err(CheckpointError::Incomplete {
-            generation,
-            missing,
-        });
-    }
+    every_manifest_there(bucket, generation, nodes.len()).await?;
     // Nodes with nothing in their checkpoint directories never replace a
     // checkpoint that has something (a run stopped before it wrote one).
     if files == 0 {
         if let Some(p) = prev {
-            let had = bucket
-                .get(&format!("manifests/{p}.json"))
-                .await?
-                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                .and_then(|v| v["files"].as_u64())
-                .unwrap_or(0);
-            if had > 0 {
-                return Err(CheckpointError::Empty { kept: p });
-            }
+            empty_may_replace(bucket, p).await?;
         }
     }
     let top = serde_json::json!({
@@ -204,6 +142,124 @@ pub(crate) async fn sync(
         files,
         new: true,
     })
+}
+
+/// One generation's upload, the same for every node but the rank.
+struct Upload {
+    /// The bucket's credentials for rclone.
+    creds: Vec<(String, String)>,
+    /// The checkpoint's place as an rclone path.
+    base: String,
+    generation: u64,
+    /// The newest complete generation, whose unchanged files are kept.
+    prev: Option<u64>,
+}
+
+impl Upload {
+    /// Runs the upload on every node at once; each rank's report, in order.
+    async fn run(
+        &self,
+        nodes: &[NodeRow],
+        checkpoint_dirs: &[String],
+        transport: Arc<dyn Transport>,
+    ) -> Result<Vec<RankReport>, CheckpointError> {
+        let runs = nodes.iter().enumerate().map(|(rank, node)| {
+            let cmd = self.command(rank, &checkpoint_dirs[rank]);
+            run_on(Arc::clone(&transport), node.clone(), cmd, rank)
+        });
+        let mut reports = Vec::new();
+        for r in futures::future::join_all(runs).await {
+            reports.push(r?);
+        }
+        Ok(reports)
+    }
+
+    /// The upload script for rank `rank`, whose checkpoints are in `dir`.
+    fn command(&self, rank: usize, dir: &str) -> NodeCommand {
+        let mut env = self.creds.clone();
+        env.extend(super::rclone_source_env());
+        env.extend([
+            ("GANGWAY_CHECKPOINT_DIR".to_string(), dir.to_string()),
+            ("GW_CK_BASE".to_string(), self.base.clone()),
+            ("GW_CK_GEN".to_string(), self.generation.to_string()),
+            (
+                "GW_CK_PREV".to_string(),
+                self.prev.map(|p| p.to_string()).unwrap_or_default(),
+            ),
+            ("GW_CK_RANK".to_string(), rank.to_string()),
+        ]);
+        NodeCommand {
+            script: format!(
+                "{}{}{MANIFESTS}{UPLOAD}",
+                super::RCLONE_PRELUDE,
+                super::manifest::VALIDATE
+            ),
+            env,
+            cwd: "~".into(),
+        }
+    }
+}
+
+/// A rank whose files did not change wrote no manifest: its manifest of
+/// `prev` becomes its manifest of `generation` too (metadata, not bytes).
+async fn carry_unchanged_manifests(
+    bucket: &Bucket,
+    prev: u64,
+    generation: u64,
+    reports: &[RankReport],
+) -> Result<(), StoreError> {
+    for (rank, r) in reports.iter().enumerate() {
+        if r.unchanged {
+            let m = bucket
+                .get(&format!("manifests/{prev}/rank-{rank}.tsv"))
+                .await?
+                .unwrap_or_default();
+            bucket
+                .put(&format!("manifests/{generation}/rank-{rank}.tsv"), m)
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Fails unless each of the `ranks` ranks has its manifest of
+/// `generation`: the generation may only be marked complete then.
+async fn every_manifest_there(
+    bucket: &Bucket,
+    generation: u64,
+    ranks: usize,
+) -> Result<(), CheckpointError> {
+    let listed: BTreeSet<String> = bucket
+        .list(&format!("manifests/{generation}/"))
+        .await?
+        .into_iter()
+        .map(|o| o.key)
+        .collect();
+    let missing: Vec<usize> = (0..ranks)
+        .filter(|r| !listed.contains(&format!("manifests/{generation}/rank-{r}.tsv")))
+        .collect();
+    if !missing.is_empty() {
+        return Err(CheckpointError::Incomplete {
+            generation,
+            missing,
+        });
+    }
+    Ok(())
+}
+
+/// Fails when complete generation `prev` holds files, which an empty
+/// generation must not replace.
+async fn empty_may_replace(bucket: &Bucket, prev: u64) -> Result<(), CheckpointError> {
+    let had = bucket
+        .get(&format!("manifests/{prev}.json"))
+        .await?
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["files"].as_u64())
+        .unwrap_or(0);
+    if had > 0 {
+        return Err(CheckpointError::Empty { kept: prev });
+    }
+    Ok(())
 }
 
 /// The keys a rank manifest's lines point at: only lines a restore would

@@ -478,94 +478,152 @@ pub(crate) fn bucket_mounts(task: &Task, file: &Path) -> Result<Vec<BucketMount>
     let file = file.display().to_string();
     let mut out = Vec::new();
     for m in &task.file_mounts {
-        let here = Located {
-            file: &file,
-            field: format!("file_mounts.{}", m.dest),
-            at: m.at,
+        let mount = MountResolver {
+            task,
+            here: Located {
+                file: &file,
+                field: format!("file_mounts.{}", m.dest),
+                at: m.at,
+            },
         };
-        let url_hint = "write s3://BUCKET[/PREFIX] or gs://BUCKET[/PREFIX]";
-        let env_hint = "set it under envs: or with --env";
-        let (url, mode, create) = match &m.source {
-            MountSource::Local(_) => continue,
-            MountSource::Uri(u) => (u.clone(), Mode::Copy, None),
+        let Some(target) = mount.target(&m.source)? else {
+            continue;
+        };
+        let url = mount.substitute(&target.url)?;
+        let parsed =
+            BucketUrl::parse(&url).map_err(|e| mount.here.error(e.to_string(), URL_HINT))?;
+        out.push(BucketMount {
+            dest: m.dest.clone(),
+            url: parsed.to_string(),
+            remote: format!("gw{}", out.len()),
+            mode: target.mode,
+            create: target.create,
+        });
+    }
+    Ok(out)
+}
+
+const URL_HINT: &str = "write s3://BUCKET[/PREFIX] or gs://BUCKET[/PREFIX]";
+const ENV_HINT: &str = "set it under envs: or with --env";
+
+/// Where a bucket mount points, before its `$VAR`s are substituted.
+struct MountTarget {
+    url: String,
+    mode: Mode,
+    /// The bucket gangway creates for it, if it does.
+    create: Option<Create>,
+}
+
+/// One of the task's file mounts being resolved, its errors located.
+struct MountResolver<'a> {
+    task: &'a Task,
+    here: Located<'a>,
+}
+
+impl MountResolver<'_> {
+    /// `s` with the task's `envs` substituted.
+    fn substitute(&self, s: &str) -> Result<String, Error> {
+        substitute(s, self.task).map_err(|e| self.here.error(e, ENV_HINT))
+    }
+
+    /// Where a mount from `source` points: a bucket URL is copied, a
+    /// storage mapping mounted (unless its mode says otherwise) from a
+    /// bucket URL or a bucket gangway creates; `None` for a local path.
+    fn target(&self, source: &MountSource) -> Result<Option<MountTarget>, Error> {
+        let (name, source, store, mode, persistent) = match source {
+            MountSource::Local(_) => return Ok(None),
+            MountSource::Uri(u) => {
+                return Ok(Some(MountTarget {
+                    url: u.clone(),
+                    mode: Mode::Copy,
+                    create: None,
+                }))
+            }
             MountSource::Storage {
                 name,
                 source,
                 store,
                 mode,
                 persistent,
-            } => {
-                let mode = mode.as_deref().and_then(Mode::parse).unwrap_or(Mode::Mount);
-                let scheme = |store: &Option<String>| -> Result<Scheme, Error> {
-                    let Some(s) = store else {
-                        return Ok(Scheme::S3);
-                    };
-                    let s = substitute(s, task).map_err(|e| here.error(e, env_hint))?;
-                    Scheme::from_store_name(&s).ok_or_else(|| {
-                        here.error(
-                            format!("store '{s}' is not supported"),
-                            "use store: s3 or store: gcs",
-                        )
-                    })
-                };
-                match (source.as_deref(), name.as_deref()) {
-                    (Some(src), _) if src.contains("://") => (src.to_string(), mode, None),
-                    (source, Some(name)) => {
-                        let name = substitute(name, task).map_err(|e| here.error(e, env_hint))?;
-                        let source = match source {
-                            None => None,
-                            Some(src) => {
-                                let path = crate::core::config::local_path(
-                                    &substitute(src, task).map_err(|e| here.error(e, env_hint))?,
-                                );
-                                if !path.exists() {
-                                    return Err(here.error(
-                                        format!("source {} does not exist", path.display()),
-                                        "a local source is resolved against the directory you run gangway from",
-                                    ));
-                                }
-                                Some(path)
-                            }
-                        };
-                        let create = Create {
-                            persistent: persistent.unwrap_or(true),
-                            source,
-                        };
-                        (
-                            format!("{}://{name}", scheme(store)?.url_scheme()),
-                            mode,
-                            Some(create),
-                        )
-                    }
-                    (Some(src), None) => {
-                        return Err(here.error(
-                            format!(
-                            "uploading {src} needs name: (the bucket gangway creates and fills)"
-                        ),
-                            "give the bucket a globally unique name, e.g. name: my-team-data",
-                        ))
-                    }
-                    (None, None) => {
-                        return Err(here.error(
-                            "a storage mount needs name: (a bucket) or source: (a bucket URL)"
-                                .into(),
-                            "write {name: my-bucket, mode: MOUNT} or {source: s3://my-bucket/path}",
-                        ))
-                    }
-                }
-            }
+            } => (name, source, store, mode, persistent),
         };
-        let url = substitute(&url, task).map_err(|e| here.error(e, env_hint))?;
-        let parsed = BucketUrl::parse(&url).map_err(|e| here.error(e.to_string(), url_hint))?;
-        out.push(BucketMount {
-            dest: m.dest.clone(),
-            url: parsed.to_string(),
-            remote: format!("gw{}", out.len()),
-            mode,
-            create,
-        });
+        let mode = mode.as_deref().and_then(Mode::parse).unwrap_or(Mode::Mount);
+        match (source.as_deref(), name.as_deref()) {
+            (Some(src), _) if src.contains("://") => Ok(Some(MountTarget {
+                url: src.to_string(),
+                mode,
+                create: None,
+            })),
+            (source, Some(name)) => {
+                let (url, create) =
+                    self.named_bucket(name, source, store.as_deref(), *persistent)?;
+                Ok(Some(MountTarget {
+                    url,
+                    mode,
+                    create: Some(create),
+                }))
+            }
+            (Some(src), None) => Err(self.here.error(
+                format!("uploading {src} needs name: (the bucket gangway creates and fills)"),
+                "give the bucket a globally unique name, e.g. name: my-team-data",
+            )),
+            (None, None) => Err(self.here.error(
+                "a storage mount needs name: (a bucket) or source: (a bucket URL)".into(),
+                "write {name: my-bucket, mode: MOUNT} or {source: s3://my-bucket/path}",
+            )),
+        }
     }
-    Ok(out)
+
+    /// The URL of the bucket `name` in `store` (S3 when none is named) and
+    /// how gangway creates it: filled from the local `source` if there is
+    /// one, kept unless `persistent` is false.
+    fn named_bucket(
+        &self,
+        name: &str,
+        source: Option<&str>,
+        store: Option<&str>,
+        persistent: Option<bool>,
+    ) -> Result<(String, Create), Error> {
+        let name = self.substitute(name)?;
+        let source = match source {
+            None => None,
+            Some(src) => Some(self.local_source(src)?),
+        };
+        let create = Create {
+            persistent: persistent.unwrap_or(true),
+            source,
+        };
+        Ok((
+            format!("{}://{name}", self.scheme(store)?.url_scheme()),
+            create,
+        ))
+    }
+
+    /// A local source to upload into a created bucket; it must exist.
+    fn local_source(&self, src: &str) -> Result<PathBuf, Error> {
+        let path = crate::core::config::local_path(&self.substitute(src)?);
+        if !path.exists() {
+            return Err(self.here.error(
+                format!("source {} does not exist", path.display()),
+                "a local source is resolved against the directory you run gangway from",
+            ));
+        }
+        Ok(path)
+    }
+
+    /// The scheme of a mount's `store:`, S3 when it names none.
+    fn scheme(&self, store: Option<&str>) -> Result<Scheme, Error> {
+        let Some(s) = store else {
+            return Ok(Scheme::S3);
+        };
+        let s = self.substitute(s)?;
+        Scheme::from_store_name(&s).ok_or_else(|| {
+            self.here.error(
+                format!("store '{s}' is not supported"),
+                "use store: s3 or store: gcs",
+            )
+        })
+    }
 }
 
 /// Where a mount sits in the task file, for its errors.
