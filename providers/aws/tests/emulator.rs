@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use ec2_emulator::Ec2Emulator;
+use ec2_emulator::{values, Ec2Emulator};
 use gangway_aws::AwsProvider;
 use gangway_provider::{
     ClusterName, ErrorKind, LaunchRequest, NodeState, Placement, Provider, TaggedCluster,
@@ -97,20 +97,6 @@ fn request(cluster: &str, zone: &str, count: u32, spot: bool) -> LaunchRequest {
         ports: vec![(8888, 8888)],
         labels: BTreeMap::from([("team".to_string(), "ml".to_string())]),
     }
-}
-
-/// Every `<tag>value</tag>` in an XML document, in order.
-fn values(xml: &str, tag: &str) -> Vec<String> {
-    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
-    let mut out = Vec::new();
-    let mut rest = xml;
-    while let Some(i) = rest.find(&open) {
-        let after = &rest[i + open.len()..];
-        let Some(j) = after.find(&close) else { break };
-        out.push(after[..j].to_string());
-        rest = &after[j + close.len()..];
-    }
-    out
 }
 
 /// Independent look: the cluster's live instances by tag.
