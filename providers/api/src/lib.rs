@@ -20,6 +20,7 @@ use std::time::Duration;
 
 mod endpoint;
 pub mod host_keys;
+pub mod notice;
 mod registry;
 mod transport;
 pub mod tree;
