@@ -4,8 +4,9 @@
 //! `gangway-cluster` tag. Without the emulator the test says
 //! `SKIPPED aws: why` and passes.
 
+mod common;
+
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::sync::Mutex;
 
 use gangway_aws::AwsProvider;
@@ -13,6 +14,8 @@ use gangway_provider::{ClusterName, ErrorKind, LaunchRequest, Provider};
 use gangway_test::contract::{self, placement, Harness, Midway, Resource, Unsupported};
 use gangway_test::ec2_emulator::{values, Ec2Emulator};
 use serde_json::json;
+
+use common::provider;
 
 const REGION: &str = "us-east-1";
 const ZONE: &str = "us-east-1c";
@@ -37,20 +40,6 @@ fn owner_id(salt: u64) -> String {
         "gw-{:016x}",
         (u64::from(std::process::id()) << 32) ^ nanos ^ salt
     )
-}
-
-fn provider(dir: &Path, owner: &str, conf: &aws_config::SdkConfig) -> AwsProvider {
-    std::fs::create_dir_all(dir).unwrap();
-    let key = dir.join("id_ed25519");
-    let st = std::process::Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-        .arg(&key)
-        .status()
-        .expect("ssh-keygen");
-    assert!(st.success());
-    AwsProvider::new(dir.join("aws"), owner, key.with_extension("pub"))
-        .with_sdk_config(conf.clone())
-        .with_user("tester")
 }
 
 impl Aws {
@@ -195,15 +184,7 @@ async fn the_aws_provider_keeps_the_provider_contract() {
     let Some(emu) = Ec2Emulator::shared() else {
         return;
     };
-    let conf = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .endpoint_url(&emu.endpoint)
-        .region(aws_config::Region::new(REGION))
-        .credentials_provider(aws_sdk_ec2::config::Credentials::new(
-            "testing", "testing", None, None, "test",
-        ))
-        .retry_config(aws_config::retry::RetryConfig::standard().with_max_attempts(1))
-        .load()
-        .await;
+    let conf = common::sdk_config(emu, REGION).await;
     let dir = tempfile::tempdir().unwrap();
     let owner = owner_id(1);
     let h = Aws {

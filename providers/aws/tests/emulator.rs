@@ -2,6 +2,8 @@
 //! layer, `tests/emulators/ec2`): every call goes through the real SDK over
 //! HTTP, and every check is an independent `Describe*` call.
 
+mod common;
+
 use gangway_test::ec2_emulator;
 
 use std::collections::BTreeMap;
@@ -38,27 +40,9 @@ async fn fixture(test: &str) -> Option<Fixture> {
     static N: AtomicU32 = AtomicU32::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("gw-aws-{test}-{}-{n}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let key = dir.join("id_ed25519");
-    let st = std::process::Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-        .arg(&key)
-        .status()
-        .expect("ssh-keygen");
-    assert!(st.success());
-    let conf = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .endpoint_url(&emu.endpoint)
-        .region(aws_config::Region::new(REGION))
-        .credentials_provider(aws_sdk_ec2::config::Credentials::new(
-            "testing", "testing", None, None, "test",
-        ))
-        .retry_config(aws_config::retry::RetryConfig::standard().with_max_attempts(1))
-        .load()
-        .await;
+    let conf = common::sdk_config(emu, REGION).await;
     let owner = format!("owner-{test}-{}-{n}", std::process::id());
-    let p = AwsProvider::new(dir.join("aws"), owner.clone(), key.with_extension("pub"))
-        .with_sdk_config(conf.clone())
-        .with_user("tester");
+    let p = common::provider(&dir, &owner, &conf);
     Some(Fixture {
         emu,
         p,
