@@ -1,5 +1,7 @@
-//! The spot watchers (`providers/aws/templates/aws-spot-watch.sh`,
-//! `providers/gcp/templates/gcp-preempted-watch.sh`) against a fake metadata service on
+//! The spot watchers (`gangway_aws::SPOT_WATCHER`,
+//! `gangway_gcp::PREEMPTED_WATCHER`: each cloud's part in
+//! `providers/{aws,gcp}/templates/` before the loop they share,
+//! `providers/api/templates/notice-watch.sh`) against a fake metadata service on
 //! 127.0.0.1: `--once` before and after a notice and with no metadata
 //! service, the polling mode signalling a process group, and the SSH
 //! transport's `preemption_notice` running the AWS one on a node.
@@ -14,16 +16,16 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use gangway::transport::ssh::SshTransport;
+use gangway_provider::notice::Watcher;
 use gangway_provider::NodeRow;
 use gangway_provider::Transport;
 use serde_json::Value;
 
-use crate::common::{parts, root, wait_for, Running};
+use crate::common::{parts, wait_for, Running};
 use crate::sshd::Sshd;
 
 /// Bounded waits for what the watcher does asynchronously.
@@ -232,11 +234,12 @@ enum Cloud {
 }
 
 impl Cloud {
-    fn script(self) -> PathBuf {
-        root().join(match self {
-            Cloud::Aws => "providers/aws/templates/aws-spot-watch.sh",
-            Cloud::Gcp => "providers/gcp/templates/gcp-preempted-watch.sh",
-        })
+    /// The watcher as its provider crate embeds it.
+    fn watcher(self) -> Watcher {
+        match self {
+            Cloud::Aws => gangway_aws::SPOT_WATCHER,
+            Cloud::Gcp => gangway_gcp::PREEMPTED_WATCHER,
+        }
     }
 
     /// The variable naming the metadata service, and its value for a
@@ -257,12 +260,15 @@ impl Cloud {
     }
 }
 
-/// `sh WATCHER ARGS` pointed at a service on 127.0.0.1:`port`, with no
-/// other watcher settings from the environment.
+/// `sh -c WATCHER NAME ARGS` pointed at a service on 127.0.0.1:`port`,
+/// with no other watcher settings from the environment.
 fn watcher(cloud: Cloud, port: u16, args: &[&str]) -> Command {
     let (var, value) = cloud.endpoint(port);
+    let w = cloud.watcher();
     let mut c = Command::new("sh");
-    c.arg(cloud.script())
+    c.arg("-c")
+        .arg(w.script())
+        .arg(w.name)
         .args(args)
         .env_remove("GANGWAY_IMDS_ENDPOINT")
         .env_remove("GCE_METADATA_HOST")

@@ -21,6 +21,7 @@ use std::time::Duration;
 pub mod children;
 mod endpoint;
 pub mod host_keys;
+pub mod notice;
 mod registry;
 mod transport;
 pub mod tree;

@@ -44,7 +44,7 @@ use gangway_provider::{
 pub use config::{AwsOptions, ConfigError};
 pub use errors::classify;
 use errors::{code_of, from_sdk};
-pub use notice::{spot_notice_probe, SPOT_WATCH};
+pub use notice::{spot_notice_probe, SPOT_WATCHER};
 use record::{Record, Records};
 
 /// Tag naming the cluster on every resource.

@@ -1,39 +1,34 @@
 //! Spot interruption notices, read on the node over the core's SSH
 //! connection: nothing of gangway is installed there.
 
-use gangway_provider::{sh_quote, NodeRow, NOTICE_MARK};
+use gangway_provider::notice::Watcher;
+use gangway_provider::NodeRow;
 
-/// The spot interruption watcher (`templates/aws-spot-watch.sh`): run with
-/// `--once` it prints the node's IMDSv2 `spot/instance-action` notice, if
-/// there is one; without arguments it polls (for images that want it on
-/// the node).
-pub const SPOT_WATCH: &str = include_str!("../templates/aws-spot-watch.sh");
+/// The spot interruption watcher: `templates/aws-spot-watch.sh` (IMDSv2
+/// `spot/instance-action`, with its session token) before the loop every
+/// watcher shares. Run with `--once` it prints the node's notice, if there
+/// is one; without arguments it polls (for images that want it on the
+/// node). A node's `env.GANGWAY_IMDS_ENDPOINT` fact (tests) points it at
+/// another metadata service.
+pub const SPOT_WATCHER: Watcher = Watcher {
+    name: "aws-spot-watch",
+    check: include_str!("../templates/aws-spot-watch.sh"),
+    endpoint_var: "GANGWAY_IMDS_ENDPOINT",
+    notice: "spot/instance-action",
+};
 
 /// The command that asks a spot node's metadata service for a notice
-/// (printed after [`NOTICE_MARK`] as `spot/instance-action: {json}`), or
-/// `None` for an on-demand node, which has none to ask. A node's
-/// `env.GANGWAY_IMDS_ENDPOINT` fact (tests) points the watcher at another
-/// metadata service.
+/// (printed after [`gangway_provider::NOTICE_MARK`] as
+/// `spot/instance-action: {json}`), or `None` for an on-demand node, which
+/// has none to ask.
 pub fn spot_notice_probe(node: &NodeRow) -> Option<String> {
-    if node.fact("market") != "spot" {
-        return None;
-    }
-    let endpoint = node
-        .extra
-        .get("env.GANGWAY_IMDS_ENDPOINT")
-        .map(|e| format!("GANGWAY_IMDS_ENDPOINT={} ", sh_quote(e)))
-        .unwrap_or_default();
-    // Exit 1 (no notice) and 2 (no metadata service) both print nothing.
-    Some(format!(
-        "n=$({endpoint}sh -c {} aws-spot-watch --once 2>/dev/null) && \
-         printf '%s%s\\n' {NOTICE_MARK} \"spot/instance-action: $n\"; true",
-        sh_quote(SPOT_WATCH)
-    ))
+    SPOT_WATCHER.probe(node)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gangway_provider::sh_quote;
 
     fn node_with(facts: &[(&str, &str)]) -> NodeRow {
         NodeRow {
@@ -61,7 +56,10 @@ mod tests {
         }
         let n = node_with(&[("market", "spot"), ("instance_type", "p4d.24xlarge")]);
         let remote = spot_notice_probe(&n).expect("a spot node is asked");
-        assert!(remote.contains(&sh_quote(SPOT_WATCH)), "{remote}");
+        assert!(
+            remote.contains(&sh_quote(&SPOT_WATCHER.script())),
+            "{remote}"
+        );
         assert!(remote.contains("--once") && !remote.contains("GANGWAY_IMDS_ENDPOINT="));
         let n = node_with(&[
             ("market", "spot"),
@@ -73,7 +71,8 @@ mod tests {
 
     #[test]
     fn the_embedded_watcher_is_the_template() {
-        assert!(SPOT_WATCH.starts_with("#!/bin/sh\n"));
-        assert!(SPOT_WATCH.contains("spot/instance-action"));
+        let script = SPOT_WATCHER.script();
+        assert!(script.starts_with("#!/bin/sh\n"));
+        assert!(script.contains("spot/instance-action"));
     }
 }

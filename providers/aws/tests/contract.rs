@@ -4,15 +4,18 @@
 //! `gangway-cluster` tag. Without the emulator the test says
 //! `SKIPPED aws: why` and passes.
 
+mod common;
+
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use gangway_aws::AwsProvider;
-use gangway_provider::{ClusterName, ErrorKind, LaunchRequest, Placement, Provider};
-use gangway_test::contract::{self, Harness, Midway, Resource, Unsupported};
-use gangway_test::ec2_emulator::Ec2Emulator;
+use gangway_provider::{ClusterName, ErrorKind, LaunchRequest, Provider};
+use gangway_test::contract::{self, placement, Harness, Midway, Resource, Unsupported};
+use gangway_test::ec2_emulator::{values, Ec2Emulator};
 use serde_json::json;
+
+use common::provider;
 
 const REGION: &str = "us-east-1";
 const ZONE: &str = "us-east-1c";
@@ -23,14 +26,8 @@ struct Aws {
     conf: aws_config::SdkConfig,
     owner: String,
     prefix: String,
-    dir: PathBuf,
+    dir: tempfile::TempDir,
     rules: Mutex<Vec<u64>>,
-}
-
-impl Drop for Aws {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 /// An owner id (`gw-` and 16 hex digits) of this test process.
@@ -43,34 +40,6 @@ fn owner_id(salt: u64) -> String {
         "gw-{:016x}",
         (u64::from(std::process::id()) << 32) ^ nanos ^ salt
     )
-}
-
-fn provider(dir: &Path, owner: &str, conf: &aws_config::SdkConfig) -> AwsProvider {
-    std::fs::create_dir_all(dir).unwrap();
-    let key = dir.join("id_ed25519");
-    let st = std::process::Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-        .arg(&key)
-        .status()
-        .expect("ssh-keygen");
-    assert!(st.success());
-    AwsProvider::new(dir.join("aws"), owner, key.with_extension("pub"))
-        .with_sdk_config(conf.clone())
-        .with_user("tester")
-}
-
-/// Every `<tag>value</tag>` of an XML document.
-fn values(xml: &str, tag: &str) -> Vec<String> {
-    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
-    let mut out = Vec::new();
-    let mut rest = xml;
-    while let Some(i) = rest.find(&open) {
-        let after = &rest[i + open.len()..];
-        let Some(j) = after.find(&close) else { break };
-        out.push(after[..j].to_string());
-        rest = &after[j + close.len()..];
-    }
-    out
 }
 
 impl Aws {
@@ -120,26 +89,14 @@ impl Harness for Aws {
         self.owner.clone()
     }
 
+    /// The emulator serves every test process of the run.
     fn prefix(&self) -> String {
         self.prefix.clone()
     }
 
     fn request(&self, cluster: &ClusterName, count: u32, client_token: &str) -> LaunchRequest {
         LaunchRequest {
-            cluster: cluster.clone(),
-            owner: self.owner.clone(),
-            placement: Placement {
-                cloud: "aws".into(),
-                region: REGION.into(),
-                zone: ZONE.into(),
-            },
-            instance_type: "m5.xlarge".into(),
-            count,
-            use_spot: false,
-            accelerator: None,
             disk_size_gib: Some(50),
-            image_id: None,
-            client_token: client_token.into(),
             provider_config: Some(json!({
                 // moto's images are 2017's: name one of them.
                 "ami_name": "Deep Learning AMI Ubuntu*",
@@ -148,10 +105,14 @@ impl Harness for Aws {
                 "poll_ms": 20,
                 "boot_timeout_s": 30,
             })),
-            network_tier: None,
-            max_price: None,
-            ports: Vec::new(),
-            labels: Default::default(),
+            ..contract::request(
+                cluster,
+                count,
+                client_token,
+                &self.owner,
+                placement("aws", REGION, ZONE),
+                "m5.xlarge",
+            )
         }
     }
 
@@ -204,7 +165,6 @@ impl Harness for Aws {
                 id,
             }));
         }
-        out.sort();
         out
     }
 
@@ -214,7 +174,7 @@ impl Harness for Aws {
 
     fn other_owner(&self) -> Result<(Box<dyn Provider>, String), Unsupported> {
         let owner = owner_id(0x07e4);
-        let p = provider(&self.dir.join("other"), &owner, &self.conf);
+        let p = provider(&self.dir.path().join("other"), &owner, &self.conf);
         Ok((Box::new(p), owner))
     }
 }
@@ -224,20 +184,12 @@ async fn the_aws_provider_keeps_the_provider_contract() {
     let Some(emu) = Ec2Emulator::shared() else {
         return;
     };
-    let conf = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .endpoint_url(&emu.endpoint)
-        .region(aws_config::Region::new(REGION))
-        .credentials_provider(aws_sdk_ec2::config::Credentials::new(
-            "testing", "testing", None, None, "test",
-        ))
-        .retry_config(aws_config::retry::RetryConfig::standard().with_max_attempts(1))
-        .load()
-        .await;
-    let dir = std::env::temp_dir().join(format!("gw-aws-contract-{}", std::process::id()));
+    let conf = common::sdk_config(emu, REGION).await;
+    let dir = tempfile::tempdir().unwrap();
     let owner = owner_id(1);
     let h = Aws {
         emu,
-        p: provider(&dir, &owner, &conf),
+        p: provider(dir.path(), &owner, &conf),
         conf,
         owner,
         prefix: format!("ct{}", std::process::id()),

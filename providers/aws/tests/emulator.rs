@@ -2,13 +2,15 @@
 //! layer, `tests/emulators/ec2`): every call goes through the real SDK over
 //! HTTP, and every check is an independent `Describe*` call.
 
+mod common;
+
 use gangway_test::ec2_emulator;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use ec2_emulator::Ec2Emulator;
+use ec2_emulator::{values, Ec2Emulator};
 use gangway_aws::AwsProvider;
 use gangway_provider::{
     ClusterName, ErrorKind, LaunchRequest, NodeState, Placement, Provider, TaggedCluster,
@@ -38,27 +40,9 @@ async fn fixture(test: &str) -> Option<Fixture> {
     static N: AtomicU32 = AtomicU32::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("gw-aws-{test}-{}-{n}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let key = dir.join("id_ed25519");
-    let st = std::process::Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-        .arg(&key)
-        .status()
-        .expect("ssh-keygen");
-    assert!(st.success());
-    let conf = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .endpoint_url(&emu.endpoint)
-        .region(aws_config::Region::new(REGION))
-        .credentials_provider(aws_sdk_ec2::config::Credentials::new(
-            "testing", "testing", None, None, "test",
-        ))
-        .retry_config(aws_config::retry::RetryConfig::standard().with_max_attempts(1))
-        .load()
-        .await;
+    let conf = common::sdk_config(emu, REGION).await;
     let owner = format!("owner-{test}-{}-{n}", std::process::id());
-    let p = AwsProvider::new(dir.join("aws"), owner.clone(), key.with_extension("pub"))
-        .with_sdk_config(conf.clone())
-        .with_user("tester");
+    let p = common::provider(&dir, &owner, &conf);
     Some(Fixture {
         emu,
         p,
@@ -97,20 +81,6 @@ fn request(cluster: &str, zone: &str, count: u32, spot: bool) -> LaunchRequest {
         ports: vec![(8888, 8888)],
         labels: BTreeMap::from([("team".to_string(), "ml".to_string())]),
     }
-}
-
-/// Every `<tag>value</tag>` in an XML document, in order.
-fn values(xml: &str, tag: &str) -> Vec<String> {
-    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
-    let mut out = Vec::new();
-    let mut rest = xml;
-    while let Some(i) = rest.find(&open) {
-        let after = &rest[i + open.len()..];
-        let Some(j) = after.find(&close) else { break };
-        out.push(after[..j].to_string());
-        rest = &after[j + close.len()..];
-    }
-    out
 }
 
 /// Independent look: the cluster's live instances by tag.

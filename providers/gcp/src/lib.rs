@@ -45,7 +45,7 @@ use record::{KeptVm, Record};
 
 pub use errors::{classify_codes, classify_http, GcpError};
 pub use names::{gpu_type, request_id, Names};
-pub use notice::{preempted_notice_probe, PREEMPTED_WATCH};
+pub use notice::{preempted_notice_probe, PREEMPTED_WATCHER};
 
 /// Label naming the cluster (a sanitized name plus a hash of the exact one).
 pub const LABEL_CLUSTER: &str = "gangway-cluster";

@@ -8,8 +8,8 @@
 use std::path::Path;
 
 use gangway_gcp::{GcpProvider, Names};
-use gangway_provider::{ClusterName, ErrorKind, LaunchRequest, Placement, Provider};
-use gangway_test::contract::{self, Harness, Midway, Resource, Unsupported};
+use gangway_provider::{ClusterName, ErrorKind, LaunchRequest, Provider};
+use gangway_test::contract::{self, placement, Harness, Midway, Resource, Unsupported};
 use gangway_test::gce_fake::GceFake;
 use gangway_test::skip;
 use serde_json::json;
@@ -50,31 +50,18 @@ impl Harness for Gcp {
         self.owner.clone()
     }
 
-    fn prefix(&self) -> String {
-        "ct".into()
-    }
-
     fn request(&self, cluster: &ClusterName, count: u32, client_token: &str) -> LaunchRequest {
         LaunchRequest {
-            cluster: cluster.clone(),
-            owner: self.owner.clone(),
-            placement: Placement {
-                cloud: "gcp".into(),
-                region: "us-central1".into(),
-                zone: ZONE.into(),
-            },
-            instance_type: "a2-highgpu-1g".into(),
-            count,
-            use_spot: false,
             accelerator: Some(("A100".into(), 1.0)),
             disk_size_gib: Some(100),
-            image_id: None,
-            client_token: client_token.into(),
-            provider_config: None,
-            network_tier: None,
-            max_price: None,
-            ports: Vec::new(),
-            labels: Default::default(),
+            ..contract::request(
+                cluster,
+                count,
+                client_token,
+                &self.owner,
+                placement("gcp", "us-central1", ZONE),
+                "a2-highgpu-1g",
+            )
         }
     }
 
@@ -143,7 +130,6 @@ impl Harness for Gcp {
                 });
             }
         }
-        out.sort();
         out
     }
 

@@ -7,13 +7,12 @@
 //! ResourceQuota of no pods, a shape that is no pod shape. What a cluster holds is its labelled pods, read
 //! with kubectl. Without the harness the test says `SKIPPED k8s: why`.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use gangway_kubernetes::config::Config;
 use gangway_kubernetes::KubernetesProvider;
-use gangway_provider::{ClusterName, ErrorKind, LaunchRequest, Placement, Provider};
-use gangway_test::contract::{self, Harness, Midway, Resource, Unsupported};
+use gangway_provider::{ClusterName, ErrorKind, LaunchRequest, Provider};
+use gangway_test::contract::{self, placement, Flag, Harness, Midway, Next, Resource, Unsupported};
 use gangway_test::k8s::{K8sHarness, NodeSpec};
 use gangway_test::skip;
 
@@ -25,9 +24,9 @@ struct K8s {
     p: KubernetesProvider,
     /// The next request's instance type, when a failure is a request the
     /// cluster refuses.
-    next: Mutex<Option<String>>,
-    cordoned: Mutex<bool>,
-    quota: Mutex<bool>,
+    next: Next<String>,
+    cordoned: Flag,
+    quota: Flag,
 }
 
 fn provider(k8s: &K8sHarness, owner: &str) -> KubernetesProvider {
@@ -68,7 +67,7 @@ impl K8s {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        *self.quota.lock().unwrap() = true;
+        self.quota.raise();
     }
 
     fn nodes(&self, verb: &str) {
@@ -89,37 +88,18 @@ impl Harness for K8s {
         OWNER.into()
     }
 
-    fn prefix(&self) -> String {
-        "ct".into()
-    }
-
     fn request(&self, cluster: &ClusterName, count: u32, client_token: &str) -> LaunchRequest {
-        let it = self
-            .next
-            .lock()
-            .unwrap()
-            .take()
-            .unwrap_or_else(|| "A100x1-0.5c-1g".into());
+        let it = self.next.take().unwrap_or_else(|| "A100x1-0.5c-1g".into());
         LaunchRequest {
-            cluster: cluster.clone(),
-            owner: OWNER.into(),
-            placement: Placement {
-                cloud: "kubernetes".into(),
-                region: "harness".into(),
-                zone: "default".into(),
-            },
-            instance_type: it,
-            count,
-            use_spot: false,
             accelerator: Some(("A100".into(), 1.0)),
-            disk_size_gib: None,
-            image_id: None,
-            client_token: client_token.into(),
-            provider_config: None,
-            network_tier: None,
-            max_price: None,
-            ports: Vec::new(),
-            labels: Default::default(),
+            ..contract::request(
+                cluster,
+                count,
+                client_token,
+                OWNER,
+                placement("kubernetes", "harness", "default"),
+                it,
+            )
         }
     }
 
@@ -127,7 +107,7 @@ impl Harness for K8s {
         // Every node cordoned: the pods are made and stay unschedulable;
         // the launcher gives up while it waits, as one killed there would.
         self.nodes("cordon");
-        *self.cordoned.lock().unwrap() = true;
+        self.cordoned.raise();
         Ok(Midway::Abandoned(Duration::from_millis(1500)))
     }
 
@@ -149,21 +129,19 @@ impl Harness for K8s {
                 ))
             }
         };
-        *self.next.lock().unwrap() = Some(next.to_string());
+        self.next.set(next.to_string());
         Ok(())
     }
 
     fn clear_failures(&self, _cluster: &ClusterName) {
-        self.next.lock().unwrap().take();
-        if std::mem::take(&mut *self.quota.lock().unwrap()) {
+        self.next.take();
+        if self.quota.take() {
             self.k8s
                 .kubectl(&["delete", "resourcequota", "contract-no-pods"])
                 .expect("kubectl delete quota");
         }
-        let mut cordoned = self.cordoned.lock().unwrap();
-        if *cordoned {
+        if self.cordoned.take() {
             self.nodes("uncordon");
-            *cordoned = false;
         }
     }
 
@@ -183,7 +161,7 @@ impl Harness for K8s {
             ])
             .expect("kubectl get");
         let list: serde_json::Value = serde_json::from_str(&out).expect("JSON");
-        let mut found: Vec<Resource> = list["items"]
+        list["items"]
             .as_array()
             .into_iter()
             .flatten()
@@ -197,9 +175,7 @@ impl Harness for K8s {
                     .as_str()
                     .map(String::from),
             })
-            .collect();
-        found.sort();
-        found
+            .collect()
     }
 
     fn lists_clusters(&self) -> bool {
@@ -226,9 +202,9 @@ async fn the_kubernetes_provider_keeps_the_provider_contract() {
     let h = K8s {
         p: provider(&k8s, OWNER),
         k8s,
-        next: Mutex::new(None),
-        cordoned: Mutex::new(false),
-        quota: Mutex::new(false),
+        next: Next::default(),
+        cordoned: Flag::default(),
+        quota: Flag::default(),
     };
     contract::run(&h).await;
 }

@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use gangway_local::LocalProvider;
-use gangway_provider::{ClusterName, ErrorKind, LaunchRequest, Placement, Provider};
-use gangway_test::contract::{self, Harness, Midway, Resource, Unsupported};
+use gangway_provider::{ClusterName, ErrorKind, LaunchRequest, Provider};
+use gangway_test::contract::{self, placement, Harness, Midway, Resource, Unsupported};
 use serde_json::{json, Value};
 
 struct Local {
@@ -53,32 +53,15 @@ impl Harness for Local {
         "gw-00000000000c0de1".into()
     }
 
-    fn prefix(&self) -> String {
-        "ct".into()
-    }
-
     fn request(&self, cluster: &ClusterName, count: u32, client_token: &str) -> LaunchRequest {
-        LaunchRequest {
-            cluster: cluster.clone(),
-            owner: self.owner(),
-            placement: Placement {
-                cloud: "local".into(),
-                region: "local".into(),
-                zone: "local-b".into(),
-            },
-            instance_type: "local.cpu".into(),
+        contract::request(
+            cluster,
             count,
-            use_spot: false,
-            accelerator: None,
-            disk_size_gib: None,
-            image_id: None,
-            client_token: client_token.into(),
-            provider_config: None,
-            network_tier: None,
-            max_price: None,
-            ports: Vec::new(),
-            labels: Default::default(),
-        }
+            client_token,
+            &self.owner(),
+            placement("local", "local", "local-b"),
+            "local.cpu",
+        )
     }
 
     fn fail_midway(&self, _cluster: &ClusterName) -> Result<Midway, Unsupported> {
@@ -130,7 +113,6 @@ impl Harness for Local {
                 }
             }
         }
-        out.sort();
         out
     }
 

@@ -5,12 +5,11 @@
 //! owner in each job's comment). Without Slurm (or root) the test says
 //! `SKIPPED slurm: why` and passes.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
-use gangway_provider::{ClusterName, ErrorKind, LaunchRequest, Placement, Provider};
+use gangway_provider::{ClusterName, ErrorKind, LaunchRequest, Provider};
 use gangway_slurm::{Cluster, Partition, SlurmProvider};
-use gangway_test::contract::{self, Harness, Midway, Resource, Unsupported};
+use gangway_test::contract::{self, placement, Flag, Harness, Midway, Next, Resource, Unsupported};
 use gangway_test::slurm::SlurmCluster;
 
 const OWNER: &str = "gw-00000000000c0de5";
@@ -22,8 +21,8 @@ struct Slurm {
     work: tempfile::TempDir,
     /// The next request's partition and GPUs per node, when a failure is
     /// a request Slurm refuses.
-    next: Mutex<Option<(String, f32)>>,
-    drained: Mutex<bool>,
+    next: Next<(String, f32)>,
+    drained: Flag,
 }
 
 fn partition(name: &str) -> Partition {
@@ -79,37 +78,18 @@ impl Harness for Slurm {
         OWNER.into()
     }
 
-    fn prefix(&self) -> String {
-        "ct".into()
-    }
-
     fn request(&self, cluster: &ClusterName, count: u32, client_token: &str) -> LaunchRequest {
-        let (zone, gpus) = self
-            .next
-            .lock()
-            .unwrap()
-            .take()
-            .unwrap_or(("gpu".into(), 1.0));
+        let (zone, gpus) = self.next.take().unwrap_or(("gpu".into(), 1.0));
         LaunchRequest {
-            cluster: cluster.clone(),
-            owner: OWNER.into(),
-            placement: Placement {
-                cloud: "slurm".into(),
-                region: "test".into(),
-                zone,
-            },
-            instance_type: "gpu".into(),
-            count,
-            use_spot: false,
             accelerator: Some(("A100".into(), gpus)),
-            disk_size_gib: None,
-            image_id: None,
-            client_token: client_token.into(),
-            provider_config: None,
-            network_tier: None,
-            max_price: None,
-            ports: Vec::new(),
-            labels: Default::default(),
+            ..contract::request(
+                cluster,
+                count,
+                client_token,
+                OWNER,
+                placement("slurm", "test", &zone),
+                "gpu",
+            )
         }
     }
 
@@ -117,7 +97,7 @@ impl Harness for Slurm {
         // With every node drained the job is queued and stays pending: the
         // launcher gives up while it waits, as one killed there would.
         self.nodes("drain");
-        *self.drained.lock().unwrap() = true;
+        self.drained.raise();
         Ok(Midway::Abandoned(Duration::from_secs(3)))
     }
 
@@ -140,23 +120,20 @@ impl Harness for Slurm {
                 ))
             }
         };
-        *self.next.lock().unwrap() = Some(next);
+        self.next.set(next);
         Ok(())
     }
 
     fn clear_failures(&self, _cluster: &ClusterName) {
-        self.next.lock().unwrap().take();
-        let mut drained = self.drained.lock().unwrap();
-        if *drained {
+        self.next.take();
+        if self.drained.take() {
             self.nodes("resume");
-            *drained = false;
         }
     }
 
     fn leftovers(&self, cluster: &ClusterName) -> Vec<Resource> {
         let name = format!("gangway-{}", cluster.0);
-        let mut out: Vec<Resource> = self
-            .slurm
+        self.slurm
             .cmd("squeue", &["-h", "-o", "%i|%j|%k|%T"])
             .lines()
             .filter_map(|l| {
@@ -168,9 +145,7 @@ impl Harness for Slurm {
                     owner: f[2].strip_prefix("gangway-owner=").map(String::from),
                 })
             })
-            .collect();
-        out.sort();
-        out
+            .collect()
     }
 
     fn lists_clusters(&self) -> bool {
@@ -193,8 +168,8 @@ async fn the_slurm_provider_keeps_the_provider_contract() {
         p: provider(&slurm, work.path(), OWNER),
         slurm,
         work,
-        next: Mutex::new(None),
-        drained: Mutex::new(false),
+        next: Next::default(),
+        drained: Flag::default(),
     };
     contract::run(&h).await;
 }

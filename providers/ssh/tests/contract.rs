@@ -5,11 +5,10 @@
 
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::sync::Mutex;
 
-use gangway_provider::{ClusterName, ErrorKind, LaunchRequest, Placement, Provider};
+use gangway_provider::{ClusterName, ErrorKind, LaunchRequest, Provider};
 use gangway_ssh::{Host, Pool, SshPools};
-use gangway_test::contract::{self, Harness, Resource, Unsupported};
+use gangway_test::contract::{self, placement, Harness, Next, Resource, Unsupported};
 use serde_json::Value;
 
 const POOL: &str = "ct";
@@ -20,7 +19,7 @@ struct Pools {
     root: PathBuf,
     /// The instance type the next request asks for (a failure on demand
     /// is a request this inventory cannot meet).
-    next_type: Mutex<Option<String>>,
+    next_type: Next<String>,
     _listeners: Vec<TcpListener>,
     _home: tempfile::TempDir,
 }
@@ -62,7 +61,7 @@ impl Pools {
         Pools {
             p: SshPools::new(&root, pools),
             root,
-            next_type: Mutex::new(None),
+            next_type: Next::default(),
             _listeners: listeners,
             _home: home,
         }
@@ -78,38 +77,19 @@ impl Harness for Pools {
         "gw-00000000000c0de2".into()
     }
 
-    fn prefix(&self) -> String {
-        "ct".into()
-    }
-
     fn request(&self, cluster: &ClusterName, count: u32, client_token: &str) -> LaunchRequest {
         let ty = self
             .next_type
-            .lock()
-            .unwrap()
             .take()
             .unwrap_or_else(|| format!("{POOL}.cpu"));
-        LaunchRequest {
-            cluster: cluster.clone(),
-            owner: self.owner(),
-            placement: Placement {
-                cloud: "ssh".into(),
-                region: POOL.into(),
-                zone: ZONE.into(),
-            },
-            instance_type: ty,
+        contract::request(
+            cluster,
             count,
-            use_spot: false,
-            accelerator: None,
-            disk_size_gib: None,
-            image_id: None,
-            client_token: client_token.into(),
-            provider_config: None,
-            network_tier: None,
-            max_price: None,
-            ports: Vec::new(),
-            labels: Default::default(),
-        }
+            client_token,
+            &self.owner(),
+            placement("ssh", POOL, ZONE),
+            ty,
+        )
     }
 
     fn fail_midway(&self, _cluster: &ClusterName) -> Result<contract::Midway, Unsupported> {
@@ -132,20 +112,19 @@ impl Harness for Pools {
                         .into(),
                 )),
             };
-        *self.next_type.lock().unwrap() = Some(ty);
+        self.next_type.set(ty);
         Ok(())
     }
 
     fn clear_failures(&self, _cluster: &ClusterName) {
-        self.next_type.lock().unwrap().take();
+        self.next_type.take();
     }
 
     fn leftovers(&self, cluster: &ClusterName) -> Vec<Resource> {
         let Ok(dir) = std::fs::read_dir(self.root.join("alloc")) else {
             return Vec::new();
         };
-        let mut out: Vec<Resource> = dir
-            .flatten()
+        dir.flatten()
             .filter_map(|e| {
                 let text = std::fs::read_to_string(e.path()).ok()?;
                 let rec: Value = serde_json::from_str(&text).ok()?;
@@ -156,9 +135,7 @@ impl Harness for Pools {
                     owner: rec["owner"].as_str().map(String::from),
                 })
             })
-            .collect();
-        out.sort();
-        out
+            .collect()
     }
 
     fn lists_clusters(&self) -> bool {

@@ -43,11 +43,20 @@
 //! A rule a provider cannot be made to show (no way to inject an auth
 //! failure into an inventory of machines) is excused by the harness
 //! returning [`Unsupported`] with the reason, which [`run`] prints.
+//!
+//! What harnesses write alike is here too: [`request`] (a request with
+//! everything a provider does not need left at its default), [`Next`] (what
+//! the next request asks for instead, where a failure is a request the
+//! provider refuses) and [`Flag`] (a failure set up on the place, undone by
+//! [`Harness::clear_failures`]).
 
 use std::collections::BTreeSet;
 use std::fmt;
 
 use gangway_provider::{ClusterName, ErrorKind, LaunchRequest, Node, NodeState, Provider};
+
+mod kit;
+pub use kit::{placement, request, Flag, Next};
 
 /// Why a harness cannot do something for its provider; [`run`] prints it
 /// next to the rule it excuses.
@@ -104,9 +113,11 @@ pub trait Harness: Send + Sync {
     /// The owner id the provider should tag with.
     fn owner(&self) -> String;
 
-    /// Prefix of the cluster names the suite uses (short, lowercase,
-    /// unique to this test run where the place is shared).
-    fn prefix(&self) -> String;
+    /// Prefix of the cluster names the suite uses (short, lowercase):
+    /// `ct`, or one unique to this test run where the place is shared.
+    fn prefix(&self) -> String {
+        "ct".into()
+    }
 
     /// A request for `count` (1 or 2) nodes of `cluster` that this provider
     /// can satisfy, with `client_token` as its token.
@@ -127,9 +138,9 @@ pub trait Harness: Send + Sync {
     }
 
     /// Everything the provider holds for `cluster`, looked up on its side
-    /// (not through the provider): empty when nothing is left. Ended
-    /// resources (terminated instances a cloud still lists) are not
-    /// included.
+    /// (not through the provider), in any order: empty when nothing is
+    /// left. Ended resources (terminated instances a cloud still lists) are
+    /// not included.
     fn leftovers(&self, cluster: &ClusterName) -> Vec<Resource>;
 
     /// Whether [`Provider::clusters`] lists this provider's clusters (it
@@ -235,6 +246,14 @@ fn ensure(cond: bool, why: impl FnOnce() -> String) -> Result<(), String> {
     }
 }
 
+/// [`Harness::leftovers`] of `c`, sorted (harnesses list them in any
+/// order).
+fn leftovers(h: &dyn Harness, c: &ClusterName) -> Vec<Resource> {
+    let mut held = h.leftovers(c);
+    held.sort();
+    held
+}
+
 fn list(rs: &[Resource]) -> String {
     rs.iter()
         .map(ToString::to_string)
@@ -248,7 +267,7 @@ async fn gone(h: &dyn Harness, c: &ClusterName) -> Result<(), String> {
     p.terminate(c)
         .await
         .map_err(|e| format!("terminate {c}: {e}"))?;
-    let left = h.leftovers(c);
+    let left = leftovers(h, c);
     ensure(left.is_empty(), || {
         format!("terminate {c} left {}", list(&left))
     })?;
@@ -312,7 +331,7 @@ async fn idempotent(h: &dyn Harness) -> Check {
     let c = cluster(h, "idempotent");
     let req = h.request(&c, 2, &token(h, "idempotent", 1));
     let first = p.launch(&req).await.map_err(|e| format!("launch: {e}"))?;
-    let before = h.leftovers(&c);
+    let before = leftovers(h, &c);
     let again = p
         .launch(&req)
         .await
@@ -324,7 +343,7 @@ async fn idempotent(h: &dyn Harness) -> Check {
             ids(&first)
         )
     })?;
-    let after = h.leftovers(&c);
+    let after = leftovers(h, &c);
     ensure(after == before, || {
         format!(
             "the second launch changed what the cluster holds: before {}, after {}",
@@ -389,7 +408,7 @@ async fn midway(h: &dyn Harness) -> Check {
         None => {}
     }
     h.clear_failures(&c);
-    let half = h.leftovers(&c);
+    let half = leftovers(h, &c);
     ensure(!half.is_empty(), || {
         "the launch failed before it made anything: there was no half-created cluster to clean \
          (make the harness fail it later)"
@@ -415,7 +434,7 @@ async fn tags(h: &dyn Harness) -> Check {
     let owner = h.owner();
     let req = h.request(&c, 1, &token(h, "tags", 1));
     p.launch(&req).await.map_err(|e| format!("launch: {e}"))?;
-    let held = h.leftovers(&c);
+    let held = leftovers(h, &c);
     ensure(!held.is_empty(), || {
         "the harness sees nothing of a launched cluster".to_string()
     })?;

@@ -472,6 +472,21 @@ impl Ec2Emulator {
     }
 }
 
+/// Every `<tag>value</tag>` of an XML answer (an EC2 query call's), in
+/// order.
+pub fn values(xml: &str, tag: &str) -> Vec<String> {
+    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
+    let mut out = Vec::new();
+    let mut rest = xml;
+    while let Some(i) = rest.find(&open) {
+        let after = &rest[i + open.len()..];
+        let Some(j) = after.find(&close) else { break };
+        out.push(after[..j].to_string());
+        rest = &after[j + close.len()..];
+    }
+    out
+}
+
 /// The workspace root: the first directory above this crate's that holds
 /// the emulator.
 fn workspace_root() -> Option<PathBuf> {
