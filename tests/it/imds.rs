@@ -5,12 +5,6 @@
 //! 127.0.0.1: `--once` before and after a notice and with no metadata
 //! service, the polling mode signalling a process group, and the SSH
 //! transport's `preemption_notice` running the AWS one on a node.
-// Without a cloud feature its SSH test is not built, and what only it uses
-// goes unused.
-#![cfg_attr(
-    not(all(feature = "aws", feature = "gcp")),
-    allow(unused_imports, dead_code)
-)]
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -427,7 +421,6 @@ fn gcp_polling_writes_true_and_terminates_the_group() {
     polling_terminates_the_process_group(Cloud::Gcp, &imds, || {});
 }
 
-#[cfg(feature = "gcp")]
 #[test]
 fn the_ssh_transport_reads_a_gcp_spot_nodes_preemption() {
     let Some(()) = tools() else { return };
@@ -465,7 +458,6 @@ fn the_ssh_transport_reads_a_gcp_spot_nodes_preemption() {
 }
 
 /// A node of `sshd` with `facts` on top of how it is reached.
-#[cfg(any(feature = "aws", feature = "gcp"))]
 fn ssh_node(sshd: &Sshd, rank: u32, facts: &[(&str, &str)]) -> NodeRow {
     let mut extra = BTreeMap::new();
     extra.insert("ssh.host".to_string(), sshd.addrs[0].clone());
@@ -487,7 +479,6 @@ fn ssh_node(sshd: &Sshd, rank: u32, facts: &[(&str, &str)]) -> NodeRow {
     }
 }
 
-#[cfg(feature = "aws")]
 #[test]
 fn the_ssh_transport_reads_a_spot_nodes_notice() {
     let Some(()) = tools() else { return };

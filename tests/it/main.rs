@@ -21,6 +21,7 @@ mod gcp;
 mod hosted;
 #[cfg(all(feature = "aws", feature = "gcp"))]
 mod hosted_cloud;
+#[cfg(all(feature = "aws", feature = "gcp"))]
 mod imds;
 mod jobs;
 #[cfg(feature = "kubernetes")]
