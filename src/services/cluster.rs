@@ -159,15 +159,7 @@ pub(crate) fn autostop(
     store.set_autostop(name, Some(idle), down)?;
     // One watcher per cluster; a second start finds the lock held and exits.
     let exe = std::env::current_exe()?;
-    let mut cmd = std::process::Command::new(exe);
-    cmd.arg("__autostop")
-        .arg(name)
-        .env("GANGWAY_HOME", home)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-    cmd.spawn()?;
+    crate::core::runtime::detached(&exe, home, &["__autostop", name]).spawn()?;
     Ok(())
 }
 

@@ -181,11 +181,12 @@ pub(crate) fn up(req: &Request<'_>, ui: &dyn Ui) -> Result<Up, Error> {
     crate::core::storage::preflight_now(req.task, req.task_file, &req.spec.bucket_mounts, &own)?;
     let _lock = store.lock_cluster(req.name, "launching")?;
     let config = launch_config.map(|c| c.to_string());
-    let reserved = reserve_whole(req, &store, &providers, config, ui)?;
+    let rt = runtime()?;
+    let reserved = reserve_whole(req, &store, &providers, config, &rt, ui)?;
     let row = match reserved {
         Reserved::Existing(row) => reuse(req, &store, row, ui)?,
         Reserved::New(row) | Reserved::Resumed(row) => {
-            match bring_up(req, &store, &providers, &row, ui)? {
+            match bring_up(req, &store, &providers, &row, &rt, ui)? {
                 Ok(row) => row,
                 Err(ended) => return Ok(ended),
             }
@@ -202,6 +203,7 @@ fn reserve_whole(
     store: &Store,
     providers: &Providers,
     config: Option<String>,
+    rt: &tokio::runtime::Runtime,
     ui: &dyn Ui,
 ) -> Result<Reserved, Error> {
     let name = req.name;
@@ -219,7 +221,6 @@ fn reserve_whole(
     if row.status != ClusterStatus::Up {
         return Ok(reserved);
     }
-    let rt = runtime()?;
     let Some(why) = rt.block_on(lost_nodes(store, providers, row))? else {
         return Ok(reserved);
     };
@@ -297,6 +298,7 @@ fn bring_up(
     store: &Store,
     providers: &Providers,
     row: &ClusterRow,
+    rt: &tokio::runtime::Runtime,
     ui: &dyn Ui,
 ) -> Result<Result<ClusterRow, Up>, Error> {
     let name = req.name;
@@ -330,7 +332,6 @@ fn bring_up(
     } else {
         Contact::Now
     };
-    let rt = runtime()?;
     let result = rt.block_on(async {
         tokio::select! {
             r = lifecycle::bring_up(store, row, req.plan, providers, ui, contact) => Some(r),

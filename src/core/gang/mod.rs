@@ -333,16 +333,11 @@ pub(crate) fn submit(
     let log_dir = store.job_log_dir(id);
     std::fs::create_dir_all(&log_dir)?;
     let driver_log = std::fs::File::create(log_dir.join("driver.log"))?;
-    let mut cmd = std::process::Command::new(std::env::current_exe()?);
-    cmd.arg("__drive")
-        .arg(id.to_string())
-        .env("GANGWAY_HOME", home)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(driver_log);
     // Its own process group: Ctrl-C in the launching terminal reaches only
     // the launcher, which decides what the driver is told.
-    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let exe = std::env::current_exe()?;
+    let mut cmd = crate::core::runtime::detached(&exe, home, &["__drive", &id.to_string()]);
+    cmd.stdin(Stdio::piped()).stderr(driver_log);
     // The driver records its own pid once it holds the job's lock.
     let mut child = cmd.spawn()?;
     {

@@ -26,18 +26,13 @@ pub(crate) fn ensure_controller(home: &Path) -> Result<(), Error> {
     if OwnerLock::is_held(&lock) {
         return Ok(());
     }
-    let mut cmd = std::process::Command::new(std::env::current_exe()?);
-    cmd.arg(if supervised {
+    let what = if supervised {
         "__controller-supervisor"
     } else {
         "__jobs-controller"
-    })
-    .env("GANGWAY_HOME", home)
-    .stdin(std::process::Stdio::null())
-    .stdout(std::process::Stdio::null())
-    .stderr(std::process::Stdio::null());
-    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-    cmd.spawn()?;
+    };
+    let exe = std::env::current_exe()?;
+    crate::core::runtime::detached(&exe, home, &[what]).spawn()?;
     Ok(())
 }
 
@@ -199,13 +194,7 @@ pub(crate) fn supervisor_main(home: &Path) -> Result<(), Error> {
             continue;
         }
         let started = std::time::Instant::now();
-        let mut cmd = std::process::Command::new(&exe);
-        cmd.arg("__jobs-controller")
-            .env("GANGWAY_HOME", &home)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
-        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let mut cmd = crate::core::runtime::detached(&exe, &home, &["__jobs-controller"]);
         let status = cmd.spawn()?.wait()?;
         if status.success() {
             quick_deaths = 0;
