@@ -2,7 +2,8 @@
 //! [`catalog`] and the [`optimizer`], provisioning through the provider
 //! registry, reaching nodes ([`transport`]), gang startup ([`gang`]),
 //! buckets and checkpoints (`storage`), the state database ([`state`]) and
-//! one cluster life cycle (`lifecycle`). Nothing here imports a service or
+//! one cluster life cycle (`lifecycle`), with lost nodes replaced in
+//! place (`replace`). Nothing here imports a service or
 //! the CLI, and no module here imports one that imports it back.
 
 pub mod catalog;
@@ -15,6 +16,7 @@ pub mod optimizer;
 pub mod provision;
 pub mod ranks;
 pub(crate) mod registry;
+pub(crate) mod replace;
 pub(crate) mod runtime;
 pub mod spec;
 pub mod state;

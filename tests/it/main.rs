@@ -31,6 +31,7 @@ mod k8s_harness;
 mod launch;
 mod netns;
 mod reliability;
+mod replace;
 mod sim;
 mod slurm;
 mod spec;

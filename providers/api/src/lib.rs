@@ -439,6 +439,32 @@ pub trait Provider: Send + Sync {
     /// clusters and when nothing exists.
     async fn terminate(&self, cluster: &ClusterName) -> Result<()>;
 
+    /// Why a running cluster of this provider cannot have lost nodes
+    /// replaced in place (`None`: it can). A provider that can promises
+    /// two things: [`Provider::remove_nodes`] removes single nodes, and a
+    /// [`Provider::launch`] for a cluster that has nodes keeps them and
+    /// adds only the shortfall in the same placement (placement group,
+    /// compact policy, pod group), all or nothing. A managed gang that
+    /// loses a node then keeps its survivors; elsewhere it is recovered
+    /// whole.
+    fn cannot_replace_nodes(&self) -> Option<&'static str> {
+        Some("this provider cannot add nodes to a running cluster")
+    }
+
+    /// Terminates these nodes of the cluster and returns once the
+    /// provider confirms them gone (ids it no longer knows count as
+    /// gone). Its other nodes are not touched.
+    async fn remove_nodes(&self, cluster: &ClusterName, ids: &[InstanceId]) -> Result<()> {
+        let _ = ids;
+        Err(ProviderError::new(
+            ErrorKind::InvalidRequest,
+            self.name(),
+            cluster.0.clone(),
+            self.cannot_replace_nodes()
+                .unwrap_or("removing single nodes is not implemented"),
+        ))
+    }
+
     /// The first machine of this provider's own configuration in `region`
     /// (an SSH pool's first host), as SSH reaches it: where
     /// `jobs.controller: PROVIDER/REGION` runs the managed-job controller.

@@ -1508,6 +1508,36 @@ impl Provider for AwsProvider {
             .map_err(|e| local_err(&format!("removing the record of {cluster}: {e}")))
     }
 
+    fn cannot_replace_nodes(&self) -> Option<&'static str> {
+        // A launch keeps the cluster's instances and runs only the
+        // shortfall, in the same zone, placement group and subnet.
+        None
+    }
+
+    async fn remove_nodes(&self, cluster: &ClusterName, ids: &[InstanceId]) -> Result<()> {
+        let rec = self.record(cluster)?;
+        for region in &rec.regions {
+            let ec2 = self.ec2(region).await;
+            // Only ids this region has: one unknown id fails a whole
+            // TerminateInstances call.
+            let here: Vec<String> = self
+                .instances(
+                    &ec2,
+                    region,
+                    cluster,
+                    &["pending", "running", "stopping", "stopped", "shutting-down"],
+                )
+                .await?
+                .iter()
+                .filter_map(|i| i.instance_id())
+                .filter(|i| ids.iter().any(|x| x.0 == *i))
+                .map(str::to_string)
+                .collect();
+            self.terminate_ids(&ec2, region, here, cluster).await?;
+        }
+        Ok(())
+    }
+
     /// One quote per (type, zone) EC2 offers (`DescribeInstanceTypeOfferings`),
     /// with the latest Linux spot price where `DescribeSpotPriceHistory`
     /// has one. On-demand prices are not in the EC2 API (they live in the

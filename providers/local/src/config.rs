@@ -78,6 +78,7 @@ pub(crate) const KNOWN_KEYS: &[&str] = &[
     "notice_s",
     "boot_s",
     "preemptions",
+    "preempt_nodes",
     "addresses",
 ];
 
@@ -137,6 +138,10 @@ pub(crate) struct LocalConfig {
     /// `preemptions`: `(after_s, notice_s)` for the 1st, 2nd, ... launch of
     /// a cluster name (spot only); later launches are not preempted.
     pub preemptions: Option<Vec<(f64, f64)>>,
+    /// `preempt_nodes`: how many of a preempted launch's new nodes are
+    /// preempted (the first ones it creates); all when absent. One node
+    /// of a gang lost, as a spot market takes single machines.
+    pub preempt_nodes: Option<u32>,
     /// `addresses`: `None` when the task does not say.
     pub addresses: Option<Addresses>,
 }
@@ -151,6 +156,7 @@ impl Default for LocalConfig {
             notice_s: 0.0,
             boot_s: 0.0,
             preemptions: None,
+            preempt_nodes: None,
             addresses: None,
         }
     }
@@ -190,6 +196,20 @@ impl LocalConfig {
                 "notice_s" => cfg.notice_s = seconds("notice_s", v)?,
                 "boot_s" => cfg.boot_s = seconds("boot_s", v)?,
                 "preemptions" => cfg.preemptions = Some(parse_preemptions(v)?),
+                "preempt_nodes" => {
+                    cfg.preempt_nodes = Some(
+                        v.as_u64()
+                            .filter(|n| *n > 0)
+                            .and_then(|n| u32::try_from(n).ok())
+                            .ok_or_else(|| {
+                                invalid(
+                                    "preempt_nodes",
+                                    "a positive integer",
+                                    Some(kind_of(v).into()),
+                                )
+                            })?,
+                    )
+                }
                 "addresses" => {
                     cfg.addresses =
                         Some(v.as_str().and_then(Addresses::parse).ok_or_else(|| {

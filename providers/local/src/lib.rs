@@ -317,7 +317,8 @@ impl LocalProvider {
                 let notice_at = preempt_at
                     .saturating_sub((notice * 1000.0).round() as u64)
                     .max(now);
-                Some((notice_at, preempt_at))
+                let marked = cfg.preempt_nodes.map_or(n_new, |k| (k as usize).min(n_new));
+                Some((notice_at, preempt_at, marked))
             }
             _ => None,
         };
@@ -378,7 +379,7 @@ impl LocalProvider {
         new_indices: &[u32],
         topology: Vec<Vec<String>>,
         addrs: &[(Ipv4Addr, Option<u16>)],
-        timing: Option<(u64, u64)>,
+        timing: Option<(u64, u64, usize)>,
         progress: &mut Progress,
     ) -> io::Result<()> {
         for r in stopped {
@@ -406,8 +407,12 @@ impl LocalProvider {
             self.layout.make_node_dirs(id)?;
         }
         let market_pid = match timing {
-            Some((notice_at, preempt_at)) => {
-                let dirs: Vec<PathBuf> = ids.iter().map(|id| self.layout.node_dir(id)).collect();
+            Some((notice_at, preempt_at, marked)) => {
+                let dirs: Vec<PathBuf> = ids
+                    .iter()
+                    .take(marked)
+                    .map(|id| self.layout.node_dir(id))
+                    .collect();
                 let pid = market::spawn(&dirs, notice_at, preempt_at)?;
                 progress.market = Some(pid);
                 Some(pid)
@@ -415,6 +420,8 @@ impl LocalProvider {
             None => None,
         };
         for (j, (id, path)) in ids.iter().zip(topology).enumerate() {
+            // Only the nodes the market was told about are preempted.
+            let timing = timing.filter(|t| j < t.2);
             let rec = Record {
                 id: id.clone(),
                 cluster: req.cluster.0.clone(),
@@ -432,7 +439,7 @@ impl LocalProvider {
                 created_ms: now,
                 preempt_at_ms: timing.map(|t| t.1),
                 notice_at_ms: timing.map(|t| t.0),
-                market_pid,
+                market_pid: market_pid.filter(|_| timing.is_some()),
                 ports: addrs[j].1,
             };
             self.layout.write_record(&rec)?;
@@ -598,6 +605,22 @@ impl LocalProvider {
         Ok(())
     }
 
+    fn remove_now(&self, cluster: &ClusterName, ids: &[InstanceId]) -> Result<()> {
+        let _lock = self
+            .layout
+            .lock()
+            .map_err(|e| fatal(REGION, "taking the lock", e))?;
+        let all = self.read_all(REGION)?;
+        for r in all
+            .iter()
+            .filter(|r| r.cluster == cluster.0 && ids.iter().any(|i| i.0 == r.id))
+        {
+            self.destroy(r)
+                .map_err(|e| fatal(&format!("{REGION}/{}", r.zone), "terminating a node", e))?;
+        }
+        Ok(())
+    }
+
     /// The caller's view of a record at `now_ms`.
     fn node(&self, r: &Record, now_ms: u64) -> Node {
         let dir = self.layout.node_dir(&r.id);
@@ -740,6 +763,18 @@ impl Provider for LocalProvider {
     async fn terminate(&self, cluster: &ClusterName) -> Result<()> {
         self.fault("terminate")?;
         self.returned(self.terminate_now(cluster))
+    }
+
+    fn cannot_replace_nodes(&self) -> Option<&'static str> {
+        // A launch keeps a cluster's running nodes and makes only the
+        // shortfall, in the same zone, with the lowest free launch
+        // indices (so the same topology entries).
+        None
+    }
+
+    async fn remove_nodes(&self, cluster: &ClusterName, ids: &[InstanceId]) -> Result<()> {
+        self.fault("terminate")?;
+        self.returned(self.remove_now(cluster, ids))
     }
 }
 

@@ -549,6 +549,12 @@ fn place_files(
 ) -> Result<(), String> {
     let spec = job.spec;
     for (rank, n) in nodes.iter().enumerate() {
+        if n.extra.contains_key(super::SURVIVOR_FACT) {
+            // A survivor resumes from the kept checkpoint as the new nodes
+            // do: whatever it wrote after that checkpoint goes.
+            roll_back_checkpoint(transport, n, &checkpoint_dirs[rank])
+                .map_err(|e| format!("rank {rank}: rolling back the checkpoint directory: {e}"))?;
+        }
         transport
             .make_dir(n, &checkpoint_dirs[rank])
             .map_err(|e| e.to_string())?;
@@ -570,6 +576,21 @@ fn place_files(
         }
     }
     Ok(())
+}
+
+/// Empties a surviving node's checkpoint directory `dir` (as the node
+/// spells it; `~/` is its home).
+fn roll_back_checkpoint(
+    transport: &dyn Transport,
+    node: &NodeRow,
+    dir: &str,
+) -> Result<(), super::TransportError> {
+    let quoted = gangway_provider::sh_quote(dir);
+    let script = format!(
+        "d={quoted}; case \"$d\" in \"~/\"*) d=\"$HOME/${{d#\"~/\"}}\" ;; esac; \
+         if [ -d \"$d\" ]; then find \"$d\" -mindepth 1 -delete; fi"
+    );
+    transport.probe(node, &script).map(|_| ())
 }
 
 /// The storage step (a git workdir, bucket mounts, a checkpoint to
@@ -613,7 +634,18 @@ async fn before_run(
         .setup
         .as_deref()
         .filter(|s| !s.trim().is_empty())
-        .map(|s| (s.to_string(), format!("setup on {nodes} node(s)")));
+        .map(|s| {
+            let kept = info
+                .nodes
+                .iter()
+                .filter(|n| n.extra.contains_key(super::SURVIVOR_FACT))
+                .count();
+            let what = match kept {
+                0 => format!("setup on {nodes} node(s)"),
+                k => format!("setup on {} new node(s); {k} kept theirs", nodes - k),
+            };
+            (s.to_string(), what)
+        });
     let steps = [
         (
             Phase::Storage,
@@ -810,6 +842,16 @@ impl<'a> Ranks<'a> {
         let mut set: RankWait = JoinSet::new();
         let mut pumps = Vec::new();
         for (rank, node) in self.nodes.iter().enumerate() {
+            if self.which == Phase::Setup && node.extra.contains_key(super::SURVIVOR_FACT) {
+                // Its setup ran before the loss it survived.
+                self.ends[rank] = Some(RankEnd::Exited { code: 0 });
+                self.setup_done += 1;
+                self.logs.say(&format!(
+                    "setup kept on rank {rank} ({}): it survived the loss of other nodes",
+                    node.private_ip
+                ));
+                continue;
+            }
             let cmd = NodeCommand {
                 script: script.to_string(),
                 env: node_env(self.which, info, rank),

@@ -26,6 +26,12 @@ pub(crate) const WORKDIR_ON_NODE: &str = "~/sky_workdir";
 /// Where checkpoints go on a node unless the task says otherwise.
 pub(crate) const DEFAULT_CHECKPOINT_DIR: &str = "~/gangway_checkpoints";
 
+/// The [`NodeRow::extra`] fact of a node that survived the loss of
+/// others in its gang (`core::replace`): its setup already ran and is not
+/// run again, and its checkpoint directory is rolled back to the kept
+/// checkpoint before the run resumes, like the new nodes'.
+pub(crate) const SURVIVOR_FACT: &str = "gang.survivor";
+
 /// What a job runs, as stored with it. Never holds secret values: those go
 /// to the driver over a pipe and only into the nodes' environments.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

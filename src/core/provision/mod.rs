@@ -25,7 +25,7 @@ use crate::core::state::{self, ClusterRow, NodeRow, StateError, Store};
 /// Whether `p`'s nodes are reached over SSH by the core's transport (it
 /// brings none of its own): gangway's key must exist before they are
 /// launched, and the first contact records their host keys.
-fn over_ssh(p: &dyn Provider, home: &Path, cluster: &str) -> bool {
+pub(crate) fn over_ssh(p: &dyn Provider, home: &Path, cluster: &str) -> bool {
     p.transport(home, cluster).is_none()
 }
 
@@ -251,6 +251,41 @@ pub(crate) fn state_name(s: &NodeState) -> &'static str {
     }
 }
 
+/// What a provider is asked for to give cluster `cluster` the gang at
+/// `c` (a replacement asks the same, so that the provider keeps the
+/// survivors and adds the shortfall).
+pub(crate) fn launch_request(
+    store: &Store,
+    cluster: &ClusterRow,
+    c: &Candidate,
+) -> Result<LaunchRequest, StateError> {
+    let config: Option<serde_json::Value> = cluster
+        .provider_config
+        .as_deref()
+        .and_then(|s| serde_json::from_str(s).ok());
+    Ok(LaunchRequest {
+        cluster: ClusterName(cluster.name.clone()),
+        owner: owner(store.home())?,
+        placement: Placement {
+            cloud: c.cloud.clone(),
+            region: c.region.clone(),
+            zone: c.zone.clone(),
+        },
+        instance_type: c.instance_type.clone(),
+        count: c.nodes,
+        use_spot: c.use_spot,
+        accelerator: c.accelerator.clone().map(|a| (a, c.accelerator_count)),
+        disk_size_gib: c.spec.disk_size,
+        image_id: c.spec.image_id.clone(),
+        client_token: cluster.client_token.clone(),
+        provider_config: config.as_ref().and_then(|v| v.get(&c.cloud)).cloned(),
+        network_tier: c.spec.network_tier.clone(),
+        max_price: c.spec.max_hourly_cost,
+        ports: c.spec.ports.iter().map(|p| (p.start, p.end)).collect(),
+        labels: c.spec.labels.clone(),
+    })
+}
+
 /// Walks `plan` until a placement gives all nodes. The cluster row must be
 /// reserved (and its owner lock held) by the caller.
 ///
@@ -272,10 +307,6 @@ pub(crate) async fn provision(
         store,
         cluster,
         name: ClusterName(cluster.name.clone()),
-        config: cluster
-            .provider_config
-            .as_deref()
-            .and_then(|s| serde_json::from_str(s).ok()),
         reporter,
         retry,
         contact,
@@ -371,8 +402,6 @@ struct Walk<'a> {
     store: &'a Store,
     cluster: &'a ClusterRow,
     name: ClusterName,
-    /// The task's `config` section, by provider.
-    config: Option<serde_json::Value>,
     reporter: &'a dyn Reporter,
     retry: RetryPolicy,
     contact: Contact,
@@ -479,27 +508,7 @@ impl Walk<'_> {
 
     /// What the provider is asked for at `c`.
     fn launch_request(&self, c: &Candidate) -> Result<LaunchRequest, ProvisionError> {
-        Ok(LaunchRequest {
-            cluster: self.name.clone(),
-            owner: owner(self.store.home())?,
-            placement: Placement {
-                cloud: c.cloud.clone(),
-                region: c.region.clone(),
-                zone: c.zone.clone(),
-            },
-            instance_type: c.instance_type.clone(),
-            count: c.nodes,
-            use_spot: c.use_spot,
-            accelerator: c.accelerator.clone().map(|a| (a, c.accelerator_count)),
-            disk_size_gib: c.spec.disk_size,
-            image_id: c.spec.image_id.clone(),
-            client_token: self.cluster.client_token.clone(),
-            provider_config: self.config.as_ref().and_then(|v| v.get(&c.cloud)).cloned(),
-            network_tier: c.spec.network_tier.clone(),
-            max_price: c.spec.max_hourly_cost,
-            ports: c.spec.ports.iter().map(|p| (p.start, p.end)).collect(),
-            labels: c.spec.labels.clone(),
-        })
+        Ok(launch_request(self.store, self.cluster, c)?)
     }
 
     /// `provider.launch`, retried with backoff while it fails transiently.
@@ -619,7 +628,7 @@ impl Walk<'_> {
 
 /// Opens the first SSH connection to new nodes, accepting their host keys,
 /// for as long as their provider says they may take to answer.
-async fn first_contact(
+pub(crate) async fn first_contact(
     home: &Path,
     provider: &Arc<dyn Provider>,
     cluster: &str,
@@ -634,7 +643,7 @@ async fn first_contact(
 
 /// Why the first connection to new nodes failed.
 #[derive(Debug, thiserror::Error)]
-enum ContactError {
+pub(crate) enum ContactError {
     #[error(transparent)]
     Key(#[from] crate::core::transport::ssh::KeyError),
     #[error(transparent)]

@@ -1386,7 +1386,12 @@ fn job_recovery(cx: &Cx, v: &Node, field: &str) -> R<JobRecovery> {
             return Ok(None);
         };
         let up = s.to_ascii_uppercase();
-        const STRATEGIES: &[&str] = &["FAILOVER", "EAGER_NEXT_REGION", "NONE"];
+        const STRATEGIES: &[&str] = &[
+            "REPLACE_LOST_NODES",
+            "FAILOVER",
+            "EAGER_NEXT_REGION",
+            "NONE",
+        ];
         if !STRATEGIES.contains(&up.as_str()) {
             return Err(cx.err(
                 n,

@@ -380,7 +380,8 @@ impl Resources {
 /// `job_recovery`.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct JobRecovery {
-    /// `FAILOVER`, `EAGER_NEXT_REGION`, or `NONE`.
+    /// `REPLACE_LOST_NODES` (the default), `FAILOVER`,
+    /// `EAGER_NEXT_REGION`, or `NONE`.
     pub strategy: Option<String>,
     /// Restarts allowed when the job fails on its own.
     pub max_restarts_on_errors: u32,

@@ -60,7 +60,8 @@ pub(crate) struct ManagedTask {
     pub(crate) signal: i32,
     /// `checkpoint.grace_period`, seconds.
     pub(crate) grace_s: f64,
-    /// `job_recovery.strategy` (`FAILOVER`, `EAGER_NEXT_REGION`, `NONE`).
+    /// `job_recovery.strategy` (`REPLACE_LOST_NODES`, `FAILOVER`,
+    /// `EAGER_NEXT_REGION`, `NONE`).
     pub(crate) strategy: String,
     /// `job_recovery.max_restarts_on_errors`.
     pub(crate) max_restarts_on_errors: u32,

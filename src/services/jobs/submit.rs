@@ -177,7 +177,7 @@ pub(crate) fn prepare(
             strategy: recovery
                 .as_ref()
                 .and_then(|r| r.strategy.clone())
-                .unwrap_or_else(|| "EAGER_NEXT_REGION".into()),
+                .unwrap_or_else(|| super::controller::replace::REPLACE_LOST_NODES.into()),
             max_restarts_on_errors: recovery.as_ref().map_or(0, |r| r.max_restarts_on_errors),
             recover_on_exit_codes: recovery
                 .as_ref()

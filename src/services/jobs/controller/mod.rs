@@ -23,7 +23,8 @@
 //! By concern: this file is the reconcile loop (the supervisor, the jobs'
 //! tasks, one step each); `launch` finds a job its cluster and starts its
 //! run; `observe` watches a run; `sync` keeps its checkpoint; `recovery`
-//! ends a run, requeueing or finishing the job.
+//! ends a run, requeueing or finishing the job; `replace` recovers a gang
+//! that lost some nodes by replacing only those.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -54,11 +55,13 @@ use crate::core::storage::checkpoint;
 mod launch;
 mod observe;
 mod recovery;
+pub(crate) mod replace;
 mod sync;
 
 use launch::*;
 use observe::*;
 use recovery::*;
+use replace::*;
 use sync::*;
 
 /// How long a zone that lost a node is avoided.
@@ -172,6 +175,11 @@ struct Memo {
     /// A periodic checkpoint sync running beside the loop (a big upload
     /// takes minutes; notices are read meanwhile).
     syncing: Option<tokio::task::JoinHandle<Result<Synced, SyncError>>>,
+    /// What the last recovery kept, when it replaced only lost nodes.
+    replaced: Option<Kept>,
+    /// When the loss being recovered from was seen, when that was before
+    /// the recovery began (a replacement tried first).
+    loss_seen_at: Option<i64>,
 }
 
 /// Where the controller's lock and log live.
@@ -341,6 +349,8 @@ async fn job_task(sh: Rc<Shared>, id: i64, wake: Rc<Notify>) {
         no_spot: false,
         wake: Rc::clone(&wake),
         syncing: None,
+        replaced: None,
+        loss_seen_at: None,
     };
     loop {
         if m.read_at.elapsed() >= REREAD_EVERY {

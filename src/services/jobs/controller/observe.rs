@@ -115,15 +115,18 @@ pub(super) type Reached = (Arc<Vec<NodeRow>>, Arc<dyn Transport>);
 /// Every rank of the run started: the job runs (and, after a loss, says
 /// how long resuming took).
 pub(super) fn mark_running(sh: &Shared, m: &mut Memo) -> Result<Action, crate::Error> {
+    let kept = m.replaced.take();
     let j = m.job();
     let was = j.state;
     j.state = ManagedState::Running;
     j.work_since = Some(now_ms());
     let reason = match j.recovery_started_at.take() {
         Some(t) => format!(
-            "resumed {:.1} s after the loss (restart {})",
+            "resumed {:.1} s after the loss (restart {}){}",
             (now_ms() - t) as f64 / 1000.0,
-            j.restart_count
+            j.restart_count,
+            kept.map(|k| survivors_wait(k, now_ms() - t))
+                .unwrap_or_default()
         ),
         None => "every rank runs".into(),
     };

@@ -3,21 +3,18 @@
 
 use super::*;
 
-/// Tears the job's cluster down, waiting (on a timer) for a launcher or
+/// The cluster's owner lock, waiting (on a timer) for a launcher or
 /// another teardown of it to let go.
-pub(super) async fn teardown_cluster(sh: &Shared, cluster: &str) -> Result<(), crate::Error> {
-    if sh.store().cluster(cluster)?.is_none() {
-        return Ok(());
-    }
+pub(super) async fn cluster_lock(sh: &Shared, cluster: &str) -> Result<OwnerLock, crate::Error> {
     let path = sh
         .cx
         .home()
         .join("locks")
         .join(format!("cluster-{cluster}.lock"));
     let deadline = Instant::now() + LOCK_WAIT;
-    let lock = loop {
+    loop {
         if let Some(l) = OwnerLock::try_acquire(&path)? {
-            break l;
+            return Ok(l);
         }
         if Instant::now() >= deadline {
             return Err(crate::Error::usage(
@@ -26,7 +23,15 @@ pub(super) async fn teardown_cluster(sh: &Shared, cluster: &str) -> Result<(), c
             ));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    }
+}
+
+/// Tears the job's cluster down, once its lock is free.
+pub(super) async fn teardown_cluster(sh: &Shared, cluster: &str) -> Result<(), crate::Error> {
+    if sh.store().cluster(cluster)?.is_none() {
+        return Ok(());
+    }
+    let lock = cluster_lock(sh, cluster).await?;
     let name = cluster.to_string();
     sh.off_thread(move |store, providers| async move {
         // The owner lock goes with the work, and is let go when it ends.
@@ -52,25 +57,23 @@ pub(super) async fn preempted(sh: &Shared, m: &mut Memo, why: &str) -> Result<()
         )
         .await;
     }
+    if replace_lost(sh, m, why).await? {
+        return Ok(());
+    }
     requeue(sh, m, why, true).await
 }
 
-/// Tears the cluster down and goes back to finding one. A preemption
-/// blocks the zone it happened in for [`BLOCK_TTL`].
-pub(super) async fn requeue(
-    sh: &Shared,
-    m: &mut Memo,
-    why: &str,
-    preempted: bool,
-) -> Result<(), crate::Error> {
-    let j = m.job();
-    let was = j.state;
-    let lost_at = j.notice_at.unwrap_or_else(now_ms);
+/// Ends the job's run in its record: the progress it kept, what it cost,
+/// and a new run to come (`restart_count`); says what work was lost.
+/// The loss is dated at the notice, else at `seen_at` (when it was first
+/// seen), else now.
+pub(super) fn close_run(j: &mut ManagedJob, preempted: bool, seen_at: Option<i64>) -> String {
+    let lost_at = j.notice_at.or(seen_at).unwrap_or_else(now_ms);
     let lost_work = match (j.notice_at, j.last_sync_at) {
         (Some(_), _) => "none (checkpointed on notice)".to_string(),
         (None, Some(t)) => format!(
             "up to {:.1} s since the last sync",
-            (now_ms() - t) as f64 / 1000.0
+            (lost_at - t).max(0) as f64 / 1000.0
         ),
         (None, None) => "everything since the start of this run (no sync yet)".to_string(),
     };
@@ -85,29 +88,8 @@ pub(super) async fn requeue(
         j.work_done_ms += (kept_until - since).max(0);
     }
     j.work_since = None;
-    let cluster = j.cluster.clone();
-    teardown_cluster(sh, &cluster).await?;
-    m.reach = None;
-    let j = m.job();
     let now = now_ms();
     if preempted {
-        if let Some(l) = j.location.clone() {
-            let at = SystemTime::now();
-            let mut blocks = blocks_of(j);
-            blocks.retain(|b| {
-                b.until > at && !(b.cloud == l.cloud && b.zone.as_deref() == Some(&l.zone))
-            });
-            blocks.push(Block {
-                cloud: l.cloud,
-                region: Some(l.region),
-                zone: Some(l.zone),
-                instance_type: None,
-                at_ms: now,
-                until: at + BLOCK_TTL,
-                reason: why.to_string(),
-            });
-            j.blocks = serde_json::to_string(&blocks).unwrap_or_else(|_| "[]".into());
-        }
         j.preemptions += 1;
     }
     if let (Some(since), Some(p)) = (j.running_since, j.price_per_hour) {
@@ -125,6 +107,46 @@ pub(super) async fn requeue(
     j.restart_count += 1;
     j.recovery_started_at = Some(lost_at);
     j.state = ManagedState::Recovering;
+    lost_work
+}
+
+/// Tears the cluster down and goes back to finding one. A preemption
+/// blocks the zone it happened in for [`BLOCK_TTL`].
+pub(super) async fn requeue(
+    sh: &Shared,
+    m: &mut Memo,
+    why: &str,
+    preempted: bool,
+) -> Result<(), crate::Error> {
+    // The loss is dated before the teardown (which takes a while).
+    let was = m.job().state;
+    let mut closed = m.job().clone();
+    let lost_work = close_run(&mut closed, preempted, m.loss_seen_at.take());
+    let cluster = closed.cluster.clone();
+    teardown_cluster(sh, &cluster).await?;
+    m.reach = None;
+    m.replaced = None;
+    let j = m.job();
+    *j = closed;
+    if preempted {
+        if let Some(l) = j.location.clone() {
+            let at = SystemTime::now();
+            let mut blocks = blocks_of(j);
+            blocks.retain(|b| {
+                b.until > at && !(b.cloud == l.cloud && b.zone.as_deref() == Some(&l.zone))
+            });
+            blocks.push(Block {
+                cloud: l.cloud,
+                region: Some(l.region),
+                zone: Some(l.zone),
+                instance_type: None,
+                at_ms: now_ms(),
+                until: at + BLOCK_TTL,
+                reason: why.to_string(),
+            });
+            j.blocks = serde_json::to_string(&blocks).unwrap_or_else(|_| "[]".into());
+        }
+    }
     m.run = None;
     m.save(
         sh,
