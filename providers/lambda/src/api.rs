@@ -277,6 +277,11 @@ impl Client {
         }
     }
 
+    /// The factor the rate-limit windows are multiplied by.
+    pub fn scale(&self) -> f64 {
+        self.limiter.scale()
+    }
+
     /// Whether a key was found.
     pub fn has_key(&self) -> bool {
         self.key.is_some()

@@ -14,6 +14,11 @@ pub const KEY_VAR: &str = "LAMBDA_API_KEY";
 pub struct ApiKey(String);
 
 impl ApiKey {
+    /// A key given directly (tests, embedding).
+    pub fn new(key: impl Into<String>) -> ApiKey {
+        ApiKey(key.into())
+    }
+
     /// The key, for the `Authorization` header only.
     pub(crate) fn expose(&self) -> &str {
         &self.0

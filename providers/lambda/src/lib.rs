@@ -153,6 +153,16 @@ impl LambdaProvider {
         }
     }
 
+    /// The same provider on `endpoint` with `key`, its rate-limit windows
+    /// multiplied by `scale`, instead of what the environment says (tests,
+    /// embedding).
+    pub fn with_api(mut self, endpoint: &str, key: key::ApiKey, scale: f64) -> LambdaProvider {
+        self.client = Client::new(endpoint, Some(key), limit::Limiter::new(scale));
+        self.key_source = Ok(Some("the caller".into()));
+        self.scale = self.client.scale();
+        self
+    }
+
     /// The same provider tagging instances with `user` too (readable).
     pub fn with_user(mut self, user: impl Into<String>) -> LambdaProvider {
         self.user = Some(user.into()).filter(|u: &String| !u.is_empty());
