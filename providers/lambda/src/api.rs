@@ -432,12 +432,18 @@ mod tests {
         let quota = br#"{"error": {"code": "global/quota-exceeded", "message": "Quota exceeded.", "suggestion": "Contact Support to increase your quota."}}"#;
         let e = error_of(400, quota, "launch", "us-east-1");
         assert_eq!(e.kind, ErrorKind::Quota);
-        assert!(e.message.ends_with("(Contact Support to increase your quota.)"));
+        assert!(e
+            .message
+            .ends_with("(Contact Support to increase your quota.)"));
         for (status, code, kind) in [
             (401, "global/invalid-api-key", ErrorKind::Auth),
             (403, "global/account-inactive", ErrorKind::Auth),
             (400, "global/invalid-parameters", ErrorKind::InvalidRequest),
-            (404, "global/object-does-not-exist", ErrorKind::InvalidRequest),
+            (
+                404,
+                "global/object-does-not-exist",
+                ErrorKind::InvalidRequest,
+            ),
             (429, "global/rate-limited", ErrorKind::Transient),
             (503, "provider/internal-unavailable", ErrorKind::Transient),
             (500, "global/unknown", ErrorKind::Transient),

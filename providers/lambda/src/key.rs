@@ -62,7 +62,10 @@ pub fn hint() -> String {
 /// The key from `env_value` (the variable's value) or the key file under
 /// `home`; `Err` says what is wrong with a file that exists.
 pub fn find(env_value: Option<String>, home: Option<&Path>) -> Result<Option<Found>, String> {
-    if let Some(k) = env_value.map(|v| v.trim().to_string()).filter(|v| !v.is_empty()) {
+    if let Some(k) = env_value
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+    {
         return Ok(Some(Found {
             key: ApiKey(k),
             source: KEY_VAR.to_string(),
@@ -80,10 +83,7 @@ pub fn find(env_value: Option<String>, home: Option<&Path>) -> Result<Option<Fou
             key: ApiKey(k),
             source: path.display().to_string(),
         })),
-        None => Err(format!(
-            "{} has no line `api_key = <KEY>`",
-            path.display()
-        )),
+        None => Err(format!("{} has no line `api_key = <KEY>`", path.display())),
     }
 }
 
@@ -111,11 +111,7 @@ mod tests {
     fn the_environment_wins_over_the_file_and_the_key_never_prints() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join(".lambda_cloud")).unwrap();
-        std::fs::write(
-            key_file(dir.path()),
-            "# mine\napi_key = secret_file_key\n",
-        )
-        .unwrap();
+        std::fs::write(key_file(dir.path()), "# mine\napi_key = secret_file_key\n").unwrap();
         let f = find(Some("secret_env_key".into()), Some(dir.path()))
             .unwrap()
             .unwrap();
@@ -126,7 +122,11 @@ mod tests {
 
         let f = find(Some("  ".into()), Some(dir.path())).unwrap().unwrap();
         assert_eq!(f.key.expose(), "secret_file_key");
-        assert!(f.source.ends_with(".lambda_cloud/lambda_keys"), "{}", f.source);
+        assert!(
+            f.source.ends_with(".lambda_cloud/lambda_keys"),
+            "{}",
+            f.source
+        );
     }
 
     #[test]

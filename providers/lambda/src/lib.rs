@@ -103,8 +103,9 @@ impl LambdaOptions {
                 serde_json::Value::Object(Default::default()),
             )
             .expect("defaults")),
-            Some(v) => serde_json::from_value(v.clone())
-                .map_err(|e| format!("config.lambda: {e} (known: ssh_user, boot_timeout_s, poll_ms)")),
+            Some(v) => serde_json::from_value(v.clone()).map_err(|e| {
+                format!("config.lambda: {e} (known: ssh_user, boot_timeout_s, poll_ms)")
+            }),
         }
     }
 }
@@ -149,7 +150,11 @@ impl LambdaProvider {
             records: Records::new(root.join("clusters")),
             client: Client::new(&endpoint, key, limiter),
             key_source,
-            scale: if scale.is_finite() && scale >= 0.0 { scale } else { 1.0 },
+            scale: if scale.is_finite() && scale >= 0.0 {
+                scale
+            } else {
+                1.0
+            },
         }
     }
 
@@ -175,9 +180,7 @@ impl LambdaProvider {
 
     /// Every instance of the account.
     async fn all_instances(&self, location: &str) -> Result<Vec<Instance>> {
-        self.client
-            .get(INSTANCES, "list instances", location)
-            .await
+        self.client.get(INSTANCES, "list instances", location).await
     }
 
     /// This owner's instances of `cluster`, not yet terminated, by name.
@@ -246,7 +249,10 @@ impl LambdaProvider {
             Self::err(
                 ErrorKind::Fatal,
                 location,
-                format!("reading gangway's public key {}: {e}", self.public_key.display()),
+                format!(
+                    "reading gangway's public key {}: {e}",
+                    self.public_key.display()
+                ),
             )
         })?;
         let public = public.trim().to_string();
@@ -420,8 +426,13 @@ impl LambdaProvider {
         launched: &mut BTreeSet<String>,
     ) -> Result<()> {
         let region = req.placement.region.as_str();
-        let tags = names::tags(&req.cluster.0, &self.owner, self.user.as_deref(), &req.labels)
-            .map_err(|e| Self::err(ErrorKind::InvalidRequest, region, e))?;
+        let tags = names::tags(
+            &req.cluster.0,
+            &self.owner,
+            self.user.as_deref(),
+            &req.labels,
+        )
+        .map_err(|e| Self::err(ErrorKind::InvalidRequest, region, e))?;
         let taken: BTreeSet<String> = keep.iter().filter_map(|i| i.name.clone()).collect();
         let mut index = 0;
         for _ in 0..(req.count as usize).saturating_sub(keep.len()) {
@@ -508,7 +519,11 @@ impl Provider for LambdaProvider {
         let identity = Some(format!("API key from {source}"));
         match self
             .client
-            .get::<BTreeMap<String, api::InstanceTypesItem>>(INSTANCE_TYPES, "list instance types", "")
+            .get::<BTreeMap<String, api::InstanceTypesItem>>(
+                INSTANCE_TYPES,
+                "list instance types",
+                "",
+            )
             .await
         {
             Ok(_) => Ok(CheckReport {
@@ -544,7 +559,11 @@ impl Provider for LambdaProvider {
                 r.zone = Some(req.placement.zone.clone());
             })
             .map_err(|e| {
-                Self::err(ErrorKind::Fatal, "local", format!("recording the cluster: {e}"))
+                Self::err(
+                    ErrorKind::Fatal,
+                    "local",
+                    format!("recording the cluster: {e}"),
+                )
             })?;
         let existing = self.mine(&req.cluster.0, region).await?;
         let fits = |i: &Instance| {
@@ -660,9 +679,13 @@ impl Provider for LambdaProvider {
         for k in keys.iter().filter(|k| k.name == key) {
             self.delete_key(&k.id, "").await?;
         }
-        self.records
-            .remove(name)
-            .map_err(|e| Self::err(ErrorKind::Fatal, "local", format!("forgetting the cluster: {e}")))
+        self.records.remove(name).map_err(|e| {
+            Self::err(
+                ErrorKind::Fatal,
+                "local",
+                format!("forgetting the cluster: {e}"),
+            )
+        })
     }
 
     async fn clusters(&self) -> Result<Vec<TaggedCluster>> {
@@ -715,7 +738,8 @@ fn prices_of(
     let mut out = Prices::default();
     for t in instance_types {
         let Some(item) = types.get(t) else {
-            out.notes.push(format!("{t}: Lambda no longer lists this type"));
+            out.notes
+                .push(format!("{t}: Lambda no longer lists this type"));
             continue;
         };
         for r in regions {
@@ -744,14 +768,20 @@ mod tests {
         assert_eq!(o.boot_timeout_s, 1200);
         let o = LambdaOptions::from_value(Some(&serde_json::json!({"ssh_user": "root"}))).unwrap();
         assert_eq!(o.ssh_user, "root");
-        let e = LambdaOptions::from_value(Some(&serde_json::json!({"sshuser": "root"})))
-            .unwrap_err();
-        assert!(e.contains("sshuser") && e.contains("known: ssh_user"), "{e}");
+        let e =
+            LambdaOptions::from_value(Some(&serde_json::json!({"sshuser": "root"}))).unwrap_err();
+        assert!(
+            e.contains("sshuser") && e.contains("known: ssh_user"),
+            "{e}"
+        );
     }
 
     #[test]
     fn keys_compare_without_their_comments() {
-        assert!(same_key("ssh-ed25519 AAAA gangway", "ssh-ed25519 AAAA other\n"));
+        assert!(same_key(
+            "ssh-ed25519 AAAA gangway",
+            "ssh-ed25519 AAAA other\n"
+        ));
         assert!(!same_key("ssh-ed25519 AAAA", "ssh-ed25519 BBBB"));
     }
 
@@ -768,30 +798,41 @@ mod tests {
     #[test]
     fn a_node_is_reached_on_its_public_address_port_22() {
         let p = LambdaProvider::new("/nonexistent".into(), "gw-0123456789abcdef", "/k".into());
-        let n = p.node(&instance("active", Some("203.0.113.9")), "ubuntu", Some("us-east-1"));
+        let n = p.node(
+            &instance("active", Some("203.0.113.9")),
+            "ubuntu",
+            Some("us-east-1"),
+        );
         assert_eq!(n.state, NodeState::Running);
         assert_eq!(n.private_ip, "10.1.2.3");
-        assert_eq!(n.extra.get("ssh.host").map(String::as_str), Some("203.0.113.9"));
+        assert_eq!(
+            n.extra.get("ssh.host").map(String::as_str),
+            Some("203.0.113.9")
+        );
         assert_eq!(n.extra.get("ssh.port").map(String::as_str), Some("22"));
         assert_eq!(n.extra.get("ssh.user").map(String::as_str), Some("ubuntu"));
         assert_eq!(
-            n.extra.get(gangway_provider::PRICE_FACT).map(String::as_str),
+            n.extra
+                .get(gangway_provider::PRICE_FACT)
+                .map(String::as_str),
             Some("1.29")
         );
         assert_eq!(n.placement.zone, "us-east-1");
         let n = p.node(&instance("preempted", None), "ubuntu", None);
         assert!(matches!(n.state, NodeState::Preempted { .. }));
-        assert_eq!(p.node(&instance("booting", None), "u", None).state, NodeState::Pending);
+        assert_eq!(
+            p.node(&instance("booting", None), "u", None).state,
+            NodeState::Pending
+        );
     }
 
     #[test]
     fn prices_are_quoted_per_type_in_each_asked_region() {
-        let types: BTreeMap<String, api::InstanceTypesItem> = serde_json::from_value(
-            serde_json::json!({"gpu_8x_h100_sxm5": {
+        let types: BTreeMap<String, api::InstanceTypesItem> =
+            serde_json::from_value(serde_json::json!({"gpu_8x_h100_sxm5": {
                 "instance_type": {"name": "gpu_8x_h100_sxm5", "price_cents_per_hour": 3192},
-                "regions_with_capacity_available": [{"name": "us-south-2"}]}}),
-        )
-        .unwrap();
+                "regions_with_capacity_available": [{"name": "us-south-2"}]}}))
+            .unwrap();
         let p = prices_of(
             &types,
             &["gpu_8x_h100_sxm5".into(), "gpu_gone".into()],

@@ -88,7 +88,9 @@ impl Limiter {
 /// when scaled down), at most 30 s scaled, with up to a quarter of jitter
 /// from `seed` so that several clients do not retry in step.
 pub fn backoff(attempt: u32, scale: f64, seed: u64) -> Duration {
-    let base = REQUEST_INTERVAL.mul_f64(scale).max(Duration::from_millis(50));
+    let base = REQUEST_INTERVAL
+        .mul_f64(scale)
+        .max(Duration::from_millis(50));
     let cap = Duration::from_secs(30)
         .mul_f64(scale)
         .max(Duration::from_millis(200));
@@ -148,7 +150,10 @@ mod tests {
         assert_eq!(backoff(9, 1.0, 0), Duration::from_secs(30));
         assert_eq!(backoff(40, 1.0, 0), Duration::from_secs(30));
         let j = backoff(0, 1.0, 999);
-        assert!(j > Duration::from_secs(1) && j <= Duration::from_millis(1250), "{j:?}");
+        assert!(
+            j > Duration::from_secs(1) && j <= Duration::from_millis(1250),
+            "{j:?}"
+        );
         // Scaled down for tests, but never a busy loop.
         assert_eq!(backoff(0, 0.01, 0), Duration::from_millis(50));
         assert_eq!(backoff(0, 0.0, 0), Duration::from_millis(50));

@@ -95,7 +95,10 @@ pub fn tags(
     };
     let mut out = vec![tag(TAG_CLUSTER, cluster), tag(TAG_OWNER, owner)];
     if let Some(u) = user.filter(|u| !u.is_empty()) {
-        out.push(tag(TAG_USER, &u.chars().take(TAG_VALUE_MAX).collect::<String>()));
+        out.push(tag(
+            TAG_USER,
+            &u.chars().take(TAG_VALUE_MAX).collect::<String>(),
+        ));
     }
     for (k, v) in labels {
         if tag_key_ok(k) && !k.starts_with("gangway-") && v.chars().count() <= TAG_VALUE_MAX {
@@ -150,7 +153,13 @@ mod tests {
         let keys: Vec<_> = t.iter().map(|t| t.key.as_str()).collect();
         assert_eq!(
             keys,
-            ["gangway-cluster", "gangway-owner", "gangway-user", "cost:center", "team"]
+            [
+                "gangway-cluster",
+                "gangway-owner",
+                "gangway-user",
+                "cost:center",
+                "team"
+            ]
         );
         assert_eq!(t[1].value, OWNER);
         assert!(tags(&"c".repeat(129), OWNER, None, &Default::default()).is_err());

@@ -34,7 +34,14 @@ fn server() -> PathBuf {
 fn fake() -> Option<Fake> {
     let mut child = match Command::new("python3")
         .arg(server())
-        .args(["--port", "0", "--rate-scale", "0.01", "--boot-seconds", "0.2"])
+        .args([
+            "--port",
+            "0",
+            "--rate-scale",
+            "0.01",
+            "--boot-seconds",
+            "0.2",
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -70,7 +77,11 @@ impl Fake {
             .args([format!("{}{path}", self.url), method.into(), body.to_string()])
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         serde_json::from_slice(&out.stdout).unwrap()
     }
 
@@ -89,7 +100,11 @@ impl Fake {
 
 fn provider(fake: &Fake, dir: &Path, owner: &str) -> LambdaProvider {
     let key = dir.join("id_ed25519.pub");
-    std::fs::write(&key, "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGangwayTestKeyGangwayTestKeyGangwayTestK t\n").unwrap();
+    std::fs::write(
+        &key,
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGangwayTestKeyGangwayTestKeyGangwayTestK t\n",
+    )
+    .unwrap();
     LambdaProvider::new(dir.join("records"), owner, key)
         .with_user("tester")
         .with_api(&fake.url, ApiKey::new("test-key"), 0.01)
@@ -147,7 +162,8 @@ async fn a_gang_launches_reconciles_and_terminates_leaving_nothing() {
     let other = provider(&fake, dir.path(), "gw-ffeeddccbbaa9988");
     let seen = other.clusters().await.unwrap();
     assert!(
-        seen.iter().any(|t| t.name.0 == "gang" && t.owner == OWNER && t.user.as_deref() == Some("tester")),
+        seen.iter()
+            .any(|t| t.name.0 == "gang" && t.owner == OWNER && t.user.as_deref() == Some("tester")),
         "{seen:?}"
     );
     other.terminate(&req.cluster).await.unwrap();
@@ -187,16 +203,34 @@ async fn no_capacity_fails_over_and_a_half_launched_gang_is_undone() {
     assert!(p.describe(&req.cluster).await.unwrap().is_empty());
     let s = fake.control("GET", "/_fake/state", serde_json::json!({}));
     assert!(
-        s["instances"].as_array().unwrap().iter().all(|i| i["status"] != "active" && i["status"] != "booting"),
+        s["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|i| i["status"] != "active" && i["status"] != "booting"),
         "{s}"
     );
 
     // Quota is a quota error; rate limiting is retried, not an error.
-    fake.control("POST", "/_fake/launch-failure", serde_json::json!({"kind": "quota"}));
-    let e = p.launch(&request("q", "gpu_1x_a10", "us-east-1", 1)).await.unwrap_err();
+    fake.control(
+        "POST",
+        "/_fake/launch-failure",
+        serde_json::json!({"kind": "quota"}),
+    );
+    let e = p
+        .launch(&request("q", "gpu_1x_a10", "us-east-1", 1))
+        .await
+        .unwrap_err();
     assert_eq!(e.kind, ErrorKind::Quota, "{e}");
-    fake.control("POST", "/_fake/launch-failure", serde_json::json!({"kind": "rate", "times": 2}));
-    let ok = p.launch(&request("r", "gpu_1x_a10", "us-east-1", 1)).await.unwrap();
+    fake.control(
+        "POST",
+        "/_fake/launch-failure",
+        serde_json::json!({"kind": "rate", "times": 2}),
+    );
+    let ok = p
+        .launch(&request("r", "gpu_1x_a10", "us-east-1", 1))
+        .await
+        .unwrap();
     assert_eq!(ok.len(), 1);
     for c in ["none", "half", "q", "r"] {
         p.terminate(&ClusterName(c.into())).await.unwrap();
@@ -219,7 +253,10 @@ async fn a_wrong_key_is_an_auth_error_that_never_shows_the_key() {
     let c = p.check().await.unwrap();
     assert!(!c.ok);
     let hint = c.hint.unwrap_or_default();
-    assert!(hint.contains("invalid-api-key") && !hint.contains("secret_wrong"), "{hint}");
+    assert!(
+        hint.contains("invalid-api-key") && !hint.contains("secret_wrong"),
+        "{hint}"
+    );
     let e = p.describe(&ClusterName("x".into())).await.unwrap_err();
     assert_eq!(e.kind, ErrorKind::Auth);
     assert!(!format!("{e:?}").contains("secret_wrong"));
