@@ -273,3 +273,38 @@ fn lambda_check_names_where_the_key_came_from_and_never_the_key() {
         "{all}"
     );
 }
+
+#[test]
+fn lambda_catalog_refresh_reads_prices_from_the_instance_types_listing() {
+    let fake = match LambdaFake::start() {
+        Ok(f) => f,
+        Err(why) => return skip::skipped("lambda", why),
+    };
+    skip::ran("lambda");
+    let home = TestHome::new();
+    // A stale price in the catalog; the fake lists Lambda's $31.92.
+    let dir = home.path().join("stale");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("lambda.csv"),
+        "# taken: 2026-01-01\n\
+         instance_type,accelerator,accelerator_count,accelerator_memory_gib,vcpus,memory_gib,region,zone,price,spot_price,placement,efa,estimated\n\
+         gpu_8x_h100_sxm5,H100,8,80,208,1800,us-south-2,us-south-2,30.00,,false,false,\n",
+    )
+    .unwrap();
+    let dir = dir.display().to_string();
+    let (code, out, err) = parts(&run(
+        &fake,
+        &home,
+        &["catalog", "refresh", "--cloud", "lambda", "--catalog", &dir],
+    ));
+    assert_eq!(code, 0, "{out}\n{err}");
+    let csv = std::fs::read_to_string(home.path().join("catalog/lambda.csv")).expect("overlay");
+    assert!(csv.contains("from the lambda API"), "{csv}");
+    let row = csv
+        .lines()
+        .find(|l| l.starts_with("gpu_8x_h100_sxm5,") && l.contains("us-south-2"))
+        .unwrap_or_else(|| panic!("{csv}"));
+    assert_eq!(row.split(',').nth(8), Some("31.92"), "{row}");
+    assert_eq!(fake.violations()["count"], 0, "{}", fake.violations());
+}
