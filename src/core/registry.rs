@@ -23,6 +23,8 @@ const REGISTRY: &[Registration] = &[
     gangway_gcp::REGISTRATION,
     #[cfg(feature = "kubernetes")]
     gangway_kubernetes::REGISTRATION,
+    #[cfg(feature = "lambda")]
+    gangway_lambda::REGISTRATION,
 ];
 
 /// The names of every provider this build has, whether or not it can be

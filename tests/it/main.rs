@@ -28,6 +28,8 @@ mod jobs;
 mod k8s;
 #[cfg(feature = "kubernetes")]
 mod k8s_harness;
+#[cfg(feature = "lambda")]
+mod lambda;
 mod launch;
 mod netns;
 mod reliability;

@@ -67,6 +67,10 @@ pub const SUITES: &[(&str, &str)] = &[
         "gcp",
         "the Compute Engine fake's venv; port 22 on loopback addresses",
     ),
+    (
+        "lambda",
+        "the Lambda Cloud fake (tests/emulators/lambda): python3; for its SSH test root, openssh-server and port 22 on loopback addresses",
+    ),
     ("slurm", "a throwaway Slurm cluster: root, slurm-wlm, munge"),
     (
         "s3",
