@@ -687,7 +687,110 @@ fn a_managed_aws_spot_job_survives_an_interruption_with_notice_and_one_without()
 }
 
 #[test]
-fn a_managed_aws_spot_job_moves_to_another_region_after_a_notice_by_default() {
+fn a_managed_aws_spot_gang_that_loses_one_instance_replaces_only_it() {
+    let Some(a) = machines(4) else { return };
+    let Some(b) = machines(1) else { return };
+    let Some(mut cloud) = Cloud::new(&a) else {
+        return;
+    };
+    let progress = tempfile::tempdir().expect("tempdir");
+    let total = 40;
+    // The default strategy (REPLACE_LOST_NODES), a gang of four whose
+    // setup says where it ran.
+    let task = trainer(
+        &cloud.home.marker,
+        progress.path(),
+        total,
+        &format!("  infra: aws/{REGION}\n"),
+    )
+    .replace("num_nodes: 2\n", "num_nodes: 4\n")
+    .replace(
+        "run: |\n",
+        "setup: |\n  echo \"setup ran on $(hostname -I 2>/dev/null || echo node)\"\nrun: |\n",
+    );
+    let task = cloud.home.file("train.yaml", &task);
+    let mut job = cloud.command(&["jobs", "launch", &task, "-y", "--wait"]);
+    job.stdin(std::process::Stdio::null());
+    let mut job = Running::start(job);
+    let cluster = "managed-1";
+    wait_run(
+        &mut job,
+        progress.path(),
+        0,
+        "run 0 to pass a checkpoint",
+        |_, now| now > 6,
+    );
+    let first: Vec<Instance> = cloud
+        .instances(cluster)
+        .into_iter()
+        .filter(|i| i.state == "running")
+        .collect();
+    assert_eq!(first.len(), 4, "{first:?}");
+    // EC2 takes one instance without notice; the replacement runs on b.
+    cloud.run_on(&b);
+    cloud.emu.interrupt(REGION, &first[2].id);
+    let (code, out, err) = parts(&job.wait());
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    for rank in 0..4 {
+        assert!(
+            out.contains(&format!("rank {rank} done at step {total}")),
+            "{out}"
+        );
+    }
+    // One new instance, in the survivors' zone and placement group; the
+    // three survivors kept running throughout.
+    let all = cloud.instances(cluster);
+    let new: Vec<&Instance> = all
+        .iter()
+        .filter(|i| !first.iter().any(|f| f.id == i.id))
+        .collect();
+    assert_eq!(new.len(), 1, "one replacement: {all:?}");
+    assert_eq!(new[0].zone, first[0].zone, "{all:?}");
+    assert_eq!(new[0].group, first[0].group, "{all:?}");
+    assert!(!new[0].group.is_empty(), "{all:?}");
+    let placed = cloud.emu.machines_of(&cloud.scope);
+    assert_eq!(placed.len(), 5, "{placed:?}");
+    // Setup ran on the four, then on the replacement only.
+    let (code, log, err) = cloud.run(&["jobs", "logs", "1"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(log.matches("setup ran on").count(), 5, "{log}");
+    assert_eq!(log.matches("setup kept on rank").count(), 3, "{log}");
+    // Every rank of the second run resumed at the same kept checkpoint.
+    let resumed: Vec<String> = (0..4)
+        .map(|rank| {
+            out.lines()
+                .find_map(|l| {
+                    l.split(&format!("rank {rank} run 1 resumes at step "))
+                        .nth(1)
+                        .map(|s| s.trim().to_string())
+                })
+                .unwrap_or_else(|| panic!("rank {rank} has no run 1:\n{out}"))
+        })
+        .collect();
+    assert!(resumed.iter().all(|r| *r == resumed[0]), "{resumed:?}");
+    let (code, ev, err) = cloud.run(&["jobs", "events", "1"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        ev.contains("replaced rank") && ev.contains(&first[2].id),
+        "the replacement, naming the lost instance:\n{ev}"
+    );
+    wait_for(
+        "the job's cluster to be gone",
+        Duration::from_secs(60),
+        || {
+            let left = cloud.left(cluster);
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            }
+        },
+    );
+    crate::common::assert_no_marker_procs(&cloud.home.marker, "the managed job ended");
+}
+
+#[test]
+fn a_managed_aws_spot_job_moves_to_another_region_after_a_notice_with_eager_next_region() {
     let Some(a) = machines(2) else { return };
     let Some(b) = machines(2) else { return };
     let Some(mut cloud) = Cloud::new(&a) else {
@@ -695,10 +798,15 @@ fn a_managed_aws_spot_job_moves_to_another_region_after_a_notice_by_default() {
     };
     let progress = tempfile::tempdir().expect("tempdir");
     let total = 30;
-    // No strategy: EAGER_NEXT_REGION, which tries other regions first.
+    // EAGER_NEXT_REGION (SkyPilot's default) tries other regions first.
     let task = cloud.home.file(
         "train.yaml",
-        &trainer(&cloud.home.marker, progress.path(), total, "  infra: aws\n"),
+        &trainer(
+            &cloud.home.marker,
+            progress.path(),
+            total,
+            "  infra: aws\n  job_recovery:\n    strategy: EAGER_NEXT_REGION\n",
+        ),
     );
     let mut job = Running::start(cloud.command(&["jobs", "launch", &task, "-y", "--wait"]));
     wait_run(
