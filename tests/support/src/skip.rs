@@ -67,6 +67,10 @@ pub const SUITES: &[(&str, &str)] = &[
         "gcp",
         "the Compute Engine fake's venv; port 22 on loopback addresses",
     ),
+    (
+        "azure",
+        "the Azure Resource Manager fake: tests/emulators/azure/setup.sh's schema file; port 22 on loopback addresses",
+    ),
     ("slurm", "a throwaway Slurm cluster: root, slurm-wlm, munge"),
     (
         "s3",
