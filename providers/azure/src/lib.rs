@@ -211,6 +211,20 @@ pub fn state_of(vm: &Value) -> NodeState {
     }
 }
 
+/// What every new VM of one launch shares.
+pub struct Shape<'a> {
+    /// The request.
+    pub req: &'a LaunchRequest,
+    /// Its `config.azure`.
+    pub opts: &'a AzureOptions,
+    /// Tags on everything.
+    pub tags: &'a Tags,
+    /// gangway's public key.
+    pub key: &'a str,
+    /// The placement group, for gangs.
+    pub ppg: Option<&'a str>,
+}
+
 impl AzureProvider {
     /// A provider keeping its records under `root`, tagging with `owner`,
     /// and putting `public_key` (an OpenSSH `.pub` file) on its VMs.
@@ -551,16 +565,14 @@ impl AzureProvider {
     }
 
     /// The VM body for one node.
-    fn vm_body(
-        &self,
-        req: &LaunchRequest,
-        opts: &AzureOptions,
-        name: &str,
-        nic: &str,
-        ppg: Option<&str>,
-        tags: &Tags,
-        key: &str,
-    ) -> VirtualMachine {
+    fn vm_body(&self, shape: &Shape<'_>, name: &str, nic: &str) -> VirtualMachine {
+        let Shape {
+            req,
+            opts,
+            tags,
+            key,
+            ppg,
+        } = *shape;
         let admin = opts.admin();
         VirtualMachine {
             location: req.placement.region.clone(),
@@ -614,20 +626,16 @@ impl AzureProvider {
     }
 
     /// Makes one node: its public address, NIC and VM.
-    #[allow(clippy::too_many_arguments)]
     async fn make_node(
         &self,
         arm: &Arm,
-        req: &LaunchRequest,
-        opts: &AzureOptions,
+        shape: &Shape<'_>,
         rg: &str,
         name: &str,
         subnet: &str,
-        ppg: Option<&str>,
         accelerated: bool,
-        tags: &Tags,
-        key: &str,
     ) -> Result<()> {
+        let (req, tags) = (shape.req, shape.tags);
         let loc = req.placement.to_string();
         let who = arm.identity();
         let g = arm.group(rg);
@@ -681,7 +689,7 @@ impl AzureProvider {
             .map_err(|e| perr(e, &loc, &format!("creating the NIC of {name}"), who))?;
         let nic_id = nic["id"].as_str().unwrap_or(nic_path.as_str()).to_string();
         let vm_path = format!("{g}/providers/Microsoft.Compute/virtualMachines/{name}");
-        let body = self.vm_body(req, opts, name, &nic_id, ppg, tags, key);
+        let body = self.vm_body(shape, name, &nic_id);
         arm.put(&vm_path, API_COMPUTE, &json(&body))
             .await
             .map_err(|e| perr(e, &loc, &format!("creating VM {name}"), who))?;
@@ -950,20 +958,18 @@ impl Provider for AzureProvider {
                     Some(a) => opts.accelerated_networking.unwrap_or(a) && a,
                 };
                 let (subnet, ppg) = self.network(arm, req, &rg, &loc, &tags).await?;
-                let results = futures::future::join_all(new_names.iter().map(|name| {
-                    self.make_node(
-                        arm,
-                        req,
-                        &opts,
-                        &rg,
-                        name,
-                        &subnet,
-                        ppg.as_deref(),
-                        accelerated,
-                        &tags,
-                        &key,
-                    )
-                }))
+                let shape = Shape {
+                    req,
+                    opts: &opts,
+                    tags: &tags,
+                    key: &key,
+                    ppg: ppg.as_deref(),
+                };
+                let results = futures::future::join_all(
+                    new_names
+                        .iter()
+                        .map(|name| self.make_node(arm, &shape, &rg, name, &subnet, accelerated)),
+                )
                 .await;
                 // The most telling error: capacity and quota steer failover.
                 let mut errs: Vec<ProviderError> =

@@ -24,6 +24,21 @@ fn req() -> LaunchRequest {
     }
 }
 
+fn shape<'a>(r: &'a LaunchRequest, tags: &'a Tags) -> Shape<'a> {
+    static OPTS: AzureOptions = AzureOptions {
+        admin_user: None,
+        ssh_user: None,
+        accelerated_networking: None,
+    };
+    Shape {
+        req: r,
+        opts: &OPTS,
+        tags,
+        key: "k",
+        ppg: None,
+    }
+}
+
 fn provider(dir: &std::path::Path) -> AzureProvider {
     AzureProvider::new(dir.to_path_buf(), "gw-0123456789abcdef", dir.join("k.pub")).with_user("ann")
 }
@@ -35,13 +50,15 @@ fn a_spot_vm_is_spot_deleted_on_eviction_at_up_to_on_demand_price() {
     let r = req();
     let tags = p.tags(&r.cluster, &r.labels);
     let body = json(&p.vm_body(
-        &r,
-        &AzureOptions::default(),
+        &Shape {
+            req: &r,
+            opts: &AzureOptions::default(),
+            tags: &tags,
+            key: "ssh-ed25519 AAAA k",
+            ppg: Some("/ppg"),
+        },
         "gw-train-0",
         "/nic",
-        Some("/ppg"),
-        &tags,
-        "ssh-ed25519 AAAA k",
     ));
     let props = &body["properties"];
     assert_eq!(props["priority"], "Spot");
@@ -81,12 +98,12 @@ fn a_capped_price_is_the_max_price_and_regular_vms_have_no_spot_fields() {
     r.max_price = Some(9.5);
     r.placement.zone = "eastus-2".into();
     let tags = p.tags(&r.cluster, &r.labels);
-    let body = json(&p.vm_body(&r, &AzureOptions::default(), "n", "/nic", None, &tags, "k"));
+    let body = json(&p.vm_body(&shape(&r, &tags), "n", "/nic"));
     assert_eq!(body["properties"]["billingProfile"]["maxPrice"], 9.5);
     assert_eq!(body["zones"], serde_json::json!(["2"]));
     assert!(body["properties"].get("proximityPlacementGroup").is_none());
     r.use_spot = false;
-    let body = json(&p.vm_body(&r, &AzureOptions::default(), "n", "/nic", None, &tags, "k"));
+    let body = json(&p.vm_body(&shape(&r, &tags), "n", "/nic"));
     assert_eq!(body["properties"]["priority"], "Regular");
     for spot_only in ["evictionPolicy", "billingProfile"] {
         assert!(body["properties"].get(spot_only).is_none(), "{spot_only}");
