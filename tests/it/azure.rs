@@ -137,3 +137,94 @@ fn an_azure_spot_gang_runs_over_ssh_in_one_placement_group_and_down_leaves_nothi
     }
     assert_no_violations(&az);
 }
+
+#[test]
+fn an_azure_stockout_deletes_what_the_launch_made_and_throttling_is_waited_out() {
+    let Some(az) = AzureFake::start() else { return };
+    let home = TestHome::new();
+    // ARM throttles the security group's PUT twice (429, Retry-After: 0),
+    // then every VM's creation fails in its operation, as Azure reports
+    // running out of Spot capacity.
+    for rule in [
+        serde_json::json!({"error": "throttle", "method": "PUT", "type": "networkSecurityGroups",
+            "times": 2, "retry_after": 0}),
+        serde_json::json!({"error": "ZonalAllocationFailed", "method": "PUT", "type": "virtualMachines",
+            "async": true, "times": -1}),
+    ] {
+        let r = az.call("POST", "/_fake/faults", &rule.to_string());
+        assert!(r["id"].is_u64(), "{r}");
+    }
+    let task = home.file(
+        "azure.yaml",
+        "num_nodes: 2\nresources:\n  infra: azure/eastus\n  accelerators: A100-80GB:8\n  use_spot: true\nrun: \"true\"\n",
+    );
+    let (code, out, err) = parts(&run(
+        &az,
+        &home,
+        &["launch", &task, "--provision-only", "-c", "so", "-y"],
+    ));
+    let all = format!("{out}{err}");
+    assert_ne!(code, 0, "{all}");
+    assert!(all.contains("ZonalAllocationFailed"), "{all}");
+    let fired = az.call("GET", "/_fake/fired?code=TooManyRequests", "");
+    assert_eq!(
+        fired["fired"].as_array().map(Vec::len),
+        Some(2),
+        "both throttles answered and waited out: {fired}"
+    );
+    if let Err(left) = az.leak_check(SUB) {
+        panic!("the failed launch left something behind:\n{left}");
+    }
+    assert_no_violations(&az);
+}
+
+#[test]
+fn an_azure_preempt_event_is_read_by_the_watcher_on_the_node() {
+    let Some((az, sshd, home)) = vms_with_sshd(1) else {
+        return;
+    };
+    let task = home.file(
+        "azure.yaml",
+        "resources:\n  infra: azure/eastus\n  accelerators: A100-80GB:8\n  use_spot: true\n\
+         config:\n  azure:\n    ssh_user: root\nrun: \"true\"\n",
+    );
+    let (code, out, err) = parts(&run(
+        &az,
+        &home,
+        &["launch", &task, "--provision-only", "-c", "pre", "-y"],
+    ));
+    assert_eq!(code, 0, "{out}\n{err}");
+    let machines = az.call("GET", &format!("/_fake/machines?subscription={SUB}"), "");
+    let port = machines["imds_port"].as_u64().expect("an IMDS port");
+    let imds = format!("http://{}:{port}", sshd.addrs[0]);
+    let watch = || {
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg(gangway_azure::PREEMPT_WATCHER.script())
+            .arg("azure-preempt-watch")
+            .arg("--once")
+            .env("GANGWAY_AZURE_IMDS_ENDPOINT", &imds)
+            .output()
+            .expect("sh runs")
+    };
+    let before = watch();
+    assert_eq!(before.status.code(), Some(1), "no notice yet: {before:?}");
+    let ev = az.call(
+        "POST",
+        "/_fake/evict",
+        &serde_json::json!({"vm": "gw-pre-0", "notice_s": 60}).to_string(),
+    );
+    let after = watch();
+    let notice = String::from_utf8_lossy(&after.stdout);
+    assert_eq!(after.status.code(), Some(0), "{ev}\n{after:?}");
+    assert!(
+        notice.contains("Preempt") && notice.contains("gw-pre-0"),
+        "{notice}"
+    );
+    let (code, out, err) = parts(&run(&az, &home, &["down", "-y", "pre"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    if let Err(left) = az.leak_check(SUB) {
+        panic!("down left something behind:\n{left}");
+    }
+    assert_no_violations(&az);
+}
