@@ -21,6 +21,8 @@ const REGISTRY: &[Registration] = &[
     gangway_aws::REGISTRATION,
     #[cfg(feature = "gcp")]
     gangway_gcp::REGISTRATION,
+    #[cfg(feature = "azure")]
+    gangway_azure::REGISTRATION,
     #[cfg(feature = "kubernetes")]
     gangway_kubernetes::REGISTRATION,
     #[cfg(feature = "lambda")]

@@ -6,6 +6,8 @@
 mod aws;
 #[cfg(feature = "aws")]
 mod aws_e2e;
+#[cfg(feature = "azure")]
+mod azure;
 mod bad_specs;
 #[cfg(all(feature = "aws", feature = "gcp"))]
 mod buckets;
@@ -42,4 +44,4 @@ mod sshd;
 
 // The shared test support (tests/support), under the names the modules use.
 #[allow(unused_imports)] // without the cloud features, some go unused
-use gangway_test::{ec2_emulator, gce_fake, skip};
+use gangway_test::{azure_fake, ec2_emulator, gce_fake, skip};

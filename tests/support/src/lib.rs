@@ -6,6 +6,7 @@
 //! * [`ec2_emulator`]: the EC2 emulator (`tests/emulators/ec2`), started
 //!   once per test process or found through `GANGWAY_TEST_EC2_ENDPOINT`;
 //! * [`gce_fake`]: the Compute Engine fake (`tests/emulators/gce`);
+//! * [`azure_fake`]: the Azure Resource Manager fake (`tests/emulators/azure`);
 //! * [`k8s`]: a Kubernetes control plane built from source, with node
 //!   agents that run pods as local processes (`tests/emulators/k8s`);
 //! * [`slurm`]: a throwaway Slurm cluster (`tests/emulators/slurm`);
@@ -21,6 +22,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod azure_fake;
 pub mod contract;
 pub mod ec2_emulator;
 pub mod gce_fake;

@@ -68,6 +68,10 @@ pub const SUITES: &[(&str, &str)] = &[
         "the Compute Engine fake's venv; port 22 on loopback addresses",
     ),
     (
+        "azure",
+        "the Azure Resource Manager fake: tests/emulators/azure/setup.sh's schema file; port 22 on loopback addresses",
+    ),
+    (
         "lambda",
         "the Lambda Cloud fake (tests/emulators/lambda): python3; for its SSH test root, openssh-server and port 22 on loopback addresses",
     ),

@@ -1,0 +1,230 @@
+//! `infra: azure` through the binary, against the Azure Resource Manager
+//! fake (tests/emulators/azure), which checks every request against the
+//! OpenAPI models of the API versions the provider uses: one fake per test.
+
+use crate::azure_fake::AzureFake;
+use crate::common::{json_doc, parts, TestHome};
+
+/// Each test its own subscription (the fake scopes machines by it).
+const SUB: &str = "8f5a2b4c-1d3e-4f60-9a7b-0c1d2e3f4a5b";
+
+/// The fake's A100-80GB gang size, offered in eastus at the published
+/// catalog's prices (a catalog of its own, so the test does not depend on
+/// the embedded one).
+const CATALOG: &str = "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,Generation\n\
+Standard_ND96amsr_A100_v4,A100-80GB,8,96,1800,A100-80GB,32.77,8.52,eastus,V2\n";
+
+/// gangway in `home`, pointed at the fake.
+fn run(az: &AzureFake, home: &TestHome, args: &[&str]) -> std::process::Output {
+    let catalog = home.path().join("azure-catalog");
+    std::fs::create_dir_all(catalog.join("azure")).unwrap();
+    std::fs::write(catalog.join("azure/vms.csv"), CATALOG).unwrap();
+    let mut c = crate::common::command_in(home.path());
+    c.args(args)
+        .env("GANGWAY_AZURE_ENDPOINT", &az.url)
+        .env("AZURE_SUBSCRIPTION_ID", SUB)
+        .env("AZURE_CONFIG_DIR", home.path().join("no-az"))
+        .env("GANGWAY_CATALOG_DIR", &catalog)
+        .env("GANGWAY_AZURE_SSH_CIDR", "192.0.2.0/24");
+    for v in ["AZURE_TENANT_ID", "AZURE_CLIENT_ID", "AZURE_CLIENT_SECRET"] {
+        c.env_remove(v);
+    }
+    crate::common::Running::start(c).wait()
+}
+
+fn assert_no_violations(az: &AzureFake) {
+    let v = az.violations();
+    assert_eq!(v["count"], 0, "requests broke the API specification: {v:#}");
+}
+
+#[test]
+fn azure_check_names_the_identity_and_subscription_or_what_to_run() {
+    let Some(az) = AzureFake::start() else { return };
+    let home = TestHome::new();
+    let (code, out, err) = parts(&run(&az, &home, &["check", "azure", "-o", "json"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains(SUB), "{out}\n{err}");
+    // Without a subscription it says how to set one.
+    let mut c = crate::common::command_in(home.path());
+    c.args(["check", "azure"])
+        .env("GANGWAY_AZURE_ENDPOINT", &az.url)
+        .env_remove("AZURE_SUBSCRIPTION_ID")
+        .env("AZURE_CONFIG_DIR", home.path().join("no-az"));
+    let (code, out, err) = parts(&crate::common::Running::start(c).wait());
+    assert_ne!(code, 0, "{out}\n{err}");
+    assert!(
+        format!("{out}{err}").contains("AZURE_SUBSCRIPTION_ID"),
+        "{out}\n{err}"
+    );
+    assert_no_violations(&az);
+}
+
+/// A fake whose VMs get the addresses of a real sshd on port 22, and a
+/// home whose gangway key is the one that sshd takes.
+fn vms_with_sshd(n: usize) -> Option<(AzureFake, crate::sshd::Sshd, TestHome)> {
+    use std::os::unix::fs::PermissionsExt;
+    let az = AzureFake::start()?;
+    let sshd = crate::sshd::Sshd::start_on_port("azure", n, 22)?;
+    let home = TestHome::new();
+    let dir = home.path().join("ssh");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::copy(&sshd.client_key, dir.join("id_ed25519")).unwrap();
+    std::fs::set_permissions(
+        dir.join("id_ed25519"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    std::fs::copy(
+        sshd.client_key.with_extension("pub"),
+        dir.join("id_ed25519.pub"),
+    )
+    .unwrap();
+    let pairs: Vec<(String, String)> = sshd.addrs.iter().map(|a| (a.clone(), a.clone())).collect();
+    let m = az.machines(SUB, &pairs, &sshd.authorized_keys());
+    assert!(m["imds_port"].is_u64(), "{m}");
+    Some((az, sshd, home))
+}
+
+#[test]
+fn an_azure_spot_gang_runs_over_ssh_in_one_placement_group_and_down_leaves_nothing() {
+    let Some((az, sshd, home)) = vms_with_sshd(2) else {
+        return;
+    };
+    let task = home.file(
+        "azure.yaml",
+        "num_nodes: 2\nresources:\n  infra: azure/eastus\n  accelerators: A100-80GB:8\n  use_spot: true\n\
+         config:\n  azure:\n    ssh_user: root\n\
+         setup: echo setup-done > setup.txt\n\
+         run: |\n  echo \"rank=$SKYPILOT_NODE_RANK of=$SKYPILOT_NUM_NODES master=$MASTER_ADDR setup=$(cat setup.txt)\"\n",
+    );
+    let (code, out, err) = parts(&run(&az, &home, &["launch", &task, "-c", "e2e", "-y"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    let all = format!("{out}{err}");
+    for rank in 0..2 {
+        assert!(
+            all.contains(&format!("rank={rank} of=2 master=127."))
+                && all.contains("setup=setup-done"),
+            "rank {rank} did not run over SSH:\n{all}"
+        );
+    }
+    // Spot VMs, deleted on eviction, in one proximity placement group.
+    let state = az.call("GET", "/_fake/state", "");
+    let text = state.to_string();
+    assert!(
+        text.contains("gangway-ppg"),
+        "no placement group: {state:#}"
+    );
+    let (_, st, _) = parts(&run(&az, &home, &["status", "e2e", "-o", "json"]));
+    let c = json_doc(&st)["clusters"][0].clone();
+    assert_eq!(c["cloud"], "azure", "{c}");
+    assert_eq!(c["nodes"].as_array().map(Vec::len), Some(2), "{c}");
+    let ips: Vec<String> = c["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["public_ip"].as_str().map(str::to_string))
+        .collect();
+    assert!(
+        ips.iter().all(|ip| sshd.addrs.contains(ip)),
+        "{ips:?} vs {:?}: {c}",
+        sshd.addrs
+    );
+    let (code, out, err) = parts(&run(&az, &home, &["down", "-y", "e2e"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    if let Err(left) = az.leak_check(SUB) {
+        panic!("down left something behind:\n{left}");
+    }
+    assert_no_violations(&az);
+}
+
+#[test]
+fn an_azure_stockout_deletes_what_the_launch_made_and_throttling_is_waited_out() {
+    let Some(az) = AzureFake::start() else { return };
+    let home = TestHome::new();
+    // ARM throttles the security group's PUT twice (429, Retry-After: 0),
+    // then every VM's creation fails in its operation, as Azure reports
+    // running out of Spot capacity.
+    for rule in [
+        serde_json::json!({"error": "throttle", "method": "PUT", "type": "networkSecurityGroups",
+            "times": 2, "retry_after": 0}),
+        serde_json::json!({"error": "ZonalAllocationFailed", "method": "PUT", "type": "virtualMachines",
+            "async": true, "times": -1}),
+    ] {
+        let r = az.call("POST", "/_fake/faults", &rule.to_string());
+        assert!(r["id"].is_u64(), "{r}");
+    }
+    let task = home.file(
+        "azure.yaml",
+        "num_nodes: 2\nresources:\n  infra: azure/eastus\n  accelerators: A100-80GB:8\n  use_spot: true\nrun: \"true\"\n",
+    );
+    let (code, out, err) = parts(&run(
+        &az,
+        &home,
+        &["launch", &task, "--provision-only", "-c", "so", "-y"],
+    ));
+    let all = format!("{out}{err}");
+    assert_ne!(code, 0, "{all}");
+    assert!(all.contains("ZonalAllocationFailed"), "{all}");
+    let fired = az.call("GET", "/_fake/fired?code=TooManyRequests", "");
+    assert_eq!(
+        fired["fired"].as_array().map(Vec::len),
+        Some(2),
+        "both throttles answered and waited out: {fired}"
+    );
+    if let Err(left) = az.leak_check(SUB) {
+        panic!("the failed launch left something behind:\n{left}");
+    }
+    assert_no_violations(&az);
+}
+
+#[test]
+fn an_azure_preempt_event_is_read_by_the_watcher_on_the_node() {
+    let Some((az, sshd, home)) = vms_with_sshd(1) else {
+        return;
+    };
+    let task = home.file(
+        "azure.yaml",
+        "resources:\n  infra: azure/eastus\n  accelerators: A100-80GB:8\n  use_spot: true\n\
+         config:\n  azure:\n    ssh_user: root\nrun: \"true\"\n",
+    );
+    let (code, out, err) = parts(&run(
+        &az,
+        &home,
+        &["launch", &task, "--provision-only", "-c", "pre", "-y"],
+    ));
+    assert_eq!(code, 0, "{out}\n{err}");
+    let machines = az.call("GET", &format!("/_fake/machines?subscription={SUB}"), "");
+    let port = machines["imds_port"].as_u64().expect("an IMDS port");
+    let imds = format!("http://{}:{port}", sshd.addrs[0]);
+    let watch = || {
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg(gangway_azure::PREEMPT_WATCHER.script())
+            .arg("azure-preempt-watch")
+            .arg("--once")
+            .env("GANGWAY_AZURE_IMDS_ENDPOINT", &imds)
+            .output()
+            .expect("sh runs")
+    };
+    let before = watch();
+    assert_eq!(before.status.code(), Some(1), "no notice yet: {before:?}");
+    let ev = az.call(
+        "POST",
+        "/_fake/evict",
+        &serde_json::json!({"vm": "gw-pre-0", "notice_s": 60}).to_string(),
+    );
+    let after = watch();
+    let notice = String::from_utf8_lossy(&after.stdout);
+    assert_eq!(after.status.code(), Some(0), "{ev}\n{after:?}");
+    assert!(
+        notice.contains("Preempt") && notice.contains("gw-pre-0"),
+        "{notice}"
+    );
+    let (code, out, err) = parts(&run(&az, &home, &["down", "-y", "pre"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    if let Err(left) = az.leak_check(SUB) {
+        panic!("down left something behind:\n{left}");
+    }
+    assert_no_violations(&az);
+}
