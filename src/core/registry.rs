@@ -25,6 +25,8 @@ const REGISTRY: &[Registration] = &[
     gangway_kubernetes::REGISTRATION,
     #[cfg(feature = "lambda")]
     gangway_lambda::REGISTRATION,
+    #[cfg(feature = "runpod")]
+    gangway_runpod::REGISTRATION,
 ];
 
 /// The names of every provider this build has, whether or not it can be
