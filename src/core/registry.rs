@@ -27,6 +27,10 @@ const REGISTRY: &[Registration] = &[
     gangway_kubernetes::REGISTRATION,
     #[cfg(feature = "lambda")]
     gangway_lambda::REGISTRATION,
+    #[cfg(feature = "runpod")]
+    gangway_runpod::REGISTRATION,
+    #[cfg(feature = "vast")]
+    gangway_vast::REGISTRATION,
 ];
 
 /// The names of every provider this build has, whether or not it can be

@@ -36,6 +36,8 @@ mod launch;
 mod netns;
 mod reliability;
 mod replace;
+#[cfg(feature = "runpod")]
+mod runpod;
 mod sim;
 mod slurm;
 mod spec;

@@ -75,6 +75,10 @@ pub const SUITES: &[(&str, &str)] = &[
         "lambda",
         "the Lambda Cloud fake (tests/emulators/lambda): python3; for its SSH test root, openssh-server and port 22 on loopback addresses",
     ),
+    (
+        "runpod",
+        "the RunPod fake (tests/emulators/runpod): python3; for its SSH test root, openssh-server and a free loopback port",
+    ),
     ("slurm", "a throwaway Slurm cluster: root, slurm-wlm, munge"),
     (
         "s3",

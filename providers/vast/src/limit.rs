@@ -1,0 +1,134 @@
+//! The client-side rate limiter. Vast.ai limits each endpoint per key as
+//! a minimum interval between requests (its create endpoint documents a
+//! threshold of 4.5, units not stated) and answers a 429, often plain
+//! text, with no `Retry-After`. Requests are spaced one a second before
+//! they are sent; a 429 is retried with [`backoff`].
+
+use std::time::{Duration, Instant};
+
+use tokio::sync::Mutex;
+
+/// The spacing of requests at scale 1.
+pub const REQUEST_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Spaces calls by a minimum interval: each caller is given the next free
+/// instant and waits for it. Callers queue in arrival order.
+#[derive(Debug)]
+pub struct Spacing {
+    interval: Duration,
+    next: Option<Instant>,
+}
+
+impl Spacing {
+    /// Calls at least `interval` apart.
+    pub fn new(interval: Duration) -> Spacing {
+        Spacing {
+            interval,
+            next: None,
+        }
+    }
+
+    /// Reserves the next slot at or after `now`: how long to wait for it.
+    pub fn reserve(&mut self, now: Instant) -> Duration {
+        let at = match self.next {
+            Some(n) if n > now => n,
+            _ => now,
+        };
+        self.next = Some(at + self.interval);
+        at - now
+    }
+}
+
+/// The window of one API key.
+#[derive(Debug)]
+pub struct Limiter {
+    requests: Mutex<Spacing>,
+    scale: f64,
+}
+
+impl Limiter {
+    /// The window multiplied by `scale` (1: one request a second; tests
+    /// use 0.01; 0: no spacing at all; anything else not a number: 1).
+    pub fn new(scale: f64) -> Limiter {
+        let scale = if scale.is_finite() && scale >= 0.0 {
+            scale
+        } else {
+            1.0
+        };
+        Limiter {
+            requests: Mutex::new(Spacing::new(REQUEST_INTERVAL.mul_f64(scale))),
+            scale,
+        }
+    }
+
+    /// The factor the window was multiplied by.
+    pub fn scale(&self) -> f64 {
+        self.scale
+    }
+
+    /// Waits for this key's next request slot.
+    pub async fn acquire(&self) {
+        let wait = self.requests.lock().await.reserve(Instant::now());
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// How long to wait before retry `attempt` (0-based) after a 429 or an
+/// unavailable server: the answer's `Retry-After` seconds (scaled) where it
+/// gave one, else doubling from the request window (at least 50 ms when
+/// scaled down), at most 30 s scaled; with up to a quarter of jitter from
+/// `seed` so that several clients do not retry in step.
+pub fn backoff(attempt: u32, scale: f64, retry_after: Option<u64>, seed: u64) -> Duration {
+    let floor = Duration::from_millis(50);
+    let cap = Duration::from_secs(30)
+        .mul_f64(scale)
+        .max(Duration::from_millis(200));
+    let d = match retry_after {
+        Some(s) => Duration::from_secs(s.min(300)).mul_f64(scale).max(floor),
+        None => REQUEST_INTERVAL
+            .mul_f64(scale)
+            .max(floor)
+            .saturating_mul(1u32 << attempt.min(16))
+            .min(cap),
+    };
+    d + d.mul_f64((seed % 1000) as f64 / 4000.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_are_spaced_by_the_interval_in_arrival_order() {
+        let t0 = Instant::now();
+        let mut s = Spacing::new(Duration::from_secs(1));
+        assert_eq!(s.reserve(t0), Duration::ZERO);
+        assert_eq!(s.reserve(t0), Duration::from_secs(1));
+        assert_eq!(s.reserve(t0), Duration::from_secs(2));
+        assert_eq!(s.reserve(t0 + Duration::from_secs(10)), Duration::ZERO);
+    }
+
+    #[tokio::test]
+    async fn a_limiter_at_scale_zero_never_waits_and_nonsense_is_one() {
+        let l = Limiter::new(0.0);
+        let t = Instant::now();
+        for _ in 0..50 {
+            l.acquire().await;
+        }
+        assert!(t.elapsed() < Duration::from_millis(200));
+        assert_eq!(Limiter::new(f64::NAN).scale(), 1.0);
+        assert_eq!(Limiter::new(-1.0).scale(), 1.0);
+    }
+
+    #[test]
+    fn backoff_follows_retry_after_else_doubles_to_a_cap() {
+        assert_eq!(backoff(0, 1.0, None, 0), Duration::from_secs(1));
+        assert_eq!(backoff(3, 1.0, None, 0), Duration::from_secs(8));
+        assert_eq!(backoff(30, 1.0, None, 0), Duration::from_secs(30));
+        assert_eq!(backoff(0, 1.0, Some(7), 0), Duration::from_secs(7));
+        assert_eq!(backoff(5, 0.01, Some(60), 0), Duration::from_millis(600));
+        let j = backoff(0, 1.0, None, 999);
+        assert!(j > Duration::from_secs(1) && j <= Duration::from_millis(1250));
+        assert_eq!(backoff(0, 0.0, Some(60), 0), Duration::from_millis(50));
+    }
+}
