@@ -408,26 +408,37 @@ fn a_gcp_gang_runs_over_ssh_with_its_ranks_and_down_leaves_nothing() {
     assert_eq!(leftovers(&gce), Vec::<String>::new());
 }
 
-#[test]
-fn a_managed_job_on_gcp_spot_survives_a_preemption_from_its_kept_checkpoint() {
-    let Some((gce, sshd, home)) = vms_with_sshd(2) else {
-        return;
-    };
-    // The VMs after the preemption come up on another sshd: another home,
-    // so the checkpoint there can only be the one gangway kept.
-    let Some(after) = crate::sshd::Sshd::start_on_port("gcp", 2, 22) else {
-        return;
-    };
+/// A 2-node managed spot job on GCP (recovery `strategy`, or the default)
+/// whose run 0 keeps step 7 and then loses one VM to a preemption; the VMs
+/// made after it come up on another sshd (another home, so a checkpoint
+/// found there can only be the one gangway kept). Returns the job's
+/// output, the fake, the home, the sshds before and after, the victim.
+fn preempt_one_of_two(
+    strategy: Option<&str>,
+) -> Option<(
+    String,
+    GceFake,
+    TestHome,
+    crate::sshd::Sshd,
+    crate::sshd::Sshd,
+    String,
+)> {
+    let (gce, sshd, home) = vms_with_sshd(2)?;
+    let after = crate::sshd::Sshd::start_on_port("gcp", 2, 22)?;
     after.authorize(&sshd.client_key.with_extension("pub"));
+    let recovery = strategy
+        .map(|s| format!("  job_recovery:\n    strategy: {s}\n"))
+        .unwrap_or_default();
     // Run 0 checkpoints step 7, waits until gangway kept it, says so and
     // waits to be preempted; run 1 must find step 7 restored.
     let ready = home.path().join("ready");
     let task = home.file(
         "gcp-spot.yaml",
         &format!(
-            "num_nodes: 2\nresources:\n  infra: gcp/us-central1\n  instance_type: n2-standard-8\n  use_spot: true\n\
+            "num_nodes: 2\nresources:\n  infra: gcp/us-central1\n  instance_type: n2-standard-8\n  use_spot: true\n{recovery}\
              config:\n  gcp:\n    ssh_user: root\n\
              checkpoint:\n  sync_interval: 1\nenvs:\n  GW_TEST_MARKER: {marker}\n\
+             setup: echo \"setup ran on $HOME\"\n\
              run: |\n  ck=\"$GANGWAY_CHECKPOINT_DIR/step\"\n  \
              if [ \"$GANGWAY_RESTART_COUNT\" = 0 ]; then\n    t=$(date +%s%3N)\n    \
              [ \"$NODE_RANK\" = 0 ] && echo 7 > \"$ck\"\n    \
@@ -473,15 +484,6 @@ fn a_managed_job_on_gcp_spot_survives_a_preemption_from_its_kept_checkpoint() {
     );
     let (code, out, err) = parts(&job.wait());
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
-    for r in 0..2 {
-        assert!(
-            out.contains(&format!(
-                "rank {r} resumed at step 7 in run 1 on {}",
-                after.home.display()
-            )),
-            "{out}\n{err}"
-        );
-    }
     let (_, q, _) = parts(&run(&gce, &home, &["jobs", "queue", "-o", "json"]));
     let j = json_doc(&q)["jobs"][0].clone();
     assert_eq!(j["state"], "SUCCEEDED", "{j}");
@@ -505,6 +507,67 @@ fn a_managed_job_on_gcp_spot_survives_a_preemption_from_its_kept_checkpoint() {
         },
     );
     crate::common::assert_no_marker_procs(&home.marker, "the managed job ended");
+    Some((out, gce, home, sshd, after, victim))
+}
+
+#[test]
+fn a_managed_job_on_gcp_spot_survives_a_preemption_from_its_kept_checkpoint() {
+    // The whole gang, as SkyPilot recovers it: both ranks on new VMs.
+    let Some((out, _, _, _, after, _)) = preempt_one_of_two(Some("EAGER_NEXT_REGION")) else {
+        return;
+    };
+    for r in 0..2 {
+        assert!(
+            out.contains(&format!(
+                "rank {r} resumed at step 7 in run 1 on {}",
+                after.home.display()
+            )),
+            "{out}"
+        );
+    }
+}
+
+#[test]
+fn a_managed_gcp_spot_gang_that_loses_one_vm_replaces_only_it() {
+    // The default recovery: the survivor stays on its VM (and its sshd),
+    // one new VM joins in the same zone and compact placement policy.
+    let Some((out, gce, home, sshd, after, victim)) = preempt_one_of_two(None) else {
+        return;
+    };
+    let (kept, new) = (sshd.home.display(), after.home.display());
+    let resumed: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains("resumed at step 7 in run 1 on "))
+        .collect();
+    assert_eq!(resumed.len(), 2, "{out}");
+    assert!(
+        resumed
+            .iter()
+            .filter(|l| l.ends_with(&kept.to_string()))
+            .count()
+            == 1
+            && resumed
+                .iter()
+                .filter(|l| l.ends_with(&new.to_string()))
+                .count()
+                == 1,
+        "one rank on the survivor, one on the replacement:\n{out}"
+    );
+    // Setup ran twice at the launch, then once, on the new VM only.
+    let (_, log, _) = parts(&run(&gce, &home, &["jobs", "logs", "1"]));
+    assert_eq!(log.matches("setup ran on").count(), 3, "{log}");
+    assert_eq!(
+        log.matches(&format!("setup ran on {new}")).count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(log.matches("setup kept on rank").count(), 1, "{log}");
+    let (_, ev, _) = parts(&run(&gce, &home, &["jobs", "events", "1"]));
+    assert!(
+        ev.contains("replaced rank") && ev.contains(&victim),
+        "the replacement names the lost VM:\n{ev}"
+    );
+    assert!(!ev.contains("whole-gang recovery"), "{ev}");
 }
 
 /// gangway in `home` as user `user`, pointed at the fake.

@@ -1742,6 +1742,27 @@ impl Provider for GcpProvider {
         Ok(())
     }
 
+    fn cannot_replace_nodes(&self) -> Option<&'static str> {
+        // A launch keeps the cluster's running VMs and bulk-inserts only
+        // the shortfall, in the same zone and compact placement policy,
+        // named after the largest number in use.
+        None
+    }
+
+    async fn remove_nodes(&self, cluster: &ClusterName, ids: &[InstanceId]) -> Result<()> {
+        let names = self.names(cluster);
+        let gone: Vec<model::Instance> = self
+            .vms(&names)
+            .await?
+            .into_iter()
+            .filter(|i| {
+                let name = i.name.as_deref().unwrap_or_default();
+                ids.iter().any(|x| x.0 == name)
+            })
+            .collect();
+        self.delete_vms(&gone).await
+    }
+
     async fn topology(&self, nodes: &[Node]) -> Result<Vec<Vec<String>>> {
         Ok(nodes.iter().map(|n| n.topology.clone()).collect())
     }

@@ -1186,19 +1186,29 @@ class KillPointLayer:
     def __init__(self, app):
         self.app = app
         self.points = KillPoints()
+        # Each scope's requests by action, for /_gangway/calls.
+        self.calls = {}
+        self.calls_lock = threading.Lock()
 
     def __call__(self, environ, start_response):
         path = environ.get("PATH_INFO", "")
         if path == "/_gangway/kill":
             return self.control(environ, start_response)
+        if path == "/_gangway/calls":
+            return self.count_view(environ, start_response)
         if path.startswith("/_gangway/") or path.startswith("/moto-api/"):
             return self.app(environ, start_response)
         scope = access_key_from_authorization(environ.get("HTTP_AUTHORIZATION"))
+        what = None
+        if scope:
+            what = Emulator._params(environ, Emulator._read_body(environ)).get("Action") or path
+            with self.calls_lock:
+                by_action = self.calls.setdefault(scope, {})
+                by_action[what] = by_action.get(what, 0) + 1
         counted = self.points.arrive(scope) if scope else None
         if counted is None:
             return self.app(environ, start_response)
         k, now = counted
-        what = Emulator._params(environ, Emulator._read_body(environ)).get("Action") or path
         if now:
             # Killed as the request arrived: it never reaches EC2.
             self.points.kill(scope, k, "arrival", what)
@@ -1222,6 +1232,20 @@ class KillPointLayer:
             self.points.kill(scope, k, "return", what)
         start_response(captured["status"], captured["headers"])
         return [body]
+
+    def count_view(self, environ, start_response):
+        """GET /_gangway/calls?scope=AKID: that scope's requests so far, by
+        action; DELETE forgets them."""
+        query = dict(urllib.parse.parse_qsl(environ.get("QUERY_STRING", "")))
+        scope = query.get("scope", "")
+        with self.calls_lock:
+            if environ.get("REQUEST_METHOD", "GET") == "DELETE":
+                self.calls.pop(scope, None)
+                counts = {}
+            else:
+                counts = dict(self.calls.get(scope, {}))
+        body = (json.dumps({"scope": scope, "calls": counts}) + "\n").encode("utf-8")
+        return Emulator._reply(start_response, 200, body, "application/json")
 
     def control(self, environ, start_response):
         method = environ.get("REQUEST_METHOD", "GET")
