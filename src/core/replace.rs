@@ -124,7 +124,18 @@ pub(crate) async fn replace_nodes(
         ),
     )?;
     // Whatever is left of the lost nodes goes first (a node gone quiet
-    // may still run, and bill): the provider then sees a shortfall.
+    // may still run, and bill): the provider then sees a shortfall. On
+    // machines that outlive the cluster (SSH pools), what the cluster ran
+    // there is killed first, where the machine still answers.
+    if p.machines_outlive_clusters() {
+        if let Some(t) = providers.transport(&cloud, store.home(), &row.name) {
+            if t.connect(&gone).await.is_ok() {
+                for n in &gone {
+                    t.kill_cluster(n, &row.name);
+                }
+            }
+        }
+    }
     retry_transient(|| p.remove_nodes(&name, &gone_ids)).await?;
     let mut req = provision::launch_request(store, row, c)?;
     req.count = (kept.len() + gone.len()) as u32;

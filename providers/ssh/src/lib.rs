@@ -437,6 +437,34 @@ impl SshPools {
         Ok(())
     }
 
+    /// Releases the cluster's hosts whose ids (`pool/host`) are in `ids`
+    /// (blocking); its other hosts stay held.
+    pub(crate) fn release_now(&self, cluster: &ClusterName, ids: &[String]) -> Result<()> {
+        let lock = self
+            .store
+            .lock()
+            .map_err(|e| error(ErrorKind::Fatal, "", format!("taking the lock: {e}")))?;
+        let allocs = lock.read_all().map_err(|e| {
+            error(
+                ErrorKind::Fatal,
+                "",
+                format!("reading allocation records: {e}"),
+            )
+        })?;
+        for (f, a) in allocs.iter().filter(|(_, a)| {
+            a.cluster == cluster.0 && ids.contains(&format!("{}/{}", a.pool, a.host))
+        }) {
+            lock.remove(f).map_err(|e| {
+                error(
+                    ErrorKind::Fatal,
+                    &format!("{}/{}", a.pool, a.zone),
+                    format!("releasing {}/{}: {e}", a.pool, a.host),
+                )
+            })?;
+        }
+        Ok(())
+    }
+
     fn cluster_allocs(&self, cluster: &ClusterName) -> Result<Vec<(String, Alloc)>> {
         let lock = self
             .store
@@ -639,6 +667,19 @@ impl Provider for SshPools {
         let this = self.clone();
         let cluster = cluster.clone();
         off_thread(move || this.terminate_now(&cluster)).await
+    }
+
+    fn cannot_replace_nodes(&self) -> Option<&'static str> {
+        // A launch keeps the cluster's hosts and takes only the shortfall
+        // from the free, reachable hosts of the same pool, zone and type.
+        None
+    }
+
+    async fn remove_nodes(&self, cluster: &ClusterName, ids: &[InstanceId]) -> Result<()> {
+        let this = self.clone();
+        let cluster = cluster.clone();
+        let ids: Vec<String> = ids.iter().map(|i| i.0.clone()).collect();
+        off_thread(move || this.release_now(&cluster, &ids)).await
     }
 }
 

@@ -35,6 +35,11 @@
 //! * `stop`: where [`Provider::cannot_stop`] is `None`, stop stops every
 //!   node and start brings the same nodes back; otherwise stop refuses with
 //!   an error and the nodes keep running;
+//! * `replace`: where [`Provider::cannot_replace_nodes`] is `None`,
+//!   `remove_nodes` removes one node of a 2-node cluster and leaves the
+//!   other running, and a launch of 2 again keeps that survivor and adds
+//!   one node, running, in the same placement; otherwise `remove_nodes`
+//!   refuses with an error and both nodes keep running;
 //! * `errors`: the provider's API failures come back with the right
 //!   [`ErrorKind`] (capacity and quota fail over, auth and invalid requests
 //!   do not), naming the provider and the region, and leave nothing once
@@ -168,6 +173,7 @@ pub async fn run(h: &dyn Harness) {
             "tags" => tags(h).await,
             "owners" => owners(h).await,
             "stop" => stop(h).await,
+            "replace" => replace(h).await,
             "errors" => errors(h).await,
             other => unreachable!("rule {other}"),
         };
@@ -201,6 +207,7 @@ pub const RULES: &[&str] = &[
     "tags",
     "owners",
     "stop",
+    "replace",
     "errors",
 ];
 
@@ -585,6 +592,61 @@ async fn stop(h: &dyn Harness) -> Check {
                 || format!("a refused stop changed the nodes: {d:?}"),
             )?;
         }
+    }
+    gone(h, &c).await?;
+    Ok(Outcome::Kept)
+}
+
+async fn replace(h: &dyn Harness) -> Check {
+    let p = h.provider();
+    let c = cluster(h, "replace");
+    let req = h.request(&c, 2, &token(h, "replace", 1));
+    let first = p.launch(&req).await.map_err(|e| format!("launch: {e}"))?;
+    let mut first_ids: Vec<String> = ids(&first).into_iter().collect();
+    let survivor = first_ids.remove(0);
+    let lost = gangway_provider::InstanceId(first_ids.remove(0));
+    let removed = p.remove_nodes(&c, std::slice::from_ref(&lost)).await;
+    let live_now = |nodes: Vec<Node>| -> BTreeSet<String> { ids(&live(&nodes)) };
+    if p.cannot_replace_nodes().is_some() {
+        ensure(removed.is_err(), || {
+            "cannot_replace_nodes says it cannot, yet remove_nodes answered Ok".to_string()
+        })?;
+        let still = live_now(p.describe(&c).await.map_err(|e| format!("describe: {e}"))?);
+        ensure(still == ids(&first), || {
+            format!(
+                "a refused remove_nodes changed the cluster: {still:?}, was {:?}",
+                ids(&first)
+            )
+        })?;
+        gone(h, &c).await?;
+        return Ok(Outcome::Kept);
+    }
+    removed.map_err(|e| format!("remove_nodes of {lost}: {e}"))?;
+    let after = live_now(p.describe(&c).await.map_err(|e| format!("describe: {e}"))?);
+    ensure(after == BTreeSet::from([survivor.clone()]), || {
+        format!("after removing {lost} describe reports {after:?}, not only {survivor}")
+    })?;
+    let again = h.request(&c, 2, &token(h, "replace", 2));
+    let grown = p
+        .launch(&again)
+        .await
+        .map_err(|e| format!("the launch that replaces {lost}: {e}"))?;
+    ensure(grown.len() == 2, || {
+        format!("the replacing launch returned {} nodes", grown.len())
+    })?;
+    ensure(grown.iter().any(|n| n.id.0 == survivor), || {
+        format!(
+            "the replacing launch dropped the survivor {survivor}: {:?}",
+            ids(&grown)
+        )
+    })?;
+    for n in &grown {
+        ensure(n.state == NodeState::Running, || {
+            format!("node {} after the replacement is {:?}", n.id, n.state)
+        })?;
+        ensure(n.placement == req.placement, || {
+            format!("the replacement {} is in {}", n.id, n.placement)
+        })?;
     }
     gone(h, &c).await?;
     Ok(Outcome::Kept)
