@@ -6,8 +6,10 @@
 
 use serde_json::Value;
 
-use crate::common::{json_doc, parts, TestHome};
-use crate::jobs::{managed, CloudWatch};
+use std::time::Duration;
+
+use crate::common::{json_doc, parts, wait_for, TestHome};
+use crate::jobs::{managed, wait_ended, CloudWatch};
 
 /// A 4-node spot trainer on the local cloud whose first launch loses
 /// `lost` of its nodes `after_s` into the run (with `notice_s` of notice),
@@ -151,4 +153,54 @@ fn a_whole_gang_strategy_or_a_mostly_lost_gang_recovers_it_whole() {
         story.contains("whole-gang recovery: 3 of 4 nodes lost at once"),
         "{story}"
     );
+}
+
+#[test]
+fn killing_the_controller_during_replacements_loses_nothing_and_doubles_nothing() {
+    let home = TestHome::new();
+    let task = gang_task(&home, None, 1, None);
+    let watch = CloudWatch::start_at(home.path());
+    let (code, _, err) =
+        parts(&home.run(["jobs", "launch", &task, "-d", "--env", &home.marker_env()]));
+    assert_eq!(code, 0, "{err}");
+    let lock = home.path().join("locks/controller.lock");
+    let mut kills = 0;
+    let mut seed: u64 = 0x2545_f491;
+    loop {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        std::thread::sleep(Duration::from_millis(100 + (seed >> 33) % 400));
+        if let Some(pid) = std::fs::read_to_string(&lock)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+        {
+            // SAFETY: kill(2) on the controller this test's home started.
+            if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {
+                kills += 1;
+            }
+        }
+        // Any jobs command starts a controller again.
+        let j = managed(&home, 1);
+        if j["state"] == "SUCCEEDED" || j["state"] == "FAILED" {
+            break;
+        }
+        assert!(kills < 400, "the job never ended: {j}");
+    }
+    let job = wait_ended(&home, 1);
+    let (most, ever) = watch.finish();
+    assert!(kills >= 5, "only {kills} kills landed");
+    assert_eq!(job["state"], "SUCCEEDED", "{job}");
+    let (_, log, _) = parts(&home.run(["jobs", "logs", "1"]));
+    assert!(log.contains("done at step 60"), "{log}");
+    // Never two gangs, nor a fifth node beside four: the lost node goes
+    // before its replacement comes.
+    assert!(most <= 4, "{most} instances at once");
+    assert!(ever.len() >= 5, "{ever:?}");
+    wait_for("the last cluster to go", Duration::from_secs(60), || {
+        if home.instance_records().is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{:?}", home.instance_records()))
+        }
+    });
+    crate::common::assert_no_marker_procs(&home.marker, "the managed job ended");
 }

@@ -552,8 +552,13 @@ async fn reconcile(sh: &Shared, m: &mut Memo) -> Result<Action, crate::Error> {
         ManagedState::Provisioning | ManagedState::Recovering => provision_or_cancel(sh, m).await,
         ManagedState::Starting | ManagedState::Running => observe(sh, m).await,
         ManagedState::Preempted => {
+            // A controller stopped between recording the loss and
+            // recovering from it: the recovery starts again (a replacement
+            // half done is finished: the provider keeps what it added).
             let why = job.detail.clone().unwrap_or_else(|| "preempted".into());
-            requeue(sh, m, &why, true).await?;
+            if !replace_lost(sh, m, &why).await? {
+                requeue(sh, m, &why, true).await?;
+            }
             Ok(Action::Requeue(Duration::ZERO))
         }
         _ => Ok(Action::Done),
