@@ -288,7 +288,7 @@ fn check_names_the_identity_and_regions() {
         .as_array()
         .is_some_and(|r| r.iter().any(|x| x == "us-east-1")));
     // An unknown cloud is a usage error naming the known ones.
-    let (code, _, err) = parts(&aws.run(&["check", "azure"]));
+    let (code, _, err) = parts(&aws.run(&["check", "oracle"]));
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("aws") && err.contains("local"), "{err}");
 }
