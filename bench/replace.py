@@ -140,7 +140,10 @@ def run_job(env, home, text, ready, lose):
     while not os.path.exists(ready):
         if time.time() > deadline or job.poll() is not None:
             job.kill()
-            sys.exit(f"the job did not start:\n{''.join(out)}")
+            ctl = os.path.join(home, "jobs", "controller.log")
+            tail = open(ctl).read()[-3000:] if os.path.exists(ctl) else "(no controller log)"
+            evs = aws_e2e.gw(env, "jobs", "events", "1", check=False).stdout
+            sys.exit(f"the job did not start:\n{''.join(out)}\n{evs}\ncontroller log:\n{tail}")
         time.sleep(0.05)
     loss = lose()
     if job.wait(timeout=600) != 0:

@@ -202,7 +202,7 @@ impl SshTransport {
     pub fn new(home: &Path, cluster: &str, first_contact: bool) -> Result<SshTransport, KeyError> {
         let key = ensure_key(home)?;
         let known = home.join("ssh").join("known_hosts");
-        let control_dir = home.join("ssh").join("ctl");
+        let control_dir = control_dir(home);
         let _ = std::fs::create_dir_all(&known);
         let _ = std::fs::create_dir_all(&control_dir);
         // The owner id (made on first use); a home that cannot hold one
@@ -1158,6 +1158,51 @@ async fn run_session(
     }
 }
 
+/// What ssh adds to the control directory for a master's socket:
+/// openssh's `/.ssh-connectionXXXXXX/master`, and the `.` and 16 random
+/// characters ssh binds first and renames.
+const SOCKET_SUFFIX: usize = "/.ssh-connectionXXXXXX/master.XXXXXXXXXXXXXXXX".len();
+/// The longest path a Unix socket address holds (`sun_path` less its NUL;
+/// 104 on macOS, 108 on Linux).
+const SOCKET_PATH_MAX: usize = 103;
+
+/// Where the master connections' sockets go: `$GANGWAY_HOME/ssh/ctl`, or,
+/// when that is too long for a socket address (ssh then fails every
+/// connection with "ControlPath too long", and a first contact would wait
+/// out its whole timeout), a private directory of this home's own under
+/// `/tmp/gangway-<uid>/`, made 0700 and used only when it is this user's
+/// and nobody else's.
+fn control_dir(home: &Path) -> PathBuf {
+    let own = home.join("ssh").join("ctl");
+    if own.as_os_str().len() + SOCKET_SUFFIX <= SOCKET_PATH_MAX {
+        return own;
+    }
+    short_control_dir(Path::new("/tmp"), home).unwrap_or(own)
+}
+
+/// `<base>/gangway-<uid>/<hash of home>`, private to this user (0700,
+/// owned by them, not a link); `None` where it cannot be made so.
+fn short_control_dir(base: &Path, home: &Path) -> Option<PathBuf> {
+    use std::hash::{Hash, Hasher};
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    // SAFETY: getuid(2) cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::path::absolute(home)
+        .unwrap_or_else(|_| home.to_path_buf())
+        .hash(&mut h);
+    let user_dir = base.join(format!("gangway-{uid}"));
+    let dir = user_dir.join(format!("{:016x}", h.finish()));
+    for d in [&user_dir, &dir] {
+        let _ = std::fs::DirBuilder::new().mode(0o700).create(d);
+        let m = std::fs::symlink_metadata(d).ok()?;
+        if !m.is_dir() || m.uid() != uid || m.mode() & 0o077 != 0 {
+            return None;
+        }
+    }
+    Some(dir)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1392,5 +1437,32 @@ mod tests {
             assert!(!hint(f).contains("zone"), "no capacity talk: {}", hint(f));
         }
         assert_eq!(connect_hint(ConnectFailure::Other, &t, &facts), None);
+    }
+
+    #[test]
+    fn a_long_home_gets_a_short_private_control_directory() {
+        let short = Path::new("/home/ada/.gangway");
+        assert_eq!(control_dir(short), short.join("ssh").join("ctl"));
+        let long = Path::new("/tmp/gw-replace-bench-abcdefgh/aws-REPLACE_LOST_NODES-abcdefgh");
+        let dir = control_dir(long);
+        assert!(
+            dir.as_os_str().len() + SOCKET_SUFFIX <= SOCKET_PATH_MAX,
+            "{}",
+            dir.display()
+        );
+        assert_ne!(
+            dir,
+            control_dir(Path::new("/tmp/another-long-home-of-the-same-user/x"))
+        );
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
+        // A directory someone else could write into is not used.
+        let base = tempfile::tempdir().unwrap();
+        // SAFETY: getuid(2) cannot fail.
+        let uid = unsafe { libc::getuid() };
+        let open = base.path().join(format!("gangway-{uid}"));
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert_eq!(short_control_dir(base.path(), long), None);
     }
 }
