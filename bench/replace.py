@@ -119,10 +119,11 @@ def after_loss(evs, loss):
             if e["state"] == state and e["at"] / 1000 >= after and contains in e["reason"]:
                 return e["at"] / 1000
         sys.exit(f"no {state} event after the loss: {json.dumps(evs, indent=1)}")
+    seen = at("PREEMPTED", loss - 1)
     recovering = at("RECOVERING", loss - 1)
     up = at("STARTING", recovering, "cluster up")
     resumed = at("RUNNING", up)
-    return recovering, up, resumed
+    return seen, recovering, up, resumed
 
 
 def run_job(env, home, text, ready, lose):
@@ -143,6 +144,7 @@ def run_job(env, home, text, ready, lose):
             ctl = os.path.join(home, "jobs", "controller.log")
             tail = open(ctl).read()[-3000:] if os.path.exists(ctl) else "(no controller log)"
             evs = aws_e2e.gw(env, "jobs", "events", "1", check=False).stdout
+            evs += aws_e2e.gw(env, "jobs", "logs", "1", check=False).stdout[-3000:]
             sys.exit(f"the job did not start:\n{''.join(out)}\n{evs}\ncontroller log:\n{tail}")
         time.sleep(0.05)
     loss = lose()
@@ -187,10 +189,13 @@ def local_trial(work, strategy):
     # The loss time is the market's schedule; wait for it if the job got
     # there first (it cannot: the run resumes after it).
     seen = watch.finish()
-    recovering, up, resumed = after_loss(events(env), loss)
+    seen_at, recovering, up, resumed = after_loss(events(env), loss)
     launched = sum(1 for first, _ in seen.values() if first >= loss - 0.1)
     return {
         "resumed": resumed - loss,
+        "seen": seen_at - loss,
+        "recovery": up - seen_at,
+        "start": resumed - up,
         "provisioning": up - recovering,
         "launched": launched,
         "run_instances": None,
@@ -201,6 +206,10 @@ def local_trial(work, strategy):
 
 def aws_trial(endpoint, work, keys, strategy):
     aws_e2e.use_block(endpoint, aws_e2e.BLOCKS[0], keys)
+    # The "instances" of one sshd share its home: the last trial's
+    # checkpoint must not be this one's.
+    for block in aws_e2e.BLOCKS:
+        shutil.rmtree(os.path.join(work, block, "home", "gangway_checkpoints"), ignore_errors=True)
     home = tempfile.mkdtemp(prefix=f"aws-{strategy}-", dir=work)
     env = aws_e2e.env_for(endpoint, home)
     ready = os.path.join(home, "ready")
@@ -231,7 +240,7 @@ def aws_trial(endpoint, work, keys, strategy):
     loss, log = run_job(env, home, task("aws/us-east-1", strategy, ready, extra), ready, lose)
     seen = watch.finish()
     calls = aws_e2e.control(endpoint, "GET", f"/_gangway/calls?scope={scope}")["calls"]
-    recovering, up, resumed = after_loss(events(env), loss)
+    seen_at, recovering, up, resumed = after_loss(events(env), loss)
     deadline = time.time() + 120
     while live():
         if time.time() > deadline:
@@ -239,6 +248,9 @@ def aws_trial(endpoint, work, keys, strategy):
         time.sleep(0.1)
     return {
         "resumed": resumed - loss,
+        "seen": seen_at - loss,
+        "recovery": up - seen_at,
+        "start": resumed - up,
         "provisioning": up - recovering,
         "launched": sum(1 for first, _ in seen.values() if first >= loss - 0.1),
         "run_instances": calls.get("RunInstances", 0) - calls_at_loss.get("RunInstances", 0),
@@ -249,12 +261,14 @@ def aws_trial(endpoint, work, keys, strategy):
 
 def report(cloud, results):
     print(f"\n{cloud}: {NODES}-node spot gang, one node lost without notice, setup {SETUP_S:g} s")
-    print(f"{'strategy':<20} {'loss→resumed':>13} {'(provisioning)':>15} {'nodes launched':>15} "
-          f"{'RunInstances':>13} {'setup runs':>11} {'node-s paid':>12}")
+    print(f"{'strategy':<20} {'loss→resumed':>13} {'= seen':>7} {'+ recover':>10} {'+ setup/start':>14} "
+          f"{'nodes launched':>15} {'RunInstances':>13} {'setup runs':>11} {'node-s paid':>12}")
     for strategy, r in results.items():
         ri = "-" if r["run_instances"] is None else str(r["run_instances"])
-        print(f"{strategy:<20} {r['resumed']:>12.2f}s {r['provisioning']:>14.2f}s {r['launched']:>15} "
-              f"{ri:>13} {r['setups']:>11} {r['paid']:>12.1f}")
+        print(f"{strategy:<20} {r['resumed']:>12.2f}s {r['seen']:>6.2f}s {r['recovery']:>9.2f}s "
+              f"{r['start']:>13.2f}s {r['launched']:>15} {ri:>13} {r['setups']:>11} {r['paid']:>12.1f}")
+    print("(recover: from the loss seen to the cluster up again: stopping the run, removing or "
+          "tearing down, launching, first contact)")
 
 
 def main():
@@ -303,7 +317,8 @@ def main():
                     p.wait(10)
                 except subprocess.TimeoutExpired:
                     p.kill()
-        shutil.rmtree(work, ignore_errors=True)
+        if not os.environ.get("KEEP"):
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
