@@ -99,6 +99,20 @@ def start_sshd(d, block, keys):
     return server
 
 
+def start_emulator():
+    """The EC2 emulator on a free port: (its process, its endpoint)."""
+    emu = subprocess.Popen([emulator_python(), os.path.join(ROOT, "tests/emulators/ec2/server.py"),
+                            "--host", "127.0.0.1", "--port", "0", "--watch-stdin",
+                            "--warm-regions", "us-east-1"],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                           text=True)
+    line = emu.stdout.readline().strip()
+    if not line.startswith("READY "):
+        emu.kill()
+        sys.exit(f"the EC2 emulator said {line!r}")
+    return emu, line.split(" ", 1)[1]
+
+
 def control(endpoint, method, path, body=None):
     req = urllib.request.Request(endpoint + path, method=method,
                                  data=json.dumps(body).encode() if body is not None else None,
@@ -263,16 +277,8 @@ def main():
     open(keys, "w").close()
     procs = []
     try:
-        emu = subprocess.Popen([emulator_python(), os.path.join(ROOT, "tests/emulators/ec2/server.py"),
-                                "--host", "127.0.0.1", "--port", "0", "--watch-stdin",
-                                "--warm-regions", "us-east-1"],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                               text=True)
+        emu, endpoint = start_emulator()
         procs.append(emu)
-        line = emu.stdout.readline().strip()
-        if not line.startswith("READY "):
-            sys.exit(f"the EC2 emulator said {line!r}")
-        endpoint = line.split(" ", 1)[1]
         sshds = []
         for block in BLOCKS:
             d = os.path.join(work, block)

@@ -286,17 +286,8 @@ def main():
             os.makedirs("/run/sshd", exist_ok=True)
             keys = os.path.join(work, "authorized_keys")
             open(keys, "w").close()
-            emu = subprocess.Popen([aws_e2e.emulator_python(),
-                                    os.path.join(ROOT, "tests/emulators/ec2/server.py"),
-                                    "--host", "127.0.0.1", "--port", "0", "--watch-stdin",
-                                    "--warm-regions", "us-east-1"],
-                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                   stderr=subprocess.DEVNULL, text=True)
+            emu, endpoint = aws_e2e.start_emulator()
             procs.append(emu)
-            line = emu.stdout.readline().strip()
-            if not line.startswith("READY "):
-                sys.exit(f"the EC2 emulator said {line!r}")
-            endpoint = line.split(" ", 1)[1]
             dirs = []
             for block in aws_e2e.BLOCKS:
                 d = os.path.join(work, block)

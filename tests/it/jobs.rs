@@ -229,28 +229,7 @@ fn killing_the_controller_at_many_points_loses_nothing_and_doubles_nothing() {
     let (code, _, err) =
         parts(&home.run(["jobs", "launch", &task, "-d", "--env", &home.marker_env()]));
     assert_eq!(code, 0, "{err}");
-    let lock = home.path().join("locks/controller.lock");
-    let mut kills = 0;
-    let mut seed: u64 = 0x9e37_79b9;
-    loop {
-        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-        std::thread::sleep(Duration::from_millis(150 + (seed >> 33) % 600));
-        if let Some(pid) = std::fs::read_to_string(&lock)
-            .ok()
-            .and_then(|s| s.trim().parse::<i32>().ok())
-        {
-            // SAFETY: kill(2) on the controller this test's home started.
-            if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {
-                kills += 1;
-            }
-        }
-        // Any jobs command starts a controller again.
-        let j = managed(&home, 1);
-        if j["state"] == "SUCCEEDED" || j["state"] == "FAILED" {
-            break;
-        }
-        assert!(kills < 400, "the job never ended: {j}");
-    }
+    let kills = kill_controller_until_ended(&home, 0x9e37_79b9, 150, 600);
     let job = wait_ended(&home, 1);
     let (most, ever) = watch.finish();
     assert!(kills >= 5, "only {kills} kills landed");
@@ -276,6 +255,38 @@ fn killing_the_controller_at_many_points_loses_nothing_and_doubles_nothing() {
     let preempted = job["preemptions"].as_u64().unwrap() as usize;
     check_ledger(&home, &managed(&home, 1), preempted);
     assert_no_marker_procs(&home.marker, "the managed job ended");
+}
+
+/// Kills managed job 1's controller (SIGKILL) again and again, a
+/// pseudo-random `from_ms + [0, spread_ms)` apart (from `seed`), until the
+/// job ends (each `jobs queue` in between starts a controller again);
+/// returns how many kills landed.
+pub(crate) fn kill_controller_until_ended(
+    home: &TestHome,
+    mut seed: u64,
+    from_ms: u64,
+    spread_ms: u64,
+) -> usize {
+    let lock = home.path().join("locks/controller.lock");
+    let mut kills = 0;
+    loop {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        std::thread::sleep(Duration::from_millis(from_ms + (seed >> 33) % spread_ms));
+        if let Some(pid) = std::fs::read_to_string(&lock)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+        {
+            // SAFETY: kill(2) on the controller this test's home started.
+            if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {
+                kills += 1;
+            }
+        }
+        let j = managed(home, 1);
+        if j["state"] == "SUCCEEDED" || j["state"] == "FAILED" {
+            return kills;
+        }
+        assert!(kills < 400, "the job never ended: {j}");
+    }
 }
 
 fn task(home: &TestHome, body: &str) -> String {

@@ -163,28 +163,7 @@ fn killing_the_controller_during_replacements_loses_nothing_and_doubles_nothing(
     let (code, _, err) =
         parts(&home.run(["jobs", "launch", &task, "-d", "--env", &home.marker_env()]));
     assert_eq!(code, 0, "{err}");
-    let lock = home.path().join("locks/controller.lock");
-    let mut kills = 0;
-    let mut seed: u64 = 0x2545_f491;
-    loop {
-        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-        std::thread::sleep(Duration::from_millis(100 + (seed >> 33) % 400));
-        if let Some(pid) = std::fs::read_to_string(&lock)
-            .ok()
-            .and_then(|s| s.trim().parse::<i32>().ok())
-        {
-            // SAFETY: kill(2) on the controller this test's home started.
-            if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {
-                kills += 1;
-            }
-        }
-        // Any jobs command starts a controller again.
-        let j = managed(&home, 1);
-        if j["state"] == "SUCCEEDED" || j["state"] == "FAILED" {
-            break;
-        }
-        assert!(kills < 400, "the job never ended: {j}");
-    }
+    let kills = crate::jobs::kill_controller_until_ended(&home, 0x2545_f491, 100, 400);
     let job = wait_ended(&home, 1);
     let (most, ever) = watch.finish();
     assert!(kills >= 5, "only {kills} kills landed");

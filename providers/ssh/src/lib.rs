@@ -414,32 +414,17 @@ impl SshPools {
 
     /// Releases every host of the cluster (blocking).
     pub(crate) fn terminate_now(&self, cluster: &ClusterName) -> Result<()> {
-        let lock = self
-            .store
-            .lock()
-            .map_err(|e| error(ErrorKind::Fatal, "", format!("taking the lock: {e}")))?;
-        let allocs = lock.read_all().map_err(|e| {
-            error(
-                ErrorKind::Fatal,
-                "",
-                format!("reading allocation records: {e}"),
-            )
-        })?;
-        for (f, a) in allocs.iter().filter(|(_, a)| a.cluster == cluster.0) {
-            lock.remove(f).map_err(|e| {
-                error(
-                    ErrorKind::Fatal,
-                    &format!("{}/{}", a.pool, a.zone),
-                    format!("releasing {}/{}: {e}", a.pool, a.host),
-                )
-            })?;
-        }
-        Ok(())
+        self.release_where(cluster, |_| true)
     }
 
     /// Releases the cluster's hosts whose ids (`pool/host`) are in `ids`
     /// (blocking); its other hosts stay held.
     pub(crate) fn release_now(&self, cluster: &ClusterName, ids: &[String]) -> Result<()> {
+        self.release_where(cluster, |a| ids.contains(&format!("{}/{}", a.pool, a.host)))
+    }
+
+    /// Releases the cluster's hosts whose allocation `which` picks.
+    fn release_where(&self, cluster: &ClusterName, which: impl Fn(&Alloc) -> bool) -> Result<()> {
         let lock = self
             .store
             .lock()
@@ -451,9 +436,10 @@ impl SshPools {
                 format!("reading allocation records: {e}"),
             )
         })?;
-        for (f, a) in allocs.iter().filter(|(_, a)| {
-            a.cluster == cluster.0 && ids.contains(&format!("{}/{}", a.pool, a.host))
-        }) {
+        for (f, a) in allocs
+            .iter()
+            .filter(|(_, a)| a.cluster == cluster.0 && which(a))
+        {
             lock.remove(f).map_err(|e| {
                 error(
                     ErrorKind::Fatal,
