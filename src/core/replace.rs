@@ -10,11 +10,11 @@
 
 use std::time::{Duration, Instant};
 
-use gangway_provider::{ClusterName, ErrorKind, InstanceId, NodeState, Provider, ProviderError};
+use gangway_provider::{ClusterName, InstanceId, NodeState, Provider, ProviderError};
 
 use crate::core::gang::SURVIVOR_FACT;
 use crate::core::optimizer::Candidate;
-use crate::core::provision::{self, ContactError, RetryPolicy};
+use crate::core::provision::{self, retry_transient, ContactError, RetryPolicy};
 use crate::core::ranks::assign_ranks;
 use crate::core::registry::Providers;
 use crate::core::state::{ClusterRow, ClusterStatus, NodeRow, StateError, Store};
@@ -136,12 +136,17 @@ pub(crate) async fn replace_nodes(
             }
         }
     }
-    retry_transient(|| p.remove_nodes(&name, &gone_ids)).await?;
+    retry_transient(RetryPolicy::default(), || p.remove_nodes(&name, &gone_ids)).await?;
     let mut req = provision::launch_request(store, row, c)?;
     req.count = (kept.len() + gone.len()) as u32;
     req.client_token = format!("{}-{}", row.client_token, gone_ids[0].0);
     let kept_ids: Vec<&str> = kept.iter().map(|n| n.instance_id.as_str()).collect();
-    let got = match tokio::time::timeout(wait, retry_transient(|| p.launch(&req))).await {
+    let got = match tokio::time::timeout(
+        wait,
+        retry_transient(RetryPolicy::default(), || p.launch(&req)),
+    )
+    .await
+    {
         Ok(Ok(got)) => got,
         Ok(Err(e)) => return Err(undo(p.as_ref(), &name, &kept_ids, e.into()).await),
         Err(_) => {
@@ -285,31 +290,12 @@ async fn undo(
     if added.is_empty() {
         return failure;
     }
-    match retry_transient(|| p.remove_nodes(name, &added)).await {
+    match retry_transient(RetryPolicy::default(), || p.remove_nodes(name, &added)).await {
         Ok(()) => failure,
         Err(cleanup) => ReplaceError::Leftover {
             failure: failure.to_string(),
             cleanup,
         },
-    }
-}
-
-/// `call`, retried with backoff while it fails transiently.
-async fn retry_transient<T, F, Fut>(mut call: F) -> Result<T, ProviderError>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, ProviderError>>,
-{
-    let policy = RetryPolicy::default();
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        match call().await {
-            Err(e) if e.kind == ErrorKind::Transient && tries < policy.attempts => {
-                tokio::time::sleep(policy.delay(tries, u64::from(std::process::id()))).await;
-            }
-            other => return other,
-        }
     }
 }
 

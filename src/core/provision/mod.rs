@@ -117,10 +117,23 @@ pub(crate) async fn remove_attempt(
     name: &ClusterName,
     retry: RetryPolicy,
 ) -> Result<(), ProviderError> {
+    retry_transient(retry, || provider.terminate(name)).await
+}
+
+/// `call`, retried with `retry`'s backoff and jitter while it fails
+/// transiently.
+pub(crate) async fn retry_transient<T, F, Fut>(
+    retry: RetryPolicy,
+    mut call: F,
+) -> Result<T, ProviderError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ProviderError>>,
+{
     let mut tries = 0;
     loop {
         tries += 1;
-        match provider.terminate(name).await {
+        match call().await {
             Err(e) if e.kind == ErrorKind::Transient && tries < retry.attempts => {
                 tokio::time::sleep(retry.delay(tries, noise())).await;
             }
