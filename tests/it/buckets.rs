@@ -11,37 +11,71 @@ use gangway_test::storage::{Store, StoreEmulator, GCS_NO_AUTH_KEY, S3_KEY, S3_RE
 
 use crate::common::{assert_no_marker_procs, command_in, parts, Running, TestHome};
 
+/// How a user points gangway at a store other than AWS's or Google's.
+#[derive(Clone, Copy, Debug)]
+enum Pointed {
+    /// gangway's own `GANGWAY_S3_ENDPOINT` / `GANGWAY_GCS_ENDPOINT`.
+    Gangway,
+    /// The ecosystem's: the AWS SDKs' `AWS_ENDPOINT_URL_S3` (with
+    /// `AWS_ENDPOINT_URL` naming another endpoint for everything else),
+    /// Google's libraries' `STORAGE_EMULATOR_HOST` (`host:port`, and no
+    /// credentials at all).
+    Ecosystem,
+}
+
 /// The user's credentials for `emu`'s store in `c`'s environment.
 fn with_store(c: &mut std::process::Command, emu: &StoreEmulator) {
+    with_store_as(c, emu, Pointed::Gangway)
+}
+
+fn with_store_as(c: &mut std::process::Command, emu: &StoreEmulator, how: Pointed) {
     // rclone 1.60's S3 client refuses any AWS_CA_BUNDLE; the storage step
     // passes it on as RCLONE_CA_CERT, which a plain-HTTP emulator ignores.
-    match emu.store {
+    match (emu.store, how) {
         // STS (for the nodes' session credentials) is the EC2 emulator's
         // moto; S3 is the store emulator.
-        Store::S3 => c
-            .envs(
+        (Store::S3, _) => {
+            c.envs(
                 crate::ec2_emulator::Ec2Emulator::shared()
                     .expect("S3 tests run with the EC2 emulator")
                     .env(),
             )
-            .env("GANGWAY_S3_ENDPOINT", &emu.endpoint)
             .env("AWS_ACCESS_KEY_ID", S3_KEY)
             .env("AWS_SECRET_ACCESS_KEY", S3_KEY)
             .env("AWS_REGION", S3_REGION)
             .env_remove("AWS_SESSION_TOKEN")
-            .env_remove("AWS_PROFILE"),
-        Store::Gcs => c
+            .env_remove("AWS_PROFILE");
+            match how {
+                Pointed::Gangway => c.env("GANGWAY_S3_ENDPOINT", &emu.endpoint),
+                Pointed::Ecosystem => c
+                    .env_remove("GANGWAY_S3_ENDPOINT")
+                    .env("AWS_ENDPOINT_URL_S3", &emu.endpoint),
+            }
+        }
+        (Store::Gcs, Pointed::Gangway) => c
             .env("GANGWAY_GCS_ENDPOINT", &emu.endpoint)
             .env("GANGWAY_GCS_STS_ENDPOINT", &emu.endpoint)
             .env("GOOGLE_SERVICE_ACCOUNT_KEY", GCS_NO_AUTH_KEY)
             .env("GOOGLE_CLOUD_PROJECT", "test"),
+        (Store::Gcs, Pointed::Ecosystem) => c
+            .env_remove("GANGWAY_GCS_ENDPOINT")
+            .env_remove("GOOGLE_SERVICE_ACCOUNT_KEY")
+            .env_remove("GOOGLE_APPLICATION_CREDENTIALS")
+            .env(
+                "STORAGE_EMULATOR_HOST",
+                emu.endpoint.trim_start_matches("http://"),
+            ),
     };
 }
 
 /// gangway in `home`, with the user's credentials for `emu`'s store.
 fn run(emu: &StoreEmulator, home: &TestHome, args: &[&str]) -> Output {
+    run_as(emu, home, args, Pointed::Gangway)
+}
+
+fn run_as(emu: &StoreEmulator, home: &TestHome, args: &[&str], how: Pointed) -> Output {
     let mut c = command_in(home.path());
-    with_store(&mut c, emu);
+    with_store_as(&mut c, emu, how);
     c.args(args);
     Running::start(c).wait()
 }
@@ -61,7 +95,7 @@ fn scheme(emu: &StoreEmulator) -> &'static str {
     }
 }
 
-fn copy_and_mount_reach_every_rank(emu: &StoreEmulator) {
+fn copy_and_mount_reach_every_rank(emu: &StoreEmulator, how: Pointed) {
     let home = TestHome::new();
     let bucket = format!("gw-{}-data", home.marker.to_ascii_lowercase());
     emu.create_bucket(&bucket);
@@ -79,8 +113,8 @@ fn copy_and_mount_reach_every_rank(emu: &StoreEmulator) {
         ),
     );
     let before = emu.last_request_id();
-    let (code, out, err) = parts(&run(emu, &home, &["launch", &task, "-c", "bk", "-y"]));
-    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let (code, out, err) = parts(&run_as(emu, &home, &["launch", &task, "-c", "bk", "-y"], how));
+    assert_eq!(code, 0, "{how:?}: stdout:\n{out}\nstderr:\n{err}");
     for rank in 0..2 {
         let want = format!("rank-{rank} copy=alpha/beta one=single mount=beta");
         assert!(out.contains(&want), "{want} missing:\n{out}\n{err}");
@@ -133,7 +167,7 @@ fn copy_and_mount_reach_every_rank(emu: &StoreEmulator) {
         "rclone on the nodes downloaded: {log:?}"
     );
 
-    let (code, out, err) = parts(&run(emu, &home, &["down", "-y", "bk"]));
+    let (code, out, err) = parts(&run_as(emu, &home, &["down", "-y", "bk"], how));
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     // The mount was taken down before the node's directory: the bucket
     // keeps every object.
@@ -286,7 +320,7 @@ fn s3_copy_and_mount_reach_every_rank_and_down_keeps_the_bucket() {
     let Some(emu) = s3() else {
         return;
     };
-    copy_and_mount_reach_every_rank(emu);
+    copy_and_mount_reach_every_rank(emu, Pointed::Gangway);
 }
 
 #[test]
@@ -294,7 +328,28 @@ fn gcs_copy_and_mount_reach_every_rank_and_down_keeps_the_bucket() {
     let Some(emu) = StoreEmulator::gcs() else {
         return;
     };
-    copy_and_mount_reach_every_rank(emu);
+    copy_and_mount_reach_every_rank(emu, Pointed::Gangway);
+}
+
+/// An S3-compatible store named as the AWS SDKs and CLI read it
+/// (`AWS_ENDPOINT_URL_S3`, plain http, while `AWS_ENDPOINT_URL` names
+/// another endpoint): gangway and the nodes' rclone use it.
+#[test]
+fn an_s3_store_named_by_aws_endpoint_url_s3_is_used_by_gangway_and_the_nodes() {
+    let Some(emu) = s3() else {
+        return;
+    };
+    copy_and_mount_reach_every_rank(emu, Pointed::Ecosystem);
+}
+
+/// A GCS emulator named as Google's client libraries read it
+/// (`STORAGE_EMULATOR_HOST=host:port`, no credentials anywhere).
+#[test]
+fn a_gcs_emulator_named_by_storage_emulator_host_is_used_without_credentials() {
+    let Some(emu) = StoreEmulator::gcs() else {
+        return;
+    };
+    copy_and_mount_reach_every_rank(emu, Pointed::Ecosystem);
 }
 
 /// The nodes' S3 credentials reach only the bucket and prefix they are

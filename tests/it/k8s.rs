@@ -18,7 +18,7 @@ fn gpu_nodes(n: usize, gpus: u32) -> Vec<NodeSpec> {
     (0..n)
         .map(|i| {
             NodeSpec::new(&format!("node-{i}"))
-                .label("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB")
+                .label("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-40GB")
                 .capacity("cpu", "8")
                 .capacity("memory", "32Gi")
                 .capacity("nvidia.com/gpu", &gpus.to_string())
@@ -235,7 +235,7 @@ fn ranks_follow_the_nodes_block_and_sub_block_labels() {
         .iter()
         .map(|(n, b, s)| {
             NodeSpec::new(n)
-                .label("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB")
+                .label("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-40GB")
                 .label("cloud.google.com/gce-topology-block", b)
                 .label("cloud.google.com/gce-topology-subblock", s)
                 .capacity("cpu", "8")
@@ -355,6 +355,60 @@ fn check_lists_the_context_its_gpus_and_free_gpus() {
         out.contains("A100x4-7.2c-28.8g"),
         "no 4-GPU pod shape offered:\n{out}"
     );
+}
+
+/// The GPU operator labels an 80 GB A100 `NVIDIA-A100-SXM4-80GB` and a
+/// 40 GB one `NVIDIA-A100-SXM4-40GB`: a task asking for `A100-80GB` is
+/// offered the first node only, one asking for `A100` the second.
+#[test]
+fn gpu_operator_labels_keep_the_40_and_80_gb_a100_apart() {
+    let node = |name: &str, product: &str| {
+        NodeSpec::new(name)
+            .label("nvidia.com/gpu.product", product)
+            .capacity("cpu", "8")
+            .capacity("memory", "32Gi")
+            .capacity("nvidia.com/gpu", "2")
+    };
+    let Some(k8s) = start(&[
+        node("big", "NVIDIA-A100-SXM4-80GB"),
+        node("small", "NVIDIA-A100-SXM4-40GB"),
+    ]) else {
+        return;
+    };
+    let home = TestHome::new();
+    configure(&home, &k8s, "30s");
+    let (code, out, err) = parts(&home.run(["check", "kubernetes", "-o", "json"]));
+    assert_eq!(code, 0, "check failed:\n{out}\n{err}");
+    assert!(
+        out.contains("A100-80GB 2/2 free") && out.contains("A100 2/2 free"),
+        "check does not tell the two A100s apart:\n{out}"
+    );
+    for (gpus, want) in [("A100-80GB:2", "A100-80GBx2-"), ("A100:2", "A100x2-")] {
+        let (code, out, err) = parts(&home.run([
+            "optimize",
+            "examples/hello.yaml",
+            "--infra",
+            "k8s/harness",
+            "--gpus",
+            gpus,
+            "-o",
+            "json",
+        ]));
+        assert_eq!(code, 0, "optimize {gpus} failed:\n{out}\n{err}");
+        let doc = crate::common::json_doc(&out);
+        let types: Vec<String> = doc["plan"]
+            .as_array()
+            .map(|p| {
+                p.iter()
+                    .filter_map(|o| o["instance_type"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(
+            !types.is_empty() && types.iter().all(|t| t.starts_with(want)),
+            "{gpus}: offers {types:?} ({doc})"
+        );
+    }
 }
 
 /// A kubeconfig alone (no `$GANGWAY_HOME/kubernetes.yaml`) may name a
@@ -842,7 +896,7 @@ fn kueue_topology_puts_a_gang_in_one_block() {
         .iter()
         .map(|(n, b, g)| {
             NodeSpec::new(n)
-                .label("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB")
+                .label("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-40GB")
                 .label("cloud.google.com/gce-topology-block", b)
                 .capacity("cpu", "8")
                 .capacity("memory", "32Gi")
@@ -861,7 +915,7 @@ fn kueue_topology_puts_a_gang_in_one_block() {
     kueue_queues(
         &k8s,
         "tas-flavor",
-        "nodeLabels: {nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB}, topologyName: blocks",
+        "nodeLabels: {nvidia.com/gpu.product: NVIDIA-A100-SXM4-40GB}, topologyName: blocks",
         6,
     );
     let home = TestHome::new();

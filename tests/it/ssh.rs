@@ -583,6 +583,132 @@ fn setup_workdir_and_cancel_work_over_ssh_as_on_the_local_cloud() {
     crate::common::assert_no_marker_procs(&home.marker, "cancel over ssh");
 }
 
+/// A directory of links to every program of this machine's usual `PATH`
+/// directories but rsync: `PATH` for a machine without rsync.
+fn path_without_rsync(dir: &std::path::Path) -> String {
+    let bin = dir.join("bin-without-rsync");
+    std::fs::create_dir_all(&bin).unwrap();
+    for d in ["/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin"] {
+        let Ok(entries) = std::fs::read_dir(d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let to = bin.join(&name);
+            if name != "rsync" && !to.exists() {
+                let _ = std::os::unix::fs::symlink(e.path(), to);
+            }
+        }
+    }
+    assert!(!bin.join("rsync").exists());
+    bin.display().to_string()
+}
+
+/// A node without rsync (minimal images): files go up and come back as tar
+/// streams over the node's connection, with rsync -a's modes and links, by
+/// the same rules for what a node may send back.
+#[test]
+fn files_reach_a_node_without_rsync_as_tar_over_ssh() {
+    let Some(sshd) = Sshd::start(1) else { return };
+    let scratch = tempfile::tempdir().unwrap();
+    sshd.session_profile(&format!(
+        "export PATH={}\n",
+        path_without_rsync(scratch.path())
+    ));
+    let home = tempfile::tempdir().unwrap();
+    let t = SshTransport::new(home.path(), "c-tar", true).unwrap();
+    let ns = nodes(&sshd, 1);
+    connect(&t, &ns).unwrap();
+    let (code, said) = run_all(&t, &ns, "command -v rsync || echo none", &[])
+        .pop()
+        .unwrap();
+    assert_eq!((code, said.trim()), (Some(0), "none"), "rsync is on the node");
+    let src = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(src.path().join("sub")).unwrap();
+    std::fs::write(src.path().join("sub/a.txt"), "alpha").unwrap();
+    std::fs::write(src.path().join("tool.sh"), "#!/bin/sh\necho tool-ran\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        src.path().join("tool.sh"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("sub/a.txt", src.path().join("link")).unwrap();
+    let dest = format!("gw-tar-test-{}", std::process::id());
+    t.upload(&ns[0], src.path(), &format!("~/{dest}")).unwrap();
+    let one = src.path().join("sub/a.txt");
+    t.upload(&ns[0], &one, &format!("~/{dest}/renamed.txt"))
+        .unwrap();
+    let got = run_all(
+        &t,
+        &ns,
+        &format!(
+            "cd ~/{dest} && cat sub/a.txt && ./tool.sh && readlink link && cat renamed.txt"
+        ),
+        &[],
+    );
+    assert_eq!(got[0], (Some(0), "alphatool-ran\nsub/a.txt\nalpha".into()));
+    t.write_file(&ns[0], &format!("~/{dest}/sub/b.txt"), b"beta")
+        .unwrap();
+    // A link out of the tree on the node is not followed back here.
+    let _ = run_all(&t, &ns, &format!("ln -s /etc/passwd ~/{dest}/sub/out"), &[]);
+    let back = tempfile::tempdir().unwrap();
+    std::fs::write(back.path().join("keep.txt"), "local").unwrap();
+    let skipped = t
+        .download(&ns[0], &format!("~/{dest}"), back.path())
+        .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(back.path().join("sub/b.txt")).unwrap(),
+        "beta"
+    );
+    assert_eq!(
+        std::fs::read_to_string(back.path().join("keep.txt")).unwrap(),
+        "local"
+    );
+    assert!(
+        !back.path().join("sub/out").exists() && skipped.iter().any(|s| s.contains("sub/out")),
+        "a link out of the tree came back: {skipped:?}"
+    );
+    let _ = run_all(&t, &ns, &format!("rm -rf ~/{dest}"), &[]);
+    let empty = tempfile::tempdir().unwrap();
+    t.download(&ns[0], &format!("~/{dest}"), empty.path())
+        .expect("a missing directory is no error");
+    assert!(crate::common::dir_names(empty.path()).is_empty());
+}
+
+/// A laptop without rsync launches on a pool all the same (the workdir as
+/// a tar stream), and says so once.
+#[test]
+fn a_pool_launch_from_a_machine_without_rsync_sends_the_workdir_as_tar() {
+    let Some(sshd) = Sshd::start(2) else { return };
+    let home = pool_home(&sshd);
+    let wd = home.path().join("wd");
+    std::fs::create_dir_all(wd.join("sub")).unwrap();
+    std::fs::write(wd.join("sub/data.txt"), "sent-as-tar\n").unwrap();
+    let task = home.file(
+        "t.yaml",
+        &format!(
+            "num_nodes: 2\nworkdir: {}\nresources:\n  infra: ssh/lab\n\
+             run: echo \"rank-$NODE_RANK $(cat sub/data.txt)\"\n",
+            wd.display(),
+        ),
+    );
+    let mut c = crate::common::command_in(home.path());
+    c.env("PATH", path_without_rsync(home.path()))
+        .args(["launch", &task, "-c", "nr", "-y", "--down"]);
+    let (code, out, err) = crate::common::parts(&crate::common::Running::start(c).wait());
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    for r in 0..2 {
+        assert!(out.contains(&format!("rank-{r} sent-as-tar")), "{out}\n{err}");
+    }
+    let all = format!("{out}{err}");
+    assert_eq!(
+        all.matches("rsync is not installed on this machine").count(),
+        1,
+        "said once: {all}"
+    );
+}
+
 fn wait_for_marker(marker: &str, n: usize) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while crate::common::procs_with_marker(marker).len() < n {

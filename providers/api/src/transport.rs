@@ -220,6 +220,13 @@ pub trait Transport: Send + Sync {
         false
     }
 
+    /// What the transport has to tell the user since it was last asked
+    /// (each thing once: e.g. that files go as tar streams because a
+    /// machine lacks rsync); the job's log shows it.
+    fn take_notes(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// A transport's own reading of how a command ended (an SSH client's
     /// 255 is a lost connection, not the command's code).
     fn explain_exit(&self, status: &std::process::ExitStatus) -> Option<String> {
@@ -303,6 +310,18 @@ pub fn output_with_input(
 /// steps); everything else is left behind, as on a fresh cloud node (so no
 /// credentials leak).
 pub const KEPT_ENV: &[&str] = &["PATH", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME", "TMPDIR"];
+
+/// Whether an executable file named `program` is in one of `$PATH`'s
+/// directories on this machine.
+pub fn on_path(program: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::var_os("PATH").is_some_and(|paths| {
+        std::env::split_paths(&paths).any(|dir| {
+            std::fs::metadata(dir.join(program))
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    })
+}
 
 /// The shell commands run with here: bash where there is one.
 pub fn shell() -> &'static str {

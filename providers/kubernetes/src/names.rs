@@ -52,10 +52,14 @@ pub fn pod_prefix(cluster: &str, owner: &str) -> String {
     }
 }
 
-/// gangway's name for a GPU product as a node label says it
-/// (`NVIDIA-H100-80GB-HBM3` → `H100`, `nvidia-tesla-a100` → `A100`,
-/// `nvidia-a100-80gb` → `A100-80GB`, `nvidia-l4` → `L4`); a product it
-/// does not know keeps the label's text.
+/// gangway's name for a GPU product as a node label says it, the way the
+/// NVIDIA GPU operator (`nvidia.com/gpu.product`: `NVIDIA-H100-80GB-HBM3`,
+/// `NVIDIA-A100-SXM4-80GB`, `NVIDIA-RTX-A6000`) and GKE
+/// (`cloud.google.com/gke-accelerator`: `nvidia-tesla-a100`,
+/// `nvidia-a100-80gb`) write them: `H100`, `A100-80GB`, `A100`, `A6000`.
+/// The memory size keeps apart the catalog's types that differ by it
+/// (A100 40/80 GB, V100 16/32 GB) wherever in the label it stands; a
+/// product it does not know keeps the label's text.
 pub fn gpu_name(label: &str) -> String {
     let up = label.to_ascii_uppercase();
     let words: Vec<&str> = up
@@ -74,6 +78,7 @@ pub fn gpu_name(label: &str) -> String {
         "A10",
         "A40",
         "A30",
+        "A6000",
         "L40S",
         "L40",
         "L4",
@@ -85,13 +90,26 @@ pub fn gpu_name(label: &str) -> String {
         "RTX6000",
         "RTXPRO6000",
     ];
+    // Catalog types named by their memory as well (`A100-80GB`).
+    const BY_MEMORY: &[(&str, &str)] = &[("A100", "80GB"), ("V100", "32GB")];
     for (i, w) in words.iter().enumerate() {
         if let Some(k) = KNOWN.iter().find(|k| *k == w) {
-            // The 80 GB A100 is a catalog type of its own.
-            if *k == "A100" && words.get(i + 1).is_some_and(|n| *n == "80GB") {
-                return "A100-80GB".into();
+            let rest = &words[i + 1..];
+            if let Some((_, mem)) = BY_MEMORY
+                .iter()
+                .find(|(g, mem)| g == k && rest.contains(mem))
+            {
+                return format!("{k}-{mem}");
             }
             return k.to_string();
+        }
+        // Consumer cards: `NVIDIA-GeForce-RTX-4090` → `RTX4090`.
+        if *w == "RTX" {
+            if let Some(n) = words.get(i + 1).filter(|n| n.len() == 4 && n.starts_with(['3', '4', '5'])) {
+                if n.bytes().all(|b| b.is_ascii_digit()) {
+                    return format!("RTX{n}");
+                }
+            }
         }
     }
     label.to_string()
@@ -175,7 +193,16 @@ mod tests {
         assert_eq!(gpu_name("NVIDIA-H100-80GB-HBM3"), "H100");
         assert_eq!(gpu_name("nvidia-tesla-a100"), "A100");
         assert_eq!(gpu_name("nvidia-a100-80gb"), "A100-80GB");
-        assert_eq!(gpu_name("NVIDIA-A100-SXM4-80GB"), "A100");
+        // The GPU operator's 80 GB SXM and PCIe A100s, and its 40 GB one.
+        assert_eq!(gpu_name("NVIDIA-A100-SXM4-80GB"), "A100-80GB");
+        assert_eq!(gpu_name("NVIDIA-A100-80GB-PCIe"), "A100-80GB");
+        assert_eq!(gpu_name("NVIDIA-A100-SXM4-40GB"), "A100");
+        assert_eq!(gpu_name("NVIDIA-A100-PCIE-40GB"), "A100");
+        assert_eq!(gpu_name("Tesla-V100-SXM2-32GB"), "V100-32GB");
+        assert_eq!(gpu_name("NVIDIA-RTX-A6000"), "A6000");
+        assert_eq!(gpu_name("NVIDIA-GeForce-RTX-4090"), "RTX4090");
+        assert_eq!(gpu_name("nvidia-h100-80gb"), "H100");
+        assert_eq!(gpu_name("NVIDIA-GH200-480GB"), "GH200");
         assert_eq!(gpu_name("nvidia-l4"), "L4");
         assert_eq!(gpu_name("nvidia-tesla-t4"), "T4");
         assert_eq!(gpu_name("Tesla-V100-SXM2-16GB"), "V100");

@@ -34,23 +34,53 @@ pub use url::{BucketUrl, Scheme, UrlError};
 /// points elsewhere (an S3-compatible store, or the test emulators).
 #[derive(Clone, Debug, Default)]
 pub struct Endpoints {
-    /// `GANGWAY_S3_ENDPOINT`: an S3-compatible endpoint
-    /// (`http://127.0.0.1:9000`); path-style requests are used with it.
+    /// An S3-compatible endpoint (`http://127.0.0.1:9000`); path-style
+    /// requests are used with it. From `GANGWAY_S3_ENDPOINT`, else the AWS
+    /// SDKs' and CLI's own `AWS_ENDPOINT_URL_S3`, else `AWS_ENDPOINT_URL`
+    /// (neither of those when `AWS_IGNORE_CONFIGURED_ENDPOINT_URLS=true`).
     pub s3: Option<String>,
     /// `AWS_REGION` (or `AWS_DEFAULT_REGION`): the S3 region to sign for.
     pub s3_region: Option<String>,
-    /// `GANGWAY_GCS_ENDPOINT`: a GCS JSON-API endpoint other than Google's.
+    /// A GCS JSON-API endpoint other than Google's: `GANGWAY_GCS_ENDPOINT`,
+    /// else Google's client libraries' `STORAGE_EMULATOR_HOST`.
     pub gcs: Option<String>,
+    /// The GCS endpoint is an emulator named by `STORAGE_EMULATOR_HOST`:
+    /// as Google's client libraries do, no credentials are looked for and
+    /// requests carry none.
+    pub gcs_anonymous: bool,
 }
 
 impl Endpoints {
     /// From this process's environment.
     pub fn from_env() -> Endpoints {
-        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        Endpoints::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// From the variables `var` returns (empty ones count as unset).
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Endpoints {
+        let var = |k: &str| var(k).filter(|v| !v.trim().is_empty());
+        // The AWS SDKs' switch that turns their endpoint variables off.
+        let aws_endpoints = !var("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
+        let s3 = var("GANGWAY_S3_ENDPOINT").or_else(|| {
+            aws_endpoints
+                .then(|| var("AWS_ENDPOINT_URL_S3").or_else(|| var("AWS_ENDPOINT_URL")))
+                .flatten()
+        });
+        let (gcs, gcs_anonymous) = match var("GANGWAY_GCS_ENDPOINT") {
+            Some(e) => (Some(e), false),
+            // Google's libraries take `host:port` or a whole URL.
+            None => match var("STORAGE_EMULATOR_HOST") {
+                Some(h) if h.contains("://") => (Some(h), true),
+                Some(h) => (Some(format!("http://{h}")), true),
+                None => (None, false),
+            },
+        };
         Endpoints {
-            s3: var("GANGWAY_S3_ENDPOINT"),
+            s3,
             s3_region: var("AWS_REGION").or_else(|| var("AWS_DEFAULT_REGION")),
-            gcs: var("GANGWAY_GCS_ENDPOINT"),
+            gcs,
+            gcs_anonymous,
         }
     }
 }
@@ -562,8 +592,21 @@ type Built = (Arc<dyn ObjectStore>, Creds);
 
 #[cfg(feature = "s3")]
 fn open_s3(url: &BucketUrl, ep: &Endpoints, keys: Option<&S3Keys>) -> Result<Built, StoreError> {
-    use object_store::aws::AmazonS3Builder;
-    let mut b = AmazonS3Builder::from_env().with_bucket_name(&url.bucket);
+    use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey as K};
+    // The builder's own reading of the environment, except the endpoint:
+    // that is `ep.s3`'s choice alone (object_store would prefer
+    // AWS_ENDPOINT_URL_S3 over GANGWAY_S3_ENDPOINT, and refuse an http one).
+    let mut b = AmazonS3Builder::new();
+    for (k, v) in std::env::vars() {
+        if !k.starts_with("AWS_") {
+            continue;
+        }
+        match k.to_ascii_lowercase().parse::<K>() {
+            Ok(K::Endpoint | K::S3Endpoint) | Err(_) => {}
+            Ok(key) => b = b.with_config(key, v),
+        }
+    }
+    let mut b = b.with_bucket_name(&url.bucket);
     if let Some(k) = keys {
         b = b
             .with_access_key_id(&k.key_id)
@@ -640,6 +683,13 @@ fn gcs_token_expires(bearer: &str) -> u64 {
 fn open_gcs(url: &BucketUrl, ep: &Endpoints) -> Result<Built, StoreError> {
     use object_store::gcp::GoogleCloudStorageBuilder;
     let mut b = GoogleCloudStorageBuilder::from_env().with_bucket_name(&url.bucket);
+    if ep.gcs_anonymous {
+        // An emulator (STORAGE_EMULATOR_HOST): no OAuth at all, as
+        // Google's client libraries treat one.
+        b = b.with_service_account_key(
+            r#"{"disable_oauth":true,"client_email":"","private_key":"","private_key_id":""}"#,
+        );
+    }
     if let Some(e) = &ep.gcs {
         b = b
             .with_base_url(e.trim_end_matches('/'))
@@ -666,7 +716,55 @@ fn open_gcs(url: &BucketUrl, _: &Endpoints) -> Result<Built, StoreError> {
 
 #[cfg(test)]
 mod tests {
-    use super::store_words;
+    use super::{store_words, Endpoints};
+
+    fn endpoints(vars: &[(&str, &str)]) -> Endpoints {
+        Endpoints::from_vars(|k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    #[test]
+    fn s3_endpoints_follow_gangway_then_the_aws_sdks_variables() {
+        let e = endpoints(&[
+            ("AWS_ENDPOINT_URL", "http://all:1"),
+            ("AWS_ENDPOINT_URL_S3", "http://s3:2"),
+            ("GANGWAY_S3_ENDPOINT", "http://gw:3"),
+        ]);
+        assert_eq!(e.s3.as_deref(), Some("http://gw:3"));
+        let e = endpoints(&[
+            ("AWS_ENDPOINT_URL", "http://all:1"),
+            ("AWS_ENDPOINT_URL_S3", "http://s3:2"),
+        ]);
+        assert_eq!(e.s3.as_deref(), Some("http://s3:2"));
+        let e = endpoints(&[("AWS_ENDPOINT_URL", "http://all:1")]);
+        assert_eq!(e.s3.as_deref(), Some("http://all:1"));
+        let e = endpoints(&[
+            ("AWS_ENDPOINT_URL_S3", "http://s3:2"),
+            ("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "true"),
+        ]);
+        assert_eq!(e.s3, None);
+        let e = endpoints(&[("AWS_ENDPOINT_URL_S3", " ")]);
+        assert_eq!(e.s3, None);
+    }
+
+    #[test]
+    fn a_gcs_emulator_host_is_an_anonymous_endpoint_unless_gangways_own_is_set() {
+        let e = endpoints(&[("STORAGE_EMULATOR_HOST", "127.0.0.1:4443")]);
+        assert_eq!(e.gcs.as_deref(), Some("http://127.0.0.1:4443"));
+        assert!(e.gcs_anonymous);
+        let e = endpoints(&[("STORAGE_EMULATOR_HOST", "https://gcs.test:8")]);
+        assert_eq!(e.gcs.as_deref(), Some("https://gcs.test:8"));
+        let e = endpoints(&[
+            ("STORAGE_EMULATOR_HOST", "127.0.0.1:4443"),
+            ("GANGWAY_GCS_ENDPOINT", "http://gw:9"),
+        ]);
+        assert_eq!(e.gcs.as_deref(), Some("http://gw:9"));
+        assert!(!e.gcs_anonymous);
+        assert_eq!(endpoints(&[]).gcs, None);
+    }
 
     #[test]
     fn the_stores_words_are_found_in_either_body() {

@@ -575,6 +575,9 @@ fn place_files(
             transport.upload(n, src, dest).map_err(|e| e.to_string())?;
         }
     }
+    for note in transport.take_notes() {
+        job.logs.say(&note);
+    }
     Ok(())
 }
 

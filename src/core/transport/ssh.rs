@@ -151,6 +151,10 @@ pub struct SshTransport {
     sessions: Mutex<HashMap<SshTarget, Arc<Session>>>,
     /// Command id → (target, token naming the remote process group).
     remote: Mutex<HashMap<u32, (SshTarget, String)>>,
+    /// Whether each machine has rsync (asked once per machine).
+    rsync_on: Mutex<HashMap<SshTarget, bool>>,
+    /// What to tell the user ([`Transport::take_notes`]).
+    notes: Mutex<Vec<String>>,
     /// `<owner id>/<cluster>`, in the environment of everything this
     /// transport starts (`GANGWAY_SCOPE`): what finds a cluster's processes
     /// on a machine that other clusters and other installations (another
@@ -226,6 +230,8 @@ impl SshTransport {
             max_handshakes: MAX_HANDSHAKES,
             sessions: Mutex::new(HashMap::new()),
             remote: Mutex::new(HashMap::new()),
+            rsync_on: Mutex::new(HashMap::new()),
+            notes: Mutex::new(Vec::new()),
         })
     }
 
@@ -454,6 +460,132 @@ impl SshTransport {
     /// special files come from the node.
     fn rsync_down(&self, node: &NodeRow, from: &str, to: &str) -> Result<(), TransportError> {
         self.rsync_with(node, &["-rlt"], from, to)
+    }
+
+    /// Whether files go to and from `node` with rsync: it must be on this
+    /// machine (looked up once per process) and on the node (asked once
+    /// per machine). Minimal images lack it; then files go as tar streams
+    /// over the node's connection instead, and the user is told so once.
+    fn has_rsync(&self, node: &NodeRow) -> bool {
+        static HERE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let here = *HERE.get_or_init(|| gangway_provider::on_path("rsync"));
+        let t = SshTarget::of(node);
+        let cached = self.rsync_on.lock().ok().and_then(|m| m.get(&t).copied());
+        let there = match cached {
+            Some(there) => there,
+            None if !here => false,
+            None => {
+                let said = self.run(node, "command -v rsync >/dev/null 2>&1 && echo yes || echo no", None);
+                // A node that cannot be asked is not told apart here: the
+                // copy itself will say what went wrong.
+                let there = !matches!(&said, Ok(out) if out.starts_with(b"no"));
+                if let Ok(mut m) = self.rsync_on.lock() {
+                    m.insert(t, there);
+                }
+                there
+            }
+        };
+        if !(here && there) {
+            static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+            if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                let missing = if here {
+                    format!("on {}", name(node))
+                } else {
+                    "on this machine".to_string()
+                };
+                if let Ok(mut notes) = self.notes.lock() {
+                    notes.push(format!(
+                        "rsync is not installed {missing}: files go as tar streams over SSH \
+                         instead (whole files, no skipping of unchanged ones)"
+                    ));
+                }
+            }
+        }
+        here && there
+    }
+
+    /// Uploads `local` as a tar stream into `ssh ... tar -x` (rsync -a's
+    /// modes, times and links as links): a directory's contents into
+    /// `dest`, a file as `dest` (its directory `parent` exists).
+    fn tar_up(
+        &self,
+        node: &NodeRow,
+        local: &Path,
+        dest: &str,
+        parent: &str,
+    ) -> Result<(), TransportError> {
+        let (t, ctl) = self.control(node)?;
+        let fail = |what: String, source: std::io::Error| TransportError {
+            node: name(node),
+            what,
+            source,
+        };
+        let (into, member) = if local.is_dir() {
+            (dest, None)
+        } else {
+            let base = dest.rsplit('/').next().unwrap_or(dest);
+            (parent, Some(base.to_string()))
+        };
+        let remote = format!("tar -xpf - -C {}", remote_path(into));
+        let mut c = self.ssh_command(&ctl, &t, &remote);
+        c.stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().map_err(|e| fail("cannot run ssh".into(), e))?;
+        let stdin = child.stdin.take();
+        let local_path = local.to_path_buf();
+        let writer = std::thread::spawn(move || -> std::io::Result<()> {
+            let Some(stdin) = stdin else {
+                return Ok(());
+            };
+            let mut b = tar::Builder::new(std::io::BufWriter::new(stdin));
+            // Links stay links, as with rsync -a.
+            b.follow_symlinks(false);
+            match member {
+                Some(m) => b.append_path_with_name(&local_path, m)?,
+                None => b.append_dir_all(".", &local_path)?,
+            }
+            b.into_inner()?.into_inner().map_err(|e| e.into_error())?;
+            Ok(())
+        });
+        let out = child
+            .wait_with_output()
+            .map_err(|e| fail("cannot run ssh".into(), e))?;
+        let sent = writer
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the tar writer panicked")));
+        if !out.status.success() {
+            return Err(fail(
+                format!("tar of {} into {dest} failed", local.display()),
+                std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string()),
+            ));
+        }
+        sent.map_err(|e| fail(format!("cannot pack {}", local.display()), e))
+    }
+
+    /// Downloads `path` as a tar stream from `tar -c` on the node, unpacked
+    /// by the rules for what a node may send back (no links out, devices
+    /// or `..`); a directory the node does not have copies nothing.
+    fn tar_down(
+        &self,
+        node: &NodeRow,
+        path: &str,
+        dest: &Path,
+    ) -> Result<gangway_provider::Skipped, TransportError> {
+        let p = remote_path(path);
+        let packed = self.run(
+            node,
+            &format!("if [ -d {p} ]; then tar -cf - -C {p} .; fi"),
+            None,
+        )?;
+        if packed.is_empty() {
+            return Ok(Vec::new());
+        }
+        gangway_provider::tree::unpack_merging(&packed, dest).map_err(|source| TransportError {
+            node: name(node),
+            what: format!("cannot copy {path} to {}", dest.display()),
+            source,
+        })
     }
 
     fn rsync_with(
@@ -1008,6 +1140,9 @@ impl Transport for SshTransport {
         } else {
             local.display().to_string()
         };
+        if !self.has_rsync(node) {
+            return self.tar_up(node, local, dest, &parent);
+        }
         let to = if is_dir {
             format!("{}/", rsync_path(&t, dest))
         } else {
@@ -1030,6 +1165,9 @@ impl Transport for SshTransport {
         };
         std::fs::create_dir_all(dest)
             .map_err(|e| fail(format!("cannot create {}", dest.display()), e))?;
+        if !self.has_rsync(node) {
+            return self.tar_down(node, path, dest);
+        }
         // The node's tree lands in a staging directory of its own first
         // (rsync -rlt: links as links, no owner, mode bits or devices),
         // then the merge applies the rules for what a node may send back.
@@ -1067,6 +1205,13 @@ impl Transport for SshTransport {
             Some(data),
         )
         .map(|_| ())
+    }
+
+    fn take_notes(&self) -> Vec<String> {
+        self.notes
+            .lock()
+            .map(|mut n| std::mem::take(&mut *n))
+            .unwrap_or_default()
     }
 
     fn explain_exit(&self, status: &std::process::ExitStatus) -> Option<String> {
