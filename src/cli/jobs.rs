@@ -154,9 +154,23 @@ fn submit_here(out: Output) -> Result<ExitCode, Error> {
     let _ = out;
     let mut body = Vec::new();
     std::io::stdin().read_to_end(&mut body)?;
-    let sub: Submission = serde_json::from_slice(&body)
+    // The job's JSON (one line), then the tar stream of its local files
+    // when the laptop sent them.
+    let (json, files) = match body.iter().position(|b| *b == b'\n') {
+        Some(i) => (&body[..i], Some(&body[i + 1..])),
+        None => (&body[..], None),
+    };
+    let mut sub: Submission = serde_json::from_slice(json)
         .map_err(|e| Error::usage(format!("the job sent to this controller host is not readable: {e}"), Some("the laptop's and the host's gangway must be the same version; run the command again")))?;
     let (home, store) = open()?;
+    if let Some(packed) = files.filter(|f| !f.is_empty()) {
+        submit::receive_files(&mut sub, packed, &home).map_err(|e| {
+            Error::usage(
+                format!("the job's files sent to this controller host could not be kept: {e}"),
+                None,
+            )
+        })?;
+    }
     let id = register(&store, sub, None)?;
     ensure_controller(&home)?;
     print_json(&json!({ "job_id": id }))?;
@@ -277,6 +291,13 @@ fn launch_hosted(
         Some(&h.address()),
     )?;
     let job_files = sub.task.job_files.clone();
+    // Without jobs.bucket, the workdir and local file mounts go to the
+    // host with the job (after its JSON line), kept there for recoveries.
+    let files = if job_files.is_none() {
+        submit::pack_local_files(&sub.task.spec)?
+    } else {
+        None
+    };
     let undo = || {
         crate::core::storage::remove_buckets_now(store, &pending);
         if let Some(url) = &job_files {
@@ -285,7 +306,16 @@ fn launch_hosted(
             }
         }
     };
-    let body = serde_json::to_vec(&sub).map_err(std::io::Error::from)?;
+    let mut body = serde_json::to_vec(&sub).map_err(std::io::Error::from)?;
+    if let Some(tar) = files {
+        eprintln!(
+            "Sending the workdir and local file mounts ({} KiB) to the controller at {}, kept there for the job's recoveries",
+            tar.len().div_ceil(1024),
+            h.address()
+        );
+        body.push(b'\n');
+        body.extend_from_slice(&tar);
+    }
     let (code, answer) = match h.output(&["jobs".into(), "__submit".into()], Input::Bytes(&body)) {
         Ok(r) => r,
         Err(e) => {

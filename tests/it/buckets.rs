@@ -113,7 +113,12 @@ fn copy_and_mount_reach_every_rank(emu: &StoreEmulator, how: Pointed) {
         ),
     );
     let before = emu.last_request_id();
-    let (code, out, err) = parts(&run_as(emu, &home, &["launch", &task, "-c", "bk", "-y"], how));
+    let (code, out, err) = parts(&run_as(
+        emu,
+        &home,
+        &["launch", &task, "-c", "bk", "-y"],
+        how,
+    ));
     assert_eq!(code, 0, "{how:?}: stdout:\n{out}\nstderr:\n{err}");
     for rank in 0..2 {
         let want = format!("rank-{rank} copy=alpha/beta one=single mount=beta");

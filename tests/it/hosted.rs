@@ -310,15 +310,60 @@ fn an_unreachable_controller_host_is_a_clear_error_and_decides_nothing() {
             && err.contains("ssh -p 9 ops@127.0.0.1"),
         "{err}"
     );
-    // A job with local files and no jobs.bucket is refused before any
-    // connection: the host cannot read this machine's files.
-    let task = home.file("wd.yaml", "workdir: .\nrun: ls\n");
-    let (code, _, err) = parts(&home.run(["jobs", "launch", &task, "-y", "-d"]));
-    assert_eq!(code, 2, "{err}");
+}
+
+/// With no jobs.bucket, a hosted job's workdir and local file mounts go to
+/// the host with the job and are kept there for its runs: the laptop's
+/// copies can go right after the submission; the job's end deletes the
+/// host's.
+#[test]
+fn a_hosted_jobs_local_files_go_to_the_host_when_there_is_no_bucket() {
+    let Some(sshd) = host() else { return };
+    let _guard = HostGuard(host_home(&sshd));
+    let laptop = TestHome::new();
+    use_host(&laptop, &sshd);
+    let wd = laptop.path().join("wd");
+    std::fs::create_dir_all(wd.join("sub")).unwrap();
+    std::fs::write(wd.join("sub/data.txt"), "from-the-workdir").unwrap();
+    let one = laptop.file("one.txt", "from-a-file-mount");
+    let task = laptop.file(
+        "files.yaml",
+        &format!(
+            "resources:\n  infra: local\nworkdir: {}\nfile_mounts:\n  ~/mounted.txt: {one}\n\
+             run: echo \"saw $(cat sub/data.txt) and $(cat ~/mounted.txt)\"\n",
+            wd.display()
+        ),
+    );
+    let err = launch_detached(&laptop, &task);
     assert!(
-        err.contains("jobs.bucket") && err.contains("ops@127.0.0.1:9"),
+        err.contains("Sending the workdir and local file mounts"),
         "{err}"
     );
+    // The laptop's files go: the host has its own.
+    std::fs::remove_dir_all(&wd).unwrap();
+    std::fs::remove_file(&one).unwrap();
+    let job = wait_ended(&laptop, 1);
+    assert_eq!(job["state"], "SUCCEEDED", "{job}");
+    let (code, out, err) = parts(&laptop.run(["jobs", "logs", "1"]));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("saw from-the-workdir and from-a-file-mount"),
+        "{out}"
+    );
+    let kept = host_home(&sshd).join("jobs-files");
+    wait_for(
+        "the host's copy of the job's files deleted",
+        DEADLINE,
+        || {
+            let left = crate::common::dir_names(&kept);
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            }
+        },
+    );
+    kill_home(laptop.path());
 }
 
 #[test]

@@ -622,7 +622,11 @@ fn files_reach_a_node_without_rsync_as_tar_over_ssh() {
     let (code, said) = run_all(&t, &ns, "command -v rsync || echo none", &[])
         .pop()
         .unwrap();
-    assert_eq!((code, said.trim()), (Some(0), "none"), "rsync is on the node");
+    assert_eq!(
+        (code, said.trim()),
+        (Some(0), "none"),
+        "rsync is on the node"
+    );
     let src = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(src.path().join("sub")).unwrap();
     std::fs::write(src.path().join("sub/a.txt"), "alpha").unwrap();
@@ -642,9 +646,7 @@ fn files_reach_a_node_without_rsync_as_tar_over_ssh() {
     let got = run_all(
         &t,
         &ns,
-        &format!(
-            "cd ~/{dest} && cat sub/a.txt && ./tool.sh && readlink link && cat renamed.txt"
-        ),
+        &format!("cd ~/{dest} && cat sub/a.txt && ./tool.sh && readlink link && cat renamed.txt"),
         &[],
     );
     assert_eq!(got[0], (Some(0), "alphatool-ran\nsub/a.txt\nalpha".into()));
@@ -699,11 +701,15 @@ fn a_pool_launch_from_a_machine_without_rsync_sends_the_workdir_as_tar() {
     let (code, out, err) = crate::common::parts(&crate::common::Running::start(c).wait());
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     for r in 0..2 {
-        assert!(out.contains(&format!("rank-{r} sent-as-tar")), "{out}\n{err}");
+        assert!(
+            out.contains(&format!("rank-{r} sent-as-tar")),
+            "{out}\n{err}"
+        );
     }
     let all = format!("{out}{err}");
     assert_eq!(
-        all.matches("rsync is not installed on this machine").count(),
+        all.matches("rsync is not installed on this machine")
+            .count(),
         1,
         "said once: {all}"
     );

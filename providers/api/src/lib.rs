@@ -33,8 +33,8 @@ pub use registry::{
     StoreKeys, DEFAULT_CPUS, DEFAULT_MEMORY_GIB,
 };
 pub use transport::{
-    kill_option, kill_where, on_path, output_with_input, release_mounts, shell, signal_token, NodeCommand,
-    NodeProcess, NodeRow, Transport, TransportError, KEPT_ENV, TOKEN_VAR,
+    kill_option, kill_where, on_path, output_with_input, release_mounts, shell, signal_token,
+    NodeCommand, NodeProcess, NodeRow, Transport, TransportError, KEPT_ENV, TOKEN_VAR,
 };
 
 use serde::{Deserialize, Serialize};

@@ -105,7 +105,10 @@ pub fn gpu_name(label: &str) -> String {
         }
         // Consumer cards: `NVIDIA-GeForce-RTX-4090` → `RTX4090`.
         if *w == "RTX" {
-            if let Some(n) = words.get(i + 1).filter(|n| n.len() == 4 && n.starts_with(['3', '4', '5'])) {
+            if let Some(n) = words
+                .get(i + 1)
+                .filter(|n| n.len() == 4 && n.starts_with(['3', '4', '5']))
+            {
                 if n.bytes().all(|b| b.is_ascii_digit()) {
                     return format!("RTX{n}");
                 }

@@ -475,7 +475,11 @@ impl SshTransport {
             Some(there) => there,
             None if !here => false,
             None => {
-                let said = self.run(node, "command -v rsync >/dev/null 2>&1 && echo yes || echo no", None);
+                let said = self.run(
+                    node,
+                    "command -v rsync >/dev/null 2>&1 && echo yes || echo no",
+                    None,
+                );
                 // A node that cannot be asked is not told apart here: the
                 // copy itself will say what went wrong.
                 let there = !matches!(&said, Ok(out) if out.starts_with(b"no"));

@@ -51,6 +51,11 @@ pub(crate) struct ManagedTask {
     /// (`s3://b/gangway-jobs/<tag>`), deleted when the job ends.
     #[serde(default)]
     pub(crate) job_files: Option<String>,
+    /// Where a controller host keeps the workdir and local file mounts the
+    /// laptop sent it with the job (no jobs.bucket): the spec's paths point
+    /// here; deleted when the job ends.
+    #[serde(default)]
+    pub(crate) files_dir: Option<PathBuf>,
     /// `checkpoint.keep`: complete bucket checkpoints kept.
     #[serde(default = "default_keep")]
     pub(crate) keep: u32,

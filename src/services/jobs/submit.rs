@@ -7,6 +7,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use super::{signal_number, ManagedTask};
+use crate::core::gang::JobSpec;
 use crate::core::spec::{Overrides, Task};
 use crate::core::state::Store;
 use crate::services::launch::{job_spec, secrets_of};
@@ -72,6 +73,62 @@ pub(crate) struct Submission {
     pub(crate) buckets: Vec<(String, bool)>,
 }
 
+/// The workdir and local file mounts of `spec` as one tar stream
+/// (`workdir/...`, `mounts/<i>...`; links as links), for a controller host
+/// that has no jobs.bucket to fetch them from: [`receive_files`] unpacks
+/// it there. `None` when the job has no local files.
+pub(crate) fn pack_local_files(spec: &JobSpec) -> std::io::Result<Option<Vec<u8>>> {
+    if spec.workdir.is_none() && spec.file_mounts.is_empty() {
+        return Ok(None);
+    }
+    let mut b = tar::Builder::new(Vec::new());
+    b.follow_symlinks(false);
+    let mut add = |name: &str, path: &Path| -> std::io::Result<()> {
+        let what =
+            |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", path.display()));
+        if path.is_dir() {
+            b.append_dir_all(name, path).map_err(what)
+        } else {
+            b.append_path_with_name(path, name).map_err(what)
+        }
+    };
+    if let Some(w) = &spec.workdir {
+        add("workdir", w)?;
+    }
+    for (i, (_, src)) in spec.file_mounts.iter().enumerate() {
+        add(&format!("mounts/{i}"), src)?;
+    }
+    b.into_inner().map(Some)
+}
+
+/// On a controller host: unpacks what [`pack_local_files`] made into a
+/// directory of its own under `home` and points `sub`'s workdir and file
+/// mounts there, for every run of the job; the job's end deletes it.
+pub(crate) fn receive_files(
+    sub: &mut Submission,
+    packed: &[u8],
+    home: &Path,
+) -> std::io::Result<()> {
+    let tag = format!("{}-{}", crate::core::state::now_ms(), std::process::id());
+    let dir = home.join("jobs-files").join(tag);
+    std::fs::create_dir_all(&dir)?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    // tar refuses members that would land outside `dir`.
+    tar::Archive::new(packed).unpack(&dir)?;
+    let spec = &mut sub.task.spec;
+    if spec.workdir.is_some() {
+        spec.workdir = Some(dir.join("workdir"));
+    }
+    for (i, (_, src)) in spec.file_mounts.iter_mut().enumerate() {
+        *src = dir.join("mounts").join(i.to_string());
+    }
+    sub.task.files_dir = Some(dir);
+    Ok(())
+}
+
 /// Reads, checks and stages a task for `jobs launch`: buckets it makes are
 /// recorded in `store` under `pending` until the job is registered.
 pub(crate) fn prepare(
@@ -108,16 +165,6 @@ pub(crate) fn prepare(
                     &tag,
                 ),
             )?)
-        }
-        None if local_files && hosted.is_some() => {
-            return Err(Error::usage(
-                format!(
-                    "{}: the job has a workdir or local file mounts, and its controller runs on {} where this machine's files are not",
-                    task_file.display(),
-                    hosted.unwrap_or_default()
-                ),
-                Some("set jobs.bucket (config.yaml or the task's config:) to a bucket: the files go there once and every recovery fetches them from it"),
-            ));
         }
         _ => None,
     };
@@ -170,6 +217,7 @@ pub(crate) fn prepare(
             storage,
             storage_url,
             job_files,
+            files_dir: None,
             keep: ck.keep,
             sync_interval_s: ck.sync_interval_s as f64,
             signal: signal_number(&ck.signal),

@@ -196,6 +196,17 @@ pub(super) async fn finish(
             "job {id}: a bucket it created could not be deleted: {e}"
         )),
     }
+    // The files a laptop sent to this controller host with the job go.
+    if let Some(dir) = m.task.as_ref().and_then(|t| t.files_dir.clone()) {
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                sh.say(&format!(
+                    "job {id}: its files in {} could not be deleted: {e}",
+                    dir.display()
+                ));
+            }
+        }
+    }
     // Its workdir and file mounts in jobs.bucket go too.
     if let Some(url) = m.task.as_ref().and_then(|t| t.job_files.clone()) {
         if let Err(e) = crate::core::storage::remove_job_files(&url).await {
