@@ -508,11 +508,12 @@ fn follow(store: &Store, id: i64, print: bool, wait: bool) -> Result<ManagedStat
             let evs = store.managed_events(id)?;
             for e in evs.iter().skip(seen_events) {
                 if !e.reason.is_empty() {
-                    eprintln!("gangway jobs: {} {}: {}", id, e.state, e.reason);
+                    eprintln!("gangway: job {} {}: {}", id, e.state, e.reason);
                 }
             }
             seen_events = evs.len();
-            for run in runs_of(store, id) {
+            let runs = runs_of(store, id);
+            for &run in &runs {
                 let path = store.job_log_dir(run).join("job.log");
                 let pos = offsets.entry(run).or_insert(0);
                 if let Ok(mut f) = std::fs::File::open(&path) {
@@ -523,8 +524,15 @@ fn follow(store: &Store, id: i64, print: bool, wait: bool) -> Result<ManagedStat
                         Read::by_ref(&mut f)
                             .take(len - *pos)
                             .read_to_end(&mut buf)?;
-                        *pos += buf.len() as u64;
-                        stdout.write_all(&buf)?;
+                        // Whole lines only (the rest waits for its end),
+                        // unless the job has ended.
+                        let whole = if job.state.is_terminal() {
+                            buf.len()
+                        } else {
+                            buf.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1)
+                        };
+                        *pos += whole as u64;
+                        stdout.write_all(&story(&buf[..whole], &runs))?;
                         stdout.flush()?;
                     }
                 }
@@ -619,12 +627,46 @@ fn logs(a: &JobsLogsArgs) -> Result<ExitCode, Error> {
         return Ok(exit_for(state));
     }
     let mut stdout = super::term::NodeOutput::stdout();
-    for run in runs_of(&store, a.id) {
-        if let Ok(mut f) = std::fs::File::open(store.job_log_dir(run).join("job.log")) {
-            std::io::copy(&mut f, &mut stdout)?;
+    let runs = runs_of(&store, a.id);
+    for &run in &runs {
+        if let Ok(text) = std::fs::read(store.job_log_dir(run).join("job.log")) {
+            stdout.write_all(&story(&text, &runs))?;
         }
     }
     Ok(ExitCode::Ok)
+}
+
+/// A managed job's runs' output as its one story: the ranks' lines and
+/// gangway's own as they are, except each run's own ending (`gangway: job
+/// 2 FAILED: ...`) and its "all ranks running": those are the run's, in
+/// the run's own numbering, and the job's events tell them in the job's
+/// (a run that ended on a preemption is the job's PREEMPTED, not a
+/// failure).
+fn story(text: &[u8], runs: &[i64]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len());
+    for line in text.split_inclusive(|b| *b == b'\n') {
+        if !is_runs_own_line(line, runs) {
+            out.extend_from_slice(line);
+        }
+    }
+    out
+}
+
+fn is_runs_own_line(line: &[u8], runs: &[i64]) -> bool {
+    let Some(rest) = line.strip_prefix(b"gangway: ") else {
+        return false;
+    };
+    if rest.starts_with(b"all ") && rest.trim_ascii_end().ends_with(b"rank(s) running") {
+        return true;
+    }
+    let Some(rest) = rest.strip_prefix(b"job ") else {
+        return false;
+    };
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    let id = std::str::from_utf8(&rest[..digits])
+        .ok()
+        .and_then(|d| d.parse::<i64>().ok());
+    id.is_some_and(|id| runs.contains(&id)) && rest.get(digits) == Some(&b' ')
 }
 
 fn cancel(a: &JobsCancelArgs, out: Output) -> Result<ExitCode, Error> {
@@ -699,4 +741,27 @@ fn events(id: i64, out: Output) -> Result<ExitCode, Error> {
         .collect();
     table::print(&["AT", "STATE", "PLACEMENT", "REASON"], &rows)?;
     Ok(ExitCode::Ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::story;
+
+    #[test]
+    fn a_runs_own_ending_and_numbering_leave_the_jobs_story() {
+        let log = b"(rank 0, 10.0.0.1) step 5\n\
+gangway: all 2 rank(s) running\n\
+gangway: rank 0 (10.0.0.1) was killed by signal 9 (SIGKILL); stopping the other ranks\n\
+gangway: job 2 FAILED: rank 0 (10.0.0.1) was killed by signal 9 (SIGKILL)\n\
+gangway: job 7 SUCCEEDED\n\
+(rank 1, 10.0.0.2) gangway: job 2 FAILED is what my program printed\n";
+        let told = String::from_utf8(story(log, &[1, 2, 3])).unwrap();
+        assert_eq!(
+            told,
+            "(rank 0, 10.0.0.1) step 5\n\
+gangway: rank 0 (10.0.0.1) was killed by signal 9 (SIGKILL); stopping the other ranks\n\
+gangway: job 7 SUCCEEDED\n\
+(rank 1, 10.0.0.2) gangway: job 2 FAILED is what my program printed\n"
+        );
+    }
 }

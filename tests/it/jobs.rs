@@ -166,6 +166,7 @@ fn a_spot_job_survives_three_preemptions_and_finishes_exactly() {
     assert_eq!(job["preemptions"], 3, "{job}");
     assert_eq!(job["restart_count"], 3, "{job}");
     check_training(&home, 1);
+    check_story(&out, &err, 1, 3);
     // Never two clusters: at most the job's 2 nodes existed at any moment,
     // though 4 clusters' worth came and went.
     assert!(most <= 2, "{most} instances at once");
@@ -177,6 +178,44 @@ fn a_spot_job_survives_three_preemptions_and_finishes_exactly() {
     // Secrets file gone, events complete.
     assert!(!home.path().join("jobs/managed-1/secrets.json").exists());
     check_ledger(&home, &job, 3);
+}
+
+/// What following managed job `id` printed tells one story in the job's
+/// own number: each of its `preemptions` as a preemption with its cause
+/// (never a run's FAILED, never a run's own number), then its end.
+pub(crate) fn check_story(out: &str, err: &str, id: u32, preemptions: usize) {
+    let all = format!("{out}\n{err}");
+    for line in all.lines().filter(|l| l.starts_with("gangway")) {
+        let own = format!("gangway: job {id} ");
+        assert!(
+            !line.starts_with("gangway: job ") || line.starts_with(&own),
+            "another numbering than job {id}'s: {line}\n{all}"
+        );
+        assert!(
+            !line.starts_with(&format!("{own}FAILED")),
+            "a preempted run told as a failure: {line}\n{all}"
+        );
+        assert!(!line.starts_with("gangway jobs:"), "{line}");
+    }
+    let preempted: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with(&format!("gangway: job {id} PREEMPTED: ")))
+        .collect();
+    assert_eq!(preempted.len(), preemptions, "{err}");
+    for p in &preempted {
+        assert!(
+            p.contains("preemption notice") || p.contains("was preempted"),
+            "a preemption without its cause: {p}"
+        );
+        assert!(
+            !p.contains("killed by signal"),
+            "the effect told as the cause: {p}"
+        );
+    }
+    assert!(
+        err.contains(&format!("gangway: job {id} SUCCEEDED")),
+        "{err}"
+    );
 }
 
 /// The cost ledger of managed job 1 after `preemptions` recoveries: one

@@ -301,7 +301,8 @@ pub(super) async fn run_failed(
         if run.started_at.is_some() {
             last_sync(sh, m, &mt, Arc::clone(&nodes), Arc::clone(&transport)).await;
         }
-        let why = format!("{detail}; a preemption notice was posted (rank {rank}: {words})");
+        // The notice is the cause; how the ranks ended is its effect.
+        let why = format!("a preemption notice was posted on rank {rank} ({words})");
         return preempted(sh, m, &why).await;
     }
     let outcome = run.outcome.clone();
@@ -310,12 +311,9 @@ pub(super) async fn run_failed(
         None => outcome.as_ref().and_then(|o| o.lost.clone()),
     };
     if let Some(l) = lost {
-        let why = if detail.is_empty() {
-            l.to_string()
-        } else {
-            format!("{detail}; {l}")
-        };
-        return preempted(sh, m, &why).await;
+        // The loss is the cause; the ranks it killed (the run's detail,
+        // kept in the run's record) are its effect.
+        return preempted(sh, m, &l.to_string()).await;
     }
     let code = outcome
         .as_ref()

@@ -148,11 +148,13 @@ pub(super) async fn requeue(
         }
     }
     m.run = None;
-    m.save(
-        sh,
-        was,
-        &format!("requeued after: {why}; work lost: {lost_work}"),
-    )
+    // After a preemption the PREEMPTED event just said why.
+    let told = if preempted {
+        format!("work lost: {lost_work}")
+    } else {
+        format!("requeued after: {why}; work lost: {lost_work}")
+    };
+    m.save(sh, was, &told)
 }
 
 pub(super) async fn finish(
