@@ -11,6 +11,40 @@ use crate::core::provision::{ProvisionEvent, Reporter};
 /// The CLI's reporter.
 pub(crate) struct Progress {
     mode: Mode,
+    /// When a wait was last told as a line (plain output): a long wait is
+    /// told at its 2nd second, then every [`CALM`].
+    told: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+/// How often plain output tells a wait that goes on.
+const CALM: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// Silent nodes named in full in one wait line; the rest are counted.
+const NAMED: usize = 3;
+
+/// `HH:MM:SS` UTC now, for plain lines.
+fn stamp() -> String {
+    let day = (crate::core::state::now_ms() / 1000).rem_euclid(86_400);
+    format!("{:02}:{:02}:{:02}", day / 3600, (day % 3600) / 60, day % 60)
+}
+
+/// What a first contact waits for: `2/4 answered; silent: rank 1 (10.0.0.2):
+/// Connection refused, ...`.
+fn reaching(st: &crate::core::transport::ssh::ContactState) -> String {
+    let mut s = format!("{}/{} answered SSH", st.answered, st.total);
+    if !st.silent.is_empty() {
+        let named: Vec<String> = st
+            .silent
+            .iter()
+            .take(NAMED)
+            .map(|(who, said)| format!("{who}: {said}"))
+            .collect();
+        s += &format!("; still silent: {}", named.join("; "));
+        if st.silent.len() > NAMED {
+            s += &format!(" (and {} more)", st.silent.len() - NAMED);
+        }
+    }
+    s
 }
 
 enum Mode {
@@ -34,7 +68,35 @@ impl Progress {
         } else {
             Mode::Lines
         };
-        Progress { mode }
+        Progress {
+            mode,
+            told: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// A wait that goes on: the spinner's message on a terminal; a
+    /// timestamped line now and then otherwise.
+    fn waiting(&self, msg: String) {
+        match &self.mode {
+            Mode::Quiet => {}
+            Mode::Bar(b) => b.set_message(msg),
+            Mode::Lines => {
+                let Ok(mut told) = self.told.lock() else {
+                    return;
+                };
+                if told.is_none_or(|t| t.elapsed() >= CALM) {
+                    *told = Some(std::time::Instant::now());
+                    eprintln!("[{}] {msg}", stamp());
+                }
+            }
+        }
+    }
+
+    /// The next wait starts afresh.
+    fn wait_over(&self) {
+        if let Ok(mut told) = self.told.lock() {
+            *told = None;
+        }
     }
 
     /// A line of its own (above the spinner on a terminal).
@@ -60,6 +122,7 @@ impl Reporter for Progress {
     fn event(&self, e: ProvisionEvent<'_>) {
         match e {
             ProvisionEvent::Trying(c) => {
+                self.wait_over();
                 let msg = format!(
                     "Provisioning {} x {} on {}/{}/{}{} (${:.2}/h)",
                     c.nodes,
@@ -90,7 +153,31 @@ impl Reporter for Progress {
                 e.message,
                 d.as_secs_f64()
             )),
+            ProvisionEvent::Waiting(c, waited) => self.waiting(format!(
+                "waiting for {}/{}/{} to start {} x {} ({}s)",
+                c.cloud,
+                c.region,
+                c.zone,
+                c.nodes,
+                c.instance_type,
+                waited.as_secs()
+            )),
+            ProvisionEvent::Reaching(c, st, waited) => {
+                if let Mode::Bar(b) = &self.mode {
+                    b.enable_steady_tick(std::time::Duration::from_millis(100));
+                }
+                self.waiting(format!(
+                    "reaching {} node(s) on {}/{}/{} ({}s): {}",
+                    st.total,
+                    c.cloud,
+                    c.region,
+                    c.zone,
+                    waited.as_secs(),
+                    reaching(st)
+                ))
+            }
             ProvisionEvent::Up(c, n) => {
+                self.wait_over();
                 if let Mode::Bar(b) = &self.mode {
                     b.finish_and_clear();
                 }

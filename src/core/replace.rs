@@ -187,7 +187,7 @@ pub(crate) async fn replace_nodes(
         }
         let contact = tokio::time::timeout(
             wait.saturating_sub(started.elapsed()),
-            provision::first_contact(store.home(), &p, &row.name, &new_rows),
+            provision::first_contact(store.home(), &p, &row.name, &new_rows, None),
         )
         .await;
         let failed = match contact {

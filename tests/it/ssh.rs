@@ -715,6 +715,85 @@ fn a_pool_launch_from_a_machine_without_rsync_sends_the_workdir_as_tar() {
     );
 }
 
+/// A TCP port that hangs up on every connection for `closed`, then
+/// forwards each to `to` (a machine whose sshd comes up late).
+fn late_port(to: std::net::SocketAddr, closed: Duration) -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let start = std::time::Instant::now();
+    std::thread::spawn(move || {
+        for c in l.incoming().flatten() {
+            if start.elapsed() < closed {
+                drop(c);
+                continue;
+            }
+            let Ok(up) = std::net::TcpStream::connect(to) else {
+                continue;
+            };
+            let (mut a, mut b) = (c.try_clone().unwrap(), up.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut a, &mut b);
+                let _ = b.shutdown(std::net::Shutdown::Write);
+            });
+            let (mut c, mut up) = (c, up);
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut up, &mut c);
+                let _ = c.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+    port
+}
+
+/// A first contact that takes a while says what it waits for: plain,
+/// timestamped lines (not every second) naming the silent node and what
+/// its connection last said.
+#[test]
+fn a_slow_first_contact_names_the_silent_node_and_its_last_error() {
+    let Some(sshd) = Sshd::start(1) else { return };
+    let to: std::net::SocketAddr = format!("{}:{}", sshd.addrs[0], sshd.port).parse().unwrap();
+    let port = late_port(to, Duration::from_secs(5));
+    let home = crate::common::TestHome::new();
+    std::fs::write(
+        home.path().join("ssh_pools.yaml"),
+        format!(
+            "pools:\n  lab:\n    defaults:\n      user: {}\n      key: {}\n    hosts:\n      - {{address: 127.0.0.1, port: {port}, name: late}}\n",
+            sshd.user,
+            sshd.client_key.display(),
+        ),
+    )
+    .unwrap();
+    let task = home.file(
+        "t.yaml",
+        "resources:\n  infra: ssh/lab\nrun: echo answered\n",
+    );
+    let (code, out, err) =
+        crate::common::parts(&home.run(["launch", &task, "-c", "late", "-y", "--down"]));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("answered"), "{out}");
+    let waits: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("reaching 1 node(s)"))
+        .collect();
+    assert!(!waits.is_empty(), "the wait was not told:\n{err}");
+    // Calm: told at its 2nd second, then every 15 s at most (it took ~5 s).
+    assert_eq!(waits.len(), 1, "{err}");
+    let w = waits[0];
+    assert!(
+        w.starts_with('[') && w.as_bytes().get(9) == Some(&b']'),
+        "not timestamped: {w}"
+    );
+    assert!(
+        w.contains("0/1 answered SSH") && w.contains("still silent: rank 0 (127.0.0.1)"),
+        "{w}"
+    );
+    let said = w.to_ascii_lowercase();
+    assert!(
+        said.contains("reset") || said.contains("closed"),
+        "the node's last error is not named: {w}"
+    );
+}
+
 fn wait_for_marker(marker: &str, n: usize) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while crate::common::procs_with_marker(marker).len() < n {

@@ -21,6 +21,7 @@ use crate::core::ranks::assign_ranks;
 use crate::core::registry::Providers;
 use crate::core::state::owner;
 use crate::core::state::{self, ClusterRow, NodeRow, StateError, Store};
+use crate::core::transport::ssh::{ContactBoard, ContactState};
 
 /// Whether `p`'s nodes are reached over SSH by the core's transport (it
 /// brings none of its own): gangway's key must exist before they are
@@ -49,7 +50,33 @@ pub(crate) enum ProvisionEvent<'a> {
     Retrying(&'a Candidate, &'a ProviderError, Duration),
     /// Every node is up.
     Up(&'a Candidate, usize),
+    /// Still waiting for the provider's answer (from 2 s on, every second).
+    Waiting(&'a Candidate, Duration),
+    /// Still waiting for the nodes to answer over SSH (from 2 s on, every
+    /// second): who answered, and what each silent node last said.
+    Reaching(&'a Candidate, &'a ContactState, Duration),
 }
+
+/// Runs `fut`; from 2 s on, calls `tick` every second with how long it
+/// has been waiting.
+pub(crate) async fn ticking<T>(
+    fut: impl std::future::Future<Output = T>,
+    mut tick: impl FnMut(Duration),
+) -> T {
+    let start = tokio::time::Instant::now();
+    let mut every = tokio::time::interval_at(start + TICK_AFTER, Duration::from_secs(1));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    tokio::pin!(fut);
+    loop {
+        tokio::select! {
+            r = &mut fut => return r,
+            _ = every.tick() => tick(start.elapsed()),
+        }
+    }
+}
+
+/// How long a wait goes unreported.
+const TICK_AFTER: Duration = Duration::from_secs(2);
 
 /// Receives provisioning events.
 pub(crate) trait Reporter {
@@ -534,7 +561,10 @@ impl Walk<'_> {
         let mut tries = 0;
         loop {
             tries += 1;
-            match provider.launch(req).await {
+            let asked = ticking(provider.launch(req), |waited| {
+                self.reporter.event(ProvisionEvent::Waiting(c, waited))
+            });
+            match asked.await {
                 Err(e) if e.kind == ErrorKind::Transient && tries < self.retry.attempts => {
                     let d = self.retry.delay(tries, noise());
                     self.reporter.event(ProvisionEvent::Retrying(c, &e, d));
@@ -577,7 +607,20 @@ impl Walk<'_> {
             // now on) and wait for sshd on freshly booted nodes.
             let reached = match self.contact {
                 Contact::Now => {
-                    first_contact(self.store.home(), provider, &self.cluster.name, &rows).await
+                    let board = Arc::new(ContactBoard::default());
+                    let reaching = first_contact(
+                        self.store.home(),
+                        provider,
+                        &self.cluster.name,
+                        &rows,
+                        Some(Arc::clone(&board)),
+                    );
+                    ticking(reaching, |waited| {
+                        let now = board.snapshot();
+                        self.reporter
+                            .event(ProvisionEvent::Reaching(c, &now, waited))
+                    })
+                    .await
                 }
                 Contact::Later => Ok(()),
             };
@@ -646,11 +689,15 @@ pub(crate) async fn first_contact(
     provider: &Arc<dyn Provider>,
     cluster: &str,
     rows: &[NodeRow],
+    board: Option<Arc<ContactBoard>>,
 ) -> Result<(), ContactError> {
     use crate::core::transport::Transport;
-    let t = crate::core::transport::ssh::SshTransport::new(home, cluster, true)?
+    let mut t = crate::core::transport::ssh::SshTransport::new(home, cluster, true)?
         .for_provider(Arc::clone(provider))
         .with_connect_timeout(provider.first_contact_wait());
+    if let Some(b) = board {
+        t = t.with_board(b);
+    }
     Ok(t.connect(rows).await?)
 }
 

@@ -135,6 +135,45 @@ pub(crate) const FIRST_CONTACT: &str = "ssh.first_contact";
 /// ([`Provider::notice_probe`]).
 pub(crate) type NoticeProbe = Arc<dyn Fn(&NodeRow) -> Option<String> + Send + Sync>;
 
+/// How a first contact goes, node by node, for whoever shows the wait:
+/// who has answered, and what each silent node last said.
+#[derive(Debug, Default)]
+pub(crate) struct ContactBoard(Mutex<std::collections::BTreeMap<String, Option<String>>>);
+
+/// What [`ContactBoard::snapshot`] saw.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct ContactState {
+    /// Nodes that answered.
+    pub(crate) answered: usize,
+    /// Nodes waited for.
+    pub(crate) total: usize,
+    /// Each silent node and the last thing its connection said.
+    pub(crate) silent: Vec<(String, String)>,
+}
+
+impl ContactBoard {
+    fn set(&self, who: &str, state: Option<String>) {
+        if let Ok(mut m) = self.0.lock() {
+            m.insert(who.to_string(), state);
+        }
+    }
+
+    /// Where the wait stands now.
+    pub(crate) fn snapshot(&self) -> ContactState {
+        let Ok(m) = self.0.lock() else {
+            return ContactState::default();
+        };
+        ContactState {
+            answered: m.values().filter(|v| v.is_none()).count(),
+            total: m.len(),
+            silent: m
+                .iter()
+                .filter_map(|(k, v)| v.as_ref().map(|e| (k.clone(), e.clone())))
+                .collect(),
+        }
+    }
+}
+
 /// The SSH transport for one cluster.
 pub struct SshTransport {
     notices: Option<NoticeProbe>,
@@ -155,6 +194,8 @@ pub struct SshTransport {
     rsync_on: Mutex<HashMap<SshTarget, bool>>,
     /// What to tell the user ([`Transport::take_notes`]).
     notes: Mutex<Vec<String>>,
+    /// Where connections report how they go, when someone shows the wait.
+    board: Option<Arc<ContactBoard>>,
     /// `<owner id>/<cluster>`, in the environment of everything this
     /// transport starts (`GANGWAY_SCOPE`): what finds a cluster's processes
     /// on a machine that other clusters and other installations (another
@@ -232,6 +273,7 @@ impl SshTransport {
             remote: Mutex::new(HashMap::new()),
             rsync_on: Mutex::new(HashMap::new()),
             notes: Mutex::new(Vec::new()),
+            board: None,
         })
     }
 
@@ -291,6 +333,12 @@ impl SshTransport {
     /// [`MAX_HANDSHAKES`]).
     pub fn with_max_handshakes(mut self, n: usize) -> SshTransport {
         self.max_handshakes = n.max(1);
+        self
+    }
+
+    /// Connections report to `board` how they go.
+    pub(crate) fn with_board(mut self, board: Arc<ContactBoard>) -> SshTransport {
+        self.board = Some(board);
         self
     }
 
@@ -693,6 +741,7 @@ async fn connect_with_retry(
     who: String,
     deadline: tokio::time::Instant,
     facts: ConnectFacts,
+    board: Option<Arc<ContactBoard>>,
 ) -> Result<(SshTarget, Arc<Session>), TransportError> {
     let mut pause = Duration::from_millis(200);
     let mut denied_since: Option<tokio::time::Instant> = None;
@@ -700,9 +749,17 @@ async fn connect_with_retry(
         // Native multiplexing: commands are sent to the master over its
         // control socket by this process, with no ssh client per command.
         match b.connect_mux(&t.host).await {
-            Ok(s) => return Ok((t, Arc::new(s))),
+            Ok(s) => {
+                if let Some(b) = &board {
+                    b.set(&who, None);
+                }
+                return Ok((t, Arc::new(s)));
+            }
             Err(e) => {
                 let (failure, said) = classify_connect(&e);
+                if let Some(b) = &board {
+                    b.set(&who, Some(said.clone()));
+                }
                 let now = tokio::time::Instant::now();
                 let fatal = match failure {
                     ConnectFailure::HostKeyChanged
@@ -963,7 +1020,8 @@ impl Transport for SshTransport {
                         let who = format!("jump host {hop} (for {})", name(node));
                         let facts = self.facts(&hop_target, false);
                         let (k, s) =
-                            connect_with_retry(b, hop_target, who, self.deadline(), facts).await?;
+                            connect_with_retry(b, hop_target, who, self.deadline(), facts, None)
+                                .await?;
                         if let Ok(mut m) = self.sessions.lock() {
                             m.insert(k, Arc::clone(&s));
                         }
@@ -990,9 +1048,13 @@ impl Transport for SshTransport {
             let sem = Arc::clone(&sem);
             let deadline = self.deadline();
             let facts = self.facts(&t, true);
+            let board = self.board.clone();
+            if let Some(b) = &board {
+                b.set(&who, Some("no answer yet".into()));
+            }
             tasks.spawn(async move {
                 let _permit = sem.acquire_owned().await;
-                connect_with_retry(b, t, who, deadline, facts).await
+                connect_with_retry(b, t, who, deadline, facts, board).await
             });
         }
         let mut first_err = None;
