@@ -397,13 +397,13 @@ fn finish_output(
 ) -> Result<ExitCode, Error> {
     let job = managed(store, id)?;
     if out == Output::Json {
-        print_json(&json_of(store, &job))?;
+        print_json(&crate::services::cost::job_json(store, &job))?;
     } else {
         eprintln!(
             "Managed job {id} {state}: {} restart(s), {} preemption(s), ${:.4}{}",
             job.restart_count,
             job.preemptions,
-            super::cost::job_cost(store, &job, now_ms()),
+            crate::services::cost::job_cost(store, &job, now_ms()),
             job.detail
                 .as_deref()
                 .map(|d| format!("; {d}"))
@@ -447,14 +447,6 @@ fn exit_for(s: ManagedState) -> ExitCode {
     }
 }
 
-fn runs_of(store: &Store, id: i64) -> Vec<i64> {
-    std::fs::read_to_string(store.managed_dir(id).join("runs"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect()
-}
-
 /// Prints the job's runs' logs as they grow, across recoveries, and its
 /// transitions; returns its state when it ends (or when Ctrl-C stops the
 /// following, unless `wait`).
@@ -482,7 +474,7 @@ fn follow(store: &Store, id: i64, print: bool, wait: bool) -> Result<ManagedStat
                 }
             }
             seen_events = evs.len();
-            for run in runs_of(store, id) {
+            for run in crate::services::jobs::runs_of(store, id) {
                 let path = store.job_log_dir(run).join("job.log");
                 let pos = offsets.entry(run).or_insert(0);
                 if let Ok(mut f) = std::fs::File::open(&path) {
@@ -515,12 +507,6 @@ fn follow(store: &Store, id: i64, print: bool, wait: bool) -> Result<ManagedStat
     }
 }
 
-fn json_of(store: &Store, j: &ManagedJob) -> serde_json::Value {
-    let mut v = serde_json::to_value(j).unwrap_or_default();
-    v["cost"] = json!(super::cost::job_cost(store, j, now_ms()));
-    v
-}
-
 fn queue(out: Output) -> Result<ExitCode, Error> {
     let (home, store) = open()?;
     if needs_controller(&store)? {
@@ -529,7 +515,7 @@ fn queue(out: Output) -> Result<ExitCode, Error> {
     let jobs = store.managed_all()?;
     if out == Output::Json {
         print_json(
-            &json!({ "jobs": jobs.iter().map(|j| json_of(&store, j)).collect::<Vec<_>>() }),
+            &json!({ "jobs": jobs.iter().map(|j| crate::services::cost::job_json(&store, j)).collect::<Vec<_>>() }),
         )?;
         return Ok(ExitCode::Ok);
     }
@@ -547,7 +533,7 @@ fn queue(out: Output) -> Result<ExitCode, Error> {
                 j.state.to_string(),
                 j.restart_count.to_string(),
                 j.preemptions.to_string(),
-                format!("{:.4}", super::cost::job_cost(&store, j, now)),
+                format!("{:.4}", crate::services::cost::job_cost(&store, j, now)),
                 j.placement.clone().unwrap_or_else(|| "-".into()),
                 j.detail
                     .as_deref()
@@ -589,7 +575,7 @@ fn logs(a: &JobsLogsArgs) -> Result<ExitCode, Error> {
         return Ok(exit_for(state));
     }
     let mut stdout = super::term::NodeOutput::stdout();
-    for run in runs_of(&store, a.id) {
+    for run in crate::services::jobs::runs_of(&store, a.id) {
         if let Ok(mut f) = std::fs::File::open(store.job_log_dir(run).join("job.log")) {
             std::io::copy(&mut f, &mut stdout)?;
         }
@@ -632,7 +618,7 @@ fn cancel(a: &JobsCancelArgs, out: Output) -> Result<ExitCode, Error> {
     }
     if out == Output::Json {
         print_json(
-            &json!({ "jobs": ended.iter().map(|j| json_of(&store, j)).collect::<Vec<_>>() }),
+            &json!({ "jobs": ended.iter().map(|j| crate::services::cost::job_json(&store, j)).collect::<Vec<_>>() }),
         )?;
     } else if ended.is_empty() {
         println!("No live managed jobs.");

@@ -92,3 +92,13 @@ pub(crate) fn signal_number(name: &str) -> i32 {
 fn default_keep() -> u32 {
     crate::core::spec::Checkpoint::default().keep
 }
+
+/// A managed job's runs (the cluster jobs it ran, one per recovery), in
+/// order: whose logs make up its output.
+pub(crate) fn runs_of(store: &crate::core::state::Store, id: i64) -> Vec<i64> {
+    std::fs::read_to_string(store.managed_dir(id).join("runs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
