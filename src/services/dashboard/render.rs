@@ -560,11 +560,17 @@ fn cost(out: &mut String, report: &Value, t: &str) {
         let y = 26.0 + row_h * i as f64;
         let spot_w = spot.min(*all) / most * bar_w;
         let all_w = all / most * bar_w;
+        // Long names are cut to fit; the bar's tooltip has them whole.
+        let shown_label: String = if label.chars().count() > 36 {
+            label.chars().take(35).chain(['…']).collect()
+        } else {
+            label.clone()
+        };
         let text = format!(
             "<text class=\"label\" x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>",
             label_w - 8.0,
             y + 15.0,
-            esc(label)
+            esc(&shown_label)
         );
         match link {
             Some(href) => {
