@@ -15,7 +15,7 @@ use crate::core::gang::{JobSpec, GRACE};
 use crate::core::provision;
 use crate::core::registry::Providers;
 use crate::core::state::{ClusterRow, ClusterStatus, JobRow, OwnerLock, Store};
-use crate::services::{self, launch::secrets_of};
+use crate::services::{self, launch::secrets_of, ui};
 use crate::{Error, ExitCode};
 
 /// `gangway status`.
@@ -153,38 +153,6 @@ fn cluster_row(store: &Store, name: &str) -> Result<ClusterRow, Error> {
     services::exec::cluster(store, name)
 }
 
-fn ago(ms: i64) -> String {
-    let s = ((crate::core::state::now_ms() - ms) / 1000).max(0);
-    match s {
-        0..=59 => format!("{s}s ago"),
-        60..=3599 => format!("{}m ago", s / 60),
-        3600..=86399 => format!("{}h ago", s / 3600),
-        _ => format!("{}d ago", s / 86400),
-    }
-}
-
-fn duration(ms: i64) -> String {
-    let s = (ms / 1000).max(0);
-    if s < 60 {
-        format!("{s}s")
-    } else if s < 3600 {
-        format!("{}m{:02}s", s / 60, s % 60)
-    } else {
-        format!("{}h{:02}m", s / 3600, (s % 3600) / 60)
-    }
-}
-
-/// A cluster's shown status: an `INIT` no process works on was interrupted.
-fn shown_status(store: &Store, c: &ClusterRow) -> String {
-    match c.status {
-        ClusterStatus::Terminating if c.teardown_failures > 0 => format!("{} (failed)", c.status),
-        ClusterStatus::Init | ClusterStatus::Terminating if !store.cluster_locked(&c.name) => {
-            format!("{} (interrupted)", c.status)
-        }
-        s => s.to_string(),
-    }
-}
-
 /// `gangway status`.
 pub(crate) fn status(a: &StatusArgs, out: Output) -> Result<ExitCode, Error> {
     let (_, store) = open()?;
@@ -217,7 +185,7 @@ pub(crate) fn status(a: &StatusArgs, out: Output) -> Result<ExitCode, Error> {
             .iter()
             .map(|c| {
                 let mut v = serde_json::to_value(c).unwrap_or_default();
-                v["shown_status"] = json!(shown_status(&store, c));
+                v["shown_status"] = json!(services::cluster::shown_status(&store, c));
                 v["active_jobs"] = json!(live(&c.name));
                 v["jobs_controller"] = json!(crate::services::host::cloud::is_controller(&c.name));
                 if !a.clusters.is_empty() {
@@ -260,7 +228,7 @@ pub(crate) fn status(a: &StatusArgs, out: Output) -> Result<ExitCode, Error> {
                 .as_ref()
                 .map(|g| format!(" ({g}:{})", c.accelerator_count))
                 .unwrap_or_default();
-            let status = shown_status(&store, c);
+            let status = services::cluster::shown_status(&store, c);
             let status = match node_trouble.get(&c.name) {
                 Some(t) => format!("{status} ({t})"),
                 None => status,
@@ -287,7 +255,7 @@ pub(crate) fn status(a: &StatusArgs, out: Output) -> Result<ExitCode, Error> {
                     Some(m) => format!("{m}m{}", if c.autostop_down { " (down)" } else { "" }),
                     None => "-".into(),
                 },
-                ago(c.launched_at),
+                ui::ago(c.launched_at),
             ]
         })
         .collect();
@@ -343,7 +311,7 @@ pub(crate) fn status(a: &StatusArgs, out: Output) -> Result<ExitCode, Error> {
                 println!("{}", red(format!("'{}': {e}", c.name)));
             }
         }
-        if shown_status(&store, c).ends_with("(interrupted)") {
+        if services::cluster::shown_status(&store, c).ends_with("(interrupted)") {
             println!(
                 "note: '{}' was interrupted while {}; `gangway down {0}` removes whatever was created{}",
                 c.name,
@@ -409,14 +377,14 @@ fn job_rows(jobs: &[JobRow]) -> Vec<Vec<String>> {
     jobs.iter()
         .map(|j| {
             let dur = match (j.started_at, j.ended_at) {
-                (Some(s), Some(e)) => duration(e - s),
-                (Some(s), None) => duration(crate::core::state::now_ms() - s),
+                (Some(s), Some(e)) => ui::duration(e - s),
+                (Some(s), None) => ui::duration(crate::core::state::now_ms() - s),
                 _ => "-".into(),
             };
             vec![
                 j.id.to_string(),
                 j.name.clone().unwrap_or_else(|| "-".into()),
-                ago(j.submitted_at),
+                ui::ago(j.submitted_at),
                 dur,
                 j.status.to_string(),
                 j.detail

@@ -427,13 +427,13 @@ fn finish_output(
 ) -> Result<ExitCode, Error> {
     let job = managed(store, id)?;
     if out == Output::Json {
-        print_json(&json_of(store, &job))?;
+        print_json(&crate::services::cost::job_json(store, &job))?;
     } else {
         eprintln!(
             "Managed job {id} {state}: {} restart(s), {} preemption(s), ${:.4}{}",
             job.restart_count,
             job.preemptions,
-            super::cost::job_cost(store, &job, now_ms()),
+            crate::services::cost::job_cost(store, &job, now_ms()),
             job.detail
                 .as_deref()
                 .map(|d| format!("; {d}"))
@@ -477,14 +477,6 @@ fn exit_for(s: ManagedState) -> ExitCode {
     }
 }
 
-fn runs_of(store: &Store, id: i64) -> Vec<i64> {
-    std::fs::read_to_string(store.managed_dir(id).join("runs"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect()
-}
-
 /// Prints the job's runs' logs as they grow, across recoveries, and its
 /// transitions; returns its state when it ends (or when Ctrl-C stops the
 /// following, unless `wait`).
@@ -512,7 +504,7 @@ fn follow(store: &Store, id: i64, print: bool, wait: bool) -> Result<ManagedStat
                 }
             }
             seen_events = evs.len();
-            let runs = runs_of(store, id);
+            let runs = crate::services::jobs::runs_of(store, id);
             for &run in &runs {
                 let path = store.job_log_dir(run).join("job.log");
                 let pos = offsets.entry(run).or_insert(0);
@@ -532,7 +524,7 @@ fn follow(store: &Store, id: i64, print: bool, wait: bool) -> Result<ManagedStat
                             buf.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1)
                         };
                         *pos += whole as u64;
-                        stdout.write_all(&story(&buf[..whole], &runs))?;
+                        stdout.write_all(&crate::services::jobs::story(&buf[..whole], &runs))?;
                         stdout.flush()?;
                     }
                 }
@@ -553,12 +545,6 @@ fn follow(store: &Store, id: i64, print: bool, wait: bool) -> Result<ManagedStat
     }
 }
 
-fn json_of(store: &Store, j: &ManagedJob) -> serde_json::Value {
-    let mut v = serde_json::to_value(j).unwrap_or_default();
-    v["cost"] = json!(super::cost::job_cost(store, j, now_ms()));
-    v
-}
-
 fn queue(out: Output) -> Result<ExitCode, Error> {
     let (home, store) = open()?;
     if needs_controller(&store)? {
@@ -567,7 +553,7 @@ fn queue(out: Output) -> Result<ExitCode, Error> {
     let jobs = store.managed_all()?;
     if out == Output::Json {
         print_json(
-            &json!({ "jobs": jobs.iter().map(|j| json_of(&store, j)).collect::<Vec<_>>() }),
+            &json!({ "jobs": jobs.iter().map(|j| crate::services::cost::job_json(&store, j)).collect::<Vec<_>>() }),
         )?;
         return Ok(ExitCode::Ok);
     }
@@ -585,7 +571,7 @@ fn queue(out: Output) -> Result<ExitCode, Error> {
                 j.state.to_string(),
                 j.restart_count.to_string(),
                 j.preemptions.to_string(),
-                format!("{:.4}", super::cost::job_cost(&store, j, now)),
+                format!("{:.4}", crate::services::cost::job_cost(&store, j, now)),
                 j.placement.clone().unwrap_or_else(|| "-".into()),
                 j.detail
                     .as_deref()
@@ -627,46 +613,13 @@ fn logs(a: &JobsLogsArgs) -> Result<ExitCode, Error> {
         return Ok(exit_for(state));
     }
     let mut stdout = super::term::NodeOutput::stdout();
-    let runs = runs_of(&store, a.id);
+    let runs = crate::services::jobs::runs_of(&store, a.id);
     for &run in &runs {
         if let Ok(text) = std::fs::read(store.job_log_dir(run).join("job.log")) {
-            stdout.write_all(&story(&text, &runs))?;
+            stdout.write_all(&crate::services::jobs::story(&text, &runs))?;
         }
     }
     Ok(ExitCode::Ok)
-}
-
-/// A managed job's runs' output as its one story: the ranks' lines and
-/// gangway's own as they are, except each run's own ending (`gangway: job
-/// 2 FAILED: ...`) and its "all ranks running": those are the run's, in
-/// the run's own numbering, and the job's events tell them in the job's
-/// (a run that ended on a preemption is the job's PREEMPTED, not a
-/// failure).
-fn story(text: &[u8], runs: &[i64]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(text.len());
-    for line in text.split_inclusive(|b| *b == b'\n') {
-        if !is_runs_own_line(line, runs) {
-            out.extend_from_slice(line);
-        }
-    }
-    out
-}
-
-fn is_runs_own_line(line: &[u8], runs: &[i64]) -> bool {
-    let Some(rest) = line.strip_prefix(b"gangway: ") else {
-        return false;
-    };
-    if rest.starts_with(b"all ") && rest.trim_ascii_end().ends_with(b"rank(s) running") {
-        return true;
-    }
-    let Some(rest) = rest.strip_prefix(b"job ") else {
-        return false;
-    };
-    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
-    let id = std::str::from_utf8(&rest[..digits])
-        .ok()
-        .and_then(|d| d.parse::<i64>().ok());
-    id.is_some_and(|id| runs.contains(&id)) && rest.get(digits) == Some(&b' ')
 }
 
 fn cancel(a: &JobsCancelArgs, out: Output) -> Result<ExitCode, Error> {
@@ -704,7 +657,7 @@ fn cancel(a: &JobsCancelArgs, out: Output) -> Result<ExitCode, Error> {
     }
     if out == Output::Json {
         print_json(
-            &json!({ "jobs": ended.iter().map(|j| json_of(&store, j)).collect::<Vec<_>>() }),
+            &json!({ "jobs": ended.iter().map(|j| crate::services::cost::job_json(&store, j)).collect::<Vec<_>>() }),
         )?;
     } else if ended.is_empty() {
         println!("No live managed jobs.");
@@ -743,25 +696,3 @@ fn events(id: i64, out: Output) -> Result<ExitCode, Error> {
     Ok(ExitCode::Ok)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::story;
-
-    #[test]
-    fn a_runs_own_ending_and_numbering_leave_the_jobs_story() {
-        let log = b"(rank 0, 10.0.0.1) step 5\n\
-gangway: all 2 rank(s) running\n\
-gangway: rank 0 (10.0.0.1) was killed by signal 9 (SIGKILL); stopping the other ranks\n\
-gangway: job 2 FAILED: rank 0 (10.0.0.1) was killed by signal 9 (SIGKILL)\n\
-gangway: job 7 SUCCEEDED\n\
-(rank 1, 10.0.0.2) gangway: job 2 FAILED is what my program printed\n";
-        let told = String::from_utf8(story(log, &[1, 2, 3])).unwrap();
-        assert_eq!(
-            told,
-            "(rank 0, 10.0.0.1) step 5\n\
-gangway: rank 0 (10.0.0.1) was killed by signal 9 (SIGKILL); stopping the other ranks\n\
-gangway: job 7 SUCCEEDED\n\
-(rank 1, 10.0.0.2) gangway: job 2 FAILED is what my program printed\n"
-        );
-    }
-}

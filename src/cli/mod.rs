@@ -6,6 +6,7 @@ mod catalog_cmd;
 mod check;
 mod cluster;
 mod cost;
+mod dashboard;
 mod gpus;
 mod interrupts;
 mod jobs;
@@ -90,6 +91,8 @@ pub(crate) enum Command {
     Check(check::CheckArgs),
     /// What clusters and managed jobs cost (node-hours by market, at the plan's prices).
     CostReport(cost::CostReportArgs),
+    /// Clusters, managed jobs, costs and events in the browser (127.0.0.1, with a token).
+    Dashboard(dashboard::DashboardArgs),
     /// GPU types, counts and cheapest prices by cloud.
     #[command(name = "show-gpus")]
     ShowGpus(gpus::ShowGpusArgs),
@@ -205,6 +208,7 @@ pub fn run(cli: Cli) -> Result<ExitCode, Error> {
         Command::ControllerStop => jobs::controller_stop_main(),
         Command::Check(a) => check::check(&a, out),
         Command::CostReport(a) => cost::cost_report(&a, out),
+        Command::Dashboard(a) => dashboard::dashboard(&a, out),
     }
 }
 

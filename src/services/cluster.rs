@@ -335,3 +335,14 @@ pub(crate) fn orphans(home: &Path, store: &Store, adopt: Option<&str>) -> Result
         providers,
     })
 }
+
+/// A cluster's shown status: an `INIT` no process works on was interrupted.
+pub(crate) fn shown_status(store: &Store, c: &ClusterRow) -> String {
+    match c.status {
+        ClusterStatus::Terminating if c.teardown_failures > 0 => format!("{} (failed)", c.status),
+        ClusterStatus::Init | ClusterStatus::Terminating if !store.cluster_locked(&c.name) => {
+            format!("{} (interrupted)", c.status)
+        }
+        s => s.to_string(),
+    }
+}

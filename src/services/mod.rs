@@ -4,6 +4,8 @@
 
 pub mod catalog;
 pub mod cluster;
+pub mod cost;
+pub mod dashboard;
 pub mod exec;
 pub mod host;
 pub mod jobs;

@@ -15,3 +15,26 @@ pub(crate) trait Ui: Reporter {
     /// asked.
     fn interrupted(&self) -> bool;
 }
+
+/// How long ago `ms` (unix ms) was, for people: `42s ago`, `3h ago`.
+pub(crate) fn ago(ms: i64) -> String {
+    let s = ((crate::core::state::now_ms() - ms) / 1000).max(0);
+    match s {
+        0..=59 => format!("{s}s ago"),
+        60..=3599 => format!("{}m ago", s / 60),
+        3600..=86399 => format!("{}h ago", s / 3600),
+        _ => format!("{}d ago", s / 86400),
+    }
+}
+
+/// A length of time in ms for people: `42s`, `3m07s`, `2h05m`.
+pub(crate) fn duration(ms: i64) -> String {
+    let s = (ms / 1000).max(0);
+    if s < 60 {
+        format!("{s}s")
+    } else if s < 3600 {
+        format!("{}m{:02}s", s / 60, s % 60)
+    } else {
+        format!("{}h{:02}m", s / 3600, (s % 3600) / 60)
+    }
+}

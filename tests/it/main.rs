@@ -17,6 +17,7 @@ mod cloud_sweep;
 mod cluster_cmds;
 mod common;
 mod compat;
+mod dashboard;
 mod docs;
 #[cfg(feature = "gcp")]
 mod gcp;

@@ -487,6 +487,29 @@ impl Store {
         )
     }
 
+    /// The newest `limit` transitions of all managed jobs, newest first,
+    /// each with its job's id.
+    pub(crate) fn managed_events_recent(
+        &self,
+        limit: u32,
+    ) -> Result<Vec<(i64, ManagedEvent)>, StateError> {
+        self.query_all(
+            "SELECT job, at, state, placement, reason FROM managed_events ORDER BY id DESC LIMIT ?1",
+            [limit],
+            |r| {
+                Ok((
+                    r.get(0)?,
+                    ManagedEvent {
+                        at: r.get(1)?,
+                        state: r.get(2)?,
+                        placement: r.get(3)?,
+                        reason: r.get(4)?,
+                    },
+                ))
+            },
+        )
+    }
+
     /// A managed job's own directory: the task copy, its secrets (mode
     /// 0600), the list of its runs, and by default its kept checkpoints.
     pub(crate) fn managed_dir(&self, id: i64) -> std::path::PathBuf {

@@ -97,3 +97,69 @@ pub(crate) fn signal_number(name: &str) -> i32 {
 fn default_keep() -> u32 {
     crate::core::spec::Checkpoint::default().keep
 }
+
+/// A managed job's runs (the cluster jobs it ran, one per recovery), in
+/// order: whose logs make up its output.
+pub(crate) fn runs_of(store: &crate::core::state::Store, id: i64) -> Vec<i64> {
+    std::fs::read_to_string(store.managed_dir(id).join("runs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// A managed job's runs' output as its one story: the ranks' lines and
+/// gangway's own as they are, except each run's own ending (`gangway: job
+/// 2 FAILED: ...`) and its "all ranks running": those are the run's, in
+/// the run's own numbering, and the job's events tell them in the job's
+/// (a run that ended on a preemption is the job's PREEMPTED, not a
+/// failure).
+pub(crate) fn story(text: &[u8], runs: &[i64]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len());
+    for line in text.split_inclusive(|b| *b == b'\n') {
+        if !is_runs_own_line(line, runs) {
+            out.extend_from_slice(line);
+        }
+    }
+    out
+}
+
+fn is_runs_own_line(line: &[u8], runs: &[i64]) -> bool {
+    let Some(rest) = line.strip_prefix(b"gangway: ") else {
+        return false;
+    };
+    if rest.starts_with(b"all ") && rest.trim_ascii_end().ends_with(b"rank(s) running") {
+        return true;
+    }
+    let Some(rest) = rest.strip_prefix(b"job ") else {
+        return false;
+    };
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    let id = std::str::from_utf8(&rest[..digits])
+        .ok()
+        .and_then(|d| d.parse::<i64>().ok());
+    id.is_some_and(|id| runs.contains(&id)) && rest.get(digits) == Some(&b' ')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::story;
+
+    #[test]
+    fn a_runs_own_ending_and_numbering_leave_the_jobs_story() {
+        let log = b"(rank 0, 10.0.0.1) step 5\n\
+gangway: all 2 rank(s) running\n\
+gangway: rank 0 (10.0.0.1) was killed by signal 9 (SIGKILL); stopping the other ranks\n\
+gangway: job 2 FAILED: rank 0 (10.0.0.1) was killed by signal 9 (SIGKILL)\n\
+gangway: job 7 SUCCEEDED\n\
+(rank 1, 10.0.0.2) gangway: job 2 FAILED is what my program printed\n";
+        let told = String::from_utf8(story(log, &[1, 2, 3])).unwrap();
+        assert_eq!(
+            told,
+            "(rank 0, 10.0.0.1) step 5\n\
+gangway: rank 0 (10.0.0.1) was killed by signal 9 (SIGKILL); stopping the other ranks\n\
+gangway: job 7 SUCCEEDED\n\
+(rank 1, 10.0.0.2) gangway: job 2 FAILED is what my program printed\n"
+        );
+    }
+}

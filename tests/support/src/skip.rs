@@ -81,6 +81,10 @@ pub const SUITES: &[(&str, &str)] = &[
     ),
     ("slurm", "a throwaway Slurm cluster: root, slurm-wlm, munge"),
     (
+        "dashboard",
+        "the dashboard in a real browser: Debian's chromium and chromium-driver",
+    ),
+    (
         "s3",
         "the S3 emulator (moto, the EC2 emulator's venv) behind the storage front; rclone for its rclone tests",
     ),
