@@ -3,132 +3,35 @@
 //! addresses on port 22 (what the API says of a Lambda VM: an `ip`, no
 //! port), and it checks every request against Lambda's published shapes.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Output;
 
-use crate::common::{command_in, json_doc, parts, root, Running, TestHome};
+use crate::common::{json_doc, parts, Running, TestHome};
+use crate::gpu_cloud::{self, GpuCloudFake, KEY};
 use crate::skip;
 
-/// The fake's accepted key (its default).
-const KEY: &str = "test-key";
-
-/// A running fake, killed on drop.
-struct LambdaFake {
-    child: Child,
-    url: String,
-}
-
-impl Drop for LambdaFake {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl LambdaFake {
-    /// The fake at a hundredth of Lambda's rate limits, or why not.
-    fn start() -> Result<LambdaFake, String> {
-        let server = root().join("tests/emulators/lambda/server.py");
-        let mut child = Command::new("python3")
-            .arg(&server)
-            .args([
-                "--port",
-                "0",
-                "--rate-scale",
-                "0.01",
-                "--boot-seconds",
-                "0.5",
-            ])
-            .args(["--watch-stdin"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| format!("python3 (for {}): {e}", server.display()))?;
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .map_err(|e| e.to_string())?;
-        match line.trim().strip_prefix("READY ") {
-            Some(url) => Ok(LambdaFake {
-                url: url.to_string(),
-                child,
-            }),
-            None => {
-                let _ = child.kill();
-                Err(format!("the Lambda fake did not start: {line:?}"))
-            }
-        }
-    }
-
-    /// A control call (`/_fake/...`), its JSON answer.
-    fn control(&self, method: &str, path: &str, body: serde_json::Value) -> serde_json::Value {
-        let out = Command::new("python3")
-            .arg("-c")
-            .arg(
-                "import sys,urllib.request as u\n\
-                 d=None if sys.argv[2]=='GET' else sys.argv[3].encode()\n\
-                 r=u.Request(sys.argv[1],data=d,method=sys.argv[2],headers={'Content-Type':'application/json'})\n\
-                 print(u.urlopen(r,timeout=20).read().decode())",
-            )
-            .args([format!("{}{path}", self.url), method.into(), body.to_string()])
-            .output()
-            .expect("python3");
-        assert!(
-            out.status.success(),
-            "{path}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("json")
-    }
-
-    fn violations(&self) -> serde_json::Value {
-        self.control("GET", "/_fake/violations", serde_json::json!({}))
-    }
-
-    /// `leak_check.py --keys`: (exit code, what it printed).
-    fn leak_check(&self) -> (i32, String) {
-        let out = Command::new("python3")
-            .arg(root().join("tests/emulators/gpucloud/leak_check.py"))
-            .args(["--endpoint", &self.url, "--keys"])
-            .output()
-            .expect("python3");
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        )
-    }
-}
-
 /// gangway in `home` talking to `fake`.
-fn run(fake: &LambdaFake, home: &TestHome, args: &[&str]) -> Output {
-    let mut c = command_in(home.path());
-    c.env("GANGWAY_LAMBDA_ENDPOINT", &fake.url)
-        .env("GANGWAY_LAMBDA_RATE_SCALE", "0.01")
-        .env("LAMBDA_API_KEY", KEY)
-        .args(args);
-    Running::start(c).wait()
+fn run(fake: &GpuCloudFake, home: &TestHome, args: &[&str]) -> Output {
+    gpu_cloud::run("lambda", fake, home, args)
 }
 
 /// A catalog of two regions with `H100:8` on Lambda, us-south-2 the
 /// cheaper (as the fake's types and capacity have them).
 fn catalog(home: &TestHome) -> String {
-    let dir = home.path().join("test-catalog");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("lambda.csv"),
-        "# taken: 2026-12-05\n\
-         instance_type,accelerator,accelerator_count,accelerator_memory_gib,vcpus,memory_gib,region,zone,price,spot_price,placement,efa,estimated\n\
-         gpu_8x_h100_sxm5,H100,8,80,208,1800,us-south-2,us-south-2,31.92,,false,false,\n\
-         gpu_8x_h100_sxm5,H100,8,80,208,1800,us-west-3,us-west-3,32.50,,false,false,\n",
+    gpu_cloud::catalog(
+        home,
+        "test-catalog",
+        "lambda",
+        "2026-12-05",
+        &[
+            "gpu_8x_h100_sxm5,H100,8,80,208,1800,us-south-2,us-south-2,31.92,,false,false,",
+            "gpu_8x_h100_sxm5,H100,8,80,208,1800,us-west-3,us-west-3,32.50,,false,false,",
+        ],
     )
-    .unwrap();
-    dir.display().to_string()
 }
 
 #[test]
 fn a_lambda_gang_fails_over_a_stockout_runs_over_ssh_and_down_leaves_nothing() {
-    let fake = match LambdaFake::start() {
+    let fake = match gpu_cloud::start("lambda", "0.5") {
         Ok(f) => f,
         Err(why) => return skip::skipped("lambda", why),
     };
@@ -137,16 +40,7 @@ fn a_lambda_gang_fails_over_a_stockout_runs_over_ssh_and_down_leaves_nothing() {
     };
     skip::ran("lambda");
     let home = TestHome::new();
-    let slots: Vec<_> = sshd
-        .addrs
-        .iter()
-        .map(|a| serde_json::json!([a, 22]))
-        .collect();
-    fake.control(
-        "POST",
-        "/_fake/machines",
-        serde_json::json!({"slots": slots, "authorized_keys": sshd.authorized_keys()}),
-    );
+    gpu_cloud::machines(&fake, &sshd, 22);
     // The cheaper region has no H100s: the launch fails over.
     fake.control(
         "POST",
@@ -156,10 +50,13 @@ fn a_lambda_gang_fails_over_a_stockout_runs_over_ssh_and_down_leaves_nothing() {
     let cat = catalog(&home);
     let task = home.file(
         "lambda-e2e.yaml",
-        "num_nodes: 2\nresources:\n  infra: lambda\n  accelerators: H100:8\n\
-         config:\n  lambda:\n    ssh_user: root\n    poll_ms: 100\n\
-         setup: echo setup-done > setup.txt\n\
-         run: |\n  echo \"rank=$SKYPILOT_NODE_RANK of=$SKYPILOT_NUM_NODES master=$MASTER_ADDR:$MASTER_PORT setup=$(cat setup.txt)\"\n",
+        &format!(
+            "num_nodes: 2\nresources:\n  infra: lambda\n  accelerators: H100:8\n\
+             config:\n  lambda:\n    ssh_user: root\n    poll_ms: 100\n\
+             setup: echo setup-done > setup.txt\n\
+             run: |\n  {}\n",
+            gpu_cloud::RANK_LINE
+        ),
     );
     let (code, plan, err) = parts(&run(
         &fake,
@@ -200,24 +97,7 @@ fn a_lambda_gang_fails_over_a_stockout_runs_over_ssh_and_down_leaves_nothing() {
         );
         assert!(sshd.addrs.iter().any(|a| i["ip"] == *a), "{i}");
     }
-    for rank in 0..2 {
-        let line = format!("rank={rank} of=2 master=");
-        let at = all
-            .find(&line)
-            .unwrap_or_else(|| panic!("rank {rank} did not run:\n{all}"));
-        let rest = &all[at + line.len()..];
-        let master = rest.split_whitespace().next().unwrap_or_default();
-        let (addr, port) = master.rsplit_once(':').unwrap_or_default();
-        assert!(
-            private.contains(&addr),
-            "MASTER_ADDR {addr} is a node's private address {private:?}"
-        );
-        assert!(
-            port.parse::<u16>().is_ok_and(|p| p > 0),
-            "MASTER_PORT {port}"
-        );
-        assert!(rest.contains("setup=setup-done"), "{all}");
-    }
+    gpu_cloud::assert_ranks_met(&all, 2, &private);
     // The gang's key was registered for the cluster and is all gangway
     // put on the account besides the instances.
     let keys = state["ssh_keys"].as_array().expect("keys");
@@ -229,15 +109,12 @@ fn a_lambda_gang_fails_over_a_stockout_runs_over_ssh_and_down_leaves_nothing() {
 
     let (code, out, err) = parts(&run(&fake, &home, &["down", "-y", "lam"]));
     assert_eq!(code, 0, "{out}\n{err}");
-    let (code, left) = fake.leak_check();
-    assert_eq!(code, 0, "{left}");
-    assert_eq!(fake.violations()["count"], 0, "{}", fake.violations());
-    assert!(home.cluster_opt("lam").is_none());
+    gpu_cloud::assert_nothing_left(&fake, &home, "lam");
 }
 
 #[test]
 fn lambda_check_names_where_the_key_came_from_and_never_the_key() {
-    let fake = match LambdaFake::start() {
+    let fake = match gpu_cloud::start("lambda", "0.5") {
         Ok(f) => f,
         Err(why) => return skip::skipped("lambda", why),
     };
@@ -251,7 +128,7 @@ fn lambda_check_names_where_the_key_came_from_and_never_the_key() {
     );
 
     // A refused key: not usable, the fake's words, not the key.
-    let mut c = command_in(home.path());
+    let mut c = gpu_cloud::command("lambda", &fake, &home);
     c.env("GANGWAY_LAMBDA_ENDPOINT", &fake.url)
         .env("LAMBDA_API_KEY", "secret_refused_key")
         .args(["check", "lambda"]);
@@ -261,7 +138,7 @@ fn lambda_check_names_where_the_key_came_from_and_never_the_key() {
     assert!(!all.contains("secret_refused_key"), "{all}");
 
     // No key anywhere: what to set.
-    let mut c = command_in(home.path());
+    let mut c = gpu_cloud::command("lambda", &fake, &home);
     c.env("GANGWAY_LAMBDA_ENDPOINT", &fake.url)
         .env_remove("LAMBDA_API_KEY")
         .env("HOME", home.path())
@@ -276,23 +153,20 @@ fn lambda_check_names_where_the_key_came_from_and_never_the_key() {
 
 #[test]
 fn lambda_catalog_refresh_reads_prices_from_the_instance_types_listing() {
-    let fake = match LambdaFake::start() {
+    let fake = match gpu_cloud::start("lambda", "0.5") {
         Ok(f) => f,
         Err(why) => return skip::skipped("lambda", why),
     };
     skip::ran("lambda");
     let home = TestHome::new();
     // A stale price in the catalog; the fake lists Lambda's $31.92.
-    let dir = home.path().join("stale");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("lambda.csv"),
-        "# taken: 2026-01-01\n\
-         instance_type,accelerator,accelerator_count,accelerator_memory_gib,vcpus,memory_gib,region,zone,price,spot_price,placement,efa,estimated\n\
-         gpu_8x_h100_sxm5,H100,8,80,208,1800,us-south-2,us-south-2,30.00,,false,false,\n",
-    )
-    .unwrap();
-    let dir = dir.display().to_string();
+    let dir = gpu_cloud::catalog(
+        &home,
+        "stale",
+        "lambda",
+        "2026-01-01",
+        &["gpu_8x_h100_sxm5,H100,8,80,208,1800,us-south-2,us-south-2,30.00,,false,false,"],
+    );
     let (code, out, err) = parts(&run(
         &fake,
         &home,

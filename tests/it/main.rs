@@ -21,6 +21,8 @@ mod dashboard;
 mod docs;
 #[cfg(feature = "gcp")]
 mod gcp;
+#[cfg(any(feature = "lambda", feature = "runpod", feature = "vast"))]
+mod gpu_cloud;
 mod hosted;
 #[cfg(all(feature = "aws", feature = "gcp"))]
 mod hosted_cloud;

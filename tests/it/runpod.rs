@@ -4,135 +4,38 @@
 //! pod: `ssh.direct` {host, port}, as root), and it checks every request
 //! against RunPod's published v2 shapes.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Output;
 
-use crate::common::{command_in, json_doc, parts, root, Running, TestHome};
+use crate::common::{json_doc, parts, Running, TestHome};
+use crate::gpu_cloud::{self, GpuCloudFake, KEY};
 use crate::skip;
-
-/// The fake's accepted key (its default).
-const KEY: &str = "test-key";
 
 /// The pods' mapped SSH port: any but 22.
 const SSH_PORT: u16 = 31022;
 
-/// A running fake, killed on drop.
-struct RunpodFake {
-    child: Child,
-    url: String,
-}
-
-impl Drop for RunpodFake {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl RunpodFake {
-    /// The fake at a hundredth of RunPod's rate-limit window, or why not.
-    fn start() -> Result<RunpodFake, String> {
-        let server = root().join("tests/emulators/runpod/server.py");
-        let mut child = Command::new("python3")
-            .arg(&server)
-            .args([
-                "--port",
-                "0",
-                "--rate-scale",
-                "0.01",
-                "--boot-seconds",
-                "0.5",
-            ])
-            .args(["--watch-stdin"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| format!("python3 (for {}): {e}", server.display()))?;
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .map_err(|e| e.to_string())?;
-        match line.trim().strip_prefix("READY ") {
-            Some(url) => Ok(RunpodFake {
-                url: url.to_string(),
-                child,
-            }),
-            None => {
-                let _ = child.kill();
-                Err(format!("the RunPod fake did not start: {line:?}"))
-            }
-        }
-    }
-
-    /// A control call (`/_fake/...`), its JSON answer.
-    fn control(&self, method: &str, path: &str, body: serde_json::Value) -> serde_json::Value {
-        let out = Command::new("python3")
-            .arg("-c")
-            .arg(
-                "import sys,urllib.request as u\n\
-                 d=None if sys.argv[2]=='GET' else sys.argv[3].encode()\n\
-                 r=u.Request(sys.argv[1],data=d,method=sys.argv[2],headers={'Content-Type':'application/json'})\n\
-                 print(u.urlopen(r,timeout=20).read().decode())",
-            )
-            .args([format!("{}{path}", self.url), method.into(), body.to_string()])
-            .output()
-            .expect("python3");
-        assert!(
-            out.status.success(),
-            "{path}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("json")
-    }
-
-    fn violations(&self) -> serde_json::Value {
-        self.control("GET", "/_fake/violations", serde_json::json!({}))
-    }
-
-    /// `leak_check.py --keys`: (exit code, what it printed).
-    fn leak_check(&self) -> (i32, String) {
-        let out = Command::new("python3")
-            .arg(root().join("tests/emulators/gpucloud/leak_check.py"))
-            .args(["--endpoint", &self.url, "--keys"])
-            .output()
-            .expect("python3");
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        )
-    }
-}
-
 /// gangway in `home` talking to `fake`.
-fn run(fake: &RunpodFake, home: &TestHome, args: &[&str]) -> Output {
-    let mut c = command_in(home.path());
-    c.env("GANGWAY_RUNPOD_ENDPOINT", &fake.url)
-        .env("GANGWAY_RUNPOD_RATE_SCALE", "0.01")
-        .env("RUNPOD_API_KEY", KEY)
-        .args(args);
-    Running::start(c).wait()
+fn run(fake: &GpuCloudFake, home: &TestHome, args: &[&str]) -> Output {
+    gpu_cloud::run("runpod", fake, home, args)
 }
 
 /// A catalog of two data centers with one A100-80GB a pod, US-KS-2 the
 /// cheaper (the fake's price there).
 fn catalog(home: &TestHome) -> String {
-    let dir = home.path().join("test-catalog");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("runpod.csv"),
-        "# taken: 2026-12-05\n\
-         instance_type,accelerator,accelerator_count,accelerator_memory_gib,vcpus,memory_gib,region,zone,price,spot_price,placement,efa,estimated\n\
-         1x_A100-80GB_SECURE,A100-80GB,1,80,8,117,US-KS-2,US-KS-2,1.39,,false,false,\n\
-         1x_A100-80GB_SECURE,A100-80GB,1,80,8,117,EU-RO-1,EU-RO-1,1.49,,false,false,\n",
+    gpu_cloud::catalog(
+        home,
+        "test-catalog",
+        "runpod",
+        "2026-12-05",
+        &[
+            "1x_A100-80GB_SECURE,A100-80GB,1,80,8,117,US-KS-2,US-KS-2,1.39,,false,false,",
+            "1x_A100-80GB_SECURE,A100-80GB,1,80,8,117,EU-RO-1,EU-RO-1,1.49,,false,false,",
+        ],
     )
-    .unwrap();
-    dir.display().to_string()
 }
 
 #[test]
 fn a_runpod_gang_fails_over_a_stockout_runs_over_ssh_on_mapped_ports_and_down_leaves_nothing() {
-    let fake = match RunpodFake::start() {
+    let fake = match gpu_cloud::start("runpod", "0.5") {
         Ok(f) => f,
         Err(why) => return skip::skipped("runpod", why),
     };
@@ -141,16 +44,7 @@ fn a_runpod_gang_fails_over_a_stockout_runs_over_ssh_on_mapped_ports_and_down_le
     };
     skip::ran("runpod");
     let home = TestHome::new();
-    let slots: Vec<_> = sshd
-        .addrs
-        .iter()
-        .map(|a| serde_json::json!([a, SSH_PORT]))
-        .collect();
-    fake.control(
-        "POST",
-        "/_fake/machines",
-        serde_json::json!({"slots": slots, "authorized_keys": sshd.authorized_keys()}),
-    );
+    gpu_cloud::machines(&fake, &sshd, SSH_PORT);
     // The cheaper data center has no A100s; the other has room.
     for (dc, gpus) in [
         ("US-KS-2", serde_json::Value::Null),
@@ -165,10 +59,13 @@ fn a_runpod_gang_fails_over_a_stockout_runs_over_ssh_on_mapped_ports_and_down_le
     let cat = catalog(&home);
     let task = home.file(
         "runpod-e2e.yaml",
-        "num_nodes: 2\nresources:\n  infra: runpod\n  accelerators: A100-80GB:1\n\
-         config:\n  runpod:\n    poll_ms: 100\n\
-         setup: echo setup-done > setup.txt\n\
-         run: |\n  echo \"rank=$SKYPILOT_NODE_RANK of=$SKYPILOT_NUM_NODES master=$MASTER_ADDR:$MASTER_PORT setup=$(cat setup.txt)\"\n",
+        &format!(
+            "num_nodes: 2\nresources:\n  infra: runpod\n  accelerators: A100-80GB:1\n\
+             config:\n  runpod:\n    poll_ms: 100\n\
+             setup: echo setup-done > setup.txt\n\
+             run: |\n  {}\n",
+            gpu_cloud::RANK_LINE
+        ),
     );
     let (code, plan, err) = parts(&run(
         &fake,
@@ -215,39 +112,19 @@ fn a_runpod_gang_fails_over_a_stockout_runs_over_ssh_on_mapped_ports_and_down_le
             "{p}"
         );
     }
-    for rank in 0..2 {
-        let line = format!("rank={rank} of=2 master=");
-        let at = all
-            .find(&line)
-            .unwrap_or_else(|| panic!("rank {rank} did not run:\n{all}"));
-        let rest = &all[at + line.len()..];
-        let master = rest.split_whitespace().next().unwrap_or_default();
-        let (addr, port) = master.rsplit_once(':').unwrap_or_default();
-        assert!(
-            private.contains(&addr),
-            "MASTER_ADDR {addr} is a pod's private address {private:?}"
-        );
-        assert!(
-            port.parse::<u16>().is_ok_and(|p| p > 0),
-            "MASTER_PORT {port}"
-        );
-        assert!(rest.contains("setup=setup-done"), "{all}");
-    }
+    gpu_cloud::assert_ranks_met(&all, 2, &private);
     // The key went in the pods' environment: the account's keys are
     // untouched.
     assert_eq!(state["ssh_keys"], serde_json::json!([]), "{state}");
 
     let (code, out, err) = parts(&run(&fake, &home, &["down", "-y", "rp"]));
     assert_eq!(code, 0, "{out}\n{err}");
-    let (code, left) = fake.leak_check();
-    assert_eq!(code, 0, "{left}");
-    assert_eq!(fake.violations()["count"], 0, "{}", fake.violations());
-    assert!(home.cluster_opt("rp").is_none());
+    gpu_cloud::assert_nothing_left(&fake, &home, "rp");
 }
 
 #[test]
 fn runpod_check_names_where_the_key_came_from_and_spot_is_refused_with_why() {
-    let fake = match RunpodFake::start() {
+    let fake = match gpu_cloud::start("runpod", "0.5") {
         Ok(f) => f,
         Err(why) => return skip::skipped("runpod", why),
     };
@@ -261,7 +138,7 @@ fn runpod_check_names_where_the_key_came_from_and_spot_is_refused_with_why() {
     );
 
     // No key anywhere: what to set.
-    let mut c = command_in(home.path());
+    let mut c = gpu_cloud::command("runpod", &fake, &home);
     c.env("GANGWAY_RUNPOD_ENDPOINT", &fake.url)
         .env_remove("RUNPOD_API_KEY")
         .env("HOME", home.path())
@@ -280,7 +157,7 @@ fn runpod_check_names_where_the_key_came_from_and_spot_is_refused_with_why() {
         format!("apiKey = \"{KEY}\"\napiUrl = \"https://api.runpod.io/graphql\"\n"),
     )
     .unwrap();
-    let mut c = command_in(home.path());
+    let mut c = gpu_cloud::command("runpod", &fake, &home);
     c.env("GANGWAY_RUNPOD_ENDPOINT", &fake.url)
         .env("GANGWAY_RUNPOD_RATE_SCALE", "0.01")
         .env_remove("RUNPOD_API_KEY")
@@ -295,16 +172,13 @@ fn runpod_check_names_where_the_key_came_from_and_spot_is_refused_with_why() {
 
     // A spot task on RunPod says why it cannot be, even where a catalog
     // (SkyPilot's has RunPod spot prices from v1) offers it.
-    let dir = home.path().join("spot-catalog");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("runpod.csv"),
-        "# taken: 2026-12-05\n\
-         instance_type,accelerator,accelerator_count,accelerator_memory_gib,vcpus,memory_gib,region,zone,price,spot_price,placement,efa,estimated\n\
-         1x_A100-80GB_SECURE,A100-80GB,1,80,8,117,US-KS-2,US-KS-2,1.39,0.70,false,false,\n",
-    )
-    .unwrap();
-    let cat = dir.display().to_string();
+    let cat = gpu_cloud::catalog(
+        &home,
+        "spot-catalog",
+        "runpod",
+        "2026-12-05",
+        &["1x_A100-80GB_SECURE,A100-80GB,1,80,8,117,US-KS-2,US-KS-2,1.39,0.70,false,false,"],
+    );
     let task = home.file(
         "runpod-spot.yaml",
         "resources:\n  infra: runpod\n  accelerators: A100-80GB:1\n  use_spot: true\nrun: true\n",
@@ -327,24 +201,23 @@ fn runpod_check_names_where_the_key_came_from_and_spot_is_refused_with_why() {
 
 #[test]
 fn runpod_catalog_refresh_reads_prices_from_the_gpu_catalog() {
-    let fake = match RunpodFake::start() {
+    let fake = match gpu_cloud::start("runpod", "0.5") {
         Ok(f) => f,
         Err(why) => return skip::skipped("runpod", why),
     };
     skip::ran("runpod");
     let home = TestHome::new();
     // Stale prices in the catalog; the fake lists $1.39 and $0.34 a GPU.
-    let dir = home.path().join("stale");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("runpod.csv"),
-        "# taken: 2026-01-01\n\
-         instance_type,accelerator,accelerator_count,accelerator_memory_gib,vcpus,memory_gib,region,zone,price,spot_price,placement,efa,estimated\n\
-         1x_A100-80GB_SECURE,A100-80GB,1,80,8,117,US-KS-2,US-KS-2,1.99,,false,false,\n\
-         2x_RTX4090_COMMUNITY,RTX4090,2,24,16,62,US-TX-3,US-TX-3,0.99,,false,false,\n",
-    )
-    .unwrap();
-    let dir = dir.display().to_string();
+    let dir = gpu_cloud::catalog(
+        &home,
+        "stale",
+        "runpod",
+        "2026-01-01",
+        &[
+            "1x_A100-80GB_SECURE,A100-80GB,1,80,8,117,US-KS-2,US-KS-2,1.99,,false,false,",
+            "2x_RTX4090_COMMUNITY,RTX4090,2,24,16,62,US-TX-3,US-TX-3,0.99,,false,false,",
+        ],
+    );
     let (code, out, err) = parts(&run(
         &fake,
         &home,

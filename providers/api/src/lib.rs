@@ -21,6 +21,8 @@ use std::time::Duration;
 pub mod children;
 mod endpoint;
 pub mod host_keys;
+#[cfg(feature = "http")]
+pub mod http;
 pub mod notice;
 mod registry;
 mod transport;

@@ -7,14 +7,12 @@
 //! message, suggestion?}}`; errors are classified by status and `code`,
 //! the words only where no code is given.
 
-use std::time::Duration;
-
 use gangway_provider::{ErrorKind, ProviderError};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::key::ApiKey;
-use crate::limit::{backoff, Limiter};
+use gangway_provider::http::limit::Limiter;
 
 /// Where the API is served (paths start `/api/v1/`).
 pub const DEFAULT_ENDPOINT: &str = "https://cloud.lambda.ai";
@@ -236,25 +234,12 @@ pub fn error_of(status: u16, body: &[u8], op: &str, location: &str) -> ProviderE
     ProviderError::new(kind, "lambda", location, text)
 }
 
-/// How a request may be repeated when it fails before an answer says
-/// what happened.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Retry {
-    /// Reads and idempotent writes: a 429, a 5xx or a lost connection is
-    /// retried.
-    Safe,
-    /// Launches: only a 429 (the request was refused unseen) is retried; a
-    /// lost answer is the caller's to reconcile (by tags).
-    OnlyThrottled,
-}
+pub use gangway_provider::http::Retry;
 
-/// The API client of one key.
+/// The API client of one key: the shared send loop, with launches spaced
+/// by Lambda's launch window.
 pub struct Client {
-    http: reqwest::Client,
-    base: String,
-    key: Option<ApiKey>,
-    limiter: Limiter,
-    attempts: u32,
+    inner: gangway_provider::http::Client,
 }
 
 impl Client {
@@ -262,34 +247,30 @@ impl Client {
     /// `key` (`None`: every call fails as [`ErrorKind::Auth`] with `hint`),
     /// spacing requests with `limiter`.
     pub fn new(base: &str, key: Option<ApiKey>, limiter: Limiter) -> Client {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .connect_timeout(Duration::from_secs(15))
-            .user_agent(concat!("gangway/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .unwrap_or_default();
         Client {
-            http,
-            base: base.trim_end_matches('/').to_string(),
-            key,
-            limiter,
-            attempts: 6,
+            inner: gangway_provider::http::Client::new(
+                "lambda",
+                base,
+                key,
+                crate::key::hint,
+                limiter,
+            ),
         }
     }
 
     /// The factor the rate-limit windows are multiplied by.
     pub fn scale(&self) -> f64 {
-        self.limiter.scale()
+        self.inner.scale()
     }
 
     /// Whether a key was found.
     pub fn has_key(&self) -> bool {
-        self.key.is_some()
+        self.inner.has_key()
     }
 
     /// The URL of `path` (`/api/v1/...`).
     pub fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
+        self.inner.url(path)
     }
 
     /// Sends one request and reads `{"data": T}`; `op` names it in errors.
@@ -302,78 +283,17 @@ impl Client {
         location: &str,
         retry: Retry,
     ) -> Result<T, ProviderError> {
-        let Some(key) = &self.key else {
-            return Err(ProviderError::new(
-                ErrorKind::Auth,
-                "lambda",
-                location,
-                format!("no API key: {}", crate::key::hint()),
-            ));
-        };
         let launch = path.ends_with("/instance-operations/launch");
-        let mut attempt = 0;
-        loop {
-            self.limiter.acquire(launch).await;
-            let mut req = self
-                .http
-                .request(method.clone(), self.url(path))
-                .header(
-                    reqwest::header::AUTHORIZATION,
-                    format!("Bearer {}", key.expose()),
-                )
-                .header(reqwest::header::ACCEPT, "application/json");
-            if let Some(b) = &body {
-                req = req
-                    .header(reqwest::header::CONTENT_TYPE, "application/json")
-                    .body(b.clone());
-            }
-            let (status, bytes) = match req.send().await {
-                Ok(resp) => {
-                    let status = resp.status().as_u16();
-                    match resp.bytes().await {
-                        Ok(b) => (status, b),
-                        Err(e) => (0, reqwest_error_text(&e).into_bytes().into()),
-                    }
-                }
-                Err(e) => (0, reqwest_error_text(&e).into_bytes().into()),
-            };
-            let again = attempt + 1 < self.attempts
-                && match status {
-                    429 => true,
-                    0 | 502..=504 => retry == Retry::Safe,
-                    _ => false,
-                };
-            if again {
-                let seed = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.subsec_nanos() as u64)
-                    .unwrap_or(0);
-                tokio::time::sleep(backoff(attempt, self.limiter.scale(), seed)).await;
-                attempt += 1;
-                continue;
-            }
-            if status == 0 {
-                return Err(ProviderError::new(
-                    ErrorKind::Transient,
-                    "lambda",
-                    location,
-                    format!("{op}: {}", String::from_utf8_lossy(&bytes)),
-                ));
-            }
-            if !(200..300).contains(&status) {
-                return Err(error_of(status, &bytes, op, location));
-            }
-            return serde_json::from_slice::<Data<T>>(&bytes)
-                .map(|d| d.data)
-                .map_err(|e| {
-                    ProviderError::new(
-                        ErrorKind::Fatal,
-                        "lambda",
-                        location,
-                        format!("{op}: unexpected answer from {}: {e}", self.base),
-                    )
-                });
+        let answer = self
+            .inner
+            .send(method, path, body.as_deref(), launch, retry, op, location)
+            .await?;
+        if !answer.ok() {
+            return Err(error_of(answer.status, &answer.body, op, location));
         }
+        self.inner
+            .decode::<Data<T>>(&answer.body, op, location)
+            .map(|d| d.data)
     }
 
     /// `GET path`.
@@ -396,9 +316,7 @@ impl Client {
         location: &str,
         retry: Retry,
     ) -> Result<T, ProviderError> {
-        let bytes = serde_json::to_vec(body).map_err(|e| {
-            ProviderError::new(ErrorKind::Fatal, "lambda", location, format!("{op}: {e}"))
-        })?;
+        let bytes = self.inner.encode(body, op, location)?;
         self.call(
             reqwest::Method::POST,
             path,
@@ -409,12 +327,6 @@ impl Client {
         )
         .await
     }
-}
-
-/// A transport error in words: the chain, without the URL's query (none
-/// is ever sent) and never a header.
-fn reqwest_error_text(e: &reqwest::Error) -> String {
-    gangway_provider::error_chain(e)
 }
 
 #[cfg(test)]

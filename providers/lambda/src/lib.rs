@@ -23,7 +23,6 @@ pub mod api;
 pub mod key;
 pub mod limit;
 pub mod names;
-mod record;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -36,8 +35,8 @@ use gangway_provider::{
 use serde::Deserialize;
 
 use api::{Client, Instance, InstanceStatus, Retry};
+use gangway_provider::http::record::Records;
 use names::{TAG_CLUSTER, TAG_OWNER, TAG_USER};
-use record::Records;
 
 /// Replaces [`api::DEFAULT_ENDPOINT`] (a fake, a proxy).
 pub const ENDPOINT_VAR: &str = "GANGWAY_LAMBDA_ENDPOINT";
@@ -142,7 +141,7 @@ impl LambdaProvider {
             Ok(None) => (None, Ok(None)),
             Err(e) => (None, Err(e)),
         };
-        let limiter = limit::Limiter::new(scale);
+        let limiter = limit::limiter(scale);
         LambdaProvider {
             owner: owner.into(),
             user: None,
@@ -162,7 +161,7 @@ impl LambdaProvider {
     /// multiplied by `scale`, instead of what the environment says (tests,
     /// embedding).
     pub fn with_api(mut self, endpoint: &str, key: key::ApiKey, scale: f64) -> LambdaProvider {
-        self.client = Client::new(endpoint, Some(key), limit::Limiter::new(scale));
+        self.client = Client::new(endpoint, Some(key), limit::limiter(scale));
         self.key_source = Ok(Some("the caller".into()));
         self.scale = self.client.scale();
         self

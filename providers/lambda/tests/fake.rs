@@ -4,9 +4,7 @@
 //! instances are not reachable (no sshd here); the binary's suite
 //! (`tests/it/lambda.rs`) runs commands on them.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 
 use gangway_lambda::key::ApiKey;
 use gangway_lambda::LambdaProvider;
@@ -14,87 +12,16 @@ use gangway_provider::{ClusterName, ErrorKind, LaunchRequest, NodeState, Placeme
 
 const OWNER: &str = "gw-00112233445566aa";
 
-struct Fake {
-    child: Child,
-    url: String,
-}
+use gangway_test::gpu_fake::GpuCloudFake as Fake;
 
-impl Drop for Fake {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn server() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/emulators/lambda/server.py")
-}
-
-/// The fake on a free port, or `None` (said on stderr) without python3.
+/// The fake on a free port, or `None` (said as a skip) without python3.
 fn fake() -> Option<Fake> {
-    let mut child = match Command::new("python3")
-        .arg(server())
-        .args([
-            "--port",
-            "0",
-            "--rate-scale",
-            "0.01",
-            "--boot-seconds",
-            "0.2",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-    {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("SKIPPED lambda fake: python3: {e}");
-            return None;
+    match Fake::start("lambda", "0.2", &[]) {
+        Ok(f) => Some(f),
+        Err(why) => {
+            gangway_test::skip::skipped("lambda", why);
+            None
         }
-    };
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line
-        .trim()
-        .strip_prefix("READY ")
-        .unwrap_or_else(|| panic!("the fake said {line:?}"))
-        .to_string();
-    Some(Fake { child, url })
-}
-
-impl Fake {
-    fn control(&self, method: &str, path: &str, body: serde_json::Value) -> serde_json::Value {
-        let out = Command::new("python3")
-            .arg("-c")
-            .arg(
-                "import sys,urllib.request as u\n\
-                 r=u.Request(sys.argv[1],data=(sys.argv[3].encode() if sys.argv[2]!='GET' else None),method=sys.argv[2],headers={'Content-Type':'application/json'})\n\
-                 print(u.urlopen(r,timeout=20).read().decode())",
-            )
-            .args([format!("{}{path}", self.url), method.into(), body.to_string()])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
-
-    fn violations(&self) -> serde_json::Value {
-        self.control("GET", "/_fake/violations", serde_json::json!({}))
-    }
-
-    fn leaks(&self) -> (usize, usize) {
-        let s = self.control("GET", "/_fake/state", serde_json::json!({}));
-        (
-            s["leaks"].as_array().unwrap().len(),
-            s["ssh_keys"].as_array().unwrap().len(),
-        )
     }
 }
 

@@ -1,8 +1,13 @@
 //! RunPod's REST API v2: the request and response shapes gangway uses,
 //! written from RunPod's v2 OpenAPI document (2.0.0, "Frontdoor v2.9.0"),
-//! and one client that authenticates, spaces requests ([`crate::limit`]),
-//! retries throttled ones and turns problem answers into
-//! [`ProviderError`]s.
+//! and one client that authenticates, spaces requests, retries throttled
+//! ones and turns problem answers into [`ProviderError`]s.
+//!
+//! RunPod states no rate limit for pods: v2 sends `RateLimit` and
+//! `RateLimit-Policy` headers, "optional", and its document's only figures
+//! are the header's example, 60 a minute. The shared limiter spaces
+//! requests one a second (that example); a 429 is retried after the
+//! answer's `Retry-After`, or a doubling backoff where it has none.
 //!
 //! Successes are bare JSON (lists wrapped: `{"pods": [...]}`); failures
 //! are `application/problem+json` `{title, status, detail, errors?}`.
@@ -10,14 +15,13 @@
 //! by status and operation, the words only where the status is ambiguous.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use gangway_provider::{ErrorKind, ProviderError};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::key::ApiKey;
-use crate::limit::{backoff, Limiter};
+use gangway_provider::http::limit::Limiter;
 
 /// Where v2 is served (paths start `/v2/`).
 pub const DEFAULT_ENDPOINT: &str = "https://api.runpod.io";
@@ -329,25 +333,11 @@ pub fn error_of(status: u16, body: &[u8], op: Op, what: &str, location: &str) ->
     ProviderError::new(kind, "runpod", location, text)
 }
 
-/// How a request may be repeated when it fails before an answer says
-/// what happened.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Retry {
-    /// Reads and idempotent writes: a 429, a 5xx or a lost connection is
-    /// retried.
-    Safe,
-    /// Creates: only a 429 (refused unseen) is retried; a lost answer is
-    /// the caller's to reconcile (by the pods' tags).
-    OnlyThrottled,
-}
+pub use gangway_provider::http::Retry;
 
-/// The API client of one key.
+/// The API client of one key: the shared send loop on RunPod's v2 base.
 pub struct Client {
-    http: reqwest::Client,
-    base: String,
-    key: Option<ApiKey>,
-    limiter: Limiter,
-    attempts: u32,
+    inner: gangway_provider::http::Client,
 }
 
 impl Client {
@@ -355,24 +345,20 @@ impl Client {
     /// (`None`: every call fails as [`ErrorKind::Auth`] saying what to
     /// set), spacing requests with `limiter`.
     pub fn new(base: &str, key: Option<ApiKey>, limiter: Limiter) -> Client {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .connect_timeout(Duration::from_secs(15))
-            .user_agent(concat!("gangway/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .unwrap_or_default();
         Client {
-            http,
-            base: base.trim_end_matches('/').to_string(),
-            key,
-            limiter,
-            attempts: 6,
+            inner: gangway_provider::http::Client::new(
+                "runpod",
+                base,
+                key,
+                crate::key::hint,
+                limiter,
+            ),
         }
     }
 
     /// The factor the rate-limit window is multiplied by.
     pub fn scale(&self) -> f64 {
-        self.limiter.scale()
+        self.inner.scale()
     }
 
     /// Sends one request; `Ok(None)` for an answer without a body (204).
@@ -387,84 +373,19 @@ impl Client {
         location: &str,
         retry: Retry,
     ) -> Result<Option<T>, ProviderError> {
-        let Some(key) = &self.key else {
-            return Err(ProviderError::new(
-                ErrorKind::Auth,
-                "runpod",
-                location,
-                format!("no API key: {}", crate::key::hint()),
-            ));
-        };
-        let mut attempt = 0;
-        loop {
-            self.limiter.acquire().await;
-            let mut req = self
-                .http
-                .request(method.clone(), format!("{}{path}", self.base))
-                .header(
-                    reqwest::header::AUTHORIZATION,
-                    format!("Bearer {}", key.expose()),
-                )
-                .header(reqwest::header::ACCEPT, "application/json");
-            if let Some(b) = &body {
-                req = req
-                    .header(reqwest::header::CONTENT_TYPE, "application/json")
-                    .body(b.clone());
-            }
-            let (status, retry_after, bytes) = match req.send().await {
-                Ok(resp) => {
-                    let status = resp.status().as_u16();
-                    let after = resp
-                        .headers()
-                        .get(reqwest::header::RETRY_AFTER)
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(|v| v.trim().parse::<u64>().ok());
-                    match resp.bytes().await {
-                        Ok(b) => (status, after, b),
-                        Err(e) => (0, None, gangway_provider::error_chain(&e).into()),
-                    }
-                }
-                Err(e) => (0, None, gangway_provider::error_chain(&e).into()),
-            };
-            let again = attempt + 1 < self.attempts
-                && match status {
-                    429 => true,
-                    0 | 502..=504 => retry == Retry::Safe,
-                    _ => false,
-                };
-            if again {
-                let seed = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.subsec_nanos() as u64)
-                    .unwrap_or(0);
-                let wait = backoff(attempt, self.limiter.scale(), retry_after, seed);
-                tokio::time::sleep(wait).await;
-                attempt += 1;
-                continue;
-            }
-            if status == 0 {
-                return Err(ProviderError::new(
-                    ErrorKind::Transient,
-                    "runpod",
-                    location,
-                    format!("{what}: {}", String::from_utf8_lossy(&bytes)),
-                ));
-            }
-            if !(200..300).contains(&status) {
-                return Err(error_of(status, &bytes, op, what, location));
-            }
-            if bytes.iter().all(u8::is_ascii_whitespace) {
-                return Ok(None);
-            }
-            return serde_json::from_slice::<T>(&bytes).map(Some).map_err(|e| {
-                ProviderError::new(
-                    ErrorKind::Fatal,
-                    "runpod",
-                    location,
-                    format!("{what}: unexpected answer from {}: {e}", self.base),
-                )
-            });
+        let answer = self
+            .inner
+            .send(method, path, body.as_deref(), false, retry, what, location)
+            .await?;
+        if !answer.ok() {
+            return Err(error_of(answer.status, &answer.body, op, what, location));
         }
+        if answer.body.iter().all(u8::is_ascii_whitespace) {
+            return Ok(None);
+        }
+        self.inner
+            .decode::<T>(&answer.body, what, location)
+            .map(Some)
     }
 
     /// `GET path`, a body required.
@@ -504,9 +425,7 @@ impl Client {
         location: &str,
         retry: Retry,
     ) -> Result<Option<T>, ProviderError> {
-        let bytes = serde_json::to_vec(body).map_err(|e| {
-            ProviderError::new(ErrorKind::Fatal, "runpod", location, format!("{what}: {e}"))
-        })?;
+        let bytes = self.inner.encode(body, what, location)?;
         self.call(
             reqwest::Method::POST,
             path,

@@ -7,48 +7,13 @@
 //! profile. The key is held in [`ApiKey`], whose `Debug` and `Display`
 //! never show it; it is sent only in the `Authorization` header.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
+
+use gangway_provider::http::key::KeySources;
+pub use gangway_provider::http::key::{ApiKey, Found};
 
 /// The environment variable read first.
 pub const KEY_VAR: &str = "RUNPOD_API_KEY";
-
-/// An API key; formatting it shows `<redacted>`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct ApiKey(String);
-
-impl ApiKey {
-    /// A key given directly (tests, embedding).
-    pub fn new(key: impl Into<String>) -> ApiKey {
-        ApiKey(key.into())
-    }
-
-    /// The key, for the `Authorization` header only.
-    pub(crate) fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for ApiKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ApiKey(<redacted>)")
-    }
-}
-
-impl fmt::Display for ApiKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
-/// A key and where it was found (for `gangway check`; never the key).
-#[derive(Clone, Debug)]
-pub struct Found {
-    /// The key.
-    pub key: ApiKey,
-    /// `RUNPOD_API_KEY`, or the file's path.
-    pub source: String,
-}
 
 /// The files read under `home`, in order: runpodctl's and the SDK's
 /// `config.toml`, then runpodctl's legacy YAML.
@@ -70,34 +35,17 @@ pub fn hint() -> String {
 /// The key from `env_value` (the variable's value) or the key files under
 /// `home`; `Err` says what is wrong with a file that exists.
 pub fn find(env_value: Option<String>, home: Option<&Path>) -> Result<Option<Found>, String> {
-    if let Some(k) = env_value
-        .map(|v| v.trim().to_string())
-        .filter(|v| !v.is_empty())
-    {
-        return Ok(Some(Found {
-            key: ApiKey(k),
-            source: KEY_VAR.to_string(),
-        }));
+    let files: Vec<PathBuf> = home.map(|h| key_files(h).to_vec()).unwrap_or_default();
+    let parse = |text: &str| {
+        parse_key_file(text)
+            .ok_or_else(|| "has no `apiKey` (runpodctl) or `api_key` (runpod SDK) line".to_string())
+    };
+    KeySources {
+        var: KEY_VAR,
+        files: &files,
+        parse: &parse,
     }
-    let Some(home) = home else { return Ok(None) };
-    for path in key_files(home) {
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
-        };
-        return match parse_key_file(&text) {
-            Some(k) => Ok(Some(Found {
-                key: ApiKey(k),
-                source: path.display().to_string(),
-            })),
-            None => Err(format!(
-                "{} has no `apiKey` (runpodctl) or `api_key` (runpod SDK) line",
-                path.display()
-            )),
-        };
-    }
-    Ok(None)
+    .find(env_value)
 }
 
 /// The key from a config file's text: the first `apiKey` or `api_key`
@@ -116,7 +64,7 @@ fn parse_key_file(text: &str) -> Option<String> {
 
 /// The key this process would use: the environment, else `$HOME`'s files.
 pub fn from_environment() -> Result<Option<Found>, String> {
-    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let home = gangway_provider::http::key::home();
     find(std::env::var(KEY_VAR).ok(), home.as_deref())
 }
 

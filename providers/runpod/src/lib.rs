@@ -27,9 +27,7 @@
 
 pub mod api;
 pub mod key;
-pub mod limit;
 pub mod names;
-mod record;
 pub mod types;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -43,8 +41,8 @@ use gangway_provider::{
 use serde::Deserialize;
 
 use api::{Client, Op, Pod, PodStatus, Retry};
+use gangway_provider::http::record::Records;
 use names::{TAG_CLUSTER, TAG_OWNER, TAG_USER};
-use record::Records;
 
 /// Replaces [`api::DEFAULT_ENDPOINT`] (a fake, a proxy).
 pub const ENDPOINT_VAR: &str = "GANGWAY_RUNPOD_ENDPOINT";
@@ -126,7 +124,11 @@ impl RunpodProvider {
             Ok(None) => (None, Ok(None)),
             Err(e) => (None, Err(e)),
         };
-        let client = Client::new(&endpoint, key, limit::Limiter::new(scale));
+        let client = Client::new(
+            &endpoint,
+            key,
+            gangway_provider::http::limit::Limiter::new(scale),
+        );
         RunpodProvider {
             owner: owner.into(),
             user: None,
@@ -141,7 +143,11 @@ impl RunpodProvider {
     /// The same provider on `endpoint` with `key`, its rate-limit window
     /// multiplied by `scale`, instead of what the environment says.
     pub fn with_api(mut self, endpoint: &str, key: key::ApiKey, scale: f64) -> RunpodProvider {
-        self.client = Client::new(endpoint, Some(key), limit::Limiter::new(scale));
+        self.client = Client::new(
+            endpoint,
+            Some(key),
+            gangway_provider::http::limit::Limiter::new(scale),
+        );
         self.key_source = Ok(Some("the caller".into()));
         self.scale = self.client.scale();
         self

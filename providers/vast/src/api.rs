@@ -4,16 +4,21 @@
 //! authenticates, spaces requests, retries throttled ones and turns error
 //! bodies (`{success: false, error, msg}`, or plain text for a 429) into
 //! [`ProviderError`]s.
+//!
+//! Vast.ai limits each endpoint per key as a minimum interval between
+//! requests (its create endpoint documents a threshold of 4.5, units not
+//! stated) and answers a 429, often plain text, with no `Retry-After`. The
+//! shared limiter spaces requests one a second; a 429 is retried with a
+//! doubling backoff.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use gangway_provider::{ErrorKind, ProviderError};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::key::ApiKey;
-use crate::limit::{backoff, Limiter};
+use gangway_provider::http::limit::Limiter;
 
 /// Where the API is served (paths start `/api/v0/` or `/api/v1/`).
 pub const DEFAULT_ENDPOINT: &str = "https://console.vast.ai";
@@ -259,49 +264,31 @@ pub fn error_of(status: u16, body: &[u8], what: &str, location: &str) -> Provide
     ProviderError::new(kind, "vast", location, text)
 }
 
-/// How a request may be repeated when it fails before an answer says
-/// what happened.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Retry {
-    /// Reads and idempotent writes: a 429, a 5xx or a lost connection is
-    /// retried.
-    Safe,
-    /// Rentals: only a 429 is retried; a lost answer is the caller's to
-    /// reconcile (by label).
-    OnlyThrottled,
-}
+pub use gangway_provider::http::Retry;
 
-/// The API client of one key.
+/// The API client of one key: the shared send loop on Vast.ai's base.
 pub struct Client {
-    http: reqwest::Client,
-    base: String,
-    key: Option<ApiKey>,
-    limiter: Limiter,
-    attempts: u32,
+    inner: gangway_provider::http::Client,
 }
 
 impl Client {
     /// A client of `base` (no trailing `/api`), authenticating with `key`,
     /// spacing requests with `limiter`.
     pub fn new(base: &str, key: Option<ApiKey>, limiter: Limiter) -> Client {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .connect_timeout(Duration::from_secs(15))
-            .user_agent(concat!("gangway/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .unwrap_or_default();
         Client {
-            http,
-            base: base.trim_end_matches('/').to_string(),
-            key,
-            limiter,
-            attempts: 6,
+            inner: gangway_provider::http::Client::new(
+                "vast",
+                base,
+                key,
+                crate::key::hint,
+                limiter,
+            ),
         }
     }
 
     /// The factor the rate-limit window is multiplied by.
     pub fn scale(&self) -> f64 {
-        self.limiter.scale()
+        self.inner.scale()
     }
 
     /// Sends one request (`body` as JSON) and reads the answer as `T`.
@@ -314,81 +301,18 @@ impl Client {
         location: &str,
         retry: Retry,
     ) -> Result<T, ProviderError> {
-        let Some(key) = &self.key else {
-            return Err(ProviderError::new(
-                ErrorKind::Auth,
-                "vast",
-                location,
-                format!("no API key: {}", crate::key::hint()),
-            ));
-        };
         let body = match body {
-            Some(b) => Some(serde_json::to_vec(b).map_err(|e| {
-                ProviderError::new(ErrorKind::Fatal, "vast", location, format!("{what}: {e}"))
-            })?),
+            Some(b) => Some(self.inner.encode(b, what, location)?),
             None => None,
         };
-        let mut attempt = 0;
-        loop {
-            self.limiter.acquire().await;
-            let mut req = self
-                .http
-                .request(method.clone(), format!("{}{path}", self.base))
-                .header(
-                    reqwest::header::AUTHORIZATION,
-                    format!("Bearer {}", key.expose()),
-                )
-                .header(reqwest::header::ACCEPT, "application/json");
-            if let Some(b) = &body {
-                req = req
-                    .header(reqwest::header::CONTENT_TYPE, "application/json")
-                    .body(b.clone());
-            }
-            let (status, bytes) = match req.send().await {
-                Ok(resp) => {
-                    let status = resp.status().as_u16();
-                    match resp.bytes().await {
-                        Ok(b) => (status, b),
-                        Err(e) => (0, gangway_provider::error_chain(&e).into()),
-                    }
-                }
-                Err(e) => (0, gangway_provider::error_chain(&e).into()),
-            };
-            let again = attempt + 1 < self.attempts
-                && match status {
-                    429 => true,
-                    0 | 502..=504 => retry == Retry::Safe,
-                    _ => false,
-                };
-            if again {
-                let seed = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.subsec_nanos() as u64)
-                    .unwrap_or(0);
-                tokio::time::sleep(backoff(attempt, self.limiter.scale(), None, seed)).await;
-                attempt += 1;
-                continue;
-            }
-            if status == 0 {
-                return Err(ProviderError::new(
-                    ErrorKind::Transient,
-                    "vast",
-                    location,
-                    format!("{what}: {}", String::from_utf8_lossy(&bytes)),
-                ));
-            }
-            if !(200..300).contains(&status) {
-                return Err(error_of(status, &bytes, what, location));
-            }
-            return serde_json::from_slice::<T>(&bytes).map_err(|e| {
-                ProviderError::new(
-                    ErrorKind::Fatal,
-                    "vast",
-                    location,
-                    format!("{what}: unexpected answer from {}: {e}", self.base),
-                )
-            });
+        let answer = self
+            .inner
+            .send(method, path, body.as_deref(), false, retry, what, location)
+            .await?;
+        if !answer.ok() {
+            return Err(error_of(answer.status, &answer.body, what, location));
         }
+        self.inner.decode::<T>(&answer.body, what, location)
     }
 }
 

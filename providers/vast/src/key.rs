@@ -6,48 +6,13 @@
 //! `Debug` and `Display` never show it; it is sent only in the
 //! `Authorization` header.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
+
+use gangway_provider::http::key::KeySources;
+pub use gangway_provider::http::key::{ApiKey, Found};
 
 /// The environment variable read first.
 pub const KEY_VAR: &str = "VAST_API_KEY";
-
-/// An API key; formatting it shows `<redacted>`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct ApiKey(String);
-
-impl ApiKey {
-    /// A key given directly (tests, embedding).
-    pub fn new(key: impl Into<String>) -> ApiKey {
-        ApiKey(key.into())
-    }
-
-    /// The key, for the `Authorization` header only.
-    pub(crate) fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for ApiKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ApiKey(<redacted>)")
-    }
-}
-
-impl fmt::Display for ApiKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
-/// A key and where it was found (for `gangway check`; never the key).
-#[derive(Clone, Debug)]
-pub struct Found {
-    /// The key.
-    pub key: ApiKey,
-    /// `VAST_API_KEY`, or the file's path.
-    pub source: String,
-}
 
 /// The files read, in order, under `home` with `xdg` (`XDG_CONFIG_HOME`).
 pub fn key_files(home: &Path, xdg: Option<&Path>) -> [PathBuf; 2] {
@@ -75,37 +40,26 @@ pub fn find(
     home: Option<&Path>,
     xdg: Option<&Path>,
 ) -> Result<Option<Found>, String> {
-    if let Some(k) = env_value
-        .map(|v| v.trim().to_string())
-        .filter(|v| !v.is_empty())
-    {
-        return Ok(Some(Found {
-            key: ApiKey(k),
-            source: KEY_VAR.to_string(),
-        }));
-    }
-    let Some(home) = home else { return Ok(None) };
-    for path in key_files(home, xdg) {
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
-        };
+    let files: Vec<PathBuf> = home.map(|h| key_files(h, xdg).to_vec()).unwrap_or_default();
+    let parse = |text: &str| {
         let key = text.trim();
         if key.is_empty() || key.contains(char::is_whitespace) {
-            return Err(format!("{} does not hold one key", path.display()));
+            Err("does not hold one key".to_string())
+        } else {
+            Ok(key.to_string())
         }
-        return Ok(Some(Found {
-            key: ApiKey(key.to_string()),
-            source: path.display().to_string(),
-        }));
+    };
+    KeySources {
+        var: KEY_VAR,
+        files: &files,
+        parse: &parse,
     }
-    Ok(None)
+    .find(env_value)
 }
 
 /// The key this process would use: the environment, else the files.
 pub fn from_environment() -> Result<Option<Found>, String> {
-    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let home = gangway_provider::http::key::home();
     let xdg = std::env::var_os("XDG_CONFIG_HOME")
         .filter(|x| !x.is_empty())
         .map(PathBuf::from);

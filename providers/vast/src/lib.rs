@@ -24,9 +24,7 @@
 
 pub mod api;
 pub mod key;
-pub mod limit;
 pub mod names;
-mod record;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -40,7 +38,7 @@ use reqwest::Method;
 use serde::Deserialize;
 
 use api::{Client, Instance, Offer, Retry};
-use record::Records;
+use gangway_provider::http::record::{self, Records};
 
 /// Replaces [`api::DEFAULT_ENDPOINT`] (a fake, a proxy).
 pub const ENDPOINT_VAR: &str = "GANGWAY_VAST_ENDPOINT";
@@ -129,7 +127,11 @@ impl VastProvider {
             Ok(None) => (None, Ok(None)),
             Err(e) => (None, Err(e)),
         };
-        let client = Client::new(&endpoint, key, limit::Limiter::new(scale));
+        let client = Client::new(
+            &endpoint,
+            key,
+            gangway_provider::http::limit::Limiter::new(scale),
+        );
         VastProvider {
             owner: owner.into(),
             user: None,
@@ -144,7 +146,11 @@ impl VastProvider {
     /// The same provider on `endpoint` with `key`, its rate-limit window
     /// multiplied by `scale`, instead of what the environment says.
     pub fn with_api(mut self, endpoint: &str, key: key::ApiKey, scale: f64) -> VastProvider {
-        self.client = Client::new(endpoint, Some(key), limit::Limiter::new(scale));
+        self.client = Client::new(
+            endpoint,
+            Some(key),
+            gangway_provider::http::limit::Limiter::new(scale),
+        );
         self.key_source = Ok(Some("the caller".into()));
         self.scale = self.client.scale();
         self

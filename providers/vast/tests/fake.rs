@@ -2,9 +2,7 @@
 //! all-or-nothing, sweeps and teardown, with the fake's request checks at
 //! zero violations. The instances are not reachable (no sshd here).
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 
 use gangway_provider::{ClusterName, ErrorKind, LaunchRequest, NodeState, Placement, Provider};
 use gangway_vast::key::ApiKey;
@@ -12,94 +10,25 @@ use gangway_vast::VastProvider;
 
 const OWNER: &str = "gw-00112233445566aa";
 
-struct Fake {
-    child: Child,
-    url: String,
-}
+use gangway_test::gpu_fake::GpuCloudFake as Fake;
 
-impl Drop for Fake {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn server() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/emulators/vast/server.py")
-}
-
-/// The fake on a free port, or `None` (said on stderr) without python3.
+/// The fake on a free port, or `None` (said as a skip) without python3.
 fn fake() -> Option<Fake> {
-    let mut child = match Command::new("python3")
-        .arg(server())
-        .args([
-            "--port",
-            "0",
-            "--rate-scale",
-            "0.01",
-            "--boot-seconds",
-            "0.2",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-    {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("SKIPPED vast fake: python3: {e}");
-            return None;
+    match Fake::start("vast", "0.2", &[]) {
+        Ok(f) => Some(f),
+        Err(why) => {
+            gangway_test::skip::skipped("vast", why);
+            None
         }
-    };
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line
-        .trim()
-        .strip_prefix("READY ")
-        .unwrap_or_else(|| panic!("the fake said {line:?}"))
-        .to_string();
-    Some(Fake { child, url })
+    }
 }
 
-impl Fake {
-    fn control(&self, method: &str, path: &str, body: serde_json::Value) -> serde_json::Value {
-        let out = Command::new("python3")
-            .arg("-c")
-            .arg(
-                "import sys,urllib.request as u\n\
-                 r=u.Request(sys.argv[1],data=(sys.argv[3].encode() if sys.argv[2]!='GET' else None),method=sys.argv[2],headers={'Content-Type':'application/json'})\n\
-                 print(u.urlopen(r,timeout=20).read().decode())",
-            )
-            .args([format!("{}{path}", self.url), method.into(), body.to_string()])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
-
-    fn violations(&self) -> serde_json::Value {
-        self.control("GET", "/_fake/violations", serde_json::json!({}))
-    }
-
-    /// (instances left, account SSH keys).
-    fn leaks(&self) -> (usize, usize) {
-        let s = self.control("GET", "/_fake/state", serde_json::json!({}));
-        (
-            s["leaks"].as_array().unwrap().len(),
-            s["ssh_keys"].as_array().unwrap().len(),
-        )
-    }
-
-    fn instances(&self) -> Vec<serde_json::Value> {
-        let s = self.control("GET", "/_fake/state", serde_json::json!({}));
-        s["instances"].as_array().unwrap().clone()
-    }
+/// The fake's instances.
+fn instances(fake: &Fake) -> Vec<serde_json::Value> {
+    fake.state()["instances"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
 }
 
 fn provider(fake: &Fake, dir: &Path, owner: &str) -> VastProvider {
@@ -164,8 +93,7 @@ async fn on_demand_and_interruptible_rentals_reconcile_an_outbid_is_a_preemption
     let nodes = p.launch(&spot).await.unwrap();
     assert_eq!(nodes[0].extra["market"], "spot");
     let id = nodes[0].id.0.clone();
-    let inst = fake
-        .instances()
+    let inst = instances(&fake)
         .into_iter()
         .find(|i| i["id"].as_u64().map(|x| x.to_string()).as_deref() == Some(id.as_str()))
         .unwrap();
@@ -213,7 +141,7 @@ async fn no_offer_or_a_gone_one_is_no_capacity_and_leaves_nothing() {
     two.count = 2;
     let e = p.launch(&two).await.unwrap_err();
     assert_eq!(e.kind, ErrorKind::Capacity, "{e}");
-    assert!(fake.instances().is_empty());
+    assert!(instances(&fake).is_empty());
 
     // The only offer is gone: no capacity, nothing left.
     fake.control(

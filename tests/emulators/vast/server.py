@@ -376,6 +376,18 @@ class VastFake(Fake):
             else:
                 self.gone.discard(ask)
             return Reply(200, {"gone_offers": sorted(self.gone)})
+        if what == "offers" and req.method == "POST":
+            # Another machine like offer `like` (a second node for a gang in
+            # one location): {"like": ASK, "id": NEW_ASK, "machine_id": M}.
+            like = self.offers.get(int(b["like"]))
+            if like is None:
+                raise KeyError(f"no offer {b['like']}")
+            ask, mid = int(b["id"]), int(b["machine_id"])
+            if ask in self.offers or any(o["machine_id"] == mid for o in self.offers.values()):
+                raise ValueError(f"offer {ask} or machine {mid} exists")
+            self.offers[ask] = dict(like, id=ask, ask_contract_id=ask, bundle_id=ask,
+                                    machine_id=mid, host_id=mid + 100000)
+            return Reply(200, {"offers": sorted(self.offers)})
         if what == "outbid" and req.method == "POST":
             inst = self.instances.get(int(b["id"]))
             if inst is None:

@@ -6,6 +6,8 @@
 //! * [`ec2_emulator`]: the EC2 emulator (`tests/emulators/ec2`), started
 //!   once per test process or found through `GANGWAY_TEST_EC2_ENDPOINT`;
 //! * [`gce_fake`]: the Compute Engine fake (`tests/emulators/gce`);
+//! * [`gpu_fake`]: the Lambda, RunPod and Vast.ai fakes
+//!   (`tests/emulators/{lambda,runpod,vast}`);
 //! * [`azure_fake`]: the Azure Resource Manager fake (`tests/emulators/azure`);
 //! * [`k8s`]: a Kubernetes control plane built from source, with node
 //!   agents that run pods as local processes (`tests/emulators/k8s`);
@@ -26,6 +28,7 @@ pub mod azure_fake;
 pub mod contract;
 pub mod ec2_emulator;
 pub mod gce_fake;
+pub mod gpu_fake;
 pub mod k8s;
 pub mod skip;
 pub mod slurm;

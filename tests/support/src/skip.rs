@@ -79,6 +79,10 @@ pub const SUITES: &[(&str, &str)] = &[
         "runpod",
         "the RunPod fake (tests/emulators/runpod): python3; for its SSH test root, openssh-server and a free loopback port",
     ),
+    (
+        "vast",
+        "the Vast.ai fake (tests/emulators/vast): python3; for its SSH tests root, openssh-server and a free loopback port",
+    ),
     ("slurm", "a throwaway Slurm cluster: root, slurm-wlm, munge"),
     (
         "dashboard",

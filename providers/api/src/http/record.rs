@@ -1,6 +1,6 @@
 //! What the provider keeps on disk per cluster: how its nodes are logged
-//! into and the placement they were asked for. Everything on Lambda's
-//! side (instances, the key) is found by tag or name.
+//! into and the placement they were asked for. Everything on the cloud's
+//! side (instances, pods, keys) is found by tag, label or name.
 
 use std::fs;
 use std::io::Write;
@@ -17,7 +17,8 @@ pub struct Record {
     /// The region asked for.
     #[serde(default)]
     pub region: Option<String>,
-    /// The zone asked for (the catalog's, the region on Lambda).
+    /// The zone asked for (the catalog's: a data center, or the region
+    /// where a cloud has no zones).
     #[serde(default)]
     pub zone: Option<String>,
 }

@@ -1,8 +1,7 @@
-//! The client-side rate limiter. Vast.ai limits each endpoint per key as
-//! a minimum interval between requests (its create endpoint documents a
-//! threshold of 4.5, units not stated) and answers a 429, often plain
-//! text, with no `Retry-After`. Requests are spaced one a second before
-//! they are sent; a 429 is retried with [`backoff`].
+//! The client-side rate limiter: requests of one key are spaced one a
+//! second before they are sent (and, where an API documents one, launches
+//! by a longer launch window), so a well-behaved client rarely sees a 429;
+//! those it sees are retried after [`backoff`].
 
 use std::time::{Duration, Instant};
 
@@ -39,16 +38,19 @@ impl Spacing {
     }
 }
 
-/// The window of one API key.
+/// The windows of one API key: requests, and launches where the API has a
+/// window of its own for them.
 #[derive(Debug)]
 pub struct Limiter {
     requests: Mutex<Spacing>,
+    launches: Option<Mutex<Spacing>>,
     scale: f64,
 }
 
 impl Limiter {
-    /// The window multiplied by `scale` (1: one request a second; tests
-    /// use 0.01; 0: no spacing at all; anything else not a number: 1).
+    /// One request a second multiplied by `scale` (1: as documented; tests
+    /// use 0.01 against a fake run with the same `--rate-scale`; 0: no
+    /// spacing at all; a negative or not-a-number scale is 1).
     pub fn new(scale: f64) -> Limiter {
         let scale = if scale.is_finite() && scale >= 0.0 {
             scale
@@ -57,17 +59,30 @@ impl Limiter {
         };
         Limiter {
             requests: Mutex::new(Spacing::new(REQUEST_INTERVAL.mul_f64(scale))),
+            launches: None,
             scale,
         }
     }
 
-    /// The factor the window was multiplied by.
+    /// The same, with launches also spaced by `interval` (scaled).
+    pub fn with_launch_interval(scale: f64, interval: Duration) -> Limiter {
+        let mut l = Limiter::new(scale);
+        l.launches = Some(Mutex::new(Spacing::new(interval.mul_f64(l.scale))));
+        l
+    }
+
+    /// The factor the windows were multiplied by.
     pub fn scale(&self) -> f64 {
         self.scale
     }
 
-    /// Waits for this key's next request slot.
-    pub async fn acquire(&self) {
+    /// Waits for this key's next request slot (and, for a launch where
+    /// launches have a window, its next launch slot first).
+    pub async fn acquire(&self, launch: bool) {
+        if let (true, Some(launches)) = (launch, &self.launches) {
+            let wait = launches.lock().await.reserve(Instant::now());
+            tokio::time::sleep(wait).await;
+        }
         let wait = self.requests.lock().await.reserve(Instant::now());
         tokio::time::sleep(wait).await;
     }
@@ -103,32 +118,58 @@ mod tests {
         let t0 = Instant::now();
         let mut s = Spacing::new(Duration::from_secs(1));
         assert_eq!(s.reserve(t0), Duration::ZERO);
+        // Two more at once: one and two seconds of waiting.
         assert_eq!(s.reserve(t0), Duration::from_secs(1));
         assert_eq!(s.reserve(t0), Duration::from_secs(2));
+        // Long after, no wait again.
         assert_eq!(s.reserve(t0 + Duration::from_secs(10)), Duration::ZERO);
+        assert_eq!(
+            s.reserve(t0 + Duration::from_millis(10_500)),
+            Duration::from_millis(500)
+        );
+    }
+
+    #[test]
+    fn the_launch_window_scales_for_tests_and_nonsense_is_one() {
+        let l = Limiter::with_launch_interval(0.01, Duration::from_secs(12));
+        assert_eq!(l.scale(), 0.01);
+        let mut launches = l.launches.as_ref().unwrap().try_lock().unwrap();
+        let t0 = Instant::now();
+        launches.reserve(t0);
+        assert_eq!(launches.reserve(t0), Duration::from_millis(120));
+        assert!(Limiter::new(1.0).launches.is_none());
+        assert_eq!(Limiter::new(f64::NAN).scale(), 1.0);
+        assert_eq!(Limiter::new(-2.0).scale(), 1.0);
     }
 
     #[tokio::test]
-    async fn a_limiter_at_scale_zero_never_waits_and_nonsense_is_one() {
-        let l = Limiter::new(0.0);
+    async fn a_limiter_at_scale_zero_never_waits() {
+        let l = Limiter::with_launch_interval(0.0, Duration::from_secs(12));
         let t = Instant::now();
         for _ in 0..50 {
-            l.acquire().await;
+            l.acquire(true).await;
         }
         assert!(t.elapsed() < Duration::from_millis(200));
-        assert_eq!(Limiter::new(f64::NAN).scale(), 1.0);
-        assert_eq!(Limiter::new(-1.0).scale(), 1.0);
     }
 
     #[test]
     fn backoff_follows_retry_after_else_doubles_to_a_cap() {
         assert_eq!(backoff(0, 1.0, None, 0), Duration::from_secs(1));
+        assert_eq!(backoff(1, 1.0, None, 0), Duration::from_secs(2));
         assert_eq!(backoff(3, 1.0, None, 0), Duration::from_secs(8));
-        assert_eq!(backoff(30, 1.0, None, 0), Duration::from_secs(30));
+        assert_eq!(backoff(9, 1.0, None, 0), Duration::from_secs(30));
+        assert_eq!(backoff(40, 1.0, None, 0), Duration::from_secs(30));
         assert_eq!(backoff(0, 1.0, Some(7), 0), Duration::from_secs(7));
         assert_eq!(backoff(5, 0.01, Some(60), 0), Duration::from_millis(600));
         let j = backoff(0, 1.0, None, 999);
-        assert!(j > Duration::from_secs(1) && j <= Duration::from_millis(1250));
+        assert!(
+            j > Duration::from_secs(1) && j <= Duration::from_millis(1250),
+            "{j:?}"
+        );
+        // Scaled down for tests, but never a busy loop.
+        assert_eq!(backoff(0, 0.01, None, 0), Duration::from_millis(50));
+        assert_eq!(backoff(0, 0.0, None, 0), Duration::from_millis(50));
+        assert_eq!(backoff(20, 0.0, None, 0), Duration::from_millis(200));
         assert_eq!(backoff(0, 0.0, Some(60), 0), Duration::from_millis(50));
     }
 }
