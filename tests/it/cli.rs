@@ -102,6 +102,7 @@ fn skypilot_catalog_dir_gives_a_golden_plan_and_names_bad_rows() {
         vec![
             "aws use1-az4 p5.48xlarge 19.75000",
             "aws use1-az2 p5.48xlarge 21.50000",
+            "azure eastus Standard_ND96isr_H100_v5 25.00000",
             "gcp us-central1-a a3-highgpu-8g 33.86318",
         ]
     );
@@ -135,7 +136,7 @@ fn table_output_lists_the_plan() {
     let lines: Vec<&str> = out.lines().collect();
     assert!(
         lines[0].starts_with(
-            "Plan for 't': 1 node, 4 candidates; cheapest aws p5.48xlarge at $55.04/h"
+            "Plan for 't': 1 node, 6 candidates; cheapest aws p5.48xlarge at $55.04/h"
         ),
         "{out}"
     );
@@ -143,7 +144,7 @@ fn table_output_lists_the_plan() {
         lines[1].starts_with("CLOUD") && lines[1].contains("$/H TOTAL"),
         "{out}"
     );
-    assert_eq!(lines.len(), 6, "{out}");
+    assert_eq!(lines.len(), 8, "{out}");
     let (_, out, _) = parts(&gangway([
         "optimize",
         &t,
@@ -152,7 +153,35 @@ fn table_output_lists_the_plan() {
         "--limit",
         "1",
     ]));
-    assert!(out.contains("... and 3 more"), "{out}");
+    assert!(out.contains("... and 5 more"), "{out}");
+}
+
+/// The embedded catalogs know Azure: the cheapest 8 x A100-80GB spot node
+/// is Azure's ND96amsr_A100_v4 (in the published catalog, $8.52/h in
+/// eastus, against AWS's p4de.24xlarge at $9.73/h).
+#[test]
+fn optimize_puts_azure_first_for_spot_a100_80gb_on_the_embedded_catalogs() {
+    let d = tempfile::tempdir().unwrap();
+    let t = task(
+        &d,
+        "resources:\n  accelerators: A100-80GB:8\n  use_spot: true\nrun: x\n",
+    );
+    let (code, out, err) = parts(&gangway(["optimize", &t, "-o", "json"]));
+    assert_eq!(code, 0, "{err}");
+    let v = json(&out);
+    let first = &v["plan"][0];
+    assert_eq!(first["cloud"], "azure", "{first}");
+    assert_eq!(
+        first["instance_type"], "Standard_ND96amsr_A100_v4",
+        "{first}"
+    );
+    assert_eq!(first["use_spot"], true, "{first}");
+    let price = first["price_per_node_hour"].as_f64().unwrap();
+    assert!((price - 8.5202).abs() < 1e-6, "{first}");
+    assert!(["eastus", "eastus2"].contains(&first["region"].as_str().unwrap()));
+    // AWS still follows for failover.
+    let plan = v["plan"].as_array().unwrap();
+    assert!(plan.iter().any(|r| r["cloud"] == "aws"), "{plan:?}");
 }
 
 #[test]
@@ -166,7 +195,9 @@ fn no_feasible_placement_exits_3_and_says_why() {
     assert_eq!(code, 3, "{err}");
     assert!(out.is_empty());
     assert!(
-        err.contains("H200:8 is offered only on aws, gcp; none of them in region eu-north-1"),
+        err.contains(
+            "H200:8 is offered only on aws, azure, gcp; none of them in region eu-north-1"
+        ),
         "{err}"
     );
     let (code, _, _) = parts(&gangway(["launch", "--dry-run", &t]));
@@ -517,7 +548,7 @@ fn catalog_show_reports_sources_and_dates() {
         .iter()
         .map(|s| s["cloud"].as_str().unwrap())
         .collect();
-    assert_eq!(clouds, vec!["aws", "gcp", "local"]);
+    assert_eq!(clouds, vec!["aws", "azure", "gcp", "local"]);
     assert!(v["sources"]
         .as_array()
         .unwrap()

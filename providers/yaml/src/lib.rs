@@ -141,14 +141,18 @@ pub fn closest<'a>(key: &str, allowed: &[&'a str]) -> Option<&'a str> {
     allowed
         .iter()
         .map(|a| {
+            let l = a.to_ascii_lowercase();
+            // Of names as far apart, one that begins with what was typed
+            // (`H10` -> `H100`, not `A10`).
             (
-                strsim::damerau_levenshtein(&lower, &a.to_ascii_lowercase()),
+                strsim::damerau_levenshtein(&lower, &l),
+                !l.starts_with(&lower),
                 *a,
             )
         })
-        .filter(|(d, a)| *d <= 2.max(a.len() / 4))
+        .filter(|(d, _, a)| *d <= 2.max(a.len() / 4))
         .min()
-        .map(|(_, a)| a)
+        .map(|(_, _, a)| a)
 }
 
 /// `~/x` under `$HOME`; anything else as written.
@@ -177,6 +181,19 @@ pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
         _ => None,
     }?;
     Some(std::time::Duration::from_secs(secs))
+}
+
+#[cfg(test)]
+mod closest_tests {
+    use super::closest;
+
+    #[test]
+    fn of_names_as_far_apart_the_one_typed_the_start_of_wins() {
+        let gpus = ["A10", "A100", "H100", "T4"];
+        assert_eq!(closest("H10", &gpus), Some("H100"));
+        assert_eq!(closest("a10g", &gpus), Some("A10"));
+        assert_eq!(closest("xyzzy", &gpus), None);
+    }
 }
 
 #[cfg(test)]

@@ -250,6 +250,7 @@ pub enum CatalogError {
 /// machine: never picked for being cheapest).
 const EMBEDDED: &[(&str, &str, bool)] = &[
     ("aws", include_str!("data/aws.csv"), false),
+    ("azure", include_str!("data/azure.csv"), false),
     ("gcp", include_str!("data/gcp.csv"), false),
     ("local", include_str!("data/local.csv"), true),
 ];
@@ -1305,7 +1306,7 @@ mod tests {
     fn embedded_catalog_loads_cleanly_with_a_date() {
         let c = Catalog::embedded();
         assert!(c.warnings.is_empty(), "{:?}", c.warnings);
-        for cloud in ["aws", "gcp", "local"] {
+        for cloud in ["aws", "azure", "gcp", "local"] {
             let s = c.sources.iter().find(|s| s.cloud == cloud).unwrap();
             assert!(s.rows > 0, "{cloud} has no rows");
             assert!(s.taken.is_some(), "{cloud} has no taken date");

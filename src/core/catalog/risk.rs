@@ -5,7 +5,9 @@
 //! Advisor feed: `<5%`, `5-10%`, `10-15%`, `15-20%`, `>20%`). The shipped
 //! table (`data/aws-interruption.csv`) holds the buckets of the shipped AWS
 //! types. Other clouds publish nothing comparable: their offers get
-//! [`DEFAULT_BUCKET`], marked as a default.
+//! [`DEFAULT_BUCKET`], marked as a default. (Azure shows eviction-rate
+//! buckets only to a subscription, through Azure Resource Graph; with no
+//! public copy to ship, Azure offers get the default too.)
 //!
 //! A bucket becomes an hourly interruption rate through [`HOURLY_RATE`].
 //! The feed's "share interrupted per month" read literally gives rates
@@ -190,6 +192,8 @@ mod tests {
         let gcp = t.interruption("gcp", "us-central1", "a2-highgpu-8g");
         assert_eq!((gcp.bucket, gcp.default), (DEFAULT_BUCKET, true));
         assert_eq!(gcp.label(), "10-15%?");
+        let azure = t.interruption("azure", "eastus", "Standard_ND96amsr_A100_v4");
+        assert_eq!((azure.bucket, azure.default), (DEFAULT_BUCKET, true));
     }
 
     #[test]
