@@ -142,14 +142,22 @@ mod tests {
         assert_eq!(Limiter::new(-2.0).scale(), 1.0);
     }
 
-    #[tokio::test]
+    // On a paused clock: what the limiter slept, whatever the load.
+    #[tokio::test(start_paused = true)]
     async fn a_limiter_at_scale_zero_never_waits() {
         let l = Limiter::with_launch_interval(0.0, Duration::from_secs(12));
-        let t = Instant::now();
+        let t = tokio::time::Instant::now();
         for _ in 0..50 {
             l.acquire(true).await;
         }
-        assert!(t.elapsed() < Duration::from_millis(200));
+        assert_eq!(t.elapsed(), Duration::ZERO);
+        // At scale 1 the same calls are spaced a second apart.
+        let l = Limiter::new(1.0);
+        let t = tokio::time::Instant::now();
+        for _ in 0..3 {
+            l.acquire(false).await;
+        }
+        assert!(t.elapsed() >= Duration::from_secs(2), "{:?}", t.elapsed());
     }
 
     #[test]
