@@ -695,4 +695,3 @@ fn events(id: i64, out: Output) -> Result<ExitCode, Error> {
     table::print(&["AT", "STATE", "PLACEMENT", "REASON"], &rows)?;
     Ok(ExitCode::Ok)
 }
-

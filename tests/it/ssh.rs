@@ -165,27 +165,7 @@ fn files_go_up_and_come_back_newest_winning() {
     t.upload(&ns[0], src.path(), &format!("~/{dest}")).unwrap();
     let got = run_all(&t, &ns, &format!("cat ~/{dest}/sub/a.txt"), &[]);
     assert_eq!(got[0].1, "alpha");
-    t.write_file(&ns[0], &format!("~/{dest}/sub/b.txt"), b"beta")
-        .unwrap();
-    let back = tempfile::tempdir().unwrap();
-    std::fs::write(back.path().join("keep.txt"), "local").unwrap();
-    t.download(&ns[0], &format!("~/{dest}"), back.path())
-        .unwrap();
-    assert_eq!(
-        std::fs::read_to_string(back.path().join("sub/b.txt")).unwrap(),
-        "beta"
-    );
-    assert_eq!(
-        std::fs::read_to_string(back.path().join("keep.txt")).unwrap(),
-        "local"
-    );
-    let _ = run_all(&t, &ns, &format!("rm -rf ~/{dest}"), &[]);
-    // A directory that is not there (a rank that never checkpointed)
-    // copies nothing and is no error; a node that cannot be reached is one.
-    let empty = tempfile::tempdir().unwrap();
-    t.download(&ns[0], &format!("~/{dest}"), empty.path())
-        .expect("a missing directory is no error");
-    assert!(crate::common::dir_names(empty.path()).is_empty());
+    let (_, empty) = comes_back(&t, &ns[0], &dest, "");
     let mut gone = ns[0].clone();
     gone.extra.insert("ssh.host".into(), "127.0.0.1".into());
     assert!(t
@@ -650,15 +630,39 @@ fn files_reach_a_node_without_rsync_as_tar_over_ssh() {
         &[],
     );
     assert_eq!(got[0], (Some(0), "alphatool-ran\nsub/a.txt\nalpha".into()));
-    t.write_file(&ns[0], &format!("~/{dest}/sub/b.txt"), b"beta")
-        .unwrap();
     // A link out of the tree on the node is not followed back here.
-    let _ = run_all(&t, &ns, &format!("ln -s /etc/passwd ~/{dest}/sub/out"), &[]);
+    let (skipped, _) = comes_back(
+        &t,
+        &ns[0],
+        &dest,
+        &format!("ln -s /etc/passwd ~/{dest}/sub/out"),
+    );
+    assert!(
+        skipped.iter().any(|s| s.contains("sub/out")),
+        "a link out of the tree came back: {skipped:?}"
+    );
+}
+
+/// The node's `~/dest` (with a file written there, after `also` ran on
+/// it) comes back newest-winning over a local file that stays; then a
+/// directory that is not there (a rank that never checkpointed) copies
+/// nothing and is no error. Returns what was left out, and that empty
+/// directory.
+fn comes_back(
+    t: &SshTransport,
+    node: &NodeRow,
+    dest: &str,
+    also: &str,
+) -> (gangway_provider::Skipped, tempfile::TempDir) {
+    let ns = std::slice::from_ref(node);
+    t.write_file(node, &format!("~/{dest}/sub/b.txt"), b"beta")
+        .unwrap();
+    if !also.is_empty() {
+        let _ = run_all(t, ns, also, &[]);
+    }
     let back = tempfile::tempdir().unwrap();
     std::fs::write(back.path().join("keep.txt"), "local").unwrap();
-    let skipped = t
-        .download(&ns[0], &format!("~/{dest}"), back.path())
-        .unwrap();
+    let skipped = t.download(node, &format!("~/{dest}"), back.path()).unwrap();
     assert_eq!(
         std::fs::read_to_string(back.path().join("sub/b.txt")).unwrap(),
         "beta"
@@ -667,15 +671,13 @@ fn files_reach_a_node_without_rsync_as_tar_over_ssh() {
         std::fs::read_to_string(back.path().join("keep.txt")).unwrap(),
         "local"
     );
-    assert!(
-        !back.path().join("sub/out").exists() && skipped.iter().any(|s| s.contains("sub/out")),
-        "a link out of the tree came back: {skipped:?}"
-    );
-    let _ = run_all(&t, &ns, &format!("rm -rf ~/{dest}"), &[]);
+    assert!(!back.path().join("sub/out").exists());
+    let _ = run_all(t, ns, &format!("rm -rf ~/{dest}"), &[]);
     let empty = tempfile::tempdir().unwrap();
-    t.download(&ns[0], &format!("~/{dest}"), empty.path())
+    t.download(node, &format!("~/{dest}"), empty.path())
         .expect("a missing directory is no error");
     assert!(crate::common::dir_names(empty.path()).is_empty());
+    (skipped, empty)
 }
 
 /// A laptop without rsync launches on a pool all the same (the workdir as
