@@ -556,7 +556,7 @@ async fn reconcile(sh: &Shared, m: &mut Memo) -> Result<Action, crate::Error> {
             // recovering from it: the recovery starts again (a replacement
             // half done is finished: the provider keeps what it added).
             let why = job.detail.clone().unwrap_or_else(|| "preempted".into());
-            if !replace_lost(sh, m, &why).await? {
+            if !replace_lost(sh, m).await? {
                 requeue(sh, m, &why, true).await?;
             }
             Ok(Action::Requeue(Duration::ZERO))

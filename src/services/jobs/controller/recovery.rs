@@ -57,7 +57,7 @@ pub(super) async fn preempted(sh: &Shared, m: &mut Memo, why: &str) -> Result<()
         )
         .await;
     }
-    if replace_lost(sh, m, why).await? {
+    if replace_lost(sh, m).await? {
         return Ok(());
     }
     requeue(sh, m, why, true).await

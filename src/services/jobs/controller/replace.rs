@@ -24,11 +24,7 @@ pub(super) struct Kept {
 /// cluster has all its nodes again and the job is recovering onto it;
 /// `Ok(false)`: the whole gang must be recovered (why is in the job's
 /// events when a replacement was possible in principle).
-pub(super) async fn replace_lost(
-    sh: &Shared,
-    m: &mut Memo,
-    why: &str,
-) -> Result<bool, crate::Error> {
+pub(super) async fn replace_lost(sh: &Shared, m: &mut Memo) -> Result<bool, crate::Error> {
     let mt = m.task();
     if !mt.strategy.eq_ignore_ascii_case(REPLACE_LOST_NODES) || m.job().moving_to.is_some() {
         return Ok(false);
@@ -116,7 +112,7 @@ pub(super) async fn replace_lost(
         was,
         &format!(
             "replaced {swapped} in {:.1} s, {survivors} survivor(s) kept with their setup; \
-             after: {why}; work lost: {lost_work}",
+             work lost: {lost_work}",
             replaced.took.as_secs_f64()
         ),
     )?;
