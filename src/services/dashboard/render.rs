@@ -547,7 +547,8 @@ fn cost(out: &mut String, report: &Value, t: &str) {
         money(total)
     );
     let mut bars: Vec<(String, Option<String>, f64, f64)> = Vec::new();
-    let list = |k: &str| report[k].as_array().cloned().unwrap_or_default();
+    // Borrowed: the report holds every ledger row of every job.
+    let list = |k: &str| report[k].as_array().map_or(&[][..], Vec::as_slice);
     for c in list("clusters") {
         let m = &c["by_market"];
         bars.push((
