@@ -26,8 +26,8 @@ pub(crate) fn dashboard(a: &DashboardArgs, out: Output) -> Result<ExitCode, Erro
     if out == Output::Json {
         super::print_json(&serde_json::json!({ "url": url }))?;
     } else {
-        println!("gangway dashboard: {url}");
-        println!("(only this address opens it; Ctrl-C stops it)");
+        println!("Dashboard at {url}");
+        println!("Only this address opens it (it carries the token); Ctrl-C stops it.");
     }
     {
         use std::io::Write;

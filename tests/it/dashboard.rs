@@ -622,3 +622,48 @@ fn in_a_browser_the_dashboard_shows_clusters_a_preempted_job_and_live_changes() 
     let (code, out, err) = parts(&home.run(["down", "web", "-y"]));
     assert_eq!(code, 0, "{out}{err}");
 }
+
+/// With `jobs.controller` set, the managed jobs, their events, output and
+/// costs on the pages are the controller host's, read over SSH as the
+/// `jobs` commands read them.
+#[test]
+fn with_a_hosted_controller_the_pages_show_the_hosts_jobs() {
+    use crate::hosted::{host, host_home, kill_home, use_host, HostGuard};
+    let Some(sshd) = host() else { return };
+    let _guard = HostGuard(host_home(&sshd));
+    let laptop = TestHome::new();
+    use_host(&laptop, &sshd);
+    let task = laptop.file(
+        "hosted.yaml",
+        "name: \"<b>on the host</b>\"\nresources:\n  infra: local\nrun: |\n  echo hosted-line-1\n  echo '<i>hosted-line-2</i>'\n",
+    );
+    let (code, out, err) =
+        parts(&laptop.run(["jobs", "launch", &task, "-y", "--env", &laptop.marker_env()]));
+    assert_eq!(code, 0, "{out}{err}");
+    let d = Dashboard::start(&laptop);
+    let (code, page) = d.get("/jobs", "");
+    assert_eq!(code, 200, "{page}");
+    assert!(page.contains("read from the controller at"), "{page}");
+    assert!(page.contains("&lt;b&gt;on the host&lt;/b&gt;"), "{page}");
+    assert!(!page.contains("<b>on the host"), "{page}");
+    let (code, job) = d.get("/jobs/1", "&part=main");
+    assert_eq!(code, 200, "{job}");
+    for needle in [
+        "SUCCEEDED",
+        "hosted-line-1",
+        "&lt;i&gt;hosted-line-2&lt;/i&gt;",
+        "Run 1 on local/",
+    ] {
+        assert!(job.contains(needle), "{needle} missing: {job}");
+    }
+    let (code, cost) = d.get("/cost", "&part=main");
+    assert_eq!(code, 200, "{cost}");
+    assert!(cost.contains("job 1 (&lt;b&gt;on the host"), "{cost}");
+    let (code, events) = d.get("/events", "&part=main");
+    assert_eq!(code, 200, "{events}");
+    assert!(events.contains("each managed job"), "{events}");
+    // This machine has no managed job of its own: the host's are the ones.
+    assert!(!laptop.path().join("jobs/managed-1").exists());
+    drop(d);
+    kill_home(laptop.path());
+}

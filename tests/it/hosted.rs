@@ -17,12 +17,12 @@ use crate::jobs::{check_ledger, check_training, managed, spot_train, wait_ended,
 use crate::sshd::Sshd;
 
 /// The controller host's `GANGWAY_HOME`.
-fn host_home(sshd: &Sshd) -> PathBuf {
+pub(crate) fn host_home(sshd: &Sshd) -> PathBuf {
     sshd.home.join(".gangway-controller/home")
 }
 
 /// Points `home` at the sshd as its controller host.
-fn use_host(home: &TestHome, sshd: &Sshd) {
+pub(crate) fn use_host(home: &TestHome, sshd: &Sshd) {
     std::fs::write(
         home.path().join("config.yaml"),
         format!(
@@ -37,7 +37,7 @@ fn use_host(home: &TestHome, sshd: &Sshd) {
 }
 
 /// A controller host whose supervisor ends 3 s after its last job.
-fn host() -> Option<Sshd> {
+pub(crate) fn host() -> Option<Sshd> {
     let sshd = Sshd::start(1)?;
     sshd.session_profile("export GANGWAY_CONTROLLER_IDLE_SECONDS=3\n");
     Some(sshd)
@@ -54,7 +54,7 @@ pub(crate) fn kill_home(home: &Path) {
 }
 
 /// Stops everything of the host's when the test ends, however it ends.
-struct HostGuard(PathBuf);
+pub(crate) struct HostGuard(pub(crate) PathBuf);
 
 impl Drop for HostGuard {
     fn drop(&mut self) {

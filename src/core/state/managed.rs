@@ -331,13 +331,10 @@ impl Store {
 
     /// One managed job.
     pub(crate) fn managed(&self, id: i64) -> Result<Option<ManagedJob>, StateError> {
+        // Cached: `cost-report` and the dashboard ask for every job in turn.
         self.conn
-            .query_row(
-                &format!("SELECT {COLS} FROM managed_jobs WHERE id = ?1"),
-                [id],
-                row,
-            )
-            .optional()
+            .prepare_cached(&format!("SELECT {COLS} FROM managed_jobs WHERE id = ?1"))
+            .and_then(|mut st| st.query_row([id], row).optional())
             .map_err(|e| self.db(e))
     }
 

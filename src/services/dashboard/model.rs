@@ -153,7 +153,10 @@ impl<'a> Source<'a> {
 
     /// Every cluster with its nodes, by name.
     pub(crate) fn clusters(&self) -> Result<Vec<ClusterView>, Error> {
-        let active = self.store.active_jobs()?;
+        let mut active: std::collections::HashMap<String, usize> = Default::default();
+        for j in self.store.active_jobs()? {
+            *active.entry(j.cluster).or_default() += 1;
+        }
         self.store
             .clusters()?
             .into_iter()
@@ -161,7 +164,7 @@ impl<'a> Source<'a> {
                 Ok(ClusterView {
                     shown_status: cluster::shown_status(self.store, &row),
                     controller: crate::services::host::cloud::is_controller(&row.name),
-                    active_jobs: active.iter().filter(|j| j.cluster == row.name).count(),
+                    active_jobs: active.get(&row.name).copied().unwrap_or(0),
                     nodes: self.store.nodes(&row.name)?,
                     row,
                 })

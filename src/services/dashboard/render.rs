@@ -351,7 +351,12 @@ fn job(out: &mut String, j: &JobView, events: &[EventView], log: &str) {
         esc(&ago(j.submitted_at)),
     );
     if let Some(d) = &j.detail {
-        let _ = write!(out, "<p class=\"detail\">{}</p>", esc(d));
+        let _ = write!(
+            out,
+            "<p class=\"detail {}\">{}</p>",
+            state_class(&j.state),
+            esc(d)
+        );
     }
     let end = if j.ended() {
         j.ended_at.or(events.last().map(|e| e.at)).unwrap_or(now)
@@ -434,35 +439,60 @@ fn timeline_svg(out: &mut String, parts: &[Stretch<'_>]) {
 }
 
 /// Runs, preemptions and recoveries in words: what a person reads first.
+/// A run starts when its cluster is up (`STARTING`) and is timed from when
+/// it ran (`RUNNING`, if it got there); a preemption, a requeue or the end
+/// closes it. A recovery is timed from the preemption to the next run
+/// running.
 fn story(out: &mut String, parts: &[Stretch<'_>]) {
+    struct Open {
+        started: i64,
+        running: Option<i64>,
+        placement: Option<String>,
+    }
     let mut items: Vec<String> = Vec::new();
-    let mut run = 0;
+    let mut runs = 0;
     let mut preemptions = 0;
-    let mut preempted_at: Option<(i64, usize)> = None;
+    let mut open: Option<Open> = None;
+    let mut lost: Option<(i64, u32)> = None;
+    let recovered = |items: &mut Vec<String>, lost: &mut Option<(i64, u32)>, at: i64| {
+        if let Some((from, n)) = lost.take() {
+            items.push(format!(
+                "<li class=\"recovery\">Recovery {n}: running again after {}</li>",
+                esc(&fine(at - from))
+            ));
+        }
+    };
+    let mut close = |items: &mut Vec<String>, open: &mut Option<Open>, at: i64, so_far: bool| {
+        if let Some(r) = open.take() {
+            runs += 1;
+            items.push(format!(
+                "<li class=\"run\">Run {runs} on {}: {}{}</li>",
+                opt(r.placement.as_deref()),
+                esc(&fine(at - r.running.unwrap_or(r.started))),
+                if so_far { " so far" } else { "" }
+            ));
+        }
+    };
     for s in parts {
         let e = s.event;
         match e.state.as_str() {
-            "RUNNING" => {
-                run += 1;
-                let recovered = preempted_at.take().map(|(at, i)| (fine(e.at - at), i));
-                if let Some((took, i)) = recovered {
-                    items.push(format!(
-                        "<li class=\"recovery\">Recovery {i}: running again after {}</li>",
-                        esc(&took)
-                    ));
+            "STARTING" | "RUNNING" => {
+                let r = open.get_or_insert_with(|| Open {
+                    started: e.at,
+                    running: None,
+                    placement: e.placement.clone(),
+                });
+                if e.state == "RUNNING" && r.running.is_none() {
+                    r.running = Some(e.at);
+                    recovered(&mut items, &mut lost, e.at);
                 }
-                items.push(format!(
-                    "<li class=\"run\">Run {run} on {}: {}</li>",
-                    opt(e.placement.as_deref()),
-                    esc(&fine(s.to - e.at))
-                ));
             }
             "PREEMPTED" => {
+                close(&mut items, &mut open, e.at, false);
                 preemptions += 1;
-                let n = preemptions;
-                preempted_at = Some((e.at, n));
+                lost = Some((e.at, preemptions));
                 items.push(format!(
-                    "<li class=\"preemption\">Preemption {n}{}</li>",
+                    "<li class=\"preemption\">Preemption {preemptions}{}</li>",
                     if e.reason.is_empty() {
                         String::new()
                     } else {
@@ -470,14 +500,21 @@ fn story(out: &mut String, parts: &[Stretch<'_>]) {
                     }
                 ));
             }
-            s if matches!(
-                s,
-                "SUCCEEDED" | "FAILED" | "FAILED_SETUP" | "FAILED_NO_RESOURCE" | "CANCELLED"
-            ) =>
+            "RECOVERING" => close(&mut items, &mut open, e.at, false),
+            state
+                if matches!(
+                    state,
+                    "SUCCEEDED" | "FAILED" | "FAILED_SETUP" | "FAILED_NO_RESOURCE" | "CANCELLED"
+                ) =>
             {
+                if let Some(r) = &open {
+                    let at = r.started;
+                    recovered(&mut items, &mut lost, at);
+                }
+                close(&mut items, &mut open, e.at, false);
                 items.push(format!(
                     "<li class=\"end\">{}{}</li>",
-                    badge(s),
+                    badge(state),
                     if e.reason.is_empty() {
                         String::new()
                     } else {
@@ -488,9 +525,12 @@ fn story(out: &mut String, parts: &[Stretch<'_>]) {
             _ => {}
         }
     }
-    if let Some((_, i)) = preempted_at {
+    if let Some(last) = parts.last() {
+        close(&mut items, &mut open, last.to, true);
+    }
+    if let Some((_, n)) = lost {
         items.push(format!(
-            "<li class=\"recovery\">Recovery {i}: under way</li>"
+            "<li class=\"recovery\">Recovery {n}: under way</li>"
         ));
     }
     if !items.is_empty() {
@@ -507,7 +547,8 @@ fn cost(out: &mut String, report: &Value, t: &str) {
         money(total)
     );
     let mut bars: Vec<(String, Option<String>, f64, f64)> = Vec::new();
-    let list = |k: &str| report[k].as_array().cloned().unwrap_or_default();
+    // Borrowed: the report holds every ledger row of every job.
+    let list = |k: &str| report[k].as_array().map_or(&[][..], Vec::as_slice);
     for c in list("clusters") {
         let m = &c["by_market"];
         bars.push((
@@ -683,7 +724,27 @@ mod tests {
             out.contains("Recovery 1: running again after 9.0s"),
             "{out}"
         );
-        assert!(out.contains("Run 2 on"), "{out}");
+        assert!(
+            out.contains("Run 2 on local/local/local-1: 10.0s</li>"),
+            "{out}"
+        );
+        // A run that ended before it was seen running is still a run.
+        let quick = vec![ev(0, "STARTING", ""), ev(300, "SUCCEEDED", "")];
+        let mut out = String::new();
+        story(&mut out, &stretches(&quick, 300));
+        assert!(
+            out.contains("Run 1 on local/local/local-1: 0.3s</li>"),
+            "{out}"
+        );
+        // A job still running: its run so far, and a recovery under way.
+        let live = vec![ev(0, "RUNNING", ""), ev(5_000, "PREEMPTED", "gone")];
+        let mut out = String::new();
+        story(&mut out, &stretches(&live, 7_000));
+        assert!(
+            out.contains("Run 1 on local/local/local-1: 5.0s</li>"),
+            "{out}"
+        );
+        assert!(out.contains("Recovery 1: under way"), "{out}");
         let mut svg = String::new();
         timeline_svg(&mut svg, &parts);
         assert_eq!(svg.matches("<rect").count(), 6, "{svg}");
