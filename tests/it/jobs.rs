@@ -216,6 +216,13 @@ pub(crate) fn check_story(out: &str, err: &str, id: u32, preemptions: usize) {
         err.contains(&format!("gangway: job {id} SUCCEEDED")),
         "{err}"
     );
+    // Runs are counted in the job's own numbers: 1, then one per recovery.
+    for run in 1..=preemptions + 1 {
+        assert!(
+            err.contains(&format!("cluster up; run {run} submitted")),
+            "run {run}: {err}"
+        );
+    }
 }
 
 /// The cost ledger of managed job 1 after `preemptions` recoveries: one

@@ -388,7 +388,10 @@ pub(super) fn record_running(
     j.next_try_at = None;
     j.detail = None;
     j.state = ManagedState::Starting;
-    m.save(sh, was, &format!("cluster up; run {inner} submitted"))?;
+    // The job's own count of runs, not the cluster's job id (`inner`),
+    // which is another numbering.
+    let run = j.restart_count + 1;
+    m.save(sh, was, &format!("cluster up; run {run} submitted"))?;
     Ok(Action::Requeue(Duration::ZERO))
 }
 
