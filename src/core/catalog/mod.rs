@@ -251,6 +251,9 @@ pub enum CatalogError {
 const EMBEDDED: &[(&str, &str, bool)] = &[
     ("aws", include_str!("data/aws.csv"), false),
     ("gcp", include_str!("data/gcp.csv"), false),
+    ("lambda", include_str!("data/lambda.csv"), false),
+    ("runpod", include_str!("data/runpod.csv"), false),
+    ("vast", include_str!("data/vast.csv"), false),
     ("local", include_str!("data/local.csv"), true),
 ];
 
@@ -1305,7 +1308,7 @@ mod tests {
     fn embedded_catalog_loads_cleanly_with_a_date() {
         let c = Catalog::embedded();
         assert!(c.warnings.is_empty(), "{:?}", c.warnings);
-        for cloud in ["aws", "gcp", "local"] {
+        for cloud in ["aws", "gcp", "lambda", "runpod", "vast", "local"] {
             let s = c.sources.iter().find(|s| s.cloud == cloud).unwrap();
             assert!(s.rows > 0, "{cloud} has no rows");
             assert!(s.taken.is_some(), "{cloud} has no taken date");
@@ -1321,6 +1324,12 @@ mod tests {
             "A10G",
             "T4",
             "V100",
+            // The consumer and workstation GPUs of Lambda, RunPod and
+            // Vast.ai, under the names nvidia-smi's become (gang::gpus).
+            "RTX4090",
+            "RTX5090",
+            "A6000",
+            "RTX6000Ada",
         ] {
             assert!(
                 names.iter().any(|n| n == gpu),
