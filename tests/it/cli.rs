@@ -627,3 +627,35 @@ fn the_gpu_clouds_win_the_plans_where_they_are_cheapest() {
         assert!(runpod < cheapest_on(&a100, big), "{big} under RunPod");
     }
 }
+
+/// `show-gpus` lists the consumer and workstation GPUs the GPU clouds sell,
+/// from the embedded catalogs, with the clouds that sell them.
+#[test]
+fn show_gpus_lists_the_consumer_and_workstation_gpus_of_the_gpu_clouds() {
+    for (gpu, clouds) in [
+        ("RTX4090", &["vast"][..]),
+        ("RTX5090", &["vast"]),
+        ("A6000", &["lambda", "vast"]),
+        ("RTX6000Ada", &["vast"]),
+        ("L40S", &["vast"]),
+    ] {
+        let (code, out, err) = parts(&gangway(["show-gpus", gpu, "-o", "json"]));
+        assert_eq!(code, 0, "{gpu}: {err}");
+        let v = json(&out);
+        let rows = v["gpus"].as_array().unwrap();
+        assert!(rows.iter().all(|r| r["accelerator"] == gpu), "{out}");
+        for cloud in clouds {
+            assert!(
+                rows.iter()
+                    .any(|r| r["cloud"] == *cloud && r["on_demand"]["price"].as_f64().is_some()),
+                "{gpu} on {cloud} missing: {out}"
+            );
+        }
+    }
+    // The table names them too.
+    let (code, out, _) = parts(&gangway(["show-gpus"]));
+    assert_eq!(code, 0);
+    for gpu in ["RTX4090", "RTX5090", "A6000", "RTX6000Ada", "L40S"] {
+        assert!(out.contains(gpu), "{gpu} missing: {out}");
+    }
+}
