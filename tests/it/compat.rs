@@ -76,15 +76,15 @@ const CORPUS: &[(&str, Expect)] = &[
     // V100 on AWS (p3) is not in the AWS subset.
     (
         "examples__spot__bert_qa.yaml",
-        NoOffer("V100 is offered only on azure, gcp, lambda; not on aws"),
+        NoOffer("V100 is offered only on azure, gcp, lambda, vast; not on aws"),
     ),
     (
         "examples__spot__lightning_cifar10.yaml",
-        NoOffer("V100 is offered only on azure, gcp, lambda; not on aws"),
+        NoOffer("V100 is offered only on azure, gcp, lambda, vast; not on aws"),
     ),
     (
         "examples__spot__resnet.yaml",
-        NoOffer("V100 is offered only on azure, gcp, lambda; not on aws"),
+        NoOffer("V100 is offered only on azure, gcp, lambda, vast; not on aws"),
     ),
     ("examples__spot__torchelastic.yaml", Plan),
     // TPUs are not GPUs; their rows are not loaded.
@@ -102,11 +102,9 @@ const CORPUS: &[(&str, Expect)] = &[
         "llm__deepseek-r1__deepseek-r1-671B.yaml",
         Unsupported("service"),
     ),
-    // L40S is in none of the four catalogs in ../shared.
-    (
-        "llm__fairseq2__multinode.sky.yaml",
-        NoOffer("no offering of accelerator 'L40S'"),
-    ),
+    // L40S is in none of the four catalogs in ../shared; the embedded
+    // Vast.ai catalog has it.
+    ("llm__fairseq2__multinode.sky.yaml", Plan),
     ("llm__gemma4__gemma4.yaml", Unsupported("service")),
     (
         "llm__gpt-2__gpt2-pipeline.yaml",

@@ -152,20 +152,31 @@ fn lambda_check_names_where_the_key_came_from_and_never_the_key() {
 }
 
 #[test]
-fn lambda_catalog_refresh_reads_prices_from_the_instance_types_listing() {
+fn lambda_catalog_refresh_reads_prices_and_keeps_only_regions_with_capacity() {
     let fake = match gpu_cloud::start("lambda", "0.5") {
         Ok(f) => f,
         Err(why) => return skip::skipped("lambda", why),
     };
     skip::ran("lambda");
     let home = TestHome::new();
-    // A stale price in the catalog; the fake lists Lambda's $31.92.
+    // A stale price in the catalog; the fake lists Lambda's $31.92. The
+    // type has no capacity in us-east-1 (the fake's table), and none left
+    // in us-west-3 once the test says so: neither is kept.
     let dir = gpu_cloud::catalog(
         &home,
         "stale",
         "lambda",
         "2026-01-01",
-        &["gpu_8x_h100_sxm5,H100,8,80,208,1800,us-south-2,us-south-2,30.00,,false,false,"],
+        &[
+            "gpu_8x_h100_sxm5,H100,8,80,208,1800,us-south-2,us-south-2,30.00,,false,false,",
+            "gpu_8x_h100_sxm5,H100,8,80,208,1800,us-east-1,us-east-1,30.00,,false,false,",
+            "gpu_8x_h100_sxm5,H100,8,80,208,1800,us-west-3,us-west-3,30.00,,false,false,",
+        ],
+    );
+    fake.control(
+        "POST",
+        "/_fake/capacity",
+        serde_json::json!({"instance_type": "gpu_8x_h100_sxm5", "region": "us-west-3", "available": null}),
     );
     let (code, out, err) = parts(&run(
         &fake,
@@ -180,5 +191,13 @@ fn lambda_catalog_refresh_reads_prices_from_the_instance_types_listing() {
         .find(|l| l.starts_with("gpu_8x_h100_sxm5,") && l.contains("us-south-2"))
         .unwrap_or_else(|| panic!("{csv}"));
     assert_eq!(row.split(',').nth(8), Some("31.92"), "{row}");
+    for gone in ["us-east-1", "us-west-3"] {
+        assert!(
+            !csv.lines()
+                .any(|l| l.starts_with("gpu_") && l.contains(gone)),
+            "{gone} has no capacity: {csv}"
+        );
+    }
+    assert!(out.contains("no capacity in us-east-1"), "{out}\n{err}");
     assert_eq!(fake.violations()["count"], 0, "{}", fake.violations());
 }

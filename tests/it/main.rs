@@ -46,6 +46,8 @@ mod slurm;
 mod spec;
 mod ssh;
 mod sshd;
+#[cfg(feature = "vast")]
+mod vast;
 
 // The shared test support (tests/support), under the names the modules use.
 #[allow(unused_imports)] // without the cloud features, some go unused

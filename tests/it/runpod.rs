@@ -200,7 +200,7 @@ fn runpod_check_names_where_the_key_came_from_and_spot_is_refused_with_why() {
 }
 
 #[test]
-fn runpod_catalog_refresh_reads_prices_from_the_gpu_catalog() {
+fn runpod_catalog_refresh_reads_prices_and_keeps_only_data_centers_with_stock() {
     let fake = match gpu_cloud::start("runpod", "0.5") {
         Ok(f) => f,
         Err(why) => return skip::skipped("runpod", why),
@@ -208,6 +208,8 @@ fn runpod_catalog_refresh_reads_prices_from_the_gpu_catalog() {
     skip::ran("runpod");
     let home = TestHome::new();
     // Stale prices in the catalog; the fake lists $1.39 and $0.34 a GPU.
+    // EU-RO-1 has no Secure Cloud A100s (the fake's stock), and US-TX-3's
+    // community 4090s are taken once the test says so: neither is kept.
     let dir = gpu_cloud::catalog(
         &home,
         "stale",
@@ -215,8 +217,15 @@ fn runpod_catalog_refresh_reads_prices_from_the_gpu_catalog() {
         "2026-01-01",
         &[
             "1x_A100-80GB_SECURE,A100-80GB,1,80,8,117,US-KS-2,US-KS-2,1.99,,false,false,",
+            "1x_A100-80GB_SECURE,A100-80GB,1,80,8,117,EU-RO-1,EU-RO-1,1.99,,false,false,",
             "2x_RTX4090_COMMUNITY,RTX4090,2,24,16,62,US-TX-3,US-TX-3,0.99,,false,false,",
+            "2x_RTX4090_SECURE,RTX4090,2,24,16,62,EU-RO-1,EU-RO-1,0.99,,false,false,",
         ],
+    );
+    fake.control(
+        "POST",
+        "/_fake/capacity",
+        serde_json::json!({"gpuTypeId": "NVIDIA GeForce RTX 4090", "dataCenterId": "US-TX-3", "cloudType": "COMMUNITY", "gpus": null}),
     );
     let (code, out, err) = parts(&run(
         &fake,
@@ -226,15 +235,21 @@ fn runpod_catalog_refresh_reads_prices_from_the_gpu_catalog() {
     assert_eq!(code, 0, "{out}\n{err}");
     let csv = std::fs::read_to_string(home.path().join("catalog/runpod.csv")).expect("overlay");
     assert!(csv.contains("from the runpod API"), "{csv}");
-    for (ty, price) in [
-        ("1x_A100-80GB_SECURE", "1.39"),
-        ("2x_RTX4090_COMMUNITY", "0.68"),
+    let rows: Vec<&str> = csv
+        .lines()
+        .filter(|l| l.contains("_SECURE,") || l.contains("_COMMUNITY,"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{csv}");
+    for (ty, dc, price) in [
+        ("1x_A100-80GB_SECURE", "US-KS-2", "1.39"),
+        ("2x_RTX4090_SECURE", "EU-RO-1", "1.38"),
     ] {
-        let row = csv
-            .lines()
-            .find(|l| l.starts_with(&format!("{ty},")))
+        let row = rows
+            .iter()
+            .find(|l| l.starts_with(&format!("{ty},")) && l.contains(dc))
             .unwrap_or_else(|| panic!("{ty}: {csv}"));
         assert_eq!(row.split(',').nth(8), Some(price), "{row}");
     }
+    assert!(out.contains("none free in US-TX-3"), "{out}\n{err}");
     assert_eq!(fake.violations()["count"], 0, "{}", fake.violations());
 }

@@ -742,6 +742,16 @@ fn prices_of(
             continue;
         };
         for r in regions {
+            // Only where it can be launched now: a region without capacity
+            // is not quoted, so the refreshed catalog does not plan there.
+            if !item
+                .regions_with_capacity_available
+                .iter()
+                .any(|c| c.name == *r)
+            {
+                out.notes.push(format!("{t}: no capacity in {r} now"));
+                continue;
+            }
             out.quotes.push(PriceQuote {
                 instance_type: t.clone(),
                 region: r.clone(),
@@ -826,7 +836,7 @@ mod tests {
     }
 
     #[test]
-    fn prices_are_quoted_per_type_in_each_asked_region() {
+    fn prices_are_quoted_only_where_there_is_capacity_now() {
         let types: BTreeMap<String, api::InstanceTypesItem> =
             serde_json::from_value(serde_json::json!({"gpu_8x_h100_sxm5": {
                 "instance_type": {"name": "gpu_8x_h100_sxm5", "price_cents_per_hour": 3192},
@@ -837,8 +847,13 @@ mod tests {
             &["gpu_8x_h100_sxm5".into(), "gpu_gone".into()],
             &["us-south-2".into(), "us-east-1".into()],
         );
-        assert_eq!(p.quotes.len(), 2);
+        assert_eq!(p.quotes.len(), 1);
+        assert_eq!(p.quotes[0].region, "us-south-2");
         assert_eq!(p.quotes[0].price, Some(31.92));
-        assert_eq!(p.notes.len(), 1);
+        assert_eq!(p.notes.len(), 2, "{:?}", p.notes);
+        assert!(p
+            .notes
+            .iter()
+            .any(|n| n.contains("no capacity in us-east-1")));
     }
 }

@@ -254,6 +254,32 @@ pub struct GpuType {
     /// Prices.
     #[serde(default)]
     pub price: GpuPrice,
+    /// With `include=AVAILABILITY`: the data centers that have the asked
+    /// configuration, each with its level (`NONE`, `LOW`, `MEDIUM`,
+    /// `HIGH`); absent when it is unavailable everywhere.
+    #[serde(default, rename = "dataCenters")]
+    pub data_centers: Vec<DataCenterAvailability>,
+}
+
+/// One data center of [`GpuType::data_centers`].
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+pub struct DataCenterAvailability {
+    /// `US-KS-2`.
+    pub id: String,
+    /// `AvailabilityLevel`.
+    #[serde(default)]
+    pub availability: String,
+}
+
+impl GpuType {
+    /// The data centers where the asked configuration can be had now
+    /// (any level but `NONE`).
+    pub fn available_in(&self) -> impl Iterator<Item = &str> {
+        self.data_centers
+            .iter()
+            .filter(|d| !d.availability.is_empty() && d.availability != "NONE")
+            .map(|d| d.id.as_str())
+    }
 }
 
 /// `GET /v2/catalog/gpus`'s answer.

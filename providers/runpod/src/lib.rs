@@ -695,14 +695,37 @@ impl Provider for RunpodProvider {
 
     async fn prices(&self, instance_types: &[String], regions: &[String]) -> Result<Prices> {
         let gpus: api::GpuTypes = self.client.get(GPUS, "list GPU types", "").await?;
-        Ok(prices_of(&gpus.gpus, instance_types, regions))
+        // Where each type's pod (its GPU count, its cloud) can be had now.
+        let mut stock: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for t in instance_types {
+            let Ok(ty) = types::parse(t) else { continue };
+            let path = format!(
+                "{GPUS}/{}?include=AVAILABILITY&product=POD&count={}&cloud={}",
+                ty.gpu_id.replace(' ', "%20"),
+                ty.count,
+                ty.cloud.as_str()
+            );
+            let g: api::GpuType = self
+                .client
+                .get(&path, &format!("availability of {t}"), "")
+                .await?;
+            stock.insert(t.clone(), g.available_in().map(String::from).collect());
+        }
+        Ok(prices_of(&gpus.gpus, instance_types, regions, &stock))
     }
 }
 
 /// Quotes from `GET /v2/catalog/gpus`: RunPod prices a GPU type per cloud,
 /// the same in every data center, so a type's price (GPUs times the
 /// per-GPU price of its cloud) goes to each asked region.
-fn prices_of(gpus: &[api::GpuType], instance_types: &[String], regions: &[String]) -> Prices {
+/// The quotes of `instance_types` in `regions` (data centers): only where
+/// `stock` says the type's pod can be had now.
+fn prices_of(
+    gpus: &[api::GpuType],
+    instance_types: &[String],
+    regions: &[String],
+    stock: &BTreeMap<String, BTreeSet<String>>,
+) -> Prices {
     let mut out = Prices::default();
     for t in instance_types {
         let ty = match types::parse(t) {
@@ -733,6 +756,10 @@ fn prices_of(gpus: &[api::GpuType], instance_types: &[String], regions: &[String
         }
         let price = (unit * f64::from(ty.count) * 10_000.0).round() / 10_000.0;
         for r in regions {
+            if !stock.get(t).is_some_and(|s| s.contains(r)) {
+                out.notes.push(format!("{t}: none free in {r} now"));
+                continue;
+            }
             out.quotes.push(PriceQuote {
                 instance_type: t.clone(),
                 region: r.clone(),
@@ -798,7 +825,7 @@ mod tests {
     }
 
     #[test]
-    fn prices_are_gpus_times_the_clouds_price_in_each_asked_region() {
+    fn prices_are_gpus_times_the_clouds_price_where_pods_are_free_now() {
         let gpus: api::GpuTypes = serde_json::from_value(serde_json::json!({"gpus": [
             {"id": "NVIDIA A100 80GB PCIe", "name": "A100 PCIe", "secure": true, "community": true,
              "price": {"secure": 1.39, "community": 1.19}},
@@ -814,10 +841,27 @@ mod tests {
                 "gpu_1x_a10".into(),
             ],
             &["US-KS-2".into(), "EU-RO-1".into()],
+            &BTreeMap::from([(
+                "2x_A100-80GB_COMMUNITY".to_string(),
+                BTreeSet::from(["US-KS-2".to_string()]),
+            )]),
         );
-        assert_eq!(p.quotes.len(), 2);
+        assert_eq!(p.quotes.len(), 1);
         assert_eq!(p.quotes[0].price, Some(2.38));
-        assert_eq!(p.notes.len(), 3, "{:?}", p.notes);
+        assert_eq!(p.quotes[0].region, "US-KS-2");
+        assert_eq!(p.notes.len(), 4, "{:?}", p.notes);
+        assert!(p.notes.iter().any(|n| n.contains("none free in EU-RO-1")));
+    }
+
+    #[test]
+    fn availability_reads_the_levels_and_none_is_not_stock() {
+        let g: api::GpuType = serde_json::from_value(serde_json::json!({
+            "id": "NVIDIA L40S", "secure": true, "community": false,
+            "price": {"secure": 0.86, "community": 0.0},
+            "dataCenters": [{"id": "US-KS-2", "name": "US Kansas 2", "availability": "LOW"},
+                            {"id": "EU-RO-1", "name": "EU Romania 1", "availability": "NONE"}]}))
+        .unwrap();
+        assert_eq!(g.available_in().collect::<Vec<_>>(), ["US-KS-2"]);
     }
 
     #[test]

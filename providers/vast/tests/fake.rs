@@ -172,3 +172,54 @@ async fn no_offer_or_a_gone_one_is_no_capacity_and_leaves_nothing() {
     assert_eq!(fake.leaks(), (0, 0));
     assert_eq!(fake.violations()["count"], 0, "{}", fake.violations());
 }
+
+#[tokio::test]
+async fn prices_are_quoted_only_where_an_offer_is_for_rent_now() {
+    let Some(fake) = fake() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let p = provider(&fake, dir.path(), OWNER);
+    let types = ["1x_RTX_5090".to_string(), "1x_RTX_4090".to_string()];
+    let regions = ["US".to_string(), "VN".to_string()];
+    let got = p.prices(&types, &regions).await.unwrap();
+    let quoted: Vec<(&str, &str, Option<f64>, Option<f64>)> = got
+        .quotes
+        .iter()
+        .map(|q| {
+            (
+                q.instance_type.as_str(),
+                q.region.as_str(),
+                q.price,
+                q.spot_price,
+            )
+        })
+        .collect();
+    // The fake's market: one 5090 in Texas, one 4090 in Washington; none
+    // in Vietnam. The spot price is the offer's minimum bid.
+    assert_eq!(
+        quoted,
+        [
+            ("1x_RTX_5090", "US", Some(0.48), Some(0.25)),
+            ("1x_RTX_4090", "US", Some(0.40), Some(0.18)),
+        ]
+    );
+    assert!(
+        got.notes
+            .iter()
+            .any(|n| n.contains("no Vast.ai offer in VN")),
+        "{:?}",
+        got.notes
+    );
+    // The 5090 is rented by someone else: no longer quoted.
+    fake.control(
+        "POST",
+        "/_fake/offer",
+        serde_json::json!({"id": 41003, "gone": true}),
+    );
+    let got = p.prices(&types, &regions).await.unwrap();
+    assert!(
+        got.quotes.iter().all(|q| q.instance_type != "1x_RTX_5090"),
+        "{:?}",
+        got.quotes
+    );
+    assert_eq!(fake.violations()["count"], 0, "{}", fake.violations());
+}

@@ -252,6 +252,9 @@ const EMBEDDED: &[(&str, &str, bool)] = &[
     ("aws", include_str!("data/aws.csv"), false),
     ("azure", include_str!("data/azure.csv"), false),
     ("gcp", include_str!("data/gcp.csv"), false),
+    ("lambda", include_str!("data/lambda.csv"), false),
+    ("runpod", include_str!("data/runpod.csv"), false),
+    ("vast", include_str!("data/vast.csv"), false),
     ("local", include_str!("data/local.csv"), true),
 ];
 
@@ -1306,7 +1309,7 @@ mod tests {
     fn embedded_catalog_loads_cleanly_with_a_date() {
         let c = Catalog::embedded();
         assert!(c.warnings.is_empty(), "{:?}", c.warnings);
-        for cloud in ["aws", "azure", "gcp", "local"] {
+        for cloud in ["aws", "azure", "gcp", "lambda", "runpod", "vast", "local"] {
             let s = c.sources.iter().find(|s| s.cloud == cloud).unwrap();
             assert!(s.rows > 0, "{cloud} has no rows");
             assert!(s.taken.is_some(), "{cloud} has no taken date");
@@ -1322,6 +1325,12 @@ mod tests {
             "A10G",
             "T4",
             "V100",
+            // The consumer and workstation GPUs of Lambda, RunPod and
+            // Vast.ai, under the names nvidia-smi's become (gang::gpus).
+            "RTX4090",
+            "RTX5090",
+            "A6000",
+            "RTX6000Ada",
         ] {
             assert!(
                 names.iter().any(|n| n == gpu),

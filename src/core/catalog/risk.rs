@@ -5,9 +5,11 @@
 //! Advisor feed: `<5%`, `5-10%`, `10-15%`, `15-20%`, `>20%`). The shipped
 //! table (`data/aws-interruption.csv`) holds the buckets of the shipped AWS
 //! types. Other clouds publish nothing comparable: their offers get
-//! [`DEFAULT_BUCKET`], marked as a default. (Azure shows eviction-rate
+//! [`DEFAULT_BUCKET`], marked as a default (Azure shows eviction-rate
 //! buckets only to a subscription, through Azure Resource Graph; with no
-//! public copy to ship, Azure offers get the default too.)
+//! public copy to ship, Azure offers get the default too), and the
+//! interruptible markets (RunPod, Vast.ai) the worst bucket,
+//! [`MARKET_DEFAULT_BUCKET`], also marked as a default.
 //!
 //! A bucket becomes an hourly interruption rate through [`HOURLY_RATE`].
 //! The feed's "share interrupted per month" read literally gives rates
@@ -33,6 +35,16 @@ pub(crate) const HOURLY_RATE: [f64; 5] = [0.042, 0.125, 0.208, 0.292, 0.5];
 /// The bucket of offers with no published one (GCP, other clouds, AWS
 /// types the feed does not list): the middle one.
 pub(crate) const DEFAULT_BUCKET: u8 = 2;
+
+/// The clouds whose spot is a market of interruptible machines (RunPod's
+/// interruptible pods, Vast.ai's bids, either taken by a higher bid) with
+/// no published interruption rates: their offers get the worst bucket,
+/// [`MARKET_DEFAULT_BUCKET`], marked as a default, so that a plan never
+/// counts on them being steadier than AWS's worst.
+pub(crate) const MARKET_CLOUDS: [&str; 2] = ["runpod", "vast"];
+
+/// The conservative default of [`MARKET_CLOUDS`]: `>20%`.
+pub(crate) const MARKET_DEFAULT_BUCKET: u8 = 4;
 
 /// An offer's interruption bucket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -168,7 +180,11 @@ impl RiskTable {
                 default: false,
             },
             None => Interruption {
-                bucket: DEFAULT_BUCKET,
+                bucket: if MARKET_CLOUDS.contains(&cloud) {
+                    MARKET_DEFAULT_BUCKET
+                } else {
+                    DEFAULT_BUCKET
+                },
                 default: true,
             },
         }
@@ -194,6 +210,13 @@ mod tests {
         assert_eq!(gcp.label(), "10-15%?");
         let azure = t.interruption("azure", "eastus", "Standard_ND96amsr_A100_v4");
         assert_eq!((azure.bucket, azure.default), (DEFAULT_BUCKET, true));
+        // No published rates for the interruptible markets: the worst
+        // bucket, said to be a default.
+        for cloud in ["runpod", "vast"] {
+            let m = t.interruption(cloud, "US", "1x_RTX_4090");
+            assert_eq!((m.bucket, m.default), (MARKET_DEFAULT_BUCKET, true));
+            assert_eq!(m.label(), ">20%?");
+        }
     }
 
     #[test]
