@@ -44,6 +44,43 @@ fn azure_check_names_the_identity_and_subscription_or_what_to_run() {
     let (code, out, err) = parts(&run(&az, &home, &["check", "azure", "-o", "json"]));
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains(SUB), "{out}\n{err}");
+    // The locations where the subscription may create GPU sizes: all of
+    // the fake's, until every GPU size is restricted in one of them.
+    let regions = |out: &str| json_doc(out)["clouds"][0]["regions"].clone();
+    assert_eq!(
+        regions(&out),
+        serde_json::json!([
+            "eastus",
+            "northcentralus",
+            "southcentralus",
+            "westeurope",
+            "westus2"
+        ]),
+        "{out}"
+    );
+    for size in [
+        "Standard_NC24ads_A100_v4",
+        "Standard_NC6s_v3",
+        "Standard_NC4as_T4_v3",
+    ] {
+        az.call(
+            "POST",
+            "/_fake/restrictions",
+            &format!(r#"{{"location": "northcentralus", "size": "{size}"}}"#),
+        );
+    }
+    let (code, out, err) = parts(&run(&az, &home, &["check", "azure", "-o", "json"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(
+        regions(&out),
+        serde_json::json!(["eastus", "southcentralus", "westeurope", "westus2"]),
+        "{out}"
+    );
+    let (_, table, _) = parts(&run(&az, &home, &["check", "azure"]));
+    assert!(
+        table.contains("eastus, southcentralus, westeurope, ... (4)"),
+        "{table}"
+    );
     // Without a subscription it says how to set one.
     let mut c = crate::common::command_in(home.path());
     c.args(["check", "azure"])
@@ -226,5 +263,107 @@ fn an_azure_preempt_event_is_read_by_the_watcher_on_the_node() {
     if let Err(left) = az.leak_check(SUB) {
         panic!("down left something behind:\n{left}");
     }
+    assert_no_violations(&az);
+}
+
+/// `catalog refresh --cloud azure` reads the public Retail Prices API page
+/// by page (no credentials: none are set), waits out a throttled page, and
+/// takes only Linux pay-as-you-go and Spot meters: the fake prices the
+/// Windows, Low Priority, Dev/Test and reservation meters of the same size
+/// so that taking any of them shows as a wrong price.
+#[test]
+fn azure_catalog_refresh_reads_retail_prices_page_by_page() {
+    let Some(az) = AzureFake::start() else { return };
+    let home = TestHome::new();
+    az.call("POST", "/_fake/settings", r#"{"retail_page_size": 5}"#);
+    let sheet = serde_json::json!({
+        "prices": [
+            {"sku": "Standard_ND96amsr_A100_v4", "region": "eastus", "linux": 30.5, "spot": 7.77},
+            {"sku": "Standard_NC4as_T4_v3", "region": "eastus", "linux": 0.5, "spot": 0.06},
+            {"sku": "Standard_ND96amsr_A100_v4", "region": "westus2", "linux": 99.0, "spot": 1.0},
+        ],
+        "filler_per_region": 23,
+    });
+    az.call("POST", "/_fake/retail", &sheet.to_string());
+    az.call(
+        "POST",
+        "/_fake/faults",
+        r#"{"type": "retail", "error": "throttle", "times": 1, "retry_after": 0}"#,
+    );
+    let refresh = |args: &[&str]| {
+        let mut c = crate::common::command_in(home.path());
+        c.args(args)
+            .env("GANGWAY_AZURE_PRICES_ENDPOINT", &az.url)
+            .env("AZURE_CONFIG_DIR", home.path().join("no-az"));
+        for v in [
+            "AZURE_SUBSCRIPTION_ID",
+            "AZURE_TENANT_ID",
+            "AZURE_CLIENT_ID",
+            "AZURE_CLIENT_SECRET",
+        ] {
+            c.env_remove(v);
+        }
+        parts(&crate::common::Running::start(c).wait())
+    };
+    let (code, out, err) = refresh(&[
+        "catalog",
+        "refresh",
+        "--cloud",
+        "azure",
+        "--regions",
+        "eastus",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let r = &json_doc(&out)["refreshed"][0];
+    assert_eq!(r["cloud"], "azure", "{r}");
+    assert_eq!(r["on_demand_prices"], 2, "{r}");
+    assert_eq!(r["spot_prices"], 2, "{r}");
+    // Sizes the sheet does not price in eastus are said to be not offered.
+    assert!(r["notes"].to_string().contains("no Linux price"), "{r}");
+    // 2 sizes x 5 pay-as-you-go meters + 16 of the 23 other meters, 5 a
+    // page: 6 pages, and the throttled one asked again.
+    let retail = az.call("GET", "/_fake/retail", "");
+    assert_eq!(retail["requests"], 7, "{retail}");
+    assert_eq!(
+        az.call("GET", "/_fake/fired", "")["fired"]
+            .as_array()
+            .map(Vec::len),
+        Some(1)
+    );
+    let csv = std::fs::read_to_string(home.path().join("catalog/azure.csv")).unwrap();
+    let row = |ty: &str, region: &str| {
+        csv.lines()
+            .find(|l| l.starts_with(&format!("{ty},")) && l.contains(&format!(",{region},")))
+            .unwrap_or_else(|| panic!("no {ty} in {region}:\n{csv}"))
+            .to_string()
+    };
+    assert!(
+        row("Standard_ND96amsr_A100_v4", "eastus").contains(",eastus,eastus,30.5,7.77,"),
+        "{csv}"
+    );
+    assert!(
+        row("Standard_NC4as_T4_v3", "eastus").contains(",eastus,eastus,0.5,0.06,"),
+        "{csv}"
+    );
+    // Regions not refreshed keep the shipped prices.
+    assert!(
+        row("Standard_ND96amsr_A100_v4", "westus2").contains(",32.77,8.5202,"),
+        "{csv}"
+    );
+    // The next plan uses the refreshed price.
+    let task = home.file(
+        "a100.yaml",
+        "resources:\n  infra: azure/eastus\n  accelerators: A100-80GB:8\n  use_spot: true\nrun: x\n",
+    );
+    let (code, out, err) = refresh(&["optimize", &task, "-o", "json"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let first = &json_doc(&out)["plan"][0];
+    assert_eq!(
+        first["instance_type"], "Standard_ND96amsr_A100_v4",
+        "{first}"
+    );
+    assert_eq!(first["price_per_node_hour"], 7.77, "{first}");
     assert_no_violations(&az);
 }

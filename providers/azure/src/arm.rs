@@ -119,7 +119,7 @@ pub struct Arm {
     min_poll: Duration,
 }
 
-fn retry_after(h: &reqwest::header::HeaderMap) -> Option<Duration> {
+pub(crate) fn retry_after(h: &reqwest::header::HeaderMap) -> Option<Duration> {
     h.get("retry-after")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<f64>().ok())
@@ -350,7 +350,7 @@ impl Arm {
     }
 }
 
-fn backoff(attempt: u32) -> Duration {
+pub(crate) fn backoff(attempt: u32) -> Duration {
     Duration::from_millis(500u64 << attempt.min(6))
 }
 

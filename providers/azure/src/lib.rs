@@ -26,6 +26,7 @@ pub mod auth;
 mod errors;
 pub mod models;
 mod notice;
+pub mod prices;
 mod record;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -33,7 +34,7 @@ use std::path::PathBuf;
 
 use gangway_provider::{
     CheckReport, ClusterName, ErrorKind, InstanceId, LaunchRequest, Node, NodeState, Placement,
-    Provider, ProviderError, Result, TaggedCluster,
+    Prices, Provider, ProviderError, Result, TaggedCluster,
 };
 use serde_json::Value;
 
@@ -55,6 +56,46 @@ pub const EVICTED: &str = "evicted by Azure (Spot)";
 
 /// The VM's admin user unless the task says otherwise.
 const ADMIN_USER: &str = "gangway";
+
+/// The locations where some VM size with GPUs is not restricted for the
+/// subscription, from a resource SKU list (`Microsoft.Compute/skus`),
+/// sorted.
+pub fn gpu_locations(skus: &[Value]) -> Vec<String> {
+    let mut out = BTreeSet::new();
+    for s in skus {
+        let gpus = s["capabilities"].as_array().is_some_and(|caps| {
+            caps.iter().any(|c| {
+                c["name"] == "GPUs"
+                    && c["value"]
+                        .as_str()
+                        .and_then(|v| v.parse::<f64>().ok())
+                        .is_some_and(|n| n > 0.0)
+            })
+        });
+        if s["resourceType"] != "virtualMachines" || !gpus {
+            continue;
+        }
+        let restricted = |loc: &str| {
+            s["restrictions"].as_array().is_some_and(|rs| {
+                rs.iter().any(|r| {
+                    r["type"] == "Location"
+                        && r["values"].as_array().is_some_and(|v| {
+                            v.iter()
+                                .any(|x| x.as_str().is_some_and(|x| x.eq_ignore_ascii_case(loc)))
+                        })
+                })
+            })
+        };
+        for loc in s["locations"].as_array().into_iter().flatten() {
+            if let Some(l) = loc.as_str() {
+                if !restricted(l) {
+                    out.insert(l.to_ascii_lowercase());
+                }
+            }
+        }
+    }
+    out.into_iter().collect()
+}
 
 /// The Azure provider.
 pub struct AzureProvider {
@@ -813,6 +854,26 @@ impl Provider for AzureProvider {
         preempt_notice_probe(node)
     }
 
+    fn has_price_api(&self) -> bool {
+        true
+    }
+
+    /// From the public Retail Prices API ([`prices`]), no credentials.
+    async fn prices(&self, instance_types: &[String], regions: &[String]) -> Result<Prices> {
+        let http = reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(120))
+            .build()
+            .map_err(|e| local_err(format!("an HTTP client for the Retail Prices API: {e}")))?;
+        let endpoint = prices::endpoint();
+        let mut out = Prices::default();
+        for r in regions {
+            let got = prices::region_prices(&http, &endpoint, r, instance_types).await?;
+            out.quotes.extend(got.quotes);
+            out.notes.extend(got.notes);
+        }
+        Ok(out)
+    }
+
     async fn check(&self) -> Result<CheckReport> {
         let arm = match self.arm().await {
             Ok(a) => a,
@@ -827,16 +888,46 @@ impl Provider for AzureProvider {
         };
         let who = arm.identity().to_string();
         match arm.get(&arm.sub(), API_SUBSCRIPTIONS).await {
-            Ok(Some(s)) => Ok(CheckReport {
-                ok: true,
-                identity: Some(format!(
-                    "{who}, subscription {} ({})",
-                    s["displayName"].as_str().unwrap_or("?"),
-                    arm.subscription
-                )),
-                regions: Vec::new(),
-                hint: None,
-            }),
+            Ok(Some(s)) => {
+                // Where this subscription may create GPU sizes: the
+                // resource SKUs not restricted for it there.
+                let path = format!("{}/providers/Microsoft.Compute/skus", arm.sub());
+                let (regions, hint) = match arm.list(&path, API_SKUS).await {
+                    Ok(skus) => {
+                        let r = gpu_locations(&skus);
+                        let hint = r.is_empty().then(|| {
+                            format!(
+                                "subscription {} may create no GPU size in any location \
+                                 (every GPU SKU is restricted for it): `az vm list-skus \
+                                 --resource-type virtualMachines --all` shows why; request \
+                                 access or quota in the portal",
+                                arm.subscription
+                            )
+                        });
+                        (r, hint)
+                    }
+                    Err(e) => (
+                        Vec::new(),
+                        Some(format!(
+                            "cannot list resource SKUs ({e}); the identity needs \
+                             Microsoft.Compute/skus/read on subscription {sub} (the Reader \
+                             role: `az role assignment create --assignee <identity> --role \
+                             Reader --scope /subscriptions/{sub}`)",
+                            sub = arm.subscription
+                        )),
+                    ),
+                };
+                Ok(CheckReport {
+                    ok: true,
+                    identity: Some(format!(
+                        "{who}, subscription {} ({})",
+                        s["displayName"].as_str().unwrap_or("?"),
+                        arm.subscription
+                    )),
+                    regions,
+                    hint,
+                })
+            }
             Ok(None) => Ok(CheckReport {
                 ok: false,
                 identity: Some(who),

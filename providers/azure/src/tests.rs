@@ -242,3 +242,30 @@ fn options_refuse_unknown_keys() {
     assert!(AzureOptions::from_value(Some(&serde_json::json!({"ssh_user": "root"}))).is_ok());
     assert!(AzureOptions::from_value(Some(&serde_json::json!({"sshuser": "root"}))).is_err());
 }
+
+#[test]
+fn gpu_locations_are_those_where_a_gpu_size_is_not_restricted() {
+    let sku = |name: &str, gpus: &str, locs: &[&str], restricted: &[&str]| {
+        serde_json::json!({
+            "resourceType": "virtualMachines", "name": name, "locations": locs,
+            "capabilities": [{"name": "vCPUs", "value": "8"}, {"name": "GPUs", "value": gpus}],
+            "restrictions": if restricted.is_empty() { serde_json::json!([]) } else {
+                serde_json::json!([{"type": "Location", "values": restricted,
+                                    "reasonCode": "NotAvailableForSubscription"}])
+            },
+        })
+    };
+    let skus = vec![
+        sku("Standard_ND96amsr_A100_v4", "8", &["eastus"], &[]),
+        sku(
+            "Standard_NC4as_T4_v3",
+            "1",
+            &["WestEurope"],
+            &["westeurope"],
+        ),
+        sku("Standard_D4s_v5", "0", &["northeurope"], &[]),
+        serde_json::json!({"resourceType": "disks", "name": "Premium_LRS", "locations": ["japaneast"],
+                           "capabilities": [{"name": "GPUs", "value": "1"}]}),
+    ];
+    assert_eq!(crate::gpu_locations(&skus), vec!["eastus".to_string()]);
+}

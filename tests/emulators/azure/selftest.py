@@ -150,6 +150,7 @@ def main():
         checks(c)
         faults(c, tmp)
         evictions(c, tmp)
+        retail(c)
         leak_and_kill(c, endpoint)
     finally:
         proc.terminate()
@@ -756,6 +757,41 @@ def evictions(c, tmp):
           status == 200 and out["outcome"] == "deleted", out)
     status, out = c.control("GET", "state")
     check("state: lists the evictions", len(out.get("evicted", [])) == 4, out.get("evicted"))
+
+
+def retail(c):
+    """The Retail Prices API: no credentials, $filter, pages, the meters of
+    a size, a filter it cannot read counted as a violation."""
+    c.control("DELETE", "violations")
+    c.control("POST", "settings", {"retail_page_size": 4})
+    c.control("POST", "retail", {"prices": [{"sku": "Standard_NC4as_T4_v3", "region": "eastus",
+                                             "linux": 0.5, "spot": 0.06}],
+                                  "filler_per_region": 6})
+    q = urllib.parse.quote("serviceName eq 'Virtual Machines' and armRegionName eq 'eastus' "
+                           "and priceType eq 'Consumption'")
+    url, items, pages = f"/api/retail/prices?$filter={q}", [], 0
+    while url and pages < 10:
+        status, out, _ = c.call("GET", url, auth=False)
+        if status != 200:
+            break
+        pages += 1
+        items += out["Items"]
+        url = out["NextPageLink"]
+    mine = {(i["meterName"], i["productName"].endswith("Windows")): i["retailPrice"]
+            for i in items if i["armSkuName"] == "Standard_NC4as_T4_v3"}
+    check("retail: pages through NextPageLink without credentials, Consumption meters only",
+          status == 200 and pages == 3 and len(items) == 9
+          and all(i["type"] == "Consumption" for i in items), (status, pages, len(items)))
+    check("retail: a size has Linux, Windows, Spot and Low Priority meters",
+          mine.get(("NC4as T4 v3", False)) == 0.5 and mine.get(("NC4as T4 v3 Spot", False)) == 0.06
+          and ("NC4as T4 v3", True) in mine and ("NC4as T4 v3 Low Priority", False) in mine, mine)
+    status, out, _ = c.call("GET", "/api/retail/prices?$filter=" + urllib.parse.quote("retailPrice gt 1"),
+                            auth=False)
+    _, v = c.control("GET", "violations")
+    check("retail: a filter it cannot read is 400 and a violation",
+          status == 400 and v["count"] == 1 and v["violations"][0]["kind"] == "retail-filter", (status, v))
+    c.control("DELETE", "violations")
+    c.control("POST", "settings", {"retail_page_size": 1000})
 
 
 def leak_and_kill(c, endpoint):

@@ -22,7 +22,9 @@ Microsoft identity platform token endpoint for service principals, and:
 * machines (machines.py): VMs on address pairs a real sshd listens on, the
   VM's SSH key in an authorized_keys file, and an instance metadata
   service with Scheduled Events (Spot evictions with a `Preempt` notice);
-* kill points for gangway's fault sweep (`/_fake/kill`).
+* kill points for gangway's fault sweep (`/_fake/kill`);
+* the Retail Prices API (retail.py: `GET /api/retail/prices`, paged, no
+  credentials) over a price sheet a test posts to `/_fake/retail`.
 
 Standard library only. README.md has the details.
 """
@@ -50,6 +52,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 
 import arm_schema  # noqa: E402
 import machines  # noqa: E402
+import retail  # noqa: E402
 from killpoints import kill_marked  # noqa: E402
 
 log = logging.getLogger("azure-fake")
@@ -63,6 +66,7 @@ DEFAULT_SETTINGS = {
     "page_size": 50,          # items per list page before a nextLink
     "eviction_notice_s": 30.0,  # a Preempt event's notice (Azure gives at least 30 s)
     "strict_tokens": False,   # true: only tokens this fake issued are taken
+    "retail_page_size": 1000,  # Retail Prices items per page (the real service's)
 }
 
 # ----- catalog ----------------------------------------------------------------------
@@ -278,6 +282,7 @@ class Fake:
         self.lock = threading.RLock()
         self.machines = machines.Machines(self)
         self.kill = KillPoints()
+        self.retail = retail.Retail(self)
         self.reset()
 
     def reset(self):
@@ -297,6 +302,7 @@ class Fake:
             self.counter = 0
         self.machines.reset()
         self.kill.disarm()
+        self.retail.reset()
 
     # ----- bookkeeping --------------------------------------------------------
 
@@ -2143,6 +2149,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
             if url.path.startswith("/_fake/"):
                 return self.control(url, raw)
             base = f"http://{self.headers.get('Host') or '%s:%d' % self.server.server_address[:2]}"
+            if url.path.rstrip("/") == "/api/retail/prices" and self.command == "GET":
+                status, body, headers = fake.retail.answer(url, base)
+                return self.send(status, body, headers)
             identity = self.server.arm.identity(self.command, url, raw, base)
             if identity is not None:
                 status, body, headers = identity
@@ -2253,6 +2262,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 return self.send(200, fake.machines.view(query.get("subscription", "")))
             except LookupError as err:
                 raise ControlError(404, str(err))
+        if what == "retail":
+            if method == "POST":
+                try:
+                    return self.send(200, fake.retail.configure(spec))
+                except ValueError as err:
+                    raise ControlError(400, str(err))
+            return self.send(200, fake.retail.view())
         if what == "evict" and method == "POST":
             return self.send(200, self.server.arm.evict(spec))
         if what == "identities":
