@@ -49,7 +49,7 @@ def main():
     per = -(-PODS // NODES)
     nodes = [{
         "name": f"node-{i}",
-        "labels": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+        "labels": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"},
         "capacity": {"cpu": str(4 * per), "memory": f"{16 * per}Gi",
                      "nvidia.com/gpu": str(per), "pods": "110"},
     } for i in range(NODES)]

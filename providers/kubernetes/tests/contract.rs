@@ -192,7 +192,7 @@ async fn the_kubernetes_provider_keeps_the_provider_contract() {
     let nodes: Vec<NodeSpec> = (0..2)
         .map(|i| {
             NodeSpec::new(&format!("node-{i}"))
-                .label("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB")
+                .label("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-40GB")
                 .capacity("nvidia.com/gpu", "2")
         })
         .collect();
