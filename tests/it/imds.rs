@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -17,6 +17,7 @@ use gangway::transport::ssh::SshTransport;
 use gangway_provider::notice::Watcher;
 use gangway_provider::NodeRow;
 use gangway_provider::Transport;
+use gangway_test::net::ClosedPort;
 use serde_json::Value;
 
 use crate::common::{parts, wait_for, Running};
@@ -280,12 +281,6 @@ fn once(cloud: Cloud, port: u16) -> (i32, String, String) {
     parts(&Running::start(watcher(cloud, port, &["--once"])).wait())
 }
 
-/// A port on 127.0.0.1 where nothing listens (one just freed).
-fn closed_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
-
 fn once_says_no_notice_then_prints_it(cloud: Cloud) {
     let Some(()) = tools() else { return };
     let imds = FakeImds::start();
@@ -325,7 +320,8 @@ fn aws_once_sends_the_token_with_every_get() {
 fn no_metadata_service_is_exit_2_with_a_message() {
     let Some(()) = tools() else { return };
     for cloud in [Cloud::Aws, Cloud::Gcp] {
-        let port = closed_port();
+        let held = ClosedPort::hold();
+        let port = held.port;
         let (code, out, err) = once(cloud, port);
         assert_eq!(code, 2, "{cloud:?}: {out}{err}");
         assert_eq!(out, "", "{cloud:?}");
@@ -485,7 +481,8 @@ fn the_ssh_transport_reads_a_spot_nodes_notice() {
     let Some(sshd) = Sshd::start(1) else { return };
     let imds = FakeImds::start();
     let endpoint = imds.endpoint();
-    let closed = format!("http://127.0.0.1:{}", closed_port());
+    let held = ClosedPort::hold();
+    let closed = format!("http://127.0.0.1:{}", held.port);
     let spot = ssh_node(
         &sshd,
         0,

@@ -10,6 +10,7 @@ use std::thread;
 use gangway_provider::{
     ClusterName, ErrorKind, LaunchRequest, Node, NodeState, Placement, Provider, ProviderError,
 };
+use gangway_test::net::ClosedPort;
 
 use super::*;
 
@@ -20,10 +21,11 @@ fn open() -> (TcpListener, u16) {
     (l, port)
 }
 
-/// A port nothing listens on (bound, then let go).
-fn closed() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
+/// A port nothing listens on, held closed while the value lives.
+fn closed() -> (ClosedPort, u16) {
+    let c = ClosedPort::hold();
+    let port = c.port;
+    (c, port)
 }
 
 fn host(name: &str, port: u16) -> Host {
@@ -41,19 +43,28 @@ fn host(name: &str, port: u16) -> Host {
 }
 
 /// Pool `gpus` of A100x8 hosts in zone `rack1`: the listed names up, the
-/// others down. Returns the listeners to keep alive.
-fn gpus_pool(up: &[&str], down: &[&str], order: &[&str]) -> (Pool, Vec<TcpListener>) {
+/// others down. Returns the sockets to keep alive.
+/// A port kept for a test: listening, or held closed.
+#[allow(dead_code)] // held for their Drop only
+enum Held {
+    Open(TcpListener),
+    Closed(ClosedPort),
+}
+
+fn gpus_pool(up: &[&str], down: &[&str], order: &[&str]) -> (Pool, Vec<Held>) {
     let mut keep = Vec::new();
     let hosts = order
         .iter()
         .map(|n| {
             if up.contains(n) {
                 let (l, p) = open();
-                keep.push(l);
+                keep.push(Held::Open(l));
                 host(n, p)
             } else {
                 assert!(down.contains(n), "{n} is neither up nor down");
-                host(n, closed())
+                let (s, p) = closed();
+                keep.push(Held::Closed(s));
+                host(n, p)
             }
         })
         .collect();
@@ -480,10 +491,13 @@ async fn describe_is_in_inventory_order_with_ssh_facts() {
 async fn a_jump_host_is_probed_instead_of_the_address() {
     let dir = tempfile::tempdir().unwrap();
     let (_l, jump_port) = open();
-    let mut behind = host("a", closed());
+    let (_a, a_port) = closed();
+    let mut behind = host("a", a_port);
     behind.jump = Some(format!("me@127.0.0.1:{jump_port}"));
-    let mut down = host("b", closed());
-    down.jump = Some(format!("127.0.0.1:{}", closed()));
+    let (_b, b_port) = closed();
+    let mut down = host("b", b_port);
+    let (_j, j_port) = closed();
+    down.jump = Some(format!("127.0.0.1:{j_port}"));
     let p = SshPools::new(
         dir.path(),
         vec![Pool {

@@ -30,6 +30,7 @@ pub mod ec2_emulator;
 pub mod gce_fake;
 pub mod gpu_fake;
 pub mod k8s;
+pub mod net;
 pub mod skip;
 pub mod slurm;
 pub mod storage;
