@@ -47,6 +47,7 @@ async fn run_all(t: &SshTransport, nodes: &[NodeRow]) {
             script: "true".into(),
             env: Vec::new(),
             cwd: "~".into(),
+            task_view: true,
         };
         let child = t.spawn(n, &cmd, w).expect("spawn");
         let drain = std::thread::spawn(move || {

@@ -95,6 +95,9 @@ fn scheme(emu: &StoreEmulator) -> &'static str {
     }
 }
 
+/// A COPY and a MOUNT at absolute paths, as a cloud task writes them (on
+/// the local provider they are put in place by each node's mount
+/// namespace), and a COPY under the home.
 fn copy_and_mount_reach_every_rank(emu: &StoreEmulator, how: Pointed) {
     let home = TestHome::new();
     let bucket = format!("gw-{}-data", home.marker.to_ascii_lowercase());
@@ -107,8 +110,8 @@ fn copy_and_mount_reach_every_rank(emu: &StoreEmulator, how: Pointed) {
         "b.yaml",
         &format!(
             "num_nodes: 2\nresources:\n  infra: local\nenvs:\n  GW_TEST_MARKER: {m}\n  BUCKET: {bucket}\n\
-             file_mounts:\n  ~/data: {s}://$BUCKET/train\n  ~/one.txt: {s}://{bucket}/one.txt\n  ~/m:\n    source: {s}://{bucket}/train\n    mode: MOUNT\n\
-             run: |\n  echo \"rank-$NODE_RANK copy=$(cat ~/data/a.txt)/$(cat ~/data/sub/b.txt) one=$(cat ~/one.txt) mount=$(cat ~/m/sub/b.txt)\"\n  echo from-rank-$NODE_RANK > ~/m/out-$NODE_RANK.txt\n",
+             file_mounts:\n  /data: {s}://$BUCKET/train\n  ~/one.txt: {s}://{bucket}/one.txt\n  /ckpt/m:\n    source: {s}://{bucket}/train\n    mode: MOUNT\n\
+             run: |\n  echo \"rank-$NODE_RANK copy=$(cat /data/a.txt)/$(cat /data/sub/b.txt) one=$(cat ~/one.txt) mount=$(cat /ckpt/m/sub/b.txt)\"\n  echo from-rank-$NODE_RANK > /ckpt/m/out-$NODE_RANK.txt\n",
             m = home.marker
         ),
     );

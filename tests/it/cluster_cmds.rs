@@ -590,7 +590,7 @@ fn file_mounts_of_local_paths_reach_every_node() {
     std::fs::write(&src_file, "just one\n").unwrap();
     let body = format!(
         "file_mounts:\n  ~/mounted: {}\n  /opt/one.txt: {}\n\
-         run: |\n  cat ~/mounted/sub/a.txt\n  cat \"$(dirname \"$HOME\")/root/opt/one.txt\"\n",
+         run: |\n  cat ~/mounted/sub/a.txt\n  cat /opt/one.txt\n",
         src_dir.display(),
         src_file.display()
     );

@@ -56,6 +56,7 @@ fn run_all(
                     .map(|(k, v)| (k.to_string(), v.to_string()))
                     .collect(),
                 cwd: "~".into(),
+                task_view: true,
             };
             let child = t.spawn(n, &cmd, w).expect("spawn");
             let reader = std::thread::spawn(move || {
@@ -129,6 +130,7 @@ fn a_signal_stops_the_remote_process_group() {
             script: "sleep 300 & sleep 300; wait".into(),
             env: vec![("GW_TEST_MARKER".into(), marker.clone())],
             cwd: "~".into(),
+            task_view: true,
         };
         let child = t.spawn(&ns[0], &cmd, w).unwrap();
         let pid = child.id();
@@ -467,6 +469,7 @@ fn a_node_that_stops_answering_is_detected_within_15_seconds() {
             script: "sleep 300".into(),
             env: vec![("GW_TEST_MARKER".into(), marker.clone())],
             cwd: "~".into(),
+            task_view: true,
         };
         let child = t.spawn(&rows[0], &cmd, w).unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(20);

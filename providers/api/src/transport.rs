@@ -89,6 +89,15 @@ pub struct NodeCommand {
     pub env: Vec<(String, String)>,
     /// Working directory on the node (`~/...` or absolute).
     pub cwd: String,
+    /// Whether this is the task's own command (setup, run, an `exec`),
+    /// which must find the task's absolute paths where the task wrote
+    /// them, rather than one of gangway's steps (the storage step, a
+    /// checkpoint upload), whose script and environment name paths as
+    /// [`Transport::node_path`] spells them. A transport whose spelling
+    /// differs (the local cloud keeps absolute paths under a node's
+    /// directory) runs the task's commands in a view that puts them in
+    /// place, and gangway's where its spellings hold.
+    pub task_view: bool,
 }
 
 /// Errors running things on nodes.

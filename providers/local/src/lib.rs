@@ -48,6 +48,8 @@ mod store;
 #[cfg(test)]
 mod tests;
 mod transport;
+#[cfg(target_os = "linux")]
+mod view;
 
 pub use transport::LocalTransport;
 
@@ -712,7 +714,7 @@ impl Provider for LocalProvider {
         _home: &Path,
         _cluster: &str,
     ) -> Option<Box<dyn gangway_provider::Transport>> {
-        Some(Box::new(LocalTransport))
+        Some(Box::new(LocalTransport::default()))
     }
 
     fn name(&self) -> &str {

@@ -1166,12 +1166,13 @@ async fn a_job_is_signalled_only_while_its_own_group_lives() {
         .await
         .unwrap();
     let node = row(&nodes[0], 0);
-    let t = crate::LocalTransport;
+    let t = crate::LocalTransport::default();
     let (_out, w) = std::io::pipe().unwrap();
     let cmd = NodeCommand {
         script: "sleep 1000 & wait".into(),
         env: vec![("GANGWAY_RUN".into(), "5".into())],
         cwd: "~".into(),
+        task_view: true,
     };
     let proc_ = t.spawn(&node, &cmd, w).unwrap();
     let pgid = proc_.id();
@@ -1205,4 +1206,158 @@ async fn a_job_is_signalled_only_while_its_own_group_lives() {
     assert!(stranger.exited().is_none(), "a stranger's group was killed");
     fs::remove_file(&stale).unwrap();
     p.terminate(&cluster("sig")).await.unwrap();
+}
+
+/// Runs `script` as a task's (or, `task_view` false, gangway's own)
+/// command on `node`; its exit code and output.
+#[cfg(target_os = "linux")]
+async fn run_on(
+    t: &crate::LocalTransport,
+    node: &gangway_provider::NodeRow,
+    script: &str,
+    task_view: bool,
+) -> (i32, String) {
+    use gangway_provider::{NodeCommand, Transport};
+    use std::io::Read;
+    let (mut out, w) = std::io::pipe().unwrap();
+    let cmd = NodeCommand {
+        script: script.into(),
+        env: Vec::new(),
+        cwd: "~".into(),
+        task_view,
+    };
+    let child = t.spawn(node, &cmd, w).unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        out.read_to_string(&mut s).unwrap();
+        s
+    });
+    let status = tokio::time::timeout(PATIENCE, child.wait())
+        .await
+        .expect("the command ended")
+        .unwrap();
+    (status.code().unwrap_or(-1), reader.join().unwrap())
+}
+
+/// A task's absolute paths are where it wrote them for its own commands:
+/// one the machine lacks (`/<name>`), one under a directory the machine
+/// has (`/tmp/<name>/`), one over a file the machine has (`/etc/hostname`),
+/// while the machine's own stay untouched; what a command creates beside
+/// them is the node's, kept for its next command; gangway's own commands
+/// see the machine as it is.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "current_thread")]
+async fn a_tasks_absolute_paths_are_where_it_wrote_them() {
+    let usable = crate::view::usable().map_err(|why| format!("no mount namespace here: {why}"));
+    let Some(()) = gangway_test::skip::gate("local", usable) else {
+        return;
+    };
+    let (_tmp, p) = fresh();
+    let nodes = p
+        .launch(&req("view", "local-a", "local.cpu", 1, None))
+        .await
+        .unwrap();
+    let node = row(&nodes[0], 0);
+    let dir = PathBuf::from(&nodes[0].extra["dir"]);
+    let top = format!("gw-view-{}", std::process::id());
+    let root = dir.join("root");
+    fs::create_dir_all(root.join(&top).join("sub")).unwrap();
+    fs::write(root.join(&top).join("sub/x"), "mine\n").unwrap();
+    fs::create_dir_all(root.join("tmp").join(&top)).unwrap();
+    fs::write(root.join("tmp").join(&top).join("y"), "under tmp\n").unwrap();
+    fs::create_dir_all(root.join("etc")).unwrap();
+    fs::write(root.join("etc/hostname"), "node-own\n").unwrap();
+    let host_hostname = fs::read_to_string("/etc/hostname").ok();
+
+    let t = crate::LocalTransport::default();
+    let (code, out) = run_on(
+        &t,
+        &node,
+        &format!(
+            "cat /{top}/sub/x /tmp/{top}/y /etc/hostname && echo made > /{top}/made \
+             && echo kept > /top-{top} && ls / | grep -c '^proc$'"
+        ),
+        true,
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(out, "mine\nunder tmp\nnode-own\n1\n");
+    // Written through to the node's copy; nothing appeared on the machine.
+    assert_eq!(
+        fs::read_to_string(root.join(&top).join("made")).unwrap(),
+        "made\n"
+    );
+    assert!(!Path::new(&format!("/{top}")).exists());
+    assert!(!Path::new(&format!("/top-{top}")).exists());
+    assert!(!Path::new(&format!("/tmp/{top}")).exists());
+    assert_eq!(fs::read_to_string("/etc/hostname").ok(), host_hostname);
+    // The next command finds what the last one made beside the paths.
+    let (code, out) = run_on(&t, &node, &format!("cat /top-{top} /{top}/made"), true).await;
+    assert_eq!((code, out.as_str()), (0, "kept\nmade\n"));
+    // gangway's own commands see the machine.
+    let (code, out) = run_on(&t, &node, &format!("test -e /{top} || echo absent"), false).await;
+    assert_eq!((code, out.as_str()), (0, "absent\n"));
+    assert!(gangway_provider::Transport::take_notes(&t).is_empty());
+    p.terminate(&cluster("view")).await.unwrap();
+    assert!(!dir.exists());
+    assert_eq!(fs::read_to_string("/etc/hostname").ok(), host_hostname);
+}
+
+/// The same for a user who is not root (a laptop's): the namespace comes
+/// with a user namespace mapping the user to itself. Run as `nobody`, by
+/// this test binary run again under `setpriv`.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_tasks_absolute_paths_are_where_it_wrote_them_for_a_user_who_is_not_root() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        // Not root: the test above already ran as such a user.
+        gangway_test::skip::ran("local");
+        return;
+    }
+    let setpriv = ["/usr/bin/setpriv", "/bin/setpriv"]
+        .into_iter()
+        .find(|p| Path::new(p).exists());
+    let Some(setpriv) = setpriv else {
+        gangway_test::skip::skipped("local", "no setpriv (util-linux) to run as another user");
+        return;
+    };
+    let me = std::env::current_exe().unwrap();
+    let out = Command::new(setpriv)
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&me)
+        .args([
+            "--exact",
+            "tests::a_tasks_absolute_paths_are_where_it_wrote_them",
+            "--nocapture",
+        ])
+        .env("HOME", "/tmp")
+        .env("TMPDIR", "/tmp")
+        .env_remove("GANGWAY_SUITE_LOG")
+        .env_remove("GANGWAY_REQUIRE_SUITES")
+        .current_dir("/")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !out.status.success()
+        && text.contains("Permission denied")
+        && text.contains(&*me.to_string_lossy())
+    {
+        gangway_test::skip::skipped(
+            "local",
+            format!("nobody cannot run this test binary ({})", me.display()),
+        );
+        return;
+    }
+    assert!(out.status.success(), "{text}");
+    if let Some(line) = text.lines().find(|l| l.starts_with("SKIPPED")) {
+        gangway_test::skip::skipped("local", format!("as nobody: {line}"));
+        return;
+    }
+    gangway_test::skip::ran("local");
+    assert!(text.contains("test result: ok. 1 passed"), "{text}");
 }

@@ -25,7 +25,77 @@ fn next_serial() -> u64 {
 
 /// Commands as local processes in the node's directory.
 #[derive(Debug, Default)]
-pub struct LocalTransport;
+pub struct LocalTransport {
+    /// What the user is told once ([`Transport::take_notes`]).
+    notes: std::sync::Mutex<Notes>,
+}
+
+#[derive(Debug, Default)]
+struct Notes {
+    new: Vec<String>,
+    said: std::collections::HashSet<String>,
+}
+
+impl LocalTransport {
+    /// Queues `note` unless it was said before.
+    fn say_once(&self, note: String) {
+        let mut n = self.notes.lock().unwrap_or_else(|p| p.into_inner());
+        if n.said.insert(note.clone()) {
+            n.new.push(note);
+        }
+    }
+
+    /// The view a task's command of `node` needs to see its absolute paths
+    /// where the task wrote them (crate::view), if it has any and this
+    /// machine allows one; otherwise the paths stay under the node's
+    /// `root/`, and the user is told once.
+    #[cfg(target_os = "linux")]
+    fn view(&self, node: &NodeRow, cwd: &str) -> Option<crate::view::View> {
+        let dir = Path::new(node.fact("dir"));
+        if dir.as_os_str().is_empty() || !has_entries(&dir.join("root")) {
+            return None;
+        }
+        let stays = |why: String| {
+            format!(
+                "the task's absolute paths stay under each local node's root/ \
+                 (here {}/root): {why}",
+                dir.display()
+            )
+        };
+        if let Err(why) = crate::view::usable() {
+            self.say_once(stays(format!(
+                "this machine lets gangway make no mount namespace ({why})"
+            )));
+            return None;
+        }
+        match crate::view::plan(dir, Path::new(cwd), Path::new("/")) {
+            Ok(v) => v,
+            Err(e) => {
+                self.say_once(stays(format!("cannot plan the node's view of them ({e})")));
+                None
+            }
+        }
+    }
+
+    /// Elsewhere (macOS) a node has no mount namespace: the user is told.
+    #[cfg(not(target_os = "linux"))]
+    fn view(&self, node: &NodeRow, _cwd: &str) -> Option<std::convert::Infallible> {
+        let dir = Path::new(node.fact("dir"));
+        if !dir.as_os_str().is_empty() && has_entries(&dir.join("root")) {
+            self.say_once(format!(
+                "the task's absolute paths stay under each local node's root/ (here {}/root): \
+                 only Linux gives a local node a mount namespace that puts them in place",
+                dir.display()
+            ));
+        }
+        None
+    }
+}
+
+/// Whether `dir` is a directory with something in it.
+fn has_entries(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some())
+}
 
 #[async_trait::async_trait]
 impl Transport for LocalTransport {
@@ -70,6 +140,27 @@ impl Transport for LocalTransport {
         c.stdin(Stdio::null()).stdout(out2).stderr(output);
         c.process_group(0);
         c.kill_on_drop(false);
+        let view = if cmd.task_view {
+            self.view(node, &cwd)
+        } else {
+            None
+        };
+        let starting = match &view {
+            #[cfg(target_os = "linux")]
+            Some(v) => format!(
+                "cannot start the command in the node's view of {} (a mount namespace)",
+                v.paths.join(", ")
+            ),
+            #[cfg(not(target_os = "linux"))]
+            Some(_) => unreachable!(),
+            None => "cannot start the command".to_string(),
+        };
+        #[cfg(target_os = "linux")]
+        if let Some(v) = view {
+            // SAFETY: `enter` makes only system calls on data prepared
+            // here, as the child of a fork must.
+            unsafe { c.pre_exec(move || v.enter()) };
+        }
         // Registered so that terminate, stop and preemption kill it: a file
         // named by its process group, naming its run, whose lock the
         // command's processes hold while any of them lives (crate::held).
@@ -103,7 +194,7 @@ impl Transport for LocalTransport {
                 if let Some((tmp, _)) = hold {
                     let _ = std::fs::remove_file(tmp);
                 }
-                return Err(err("cannot start the command", e));
+                return Err(err(&starting, e));
             }
         };
         Ok(NodeProcess::from_child(child))
@@ -200,6 +291,11 @@ impl Transport for LocalTransport {
                 source,
             })?;
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    fn take_notes(&self) -> Vec<String> {
+        let mut n = self.notes.lock().unwrap_or_else(|p| p.into_inner());
+        std::mem::take(&mut n.new)
     }
 
     fn kill_cluster(&self, _node: &NodeRow, _cluster: &str) {

@@ -731,6 +731,11 @@ async fn phase(
 ) -> Result<(PhaseEnd, Vec<Option<RankEnd>>), DriveError> {
     let mut g = Ranks::new(which, info.nodes, transport, logs);
     let (mut set, pumps) = g.start(script, info);
+    // What starting the ranks taught the transport (e.g. that a local
+    // node's absolute paths could not be put in place).
+    for note in transport.take_notes() {
+        logs.say(&note);
+    }
     if g.end.is_none() && which == Phase::Run {
         // Every rank was started; record it (the run's clock starts here).
         store.set_job_status(info.job_id, JobStatus::Running, None)?;
@@ -859,6 +864,8 @@ impl<'a> Ranks<'a> {
                 script: script.to_string(),
                 env: node_env(self.which, info, rank),
                 cwd: super::WORKDIR_ON_NODE.to_string(),
+                // The storage step spells paths as the transport does.
+                task_view: self.which != Phase::Storage,
             };
             let spawned = std::io::pipe()
                 .map_err(|e| super::TransportError {

@@ -196,6 +196,7 @@ impl Upload {
             ),
             env,
             cwd: "~".into(),
+            task_view: false,
         }
     }
 }

@@ -1046,6 +1046,7 @@ pub(crate) async fn renew_mounts(
         script,
         env,
         cwd: "~".into(),
+        task_view: false,
     };
     let runs = nodes.iter().map(|n| {
         let t = std::sync::Arc::clone(&transport);
