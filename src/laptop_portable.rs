@@ -56,6 +56,7 @@ const NODE_SIDE: &[(&str, &str, &str)] = &[
 ];
 
 /// The `.rs` files under `dir`, with those declared `#[cfg(test)] mod x;`
+/// or `#[cfg(target_os = "linux")] mod x;`
 /// in the directory's lib.rs/main.rs/mod.rs, or in `dir.rs` beside it (a
 /// module's own file: `tree.rs` declaring `tree/tests.rs`), left out.
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -68,7 +69,9 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
         if let Ok(text) = std::fs::read_to_string(f) {
             let lines: Vec<&str> = text.lines().map(str::trim).collect();
             for w in lines.windows(2) {
-                if w[0] == "#[cfg(test)]" {
+                // Test modules, and modules built only on Linux (whose
+                // callers are gated the same way, with an alternative).
+                if w[0] == "#[cfg(test)]" || w[0] == "#[cfg(target_os = \"linux\")]" {
                     if let Some(m) = w[1].strip_prefix("mod ").and_then(|m| m.strip_suffix(';')) {
                         test_only.push(format!("{m}.rs"));
                     }

@@ -258,6 +258,11 @@ fn check_and_catalog_refresh_refuse_what_they_cannot_do() {
     let (code, out, err) = parts(&gangway(["check", "local"]));
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("local") && out.contains("ok"), "{out}");
+    // The rest needs the clouds' price APIs, which a build without their
+    // features has none of.
+    if cfg!(not(all(feature = "aws", feature = "gcp"))) {
+        return;
+    }
     // Prices of the local cloud and of clouds without a provider yet
     // cannot be refreshed; both say why.
     let (code, _, err) = parts(&gangway(["catalog", "refresh", "--cloud", "local"]));

@@ -271,23 +271,61 @@ fn real_dirs(root: &Path, rel: &Path) -> std::io::Result<bool> {
 /// wrote there) into a fresh directory beside `dest`, by the module's
 /// rules, then [`merge_newest`]s it into `dest`: a stream that does not
 /// unpack changes nothing in `dest`. Returns what was left out.
-pub fn unpack_merging(packed: &[u8], dest: &Path) -> std::io::Result<Skipped> {
-    let context = |what: String| {
-        move |e: std::io::Error| std::io::Error::new(e.kind(), format!("{what}: {e}"))
-    };
-    std::fs::create_dir_all(dest).map_err(context(format!("cannot create {}", dest.display())))?;
-    let tmp = tempdir_beside(dest).map_err(context("cannot make a temporary directory".into()))?;
-    let unpacked = unpack_into(packed, &tmp)
-        .map_err(context("cannot read the node's tar stream".into()))
-        .and_then(|mut skipped| {
-            skipped.extend(merge_newest(&tmp, dest)?);
-            Ok(skipped)
-        });
-    let _ = std::fs::remove_dir_all(&tmp);
-    unpacked
+pub fn unpack_merging(packed: impl std::io::Read, dest: &Path) -> std::io::Result<Skipped> {
+    Staged::unpack(packed, dest)?.merge()
 }
 
-fn unpack_into(packed: &[u8], root: &Path) -> std::io::Result<Skipped> {
+/// A node's tar stream unpacked beside its destination, not merged yet:
+/// for a stream read as it arrives (an SSH command's output), whose
+/// sender's exit status is known only at its end. Dropped unmerged, it
+/// leaves nothing behind.
+#[derive(Debug)]
+pub struct Staged {
+    tmp: PathBuf,
+    dest: PathBuf,
+    skipped: Skipped,
+}
+
+impl Staged {
+    /// Reads `packed` to its end into a fresh directory beside `dest` (by
+    /// the module's rules), holding only one entry's buffer in memory.
+    pub fn unpack(packed: impl std::io::Read, dest: &Path) -> std::io::Result<Staged> {
+        std::fs::create_dir_all(dest)
+            .map_err(context(format!("cannot create {}", dest.display())))?;
+        let tmp =
+            tempdir_beside(dest).map_err(context("cannot make a temporary directory".into()))?;
+        let mut staged = Staged {
+            tmp,
+            dest: dest.to_path_buf(),
+            skipped: Skipped::new(),
+        };
+        // On an error, dropping `staged` removes the directory.
+        staged.skipped = unpack_into(packed, &staged.tmp)
+            .map_err(context("cannot read the node's tar stream".into()))?;
+        Ok(staged)
+    }
+
+    /// Merges what was unpacked into the destination ([`merge_newest`]);
+    /// what was left out, from both steps.
+    pub fn merge(mut self) -> std::io::Result<Skipped> {
+        let mut skipped = std::mem::take(&mut self.skipped);
+        skipped.extend(merge_newest(&self.tmp, &self.dest)?);
+        Ok(skipped)
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.tmp);
+    }
+}
+
+/// Prefixes an error with `what`.
+fn context(what: String) -> impl FnOnce(std::io::Error) -> std::io::Error {
+    move |e| std::io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+fn unpack_into(packed: impl std::io::Read, root: &Path) -> std::io::Result<Skipped> {
     let mut skipped = Skipped::new();
     let mut archive = tar::Archive::new(packed);
     for entry in archive.entries()? {

@@ -439,7 +439,7 @@ impl Transport for ExecTransport {
         if packed.is_empty() {
             return Ok(Vec::new());
         }
-        unpack_merging(&packed, dest)
+        unpack_merging(packed.as_slice(), dest)
             .map_err(|e| fail(node, format!("cannot copy {path} to {}", dest.display()), e))
     }
 

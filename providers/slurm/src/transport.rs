@@ -368,7 +368,7 @@ impl Transport for SlurmTransport {
         if packed.is_empty() {
             return Ok(Vec::new());
         }
-        unpack_merging(&packed, dest)
+        unpack_merging(packed.as_slice(), dest)
             .map_err(|e| fail(node, format!("cannot copy {path} to {}", dest.display()), e))
     }
 

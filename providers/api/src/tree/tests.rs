@@ -202,7 +202,7 @@ fn a_tar_stream_cannot_climb_out_or_write_through_its_own_links() {
         .raw(tarkind::Char, "./dev", "", b"")
         .bytes();
 
-    let skipped = unpack_merging(&packed, &dest).unwrap();
+    let skipped = unpack_merging(packed.as_slice(), &dest).unwrap();
 
     assert!(std::fs::read_dir(&outside).unwrap().next().is_none());
     assert_eq!(
@@ -252,7 +252,7 @@ fn a_stream_that_does_not_unpack_changes_nothing() {
     std::fs::write(dest.join("kept"), "k").unwrap();
     let mut packed = Tar::new().file("./a", &[7u8; 2000]).bytes();
     packed.truncate(900);
-    assert!(unpack_merging(&packed, &dest).is_err());
+    assert!(unpack_merging(packed.as_slice(), &dest).is_err());
     let names: Vec<_> = std::fs::read_dir(&dest)
         .unwrap()
         .map(|e| e.unwrap().file_name())
@@ -276,3 +276,52 @@ fn link_containment_is_read_from_where_the_link_is() {
 }
 
 use tar::EntryType as tarkind;
+
+/// A reader handing out a few bytes a call, as a pipe does.
+struct Trickle<'a>(&'a [u8]);
+
+impl std::io::Read for Trickle<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = buf.len().min(7).min(self.0.len());
+        buf[..n].copy_from_slice(&self.0[..n]);
+        self.0 = &self.0[n..];
+        Ok(n)
+    }
+}
+
+#[test]
+fn a_staged_stream_reaches_dest_only_when_merged() {
+    let t = tempfile::tempdir().unwrap();
+    let dest = t.path().join("merged");
+    std::fs::create_dir(&dest).unwrap();
+    std::fs::write(dest.join("kept"), "k").unwrap();
+    let packed = Tar::new()
+        .file("./a", &[7u8; 20_000])
+        .file("./d/b", b"bee")
+        .bytes();
+    let names = |dir: &Path| {
+        let mut n: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        n.sort();
+        n
+    };
+
+    // Unpacked, then dropped (the sender failed): nothing changed.
+    let staged = Staged::unpack(Trickle(&packed), &dest).unwrap();
+    assert_eq!(names(&dest), ["kept"]);
+    drop(staged);
+    assert_eq!(names(t.path()), ["merged"], "staging left behind");
+
+    // Unpacked from a trickle, then merged.
+    let skipped = Staged::unpack(Trickle(&packed), &dest)
+        .unwrap()
+        .merge()
+        .unwrap();
+    assert!(skipped.is_empty(), "{skipped:?}");
+    assert_eq!(names(&dest), ["a", "d", "kept"]);
+    assert_eq!(std::fs::read(dest.join("a")).unwrap(), [7u8; 20_000]);
+    assert_eq!(std::fs::read(dest.join("d/b")).unwrap(), b"bee");
+    assert_eq!(names(t.path()), ["merged"], "staging left behind");
+}
