@@ -152,19 +152,17 @@ fn managed(store: &Store, id: i64) -> Result<ManagedJob, Error> {
 /// laptop sends on stdin and starts the controller; prints `{"job_id": N}`.
 fn submit_here(out: Output) -> Result<ExitCode, Error> {
     let _ = out;
-    let mut body = Vec::new();
-    std::io::stdin().read_to_end(&mut body)?;
     // The job's JSON (one line), then the tar stream of its local files
-    // when the laptop sent them.
-    let (json, files) = match body.iter().position(|b| *b == b'\n') {
-        Some(i) => (&body[..i], Some(&body[i + 1..])),
-        None => (&body[..], None),
-    };
-    let mut sub: Submission = serde_json::from_slice(json)
+    // when the laptop sent them, unpacked as it arrives.
+    let mut stdin = std::io::BufReader::new(std::io::stdin().lock());
+    let mut json = Vec::new();
+    std::io::BufRead::read_until(&mut stdin, b'\n', &mut json)?;
+    let mut sub: Submission = serde_json::from_slice(&json)
         .map_err(|e| Error::usage(format!("the job sent to this controller host is not readable: {e}"), Some("the laptop's and the host's gangway must be the same version; run the command again")))?;
     let (home, store) = open()?;
-    if let Some(packed) = files.filter(|f| !f.is_empty()) {
-        submit::receive_files(&mut sub, packed, &home).map_err(|e| {
+    let files_follow = !std::io::BufRead::fill_buf(&mut stdin)?.is_empty();
+    if files_follow {
+        submit::receive_files(&mut sub, &mut stdin, &home).map_err(|e| {
             Error::usage(
                 format!("the job's files sent to this controller host could not be kept: {e}"),
                 None,
@@ -294,7 +292,7 @@ fn launch_hosted(
     // Without jobs.bucket, the workdir and local file mounts go to the
     // host with the job (after its JSON line), kept there for recoveries.
     let files = if job_files.is_none() {
-        submit::pack_local_files(&sub.task.spec)?
+        submit::local_files_size(&sub.task.spec)
     } else {
         None
     };
@@ -306,17 +304,26 @@ fn launch_hosted(
             }
         }
     };
-    let mut body = serde_json::to_vec(&sub).map_err(std::io::Error::from)?;
-    if let Some(tar) = files {
+    let json = serde_json::to_vec(&sub).map_err(std::io::Error::from)?;
+    if let Some((bytes, count)) = files {
         eprintln!(
-            "Sending the workdir and local file mounts ({} KiB) to the controller at {}, kept there for the job's recoveries",
-            tar.len().div_ceil(1024),
+            "Sending the workdir and local file mounts ({} KiB in {count} file(s)) to the controller at {}, kept there for the job's recoveries",
+            bytes.div_ceil(1024),
             h.address()
         );
-        body.push(b'\n');
-        body.extend_from_slice(&tar);
     }
-    let (code, answer) = match h.output(&["jobs".into(), "__submit".into()], Input::Bytes(&body)) {
+    // Written into ssh as the host reads: the files are never all in
+    // memory here.
+    let feed = |w: &mut dyn Write| -> std::io::Result<()> {
+        w.write_all(&json)?;
+        if files.is_some() {
+            w.write_all(b"\n")?;
+            submit::write_local_files(&sub.task.spec, w)?;
+        }
+        Ok(())
+    };
+    let (code, answer) = match h.output(&["jobs".into(), "__submit".into()], Input::Written(&feed))
+    {
         Ok(r) => r,
         Err(e) => {
             undo();

@@ -254,8 +254,9 @@ const CHANGED_KEY: &str = "IDENTIFICATION HAS CHANGED";
 pub(crate) enum Input<'a> {
     /// Nothing (`/dev/null`).
     Nothing,
-    /// These bytes, then end of file.
-    Bytes(&'a [u8]),
+    /// What this writes as the command reads, then end of file (called
+    /// again should the command be tried again).
+    Written(&'a dyn Fn(&mut dyn std::io::Write) -> std::io::Result<()>),
 }
 
 impl Hosted {
@@ -486,13 +487,9 @@ impl Hosted {
         input: &Input<'_>,
         out: Option<&mut Vec<u8>>,
     ) -> Result<Attempt, Error> {
-        let mut bytes: &[u8] = match input {
-            Input::Nothing => &[],
-            Input::Bytes(b) => b,
-        };
-        let stdin: Option<&mut dyn Read> = match input {
+        let stdin = match input {
             Input::Nothing => None,
-            Input::Bytes(_) => Some(&mut bytes),
+            Input::Written(f) => Some(*f),
         };
         let (code, install) = self.exchange(self.remote(args), stdin, out)?;
         let code = code.unwrap_or(128 + 2);
@@ -510,7 +507,7 @@ impl Hosted {
     fn exchange(
         &self,
         remote: String,
-        stdin: Option<&mut dyn Read>,
+        stdin: Option<&dyn Fn(&mut dyn std::io::Write) -> std::io::Result<()>>,
         out: Option<&mut Vec<u8>>,
     ) -> Result<(Option<i32>, Option<Platform>), Error> {
         let mut c = self.ssh();
@@ -534,9 +531,14 @@ impl Hosted {
         })?;
         let stderr = child.stderr.take().expect("stderr is piped");
         let relay = std::thread::spawn(move || relay_stderr(stderr));
-        if let (Some(r), Some(mut w)) = (stdin, child.stdin.take()) {
+        let mut fed = Ok(());
+        if let (Some(feed), Some(mut w)) = (stdin, child.stdin.take()) {
             // A host that refuses early closes the pipe: its answer says why.
-            let _ = std::io::copy(r, &mut w);
+            fed = feed(&mut w);
+            if fed.is_err() {
+                // Cut short here: the host refuses what lacks its end.
+                drop(w);
+            }
         }
         if let (Some(out), Some(mut r)) = (out, child.stdout.take()) {
             r.read_to_end(out)?;
@@ -546,7 +548,15 @@ impl Hosted {
         if status.code() == Some(SSH_FAILED) {
             return Err(self.unreachable(&held));
         }
-        Ok((status.code(), install))
+        match fed {
+            // What this side could not read says more than the host's
+            // refusal of a stream that ended early.
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(Error::usage(
+                format!("cannot send to the controller host {}: {e}", self.address()),
+                None,
+            )),
+            _ => Ok((status.code(), install)),
+        }
     }
 
     fn unreachable(&self, held: &[String]) -> Error {
@@ -658,7 +668,7 @@ impl Hosted {
             version = sh(&version),
             stamp = sh(&self.stamp),
         );
-        let mut file = std::fs::File::open(&binary).map_err(|e| {
+        let file = std::fs::File::open(&binary).map_err(|e| {
             Error::usage(
                 format!(
                     "cannot read {} for the controller host: {e}",
@@ -668,7 +678,8 @@ impl Hosted {
             )
         })?;
         // Its stdout (nothing, unless the host's shell talks) is dropped.
-        let (code, _) = self.exchange(script, Some(&mut file), Some(&mut Vec::new()))?;
+        let send = |w: &mut dyn std::io::Write| std::io::copy(&mut &file, w).map(drop);
+        let (code, _) = self.exchange(script, Some(&send), Some(&mut Vec::new()))?;
         match code {
             Some(0) => Ok(()),
             Some(98) => Err(Error::usage(

@@ -73,15 +73,47 @@ pub(crate) struct Submission {
     pub(crate) buckets: Vec<(String, bool)>,
 }
 
-/// The workdir and local file mounts of `spec` as one tar stream
-/// (`workdir/...`, `mounts/<i>...`; links as links), for a controller host
-/// that has no jobs.bucket to fetch them from: [`receive_files`] unpacks
-/// it there. `None` when the job has no local files.
-pub(crate) fn pack_local_files(spec: &JobSpec) -> std::io::Result<Option<Vec<u8>>> {
-    if spec.workdir.is_none() && spec.file_mounts.is_empty() {
-        return Ok(None);
+/// What ends the tar stream of a job's local files: a stream cut short
+/// (the laptop's gangway killed, its connection lost) lacks it, even where
+/// the cut falls between two files, and is refused.
+const FILES_END: &[u8] = b"gangway: end of the job's files\n";
+
+/// Whether `spec` has local files (a workdir, local file mounts), and how
+/// many bytes in how many files: what [`write_local_files`] sends.
+pub(crate) fn local_files_size(spec: &JobSpec) -> Option<(u64, u64)> {
+    fn walk(p: &Path, total: &mut (u64, u64)) {
+        let Ok(m) = std::fs::symlink_metadata(p) else {
+            return;
+        };
+        if m.is_dir() {
+            for e in std::fs::read_dir(p).into_iter().flatten().flatten() {
+                walk(&e.path(), total);
+            }
+        } else {
+            total.0 += m.len();
+            total.1 += 1;
+        }
     }
-    let mut b = tar::Builder::new(Vec::new());
+    if spec.workdir.is_none() && spec.file_mounts.is_empty() {
+        return None;
+    }
+    let mut total = (0, 0);
+    for p in spec
+        .workdir
+        .iter()
+        .chain(spec.file_mounts.iter().map(|(_, p)| p))
+    {
+        walk(p, &mut total);
+    }
+    Some(total)
+}
+
+/// Writes the workdir and local file mounts of `spec` to `w` as one tar
+/// stream (`workdir/...`, `mounts/<i>...`; links as links) and its end
+/// mark, as it reads them: for a controller host that has no jobs.bucket
+/// to fetch them from ([`receive_files`] unpacks it there as it arrives).
+pub(crate) fn write_local_files(spec: &JobSpec, w: &mut dyn Write) -> std::io::Result<()> {
+    let mut b = tar::Builder::new(&mut *w);
     b.follow_symlinks(false);
     let mut add = |name: &str, path: &Path| -> std::io::Result<()> {
         let what =
@@ -92,32 +124,36 @@ pub(crate) fn pack_local_files(spec: &JobSpec) -> std::io::Result<Option<Vec<u8>
             b.append_path_with_name(path, name).map_err(what)
         }
     };
-    if let Some(w) = &spec.workdir {
-        add("workdir", w)?;
+    if let Some(wd) = &spec.workdir {
+        add("workdir", wd)?;
     }
     for (i, (_, src)) in spec.file_mounts.iter().enumerate() {
         add(&format!("mounts/{i}"), src)?;
     }
-    b.into_inner().map(Some)
+    b.finish()?;
+    drop(b);
+    w.write_all(FILES_END)?;
+    w.flush()
 }
 
-/// On a controller host: unpacks what [`pack_local_files`] made into a
-/// directory of its own under `home` and points `sub`'s workdir and file
-/// mounts there, for every run of the job; the job's end deletes it.
+/// On a controller host: unpacks what [`write_local_files`] wrote, read
+/// from `packed` as it arrives, into a directory of its own under `home`
+/// and points `sub`'s workdir and file mounts there, for every run of the
+/// job; the job's end deletes it. A stream without its end mark is
+/// refused, and what it brought is deleted.
 pub(crate) fn receive_files(
     sub: &mut Submission,
-    packed: &[u8],
+    packed: impl std::io::Read,
     home: &Path,
 ) -> std::io::Result<()> {
     let tag = format!("{}-{}", crate::core::state::now_ms(), std::process::id());
     let dir = home.join("jobs-files").join(tag);
     std::fs::create_dir_all(&dir)?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+    let received = unpack_files(packed, &dir);
+    if let Err(e) = received {
+        let _ = std::fs::remove_dir_all(&dir);
+        return Err(e);
     }
-    // tar refuses members that would land outside `dir`.
-    tar::Archive::new(packed).unpack(&dir)?;
     let spec = &mut sub.task.spec;
     if spec.workdir.is_some() {
         spec.workdir = Some(dir.join("workdir"));
@@ -126,6 +162,27 @@ pub(crate) fn receive_files(
         *src = dir.join("mounts").join(i.to_string());
     }
     sub.task.files_dir = Some(dir);
+    Ok(())
+}
+
+/// Unpacks the stream [`write_local_files`] wrote into `dir` (made
+/// private to its owner): an error when it lacks its end mark.
+fn unpack_files(mut packed: impl std::io::Read, dir: &Path) -> std::io::Result<()> {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    // tar refuses members that would land outside `dir`.
+    tar::Archive::new(&mut packed).unpack(dir)?;
+    // The archive's last zero block, then the end mark.
+    let mut rest = Vec::new();
+    (&mut packed).take(64 * 1024).read_to_end(&mut rest)?;
+    let start = rest.iter().position(|b| *b != 0).unwrap_or(rest.len());
+    if &rest[start..] != FILES_END {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "the stream of files ended early (the laptop's gangway stopped or its connection was lost)",
+        ));
+    }
     Ok(())
 }
 
@@ -302,4 +359,61 @@ pub(crate) fn pending_owner() -> String {
 /// The same query the controller watches.
 pub(crate) fn needs_controller(store: &Store) -> Result<bool, Error> {
     Ok(!store.managed_watch()?.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A spec with a workdir of `files` and one file mount.
+    fn spec_with(dir: &Path) -> JobSpec {
+        let wd = dir.join("wd");
+        std::fs::create_dir_all(wd.join("sub")).unwrap();
+        std::fs::write(wd.join("a.py"), "print(1)\n").unwrap();
+        std::fs::write(wd.join("sub/b.bin"), vec![9u8; 3000]).unwrap();
+        std::fs::write(dir.join("one.txt"), "one\n").unwrap();
+        JobSpec {
+            workdir: Some(wd),
+            file_mounts: vec![("~/one.txt".into(), dir.join("one.txt"))],
+            ..JobSpec::default()
+        }
+    }
+
+    #[test]
+    fn the_files_arrive_whole_or_not_at_all() {
+        let t = tempfile::tempdir().unwrap();
+        let spec = spec_with(t.path());
+        assert_eq!(local_files_size(&spec), Some((9 + 3000 + 4, 3)));
+        let mut stream = Vec::new();
+        write_local_files(&spec, &mut stream).unwrap();
+
+        let whole = t.path().join("whole");
+        std::fs::create_dir(&whole).unwrap();
+        unpack_files(stream.as_slice(), &whole).unwrap();
+        assert_eq!(
+            std::fs::read(whole.join("workdir/sub/b.bin")).unwrap(),
+            vec![9u8; 3000]
+        );
+        assert_eq!(
+            std::fs::read_to_string(whole.join("mounts/0")).unwrap(),
+            "one\n"
+        );
+
+        // Cut anywhere, even between two files or in the end mark: refused.
+        let cuts = [
+            stream.len() - 1,
+            stream.len() - FILES_END.len(),
+            512 * 3,
+            100,
+        ];
+        for cut in cuts {
+            let part = t.path().join(format!("cut-{cut}"));
+            std::fs::create_dir(&part).unwrap();
+            assert!(
+                unpack_files(&stream[..cut], &part).is_err(),
+                "a stream cut at {cut} of {} was taken",
+                stream.len()
+            );
+        }
+    }
 }
