@@ -250,13 +250,16 @@ pub(crate) struct Hosted {
 /// the one recorded.
 const CHANGED_KEY: &str = "IDENTIFICATION HAS CHANGED";
 
+/// Writes a remote command's standard input as the command reads it.
+pub(crate) type Feed<'a> = &'a dyn Fn(&mut dyn std::io::Write) -> std::io::Result<()>;
+
 /// How a remote command's standard input is fed.
 pub(crate) enum Input<'a> {
     /// Nothing (`/dev/null`).
     Nothing,
     /// What this writes as the command reads, then end of file (called
     /// again should the command be tried again).
-    Written(&'a dyn Fn(&mut dyn std::io::Write) -> std::io::Result<()>),
+    Written(Feed<'a>),
 }
 
 impl Hosted {
@@ -507,7 +510,7 @@ impl Hosted {
     fn exchange(
         &self,
         remote: String,
-        stdin: Option<&dyn Fn(&mut dyn std::io::Write) -> std::io::Result<()>>,
+        stdin: Option<Feed<'_>>,
         out: Option<&mut Vec<u8>>,
     ) -> Result<(Option<i32>, Option<Platform>), Error> {
         let mut c = self.ssh();
