@@ -1203,6 +1203,127 @@ fn a_gang_on_namespaced_nodes_stops_when_one_stops_answering_and_names_it() {
     assert_eq!(home.last_job("nsg")["status"], "FAILED");
 }
 
+/// A managed gang of 2 on a pool of 3 namespaced hosts: the link to rank
+/// 1's host is cut after step 7 was kept. The host stops answering, so
+/// the pool reports it lost; the gang keeps rank 0's host (and its setup)
+/// and takes the third host for rank 1; both resume from step 7.
+#[test]
+fn a_managed_gang_on_a_pool_replaces_only_the_host_that_stopped_answering() {
+    let Some(keys) = NetnsKeys::new() else { return };
+    let nodes: Vec<NetnsNode> = (0..3)
+        .map(|i| NetnsNode::start(&format!("gw-rp-{i}"), Link::Host, &keys))
+        .collect();
+    let home = crate::common::TestHome::new();
+    netns_pool(
+        &home,
+        &keys,
+        &nodes.iter().map(|n| (n, None)).collect::<Vec<_>>(),
+    );
+    let t = home.file(
+        "gang.yaml",
+        &format!(
+            "num_nodes: 2\nresources:\n  infra: ssh/ns\ncheckpoint:\n  sync_interval: 1\n\
+             envs:\n  GW_TEST_MARKER: {}\n\
+             setup: echo \"setup on $(hostname)\"\n\
+             run: |\n  ck=\"$GANGWAY_CHECKPOINT_DIR/step\"\n  \
+             echo \"rank $NODE_RANK on $(hostname) in run $GANGWAY_RESTART_COUNT\"\n  \
+             if [ \"$GANGWAY_RESTART_COUNT\" = 0 ]; then\n    \
+             if [ \"$NODE_RANK\" = 0 ]; then\n      t=$(date +%s%3N); echo 7 > \"$ck\"\n      \
+             while [ \"$(cat \"$GANGWAY_CHECKPOINT_DIR/.gangway-synced\" 2>/dev/null || echo 0)\" -lt \"$t\" ]; do sleep 0.05; done\n      \
+             echo \"step 7 kept\"\n    fi\n    sleep 300\n  fi\n  \
+             echo \"rank $NODE_RANK resumed at step $(cat \"$ck\") in run $GANGWAY_RESTART_COUNT\"\n",
+            home.marker
+        ),
+    );
+    let mut launcher = home.spawn(["jobs", "launch", &t, "-y"]);
+    launcher.wait_for_stdout("step 7 kept", "step 7 to be kept");
+    let so_far = launcher.stdout_now();
+    let host_of = |rank: u32, out: &str| -> String {
+        let needle = format!("rank {rank} on ");
+        let line = out
+            .lines()
+            .find(|l| l.contains(&needle) && l.ends_with(" in run 0"))
+            .unwrap_or_else(|| panic!("no rank {rank} line:\n{out}"));
+        let rest = &line[line.find(&needle).unwrap() + needle.len()..];
+        rest.trim_end_matches(" in run 0").to_string()
+    };
+    let (h0, h1) = (host_of(0, &so_far), host_of(1, &so_far));
+    let lost = nodes
+        .iter()
+        .find(|n| n.hostname == h1)
+        .expect("rank 1's host");
+    let spare = nodes
+        .iter()
+        .find(|n| n.hostname != h0 && n.hostname != h1)
+        .expect("the spare host");
+    lost.cut();
+    let story = |home: &crate::common::TestHome| {
+        let (_, ev, _) = crate::common::parts(&home.run(["jobs", "events", "1"]));
+        let (_, log, _) = crate::common::parts(&home.run(["jobs", "logs", "1", "--controller"]));
+        format!("events:\n{ev}\ncontroller:\n{log}")
+    };
+    crate::common::wait_for("the job to end", Duration::from_secs(150), || {
+        let (_, q, _) = crate::common::parts(&home.run(["jobs", "queue", "-o", "json"]));
+        let state = crate::common::json_doc(&q)["jobs"][0]["state"].clone();
+        if state == "SUCCEEDED" || state == "FAILED" || state == "FAILED_CONTROLLER" {
+            Ok(())
+        } else {
+            Err(format!("{state}\n{}", story(&home)))
+        }
+    });
+    let (code, out, err) = crate::common::parts(&launcher.wait());
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}\n{}", story(&home));
+    assert!(
+        out.contains(&format!("rank 0 on {h0} in run 1")),
+        "rank 0 kept its host:\n{out}"
+    );
+    assert!(
+        out.contains(&format!("rank 1 on {} in run 1", spare.hostname)),
+        "rank 1 moved to the spare host:\n{out}"
+    );
+    for r in 0..2 {
+        assert!(
+            out.contains(&format!("rank {r} resumed at step 7 in run 1")),
+            "{out}"
+        );
+    }
+    // Setup ran once on each host that needed it: never again on rank 0's.
+    assert_eq!(out.matches(&format!("setup on {h0}")).count(), 1, "{out}");
+    assert_eq!(
+        out.matches(&format!("setup on {}", spare.hostname)).count(),
+        1,
+        "{out}"
+    );
+    let (_, ev, _) = crate::common::parts(&home.run(["jobs", "events", "1"]));
+    assert!(
+        ev.contains(&format!(
+            "replaced rank 1 ns/{} -> ns/{}",
+            lost.hostname, spare.hostname
+        )),
+        "{ev}"
+    );
+    assert!(ev.contains("stopped answering"), "{ev}");
+    assert!(!ev.contains("whole-gang recovery"), "{ev}");
+    let (_, q, _) = crate::common::parts(&home.run(["jobs", "queue", "-o", "json"]));
+    let j = crate::common::json_doc(&q)["jobs"][0].clone();
+    assert_eq!(j["state"], "SUCCEEDED", "{j}");
+    // Nothing left on the hosts that answer; the pool is free again.
+    lost.kill_all();
+    crate::common::wait_for(
+        "the pool's hosts to be released",
+        Duration::from_secs(30),
+        || {
+            let left = crate::common::dir_names(&home.path().join("ssh_pools/alloc"));
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            }
+        },
+    );
+    crate::common::assert_no_marker_procs(&home.marker, "the managed job ended");
+}
+
 #[test]
 fn nodes_behind_a_jump_host_are_reached_through_one_connection_to_it() {
     let Some(keys) = NetnsKeys::new() else { return };

@@ -399,14 +399,32 @@ impl SshPools {
     /// The cluster's nodes, in inventory order (blocking).
     pub(crate) fn describe_now(&self, cluster: &ClusterName) -> Result<Vec<Node>> {
         let allocs = self.cluster_allocs(cluster)?;
-        let mut known: Vec<((usize, usize), Node)> = Vec::new();
+        let mut held: Vec<((usize, usize), &Pool, &Host)> = Vec::new();
         let mut gone: Vec<Node> = Vec::new();
         for (_, a) in &allocs {
             match self.lookup(a) {
-                Some((at, p, h)) => known.push((at, node(p, h))),
+                Some((at, p, h)) => held.push((at, p, h)),
                 None => gone.push(terminated(a)),
             }
         }
+        // A held host that no longer answers on its SSH port is lost to
+        // the cluster (a machine that died, a cut link): said so, as a
+        // cloud says a node was taken, so that a managed job replaces it.
+        let hosts: Vec<&Host> = held.iter().map(|(_, _, h)| *h).collect();
+        let up = probe::reachable(&hosts);
+        let mut known: Vec<((usize, usize), Node)> = held
+            .iter()
+            .zip(up)
+            .map(|((at, p, h), up)| {
+                let mut n = node(p, h);
+                if !up {
+                    n.state = NodeState::Preempted {
+                        reason: unanswered(h),
+                    };
+                }
+                (*at, n)
+            })
+            .collect();
         known.sort_by_key(|(at, _)| *at);
         gone.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(known.into_iter().map(|(_, n)| n).chain(gone).collect())
@@ -518,6 +536,21 @@ fn node(pool: &Pool, h: &Host) -> Node {
 }
 
 /// A host still allocated but gone from the inventory, from its record.
+/// Why a held host counts as lost: it did not answer (the probe's words).
+fn unanswered(h: &Host) -> String {
+    let within = probe::TIMEOUT.as_secs();
+    match h.jump.as_deref() {
+        Some(j) => format!(
+            "the pool's host {} stopped answering: no connection to its jump host {j} within {within} s",
+            h.name
+        ),
+        None => format!(
+            "the pool's host {} stopped answering: no connection to {}:{} within {within} s",
+            h.name, h.address, h.port
+        ),
+    }
+}
+
 fn terminated(a: &Alloc) -> Node {
     let mut extra = BTreeMap::new();
     SshEndpoint::new(a.address.clone(), "").record(&mut extra);

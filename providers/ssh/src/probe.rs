@@ -1,4 +1,8 @@
-//! Reachability: whether a host accepts a TCP connection on its SSH port.
+//! Reachability: whether a host's SSH port answers as an SSH server does,
+//! with its `SSH-` identification line. A TCP connection alone is no
+//! proof: where a network sends unknown destinations to a proxy, a dead
+//! host's address still "accepts" (seen with a namespaced node whose link
+//! was cut), and a hung sshd accepts without ever speaking.
 
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
@@ -62,7 +66,8 @@ fn resolve(host: &str, port: u16) -> Option<Vec<SocketAddr>> {
     (!addrs.is_empty()).then_some(addrs)
 }
 
-/// Whether any of the addresses accepts a connection before `timeout`
+/// Whether any of the addresses answers with an SSH identification line
+/// (`SSH-...`, RFC 4253 4.2; lines before it are allowed) before `timeout`
 /// (for all of them together) runs out.
 fn connects(addrs: &[SocketAddr], timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
@@ -71,7 +76,32 @@ fn connects(addrs: &[SocketAddr], timeout: Duration) -> bool {
         if left.is_zero() {
             return false;
         }
-        if TcpStream::connect_timeout(a, left).is_ok() {
+        if let Ok(s) = TcpStream::connect_timeout(a, left) {
+            if speaks_ssh(s, deadline) {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// Whether the server on `s` sends an SSH identification line before
+/// `deadline`.
+fn speaks_ssh(mut s: TcpStream, deadline: Instant) -> bool {
+    use std::io::Read;
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 256];
+    // The line is at most 255 bytes; a few lines may come before it.
+    while seen.len() < 4096 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || s.set_read_timeout(Some(left)).is_err() {
+            return false;
+        }
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+        }
+        if seen.starts_with(b"SSH-") || seen.windows(5).any(|w| w == b"\nSSH-") {
             return true;
         }
     }

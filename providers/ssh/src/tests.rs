@@ -6,6 +6,7 @@ use std::net::TcpListener;
 use std::path::Path;
 use std::sync::{Arc, Barrier};
 use std::thread;
+use std::time::Duration;
 
 use gangway_provider::{
     ClusterName, ErrorKind, LaunchRequest, Node, NodeState, Placement, Provider, ProviderError,
@@ -14,11 +15,46 @@ use gangway_test::net::ClosedPort;
 
 use super::*;
 
-/// A port that accepts connections while the listener lives.
-fn open() -> (TcpListener, u16) {
+/// A port that answers as an SSH server does (its identification line)
+/// while the value lives.
+struct Up {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    serving: Option<thread::JoinHandle<()>>,
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.serving.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn open() -> (Up, u16) {
+    use std::io::Write;
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
-    (l, port)
+    l.set_nonblocking(true).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopped = Arc::clone(&stop);
+    let serving = thread::spawn(move || {
+        while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+            match l.accept() {
+                Ok((mut c, _)) => {
+                    let _ = c.write_all(b"SSH-2.0-gangway-test\r\n");
+                }
+                Err(_) => thread::sleep(Duration::from_millis(5)),
+            }
+        }
+    });
+    (
+        Up {
+            stop,
+            serving: Some(serving),
+        },
+        port,
+    )
 }
 
 /// A port nothing listens on, held closed while the value lives.
@@ -47,7 +83,7 @@ fn host(name: &str, port: u16) -> Host {
 /// A port kept for a test: listening, or held closed.
 #[allow(dead_code)] // held for their Drop only
 enum Held {
-    Open(TcpListener),
+    Open(Up),
     Closed(ClosedPort),
 }
 
@@ -571,4 +607,64 @@ async fn stop_start_check() {
     let empty = SshPools::new(dir.path(), vec![]).check().await.unwrap();
     assert!(!empty.ok);
     assert!(empty.hint.is_some());
+}
+
+#[tokio::test]
+async fn a_held_host_that_stops_answering_is_reported_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pool, _keep) = gpus_pool(&["a", "b"], &[], &["a", "b"]);
+    let p = SshPools::new(dir.path(), vec![pool.clone()]);
+    p.launch(&a100("c1", 2)).await.unwrap();
+    let nodes = p.describe(&cluster("c1")).await.unwrap();
+    assert!(nodes.iter().all(|n| n.state == NodeState::Running));
+    // Host b stops answering on its SSH port.
+    let down = ClosedPort::hold();
+    let mut later = pool;
+    later.hosts[1].port = down.port;
+    let q = SshPools::new(dir.path(), vec![later]);
+    let nodes = q.describe(&cluster("c1")).await.unwrap();
+    assert_eq!(ids(&nodes), ["gpus/a", "gpus/b"]);
+    assert_eq!(nodes[0].state, NodeState::Running);
+    match &nodes[1].state {
+        NodeState::Preempted { reason } => assert_eq!(
+            reason,
+            &format!(
+                "the pool's host b stopped answering: no connection to 127.0.0.1:{} within 2 s",
+                down.port
+            )
+        ),
+        other => panic!("{other:?}"),
+    }
+    // Still held: the cluster releases it (or a replacement does).
+    assert_eq!(records(dir.path()).len(), 2);
+}
+
+#[test]
+fn a_port_that_accepts_without_speaking_ssh_is_not_reachable() {
+    use std::io::Write;
+    // Accepts (the kernel completes the handshake) and never speaks: a
+    // hung sshd, or a proxy answering for an address that is gone.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
+    // Speaks, but not SSH.
+    let http = TcpListener::bind("127.0.0.1:0").unwrap();
+    let http_port = http.local_addr().unwrap().port();
+    let answering = thread::spawn(move || {
+        if let Ok((mut c, _)) = http.accept() {
+            let _ = c.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+        }
+    });
+    let (_up, up_port) = open();
+    let hosts = [
+        host("silent", silent_port),
+        host("http", http_port),
+        host("up", up_port),
+    ];
+    let started = std::time::Instant::now();
+    let up = crate::probe::reachable(&hosts.iter().collect::<Vec<_>>());
+    assert_eq!(up, [false, false, true]);
+    // In parallel, within the probe's timeout.
+    assert!(started.elapsed() < crate::probe::TIMEOUT + Duration::from_secs(1));
+    answering.join().unwrap();
+    drop(silent);
 }

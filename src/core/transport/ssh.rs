@@ -458,12 +458,15 @@ impl SshTransport {
     }
 
     /// `ssh` through the node's master connection, with `remote` as the
-    /// command.
+    /// command. Bounded ([`BOUNDED`]): should the master be gone (the node
+    /// stopped answering), ssh connects on its own and gives up in seconds
+    /// rather than after the kernel's minutes of retries.
     fn ssh_command(&self, ctl: &Path, t: &SshTarget, remote: &str) -> std::process::Command {
         let mut c = std::process::Command::new("ssh");
         c.arg("-S")
             .arg(ctl)
             .args(["-o", "ControlMaster=no", "-o", "BatchMode=yes", "-T"])
+            .args(BOUNDED)
             .arg("-p")
             .arg(t.port.to_string())
             .arg("-l")
@@ -688,8 +691,9 @@ impl SshTransport {
     ) -> Result<(), TransportError> {
         let (t, ctl) = self.control(node)?;
         let rsh = format!(
-            "ssh -S {} -o ControlMaster=no -o BatchMode=yes -p {} -l {}",
+            "ssh -S {} -o ControlMaster=no -o BatchMode=yes {} -p {} -l {}",
             sq(&ctl.display().to_string()),
+            BOUNDED.join(" "),
             t.port,
             sq(&t.user)
         );
@@ -1422,6 +1426,20 @@ const SOCKET_PATH_MAX: usize = 103;
 /// out its whole timeout), a private directory of this home's own under
 /// `/tmp/gangway-<uid>/`, made 0700 and used only when it is this user's
 /// and nobody else's.
+/// Options of every ssh command run beside a master connection: when it
+/// connects on its own (the master went with its node), it gives up after
+/// 10 s, and a connection that stops answering ends after 3 missed
+/// keepalives 5 s apart, so a checkpoint copy or a signal to a node that
+/// is gone never holds up a recovery for the kernel's minutes of retries.
+const BOUNDED: &[&str] = &[
+    "-o",
+    "ConnectTimeout=10",
+    "-o",
+    "ServerAliveInterval=5",
+    "-o",
+    "ServerAliveCountMax=3",
+];
+
 fn control_dir(home: &Path) -> PathBuf {
     let own = home.join("ssh").join("ctl");
     if own.as_os_str().len() + SOCKET_SUFFIX <= SOCKET_PATH_MAX {
