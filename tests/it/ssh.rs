@@ -720,18 +720,22 @@ fn a_pool_launch_from_a_machine_without_rsync_sends_the_workdir_as_tar() {
     );
 }
 
-/// A TCP port that hangs up on every connection for `closed`, then
-/// forwards each to `to` (a machine whose sshd comes up late).
+/// A TCP port that forwards its first connection to `to`, then hangs up on
+/// every connection for `closed`, then forwards each again (a pool
+/// machine whose sshd answered the pool's probe, then restarted).
 fn late_port(to: std::net::SocketAddr, closed: Duration) -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
-    let start = std::time::Instant::now();
     std::thread::spawn(move || {
+        // The first connection (the pool's probe when a launch takes the
+        // host) goes through; the hang-ups start after it.
+        let mut start: Option<std::time::Instant> = None;
         for c in l.incoming().flatten() {
-            if start.elapsed() < closed {
+            if start.is_some_and(|s| s.elapsed() < closed) {
                 drop(c);
                 continue;
             }
+            start.get_or_insert_with(std::time::Instant::now);
             let Ok(up) = std::net::TcpStream::connect(to) else {
                 continue;
             };
@@ -1260,7 +1264,16 @@ fn a_managed_gang_on_a_pool_replaces_only_the_host_that_stopped_answering() {
     let story = |home: &crate::common::TestHome| {
         let (_, ev, _) = crate::common::parts(&home.run(["jobs", "events", "1"]));
         let (_, log, _) = crate::common::parts(&home.run(["jobs", "logs", "1", "--controller"]));
-        format!("events:\n{ev}\ncontroller:\n{log}")
+        let (_, job, _) = crate::common::parts(&home.run(["jobs", "logs", "1", "--no-follow"]));
+        let ps = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "ps -eo pid,ppid,etimes,args | grep -E 'gangway|ssh ' | grep -v grep",
+            ])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        format!("events:\n{ev}\ncontroller:\n{log}\njob:\n{job}\nprocesses:\n{ps}")
     };
     crate::common::wait_for("the job to end", Duration::from_secs(150), || {
         let (_, q, _) = crate::common::parts(&home.run(["jobs", "queue", "-o", "json"]));

@@ -541,11 +541,11 @@ fn unanswered(h: &Host) -> String {
     let within = probe::TIMEOUT.as_secs();
     match h.jump.as_deref() {
         Some(j) => format!(
-            "the pool's host {} stopped answering: no connection to its jump host {j} within {within} s",
+            "the pool's host {} stopped answering: no SSH answer from its jump host {j} within {within} s",
             h.name
         ),
         None => format!(
-            "the pool's host {} stopped answering: no connection to {}:{} within {within} s",
+            "the pool's host {} stopped answering: no SSH answer from {}:{} within {within} s",
             h.name, h.address, h.port
         ),
     }

@@ -1,16 +1,19 @@
 //! Reachability: whether a host's SSH port answers as an SSH server does,
-//! with its `SSH-` identification line. A TCP connection alone is no
-//! proof: where a network sends unknown destinations to a proxy, a dead
-//! host's address still "accepts" (seen with a namespaced node whose link
-//! was cut), and a hung sshd accepts without ever speaking.
+//! with its `SSH-` identification line, both for the hosts a launch may
+//! take and for those a cluster holds (`describe`). A TCP connection alone
+//! is no proof: where a network sends unknown destinations to a proxy, a
+//! dead host's address still "accepts" (seen with a namespaced node whose
+//! link was cut: a replacement took that very host back), and a hung sshd
+//! accepts without ever speaking.
 
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use crate::Host;
 
-/// How long a host has to accept a connection.
-pub(crate) const TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a host has to answer (an sshd forks before it speaks: a
+/// loaded machine needs more than a bare accept does).
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(5);
 /// Most probes run at once.
 const PARALLEL: usize = 32;
 
@@ -49,10 +52,10 @@ pub(crate) fn reachable(hosts: &[&Host]) -> Vec<bool> {
 pub(crate) fn probe(h: &Host) -> bool {
     match h.jump.as_deref().and_then(first_hop) {
         Some((host, port)) => match resolve(&host, port) {
-            Some(addrs) => connects(&addrs, TIMEOUT),
+            Some(addrs) => answers(&addrs),
             None => true,
         },
-        None => resolve(&h.address, h.port).is_some_and(|a| connects(&a, TIMEOUT)),
+        None => resolve(&h.address, h.port).is_some_and(|a| answers(&a)),
     }
 }
 
@@ -66,11 +69,11 @@ fn resolve(host: &str, port: u16) -> Option<Vec<SocketAddr>> {
     (!addrs.is_empty()).then_some(addrs)
 }
 
-/// Whether any of the addresses answers with an SSH identification line
-/// (`SSH-...`, RFC 4253 4.2; lines before it are allowed) before `timeout`
-/// (for all of them together) runs out.
-fn connects(addrs: &[SocketAddr], timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
+/// Whether any of the addresses accepts a connection and sends an SSH
+/// identification line (`SSH-...`, RFC 4253 4.2; lines before it allowed)
+/// before [`TIMEOUT`] (for all of them together) runs out.
+fn answers(addrs: &[SocketAddr]) -> bool {
+    let deadline = Instant::now() + TIMEOUT;
     for a in addrs {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {

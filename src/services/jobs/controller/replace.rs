@@ -10,6 +10,11 @@
 use super::*;
 use crate::core::replace::{self, REPLACE_WAIT};
 
+/// How long the survivors of a loss may take to be asked for a
+/// preemption notice; those that do not answer in time are left to the
+/// replacement's own checks.
+const NOTICE_CHECK: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// The recovery strategy that replaces only lost nodes.
 pub(crate) const REPLACE_LOST_NODES: &str = "REPLACE_LOST_NODES";
 
@@ -160,17 +165,36 @@ async fn lost_ranks(
         })
         .map(|n| n.rank)
         .collect();
-    if let Some((_, transport)) = nodes_and_transport(sh, m).await? {
-        let all = Arc::new(nodes.to_vec());
-        let noticed = tokio::task::spawn_blocking(move || {
-            all.iter()
-                .filter(|n| transport.preemption_notice(n).is_some())
-                .map(|n| n.rank)
-                .collect::<Vec<_>>()
-        })
-        .await
-        .unwrap_or_default();
-        lost.extend(noticed);
+    // Of the others, those about to be reclaimed: asked on the nodes
+    // themselves, so only of those still there (connecting to a lost one
+    // would wait out its connect timeout), and not for long.
+    let alive: Vec<NodeRow> = nodes
+        .iter()
+        .filter(|n| !lost.contains(&n.rank))
+        .cloned()
+        .collect();
+    let transport = match &m.reach {
+        Some(r) => Some(Arc::clone(&r.transport)),
+        None => sh
+            .cx
+            .providers()
+            .transport(&cloud, sh.cx.home(), cluster)
+            .map(Arc::from),
+    };
+    if let Some(transport) = transport {
+        let reached = tokio::time::timeout(NOTICE_CHECK, transport.connect(&alive)).await;
+        if matches!(reached, Ok(Ok(()))) {
+            let noticed = tokio::task::spawn_blocking(move || {
+                alive
+                    .iter()
+                    .filter(|n| transport.preemption_notice(n).is_some())
+                    .map(|n| n.rank)
+                    .collect::<Vec<_>>()
+            })
+            .await
+            .unwrap_or_default();
+            lost.extend(noticed);
+        }
     }
     lost.sort_unstable();
     lost.dedup();
