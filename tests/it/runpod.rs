@@ -175,7 +175,7 @@ fn runpod_check_names_where_the_key_came_from() {
 }
 
 #[test]
-fn runpod_catalog_refresh_reads_prices_and_keeps_only_data_centers_with_stock() {
+fn runpod_catalog_refresh_reads_prices_and_spot_prices_and_keeps_only_data_centers_with_stock() {
     let fake = match gpu_cloud::start("runpod", "0.5") {
         Ok(f) => f,
         Err(why) => return skip::skipped("runpod", why),
@@ -215,15 +215,18 @@ fn runpod_catalog_refresh_reads_prices_and_keeps_only_data_centers_with_stock() 
         .filter(|l| l.contains("_SECURE,") || l.contains("_COMMUNITY,"))
         .collect();
     assert_eq!(rows.len(), 2, "{csv}");
-    for (ty, dc, price) in [
-        ("1x_A100-80GB_SECURE", "US-KS-2", "1.39"),
-        ("2x_RTX4090_SECURE", "EU-RO-1", "1.38"),
+    // Spot prices come from GraphQL (v2 has none): GPUs times the spot
+    // price per GPU of the cloud ($0.70 an A100, $0.35 a 4090).
+    for (ty, dc, price, spot) in [
+        ("1x_A100-80GB_SECURE", "US-KS-2", "1.39", "0.7"),
+        ("2x_RTX4090_SECURE", "EU-RO-1", "1.38", "0.7"),
     ] {
         let row = rows
             .iter()
             .find(|l| l.starts_with(&format!("{ty},")) && l.contains(dc))
             .unwrap_or_else(|| panic!("{ty}: {csv}"));
         assert_eq!(row.split(',').nth(8), Some(price), "{row}");
+        assert_eq!(row.split(',').nth(9), Some(spot), "{row}");
     }
     assert!(out.contains("none free in US-TX-3"), "{out}\n{err}");
     assert_eq!(fake.violations()["count"], 0, "{}", fake.violations());

@@ -838,7 +838,50 @@ impl Provider for RunpodProvider {
                 .await?;
             stock.insert(t.clone(), g.available_in().map(String::from).collect());
         }
-        Ok(prices_of(&gpus.gpus, instance_types, regions, &stock))
+        let mut out = prices_of(&gpus.gpus, instance_types, regions, &stock);
+        // v2 has no spot prices: GraphQL's gpuTypes has them (one query for
+        // every type asked). Without them the quotes stay on demand only.
+        let ids: BTreeSet<String> = instance_types
+            .iter()
+            .filter_map(|t| types::parse(t).ok())
+            .map(|ty| ty.gpu_id)
+            .collect();
+        if !out.quotes.is_empty() {
+            match self
+                .client
+                .graphql::<api::SpotPrices>(
+                    api::SPOT_PRICES,
+                    serde_json::json!({ "input": { "ids": ids } }),
+                    false,
+                    "spot prices",
+                    "",
+                    Retry::Safe,
+                )
+                .await
+            {
+                Ok(spot) => add_spot_prices(&mut out, &spot),
+                Err(e) => out
+                    .notes
+                    .push(format!("no spot prices (on-demand only): {}", e.message)),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Gives each quote its pod's spot price from GraphQL's `gpuTypes`: the
+/// GPUs times the spot price per GPU of its cloud, where RunPod sells it.
+fn add_spot_prices(out: &mut Prices, spot: &api::SpotPrices) {
+    for q in &mut out.quotes {
+        let Ok(ty) = types::parse(&q.instance_type) else {
+            continue;
+        };
+        q.spot_price = spot
+            .gpu_types
+            .iter()
+            .find(|g| g.id == ty.gpu_id)
+            .and_then(|g| g.in_cloud(ty.cloud))
+            .map(|unit| (unit * f64::from(ty.count) * 10_000.0).round() / 10_000.0);
     }
 }
 
@@ -1022,6 +1065,13 @@ mod tests {
         );
         assert_eq!(p.quotes.len(), 1);
         assert_eq!(p.quotes[0].price, Some(2.38));
+        assert_eq!(p.quotes[0].spot_price, None);
+        let mut with_spot = p.clone();
+        let spot: api::SpotPrices = serde_json::from_value(serde_json::json!({"gpuTypes": [
+            {"id": "NVIDIA A100 80GB PCIe", "secureSpotPrice": 0.7, "communitySpotPrice": 0.6}]}))
+        .unwrap();
+        add_spot_prices(&mut with_spot, &spot);
+        assert_eq!(with_spot.quotes[0].spot_price, Some(1.2));
         assert_eq!(p.quotes[0].region, "US-KS-2");
         assert_eq!(p.notes.len(), 4, "{:?}", p.notes);
         assert!(p.notes.iter().any(|n| n.contains("none free in EU-RO-1")));
