@@ -2,7 +2,8 @@
 //! fake's REST v2 face (tests/emulators/runpod): its pods are a real
 //! sshd's loopback addresses on a port that is not 22 (what v2 says of a
 //! pod: `ssh.direct` {host, port}, as root), and it checks every request
-//! against RunPod's published v2 shapes.
+//! against RunPod's published v2 shapes; spot pods come from its GraphQL
+//! face (`podRentInterruptable`), checked against the published input.
 
 use std::process::Output;
 
@@ -123,7 +124,7 @@ fn a_runpod_gang_fails_over_a_stockout_runs_over_ssh_on_mapped_ports_and_down_le
 }
 
 #[test]
-fn runpod_check_names_where_the_key_came_from_and_spot_is_refused_with_why() {
+fn runpod_check_names_where_the_key_came_from() {
     let fake = match gpu_cloud::start("runpod", "0.5") {
         Ok(f) => f,
         Err(why) => return skip::skipped("runpod", why),
@@ -170,37 +171,11 @@ fn runpod_check_names_where_the_key_came_from_and_spot_is_refused_with_why() {
         "{out}"
     );
 
-    // A spot task on RunPod says why it cannot be, even where a catalog
-    // (SkyPilot's has RunPod spot prices from v1) offers it.
-    let cat = gpu_cloud::catalog(
-        &home,
-        "spot-catalog",
-        "runpod",
-        "2026-12-05",
-        &["1x_A100-80GB_SECURE,A100-80GB,1,80,8,117,US-KS-2,US-KS-2,1.39,0.70,false,false,"],
-    );
-    let task = home.file(
-        "runpod-spot.yaml",
-        "resources:\n  infra: runpod\n  accelerators: A100-80GB:1\n  use_spot: true\nrun: true\n",
-    );
-    let (code, out, err) = parts(&run(
-        &fake,
-        &home,
-        &["launch", &task, "--catalog", &cat, "-c", "spot", "-y"],
-    ));
-    let all = format!("{out}{err}");
-    assert_ne!(code, 0, "{all}");
-    assert!(all.contains("API v2 has no spot"), "{all}");
-    assert!(
-        fake.control("GET", "/_fake/state", serde_json::json!({}))["pods"]
-            .as_array()
-            .is_some_and(|p| p.is_empty())
-    );
     assert_eq!(fake.violations()["count"], 0, "{}", fake.violations());
 }
 
 #[test]
-fn runpod_catalog_refresh_reads_prices_and_keeps_only_data_centers_with_stock() {
+fn runpod_catalog_refresh_reads_prices_and_spot_prices_and_keeps_only_data_centers_with_stock() {
     let fake = match gpu_cloud::start("runpod", "0.5") {
         Ok(f) => f,
         Err(why) => return skip::skipped("runpod", why),
@@ -240,16 +215,92 @@ fn runpod_catalog_refresh_reads_prices_and_keeps_only_data_centers_with_stock() 
         .filter(|l| l.contains("_SECURE,") || l.contains("_COMMUNITY,"))
         .collect();
     assert_eq!(rows.len(), 2, "{csv}");
-    for (ty, dc, price) in [
-        ("1x_A100-80GB_SECURE", "US-KS-2", "1.39"),
-        ("2x_RTX4090_SECURE", "EU-RO-1", "1.38"),
+    // Spot prices come from GraphQL (v2 has none): GPUs times the spot
+    // price per GPU of the cloud ($0.70 an A100, $0.35 a 4090).
+    for (ty, dc, price, spot) in [
+        ("1x_A100-80GB_SECURE", "US-KS-2", "1.39", "0.7"),
+        ("2x_RTX4090_SECURE", "EU-RO-1", "1.38", "0.7"),
     ] {
         let row = rows
             .iter()
             .find(|l| l.starts_with(&format!("{ty},")) && l.contains(dc))
             .unwrap_or_else(|| panic!("{ty}: {csv}"));
         assert_eq!(row.split(',').nth(8), Some(price), "{row}");
+        assert_eq!(row.split(',').nth(9), Some(spot), "{row}");
     }
     assert!(out.contains("none free in US-TX-3"), "{out}\n{err}");
     assert_eq!(fake.violations()["count"], 0, "{}", fake.violations());
+}
+
+/// A managed job on RunPod spot: run 0 keeps a checkpoint of step 7, then
+/// RunPod interrupts its spot pod (v2 shows it EXITED); the job recovers on
+/// a new spot pod on another machine and resumes from step 7. The plan is
+/// RunPod's spot price from the catalog (which the old refusal never let
+/// a spot task reach), and the pods are rented at the live spot price.
+#[test]
+fn a_managed_job_on_runpod_spot_survives_a_preemption_from_its_kept_checkpoint() {
+    let fake = match gpu_cloud::start("runpod", "0.5") {
+        Ok(f) => f,
+        Err(why) => return skip::skipped("runpod", why),
+    };
+    let Some(before) = crate::sshd::Sshd::start_on_port("runpod", 1, SSH_PORT) else {
+        return;
+    };
+    let Some(after) = crate::sshd::Sshd::start_on_port("runpod", 1, SSH_PORT) else {
+        return;
+    };
+    after.authorize(&before.client_key.with_extension("pub"));
+    skip::ran("runpod");
+    let home = TestHome::new();
+    gpu_cloud::machines(&fake, &before, SSH_PORT);
+    let cat = gpu_cloud::catalog(
+        &home,
+        "spot-catalog",
+        "runpod",
+        "2026-12-05",
+        &["1x_A100-80GB_SECURE,A100-80GB,1,80,8,117,US-KS-2,US-KS-2,1.39,0.70,false,false,"],
+    );
+    let resources = "resources:\n  infra: runpod\n  accelerators: A100-80GB:1\n  use_spot: true\n\
+                     config:\n  runpod:\n    poll_ms: 100\n";
+    // The catalog's RunPod spot price is planned.
+    let plan_task = home.file("runpod-plan.yaml", &format!("{resources}run: 'true'\n"));
+    let (code, plan, err) = parts(&run(
+        &fake,
+        &home,
+        &["optimize", &plan_task, "--catalog", &cat, "-o", "json"],
+    ));
+    assert_eq!(code, 0, "{plan}\n{err}");
+    let first = json_doc(&plan)["plan"][0].clone();
+    assert_eq!(first["cloud"], "runpod", "{first}");
+    assert_eq!(first["use_spot"], true, "{first}");
+    assert_eq!(first["price_per_node_hour"], 0.7, "{first}");
+
+    gpu_cloud::a_managed_job_survives_a_preemption(
+        "runpod",
+        &fake,
+        &home,
+        &cat,
+        resources,
+        &after,
+        SSH_PORT,
+        |state| {
+            let victim = &state["pods"][0];
+            assert_eq!(victim["interruptible"], true, "{victim}");
+            assert_eq!(victim["_bid"], 0.7, "{victim}");
+            assert_eq!(
+                victim["_v2"]["env"]["GANGWAY_TAG_MARKET"], "spot",
+                "{victim}"
+            );
+            assert!(!victim.to_string().contains(KEY), "{victim}");
+            fake.control(
+                "POST",
+                "/_fake/preempt",
+                serde_json::json!({"id": victim["id"]}),
+            );
+        },
+    );
+    // Both pods were rented through GraphQL, none through v2's createPod.
+    let calls = &fake.state()["calls"];
+    assert!(calls["graphql"].as_u64().unwrap_or(0) >= 2, "{calls}");
+    assert_eq!(calls["createPod"].as_u64().unwrap_or(0), 0, "{calls}");
 }

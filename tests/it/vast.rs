@@ -170,74 +170,23 @@ fn a_managed_job_on_a_vast_bid_survives_an_outbid_from_its_kept_checkpoint() {
         "2026-12-05",
         &["1x_RTX_4090,RTX4090,1,24,32,64,US,US,0.40,0.18,false,false,"],
     );
-    let ready = home.path().join("ready");
-    let task = home.file(
-        "vast-spot.yaml",
-        &format!(
-            "resources:\n  infra: vast\n  accelerators: RTX4090:1\n  use_spot: true\n\
-             config:\n  vast:\n    poll_ms: 100\n\
-             checkpoint:\n  sync_interval: 1\nenvs:\n  GW_TEST_MARKER: {marker}\n\
-             run: |\n  ck=\"$GANGWAY_CHECKPOINT_DIR/step\"\n  \
-             if [ \"$GANGWAY_RESTART_COUNT\" = 0 ]; then\n    t=$(date +%s%3N)\n    \
-             echo 7 > \"$ck\"\n    \
-             while [ \"$(cat \"$GANGWAY_CHECKPOINT_DIR/.gangway-synced\" 2>/dev/null || echo 0)\" -lt \"$t\" ]; do sleep 0.05; done\n    \
-             touch {ready}\n    \
-             exec sleep 300\n  fi\n  \
-             echo \"resumed at step $(cat \"$ck\") in run $GANGWAY_RESTART_COUNT on $HOME\"\n",
-            marker = home.marker,
-            ready = ready.display()
-        ),
-    );
-    let mut c = gpu_cloud::command("vast", &fake, &home);
-    c.args(["jobs", "launch", &task, "-y", "--wait"])
-        .env("GANGWAY_CATALOG_DIR", &cat);
-    let job = crate::common::Running::start(c);
-    crate::common::wait_for(
-        "run 0 to keep its checkpoint",
-        std::time::Duration::from_secs(120),
-        || {
-            if ready.exists() {
-                Ok(())
-            } else {
-                Err("no ready file".into())
-            }
+    gpu_cloud::a_managed_job_survives_a_preemption(
+        "vast",
+        &fake,
+        &home,
+        &cat,
+        "resources:\n  infra: vast\n  accelerators: RTX4090:1\n  use_spot: true\n\
+         config:\n  vast:\n    poll_ms: 100\n",
+        &after,
+        SSH_PORT,
+        |state| {
+            let victim = &state["instances"][0];
+            assert_eq!(victim["is_bid"], true, "{victim}");
+            fake.control(
+                "POST",
+                "/_fake/outbid",
+                serde_json::json!({"id": victim["id"]}),
+            );
         },
     );
-    let state = fake.state();
-    let victim = state["instances"][0].clone();
-    assert_eq!(victim["is_bid"], true, "{victim}");
-    // The next rental lands on the other machine.
-    fake.control(
-        "POST",
-        "/_fake/machines",
-        serde_json::json!({"slots": [[after.addrs[0], SSH_PORT]], "authorized_keys": after.authorized_keys()}),
-    );
-    fake.control(
-        "POST",
-        "/_fake/outbid",
-        serde_json::json!({"id": victim["id"]}),
-    );
-    let (code, out, err) = parts(&job.wait());
-    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
-    assert!(
-        out.contains(&format!(
-            "resumed at step 7 in run 1 on {}",
-            after.home.display()
-        )),
-        "{out}\n{err}"
-    );
-    let (_, q, _) = parts(&run(&fake, &home, &["jobs", "queue", "-o", "json"]));
-    let j = json_doc(&q)["jobs"][0].clone();
-    assert_eq!(j["state"], "SUCCEEDED", "{j}");
-    assert_eq!(j["preemptions"], 1, "{j}");
-    crate::common::wait_for(
-        "the job's instances to be gone",
-        std::time::Duration::from_secs(60),
-        || match fake.leak_check() {
-            (0, _) => Ok(()),
-            (_, left) => Err(left),
-        },
-    );
-    assert_eq!(fake.violations()["count"], 0, "{}", fake.violations());
-    crate::common::assert_no_marker_procs(&home.marker, "the managed job ended");
 }

@@ -13,6 +13,12 @@
 //! are `application/problem+json` `{title, status, detail, errors?}`.
 //! Capacity has no code of its own, only a `detail`: errors are classified
 //! by status and operation, the words only where the status is ambiguous.
+//!
+//! Spot (interruptible) pods are not in v2: they are rented through
+//! RunPod's GraphQL API (`podRentInterruptable`, [`RentInterruptable`]) on
+//! the same base, key, limiter and retries, and read back like any pod
+//! through v2. GraphQL answers a refusal with HTTP 200 and an `errors`
+//! array of words only ([`classify_graphql`]).
 
 use std::collections::BTreeMap;
 
@@ -25,6 +31,11 @@ use gangway_provider::http::limit::Limiter;
 
 /// Where v2 is served (paths start `/v2/`).
 pub const DEFAULT_ENDPOINT: &str = "https://api.runpod.io";
+
+/// RunPod's GraphQL API under the same base (`https://api.runpod.io/graphql`),
+/// with the same `Authorization: Bearer` key as REST: only for what REST
+/// v2 lacks (spot pods and their prices).
+pub const GRAPHQL: &str = "/graphql";
 
 /// `PodStatus`.
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
@@ -214,6 +225,257 @@ pub struct CreatePod {
 
 fn is_false(b: &bool) -> bool {
     !*b
+}
+
+/// `EnvironmentVariableInput` of RunPod's GraphQL API.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct EnvVar {
+    /// The name.
+    pub key: String,
+    /// The value.
+    pub value: String,
+}
+
+/// GraphQL's `PodRentInterruptableInput`: the fields gangway sends to rent
+/// a spot (interruptible) pod, which REST v2 cannot make. Field names and
+/// types from RunPod's GraphQL spec (API-NOTES.md, "GraphQL: spot pods").
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RentInterruptable {
+    /// USD per GPU-hour offered (`Float!`).
+    pub bid_per_gpu: f64,
+    /// `CloudTypeEnum`: `SECURE` or `COMMUNITY` (gangway never sends `ALL`).
+    pub cloud_type: Cloud,
+    /// GPUs per pod (`Int!`).
+    pub gpu_count: u32,
+    /// GPU type id.
+    pub gpu_type_id: String,
+    /// The one data center (GraphQL takes one, not a list).
+    pub data_center_id: String,
+    /// Display name.
+    pub name: String,
+    /// Container image.
+    pub image_name: String,
+    /// Container disk, GB.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container_disk_in_gb: Option<u32>,
+    /// No pod volume (0), as the REST pods have none.
+    pub volume_in_gb: u32,
+    /// Published ports, comma-separated `N/tcp` (REST takes a list).
+    pub ports: String,
+    /// Environment as key/value pairs (REST takes an object).
+    pub env: Vec<EnvVar>,
+    /// A public address, so `22/tcp` gets a mapped port (`ssh.direct`).
+    pub support_public_ip: bool,
+}
+
+impl RentInterruptable {
+    /// The spot rent of the pod `create` describes, bidding `bid_per_gpu`:
+    /// the same name, image, GPUs, cloud, data center, ports, environment
+    /// and disk, in GraphQL's shapes. `None` when `create` names no data
+    /// center (GraphQL takes exactly one).
+    pub fn from_create(create: &CreatePod, bid_per_gpu: f64) -> Option<RentInterruptable> {
+        Some(RentInterruptable {
+            bid_per_gpu,
+            cloud_type: create.cloud,
+            gpu_count: create.gpu.count,
+            gpu_type_id: create.gpu.id.clone(),
+            data_center_id: create.data_center_ids.first()?.clone(),
+            name: create.name.clone(),
+            image_name: create.image.clone(),
+            container_disk_in_gb: create.disk,
+            volume_in_gb: 0,
+            ports: create.ports.join(","),
+            env: create
+                .env
+                .iter()
+                .map(|(k, v)| EnvVar {
+                    key: k.clone(),
+                    value: v.clone(),
+                })
+                .collect(),
+            support_public_ip: true,
+        })
+    }
+}
+
+/// The mutation that rents a spot pod; its `input` is a
+/// [`RentInterruptable`].
+pub const RENT_INTERRUPTABLE: &str = "mutation RentInterruptable($input: PodRentInterruptableInput!) { podRentInterruptable(input: $input) { id desiredStatus } }";
+
+/// The query of one GPU type's spot prices per GPU-hour.
+pub const SPOT_PRICES: &str = "query SpotPrices($input: GpuTypeFilter) { gpuTypes(input: $input) { id secureSpotPrice communitySpotPrice } }";
+
+/// What `podRentInterruptable` answers (the fields asked for).
+#[derive(Clone, Debug, Deserialize)]
+pub struct Rented {
+    /// The new pod's id.
+    pub id: String,
+}
+
+/// `data` of [`RENT_INTERRUPTABLE`].
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RentData {
+    /// Null when RunPod refused (its reason is in `errors`).
+    pub pod_rent_interruptable: Option<Rented>,
+}
+
+/// One GPU type's spot prices (GraphQL `GpuType`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SpotPrice {
+    /// GPU type id.
+    pub id: String,
+    /// USD per GPU-hour in the secure cloud; null where not sold spot.
+    #[serde(default)]
+    pub secure_spot_price: Option<f64>,
+    /// The same in the community cloud.
+    #[serde(default)]
+    pub community_spot_price: Option<f64>,
+}
+
+impl SpotPrice {
+    /// The spot price per GPU-hour in `cloud`, if sold there (a zero is
+    /// none).
+    pub fn in_cloud(&self, cloud: Cloud) -> Option<f64> {
+        match cloud {
+            Cloud::Secure => self.secure_spot_price,
+            Cloud::Community => self.community_spot_price,
+        }
+        .filter(|p| *p > 0.0)
+    }
+}
+
+/// `data` of [`SPOT_PRICES`].
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SpotPrices {
+    /// The matching types.
+    pub gpu_types: Vec<SpotPrice>,
+}
+
+/// One entry of a GraphQL answer's `errors`.
+#[derive(Clone, Debug, Default, Deserialize)]
+struct GqlError {
+    #[serde(default)]
+    message: String,
+    #[serde(default)]
+    extensions: Option<serde_json::Value>,
+}
+
+/// A GraphQL answer: `data`, `errors`, or both.
+#[derive(Deserialize)]
+struct GqlAnswer<T> {
+    #[serde(default = "Option::default")]
+    data: Option<T>,
+    #[serde(default)]
+    errors: Vec<GqlError>,
+}
+
+/// Words of a GraphQL error that say the request itself is wrong (the
+/// document's validation, graphql-js's wording).
+const GQL_INVALID_WORDS: &[&str] = &[
+    "is not defined by type",
+    "got invalid value",
+    "cannot query field",
+    "syntax error",
+    "must provide query",
+    "of required type",
+    "was not provided",
+    "expected type",
+    "unknown argument",
+];
+
+/// What a GraphQL error means for the failover loop, from its `message`,
+/// its `extensions.code` (where the server gives one) and the HTTP status.
+/// RunPod's errors carry no code of their own for capacity, only words
+/// (the same words as REST v2's createPod 400): "no longer any instances
+/// available", "no instances currently available", and a bid that is too
+/// low, are capacity; a key refused is auth; a short balance is fatal; the
+/// schema's validation is an invalid request. Anything else a `mutation`
+/// answers is capacity, as createPod's unexplained 400 is (RunPod answers
+/// a pod it could not place with an error and a null pod); anything else
+/// of a query is fatal.
+pub fn classify_graphql(
+    status: u16,
+    message: &str,
+    code: Option<&str>,
+    mutation: bool,
+) -> ErrorKind {
+    let words = message.to_ascii_lowercase();
+    let code = code.unwrap_or_default().to_ascii_uppercase();
+    if status == 401
+        || status == 403
+        || matches!(code.as_str(), "UNAUTHENTICATED" | "FORBIDDEN")
+        || words.contains("unauthorized")
+        || words.contains("api key")
+    {
+        return ErrorKind::Auth;
+    }
+    if status == 429 || (500..=599).contains(&status) {
+        return ErrorKind::Transient;
+    }
+    if words.contains("no longer any instances available")
+        || words.contains("no instances currently available")
+        || words.contains("not enough instances")
+        || (words.contains("bid") && (words.contains("low") || words.contains("minimum")))
+    {
+        return ErrorKind::Capacity;
+    }
+    if words.contains("balance") || words.contains("insufficient funds") {
+        return ErrorKind::Fatal;
+    }
+    if matches!(
+        code.as_str(),
+        "GRAPHQL_VALIDATION_FAILED" | "GRAPHQL_PARSE_FAILED" | "BAD_USER_INPUT"
+    ) || GQL_INVALID_WORDS.iter().any(|w| words.contains(w))
+    {
+        return ErrorKind::InvalidRequest;
+    }
+    if status >= 400 {
+        return ErrorKind::InvalidRequest;
+    }
+    if mutation {
+        ErrorKind::Capacity
+    } else {
+        ErrorKind::Fatal
+    }
+}
+
+/// The error of a GraphQL answer with `errors` (or without a body to
+/// read): the first error decides the kind; every message is in the words.
+pub fn graphql_error_of(
+    status: u16,
+    body: &[u8],
+    mutation: bool,
+    what: &str,
+    location: &str,
+) -> ProviderError {
+    let errors = serde_json::from_slice::<GqlAnswer<serde::de::IgnoredAny>>(body)
+        .map(|a| a.errors)
+        .unwrap_or_default();
+    let Some(first) = errors.first() else {
+        return error_of(status, body, Op::Other, what, location);
+    };
+    let code = first
+        .extensions
+        .as_ref()
+        .and_then(|e| e.get("code"))
+        .and_then(|c| c.as_str());
+    let kind = classify_graphql(status, &first.message, code, mutation);
+    let messages: Vec<&str> = errors.iter().map(|e| e.message.as_str()).collect();
+    let status_words = if status == 200 {
+        String::new()
+    } else {
+        format!("HTTP {status}: ")
+    };
+    ProviderError::new(
+        kind,
+        "runpod",
+        location,
+        format!("{what}: {status_words}{}", messages.join("; ")),
+    )
 }
 
 /// `PodActionRequest`.
@@ -463,6 +725,61 @@ impl Client {
         )
         .await
     }
+    /// `POST /graphql` of `query` with `variables` (the same base, key
+    /// and limiter as REST): its `data`, or the error its `errors` say
+    /// (GraphQL answers a refused request with HTTP 200 and `errors`).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn graphql<T: DeserializeOwned>(
+        &self,
+        query: &str,
+        variables: serde_json::Value,
+        mutation: bool,
+        what: &str,
+        location: &str,
+        retry: Retry,
+    ) -> Result<T, ProviderError> {
+        let body = serde_json::json!({"query": query, "variables": variables});
+        let bytes = self.inner.encode(&body, what, location)?;
+        let answer = self
+            .inner
+            .send(
+                reqwest::Method::POST,
+                GRAPHQL,
+                Some(&bytes),
+                false,
+                retry,
+                what,
+                location,
+            )
+            .await?;
+        match serde_json::from_slice::<GqlAnswer<T>>(&answer.body) {
+            Ok(GqlAnswer {
+                data: Some(data),
+                errors,
+            }) if answer.ok() && errors.is_empty() => Ok(data),
+            Ok(GqlAnswer { data: None, errors }) if answer.ok() && errors.is_empty() => {
+                Err(ProviderError::new(
+                    ErrorKind::Fatal,
+                    "runpod",
+                    location,
+                    format!("{what}: an answer without data or errors"),
+                ))
+            }
+            Err(e) if answer.ok() => Err(ProviderError::new(
+                ErrorKind::Fatal,
+                "runpod",
+                location,
+                format!("{what}: unexpected answer from {}: {e}", self.inner.base()),
+            )),
+            _ => Err(graphql_error_of(
+                answer.status,
+                &answer.body,
+                mutation,
+                what,
+                location,
+            )),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -550,6 +867,125 @@ mod tests {
         let v = serde_json::to_value(&gang).unwrap();
         assert_eq!(v["disk"], 80);
         assert_eq!(v["globalNetworking"], true);
+    }
+
+    #[test]
+    fn graphql_errors_are_classified_by_their_words() {
+        let cap = br#"{"errors": [{"message": "There are no longer any instances available with the requested specifications. Please refresh and try again.", "path": ["podRentInterruptable"]}], "data": {"podRentInterruptable": null}}"#;
+        let e = graphql_error_of(200, cap, true, "rent spot pod", "US-KS-2");
+        assert_eq!(e.kind, ErrorKind::Capacity);
+        assert!(e.kind.fails_over());
+        assert_eq!(
+            e.message,
+            "rent spot pod: There are no longer any instances available with the requested \
+             specifications. Please refresh and try again."
+        );
+        let low = br#"{"errors": [{"message": "Your bid price is lower than the minimum bid price for this GPU type."}]}"#;
+        assert_eq!(
+            graphql_error_of(200, low, true, "rent", "").kind,
+            ErrorKind::Capacity
+        );
+        let invalid = br#"{"errors": [{"message": "Field \"interruptible\" is not defined by type \"PodRentInterruptableInput\".", "extensions": {"code": "BAD_USER_INPUT"}}]}"#;
+        let e = graphql_error_of(400, invalid, true, "rent", "");
+        assert_eq!(e.kind, ErrorKind::InvalidRequest);
+        assert!(
+            e.message.starts_with("rent: HTTP 400: Field"),
+            "{}",
+            e.message
+        );
+        // The validation words decide even at HTTP 200.
+        assert_eq!(
+            graphql_error_of(200, invalid, true, "rent", "").kind,
+            ErrorKind::InvalidRequest
+        );
+        let auth = br#"{"errors": [{"message": "Unauthorized"}]}"#;
+        assert_eq!(
+            graphql_error_of(401, auth, true, "rent", "").kind,
+            ErrorKind::Auth
+        );
+        for (status, words, mutation, kind) in [
+            (
+                200,
+                "Insufficient balance to rent this pod",
+                true,
+                ErrorKind::Fatal,
+            ),
+            (200, "something new went wrong", true, ErrorKind::Capacity),
+            (200, "something new went wrong", false, ErrorKind::Fatal),
+            (429, "rate limit exceeded", false, ErrorKind::Transient),
+            (502, "bad gateway", true, ErrorKind::Transient),
+            (200, "x", true, ErrorKind::Capacity),
+        ] {
+            assert_eq!(
+                classify_graphql(status, words, None, mutation),
+                kind,
+                "{words}"
+            );
+        }
+        assert_eq!(
+            classify_graphql(200, "x", Some("UNAUTHENTICATED"), true),
+            ErrorKind::Auth
+        );
+        // No errors array to read: the REST reading of the status.
+        let e = graphql_error_of(503, b"<html>down</html>", false, "spot price", "");
+        assert_eq!(e.kind, ErrorKind::Transient);
+    }
+
+    #[test]
+    fn a_spot_rent_is_the_on_demand_body_in_graphqls_shapes() {
+        let create = CreatePod {
+            name: "c-0".into(),
+            image: "img".into(),
+            gpu: CreateGpu {
+                id: "NVIDIA A100 80GB PCIe".into(),
+                count: 2,
+            },
+            cloud: Cloud::Community,
+            data_center_ids: vec!["EU-RO-1".into()],
+            ports: vec!["22/tcp".into(), "8000/tcp".into()],
+            env: [
+                ("PUBLIC_KEY".to_string(), "ssh-ed25519 AAAA".to_string()),
+                ("GANGWAY_TAG_CLUSTER".to_string(), "c".to_string()),
+            ]
+            .into_iter()
+            .collect(),
+            disk: None,
+            global_networking: false,
+        };
+        let rent = RentInterruptable::from_create(&create, 0.6).unwrap();
+        assert_eq!(
+            serde_json::to_value(&rent).unwrap(),
+            serde_json::json!({
+                "bidPerGpu": 0.6, "cloudType": "COMMUNITY", "gpuCount": 2,
+                "gpuTypeId": "NVIDIA A100 80GB PCIe", "dataCenterId": "EU-RO-1",
+                "name": "c-0", "imageName": "img", "volumeInGb": 0,
+                "ports": "22/tcp,8000/tcp",
+                "env": [{"key": "GANGWAY_TAG_CLUSTER", "value": "c"},
+                        {"key": "PUBLIC_KEY", "value": "ssh-ed25519 AAAA"}],
+                "supportPublicIp": true,
+            })
+        );
+        let disk = CreatePod {
+            disk: Some(80),
+            ..create.clone()
+        };
+        assert_eq!(
+            serde_json::to_value(RentInterruptable::from_create(&disk, 0.6).unwrap()).unwrap()
+                ["containerDiskInGb"],
+            80
+        );
+        let nowhere = CreatePod {
+            data_center_ids: Vec::new(),
+            ..create
+        };
+        assert!(RentInterruptable::from_create(&nowhere, 0.6).is_none());
+        // The mutation asks for the input type by name, as a variable.
+        assert!(RENT_INTERRUPTABLE.contains("($input: PodRentInterruptableInput!)"));
+        let p: SpotPrices = serde_json::from_value(serde_json::json!({"gpuTypes": [
+            {"id": "NVIDIA A100 80GB PCIe", "secureSpotPrice": 0.7, "communitySpotPrice": null}]}))
+        .unwrap();
+        assert_eq!(p.gpu_types[0].in_cloud(Cloud::Secure), Some(0.7));
+        assert_eq!(p.gpu_types[0].in_cloud(Cloud::Community), None);
     }
 
     #[test]

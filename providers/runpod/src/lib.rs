@@ -18,7 +18,17 @@
 //! RunPod's global networking, so its ranks reach each other on private
 //! addresses; data centers without it have no room for a gang.
 //!
-//! v2 has no spot (interruptible) pods: a spot launch is refused. The API
+//! Spot (interruptible) pods are not in v2: a spot launch rents them
+//! through RunPod's GraphQL API (`podRentInterruptable`), one request a
+//! pod, and is otherwise the same launch (reconcile, names and tags,
+//! ports, key, all or nothing, waiting, teardown through v2). The bid is
+//! the GPU type's spot price per GPU-hour now (GraphQL `gpuTypes`: the
+//! figure the catalog's spot column comes from); `max_hourly_cost` only
+//! caps it: a spot price over the cap per GPU is no capacity here. A spot
+//! pod carries `GANGWAY_TAG_MARKET=spot`; one RunPod stopped (`EXITED`) is
+//! preempted. GraphQL's spot input has no global networking, so a spot
+//! gang of several pods is refused unless `config.runpod.global_networking`
+//! is `false` (its ranks then meet on public addresses). The API
 //! key comes from `RUNPOD_API_KEY`, else runpodctl's config (module
 //! [`key`]); it is sent only in the `Authorization` header.
 //! `GANGWAY_RUNPOD_ENDPOINT` points the client elsewhere (the test fake)
@@ -42,7 +52,7 @@ use serde::Deserialize;
 
 use api::{Client, Op, Pod, PodStatus, Retry};
 use gangway_provider::http::record::Records;
-use names::{TAG_CLUSTER, TAG_OWNER, TAG_USER};
+use names::{SPOT, TAG_CLUSTER, TAG_MARKET, TAG_OWNER, TAG_USER};
 
 /// Replaces [`api::DEFAULT_ENDPOINT`] (a fake, a proxy).
 pub const ENDPOINT_VAR: &str = "GANGWAY_RUNPOD_ENDPOINT";
@@ -295,7 +305,11 @@ impl RunpodProvider {
             let cloud = p.cloud.unwrap_or(api::Cloud::Secure);
             extra.insert("instance_type".into(), types::name(g.count, &g.id, cloud));
         }
-        extra.insert("market".into(), "on-demand".into());
+        let spot = p.env(TAG_MARKET) == Some(SPOT);
+        extra.insert(
+            "market".into(),
+            if spot { "spot" } else { "on-demand" }.into(),
+        );
         if p.cost > 0.0 {
             extra.insert(gangway_provider::PRICE_FACT.into(), p.cost.to_string());
         }
@@ -309,10 +323,17 @@ impl RunpodProvider {
             // gangway never stops a pod: one that is not running any more
             // was stopped by RunPod, its host, or someone else.
             PodStatus::Exited | PodStatus::Error => NodeState::Preempted {
-                reason: format!(
-                    "RunPod reports pod {} {:?} (gangway never stops pods)",
-                    p.id, p.status
-                )
+                reason: if spot {
+                    format!(
+                        "RunPod interrupted spot pod {} (it reports {:?}; gangway never stops pods)",
+                        p.id, p.status
+                    )
+                } else {
+                    format!(
+                        "RunPod reports pod {} {:?} (gangway never stops pods)",
+                        p.id, p.status
+                    )
+                }
                 .replace("Exited", "EXITED")
                 .replace("Error", "ERROR"),
             },
@@ -365,13 +386,16 @@ impl RunpodProvider {
             })
     }
 
-    /// Creates the shortfall one pod at a time; the ids created go into
-    /// `created` as they come, so a failure part way can undo them.
+    /// Creates the shortfall one pod at a time, on demand through v2 or,
+    /// with a `bid` (USD per GPU-hour), as spot pods through GraphQL; the
+    /// ids created go into `created` as they come, so a failure part way
+    /// can undo them.
     async fn create_shortfall(
         &self,
         req: &LaunchRequest,
         keep: &[Pod],
         body: &api::CreatePod,
+        bid: Option<f64>,
         dc: &str,
         created: &mut BTreeSet<String>,
     ) -> Result<()> {
@@ -386,23 +410,111 @@ impl RunpodProvider {
                 ..body.clone()
             };
             index += 1;
-            let pod: Option<Pod> = self
-                .client
-                .post(
-                    PODS,
-                    &body,
-                    Op::Create,
-                    "create pod",
-                    dc,
-                    Retry::OnlyThrottled,
-                )
-                .await?;
-            let pod =
-                pod.ok_or_else(|| Self::err(ErrorKind::Fatal, dc, "create pod: an empty answer"))?;
-            created.insert(pod.id);
+            let id = match bid {
+                None => {
+                    let pod: Option<Pod> = self
+                        .client
+                        .post(
+                            PODS,
+                            &body,
+                            Op::Create,
+                            "create pod",
+                            dc,
+                            Retry::OnlyThrottled,
+                        )
+                        .await?;
+                    pod.ok_or_else(|| {
+                        Self::err(ErrorKind::Fatal, dc, "create pod: an empty answer")
+                    })?
+                    .id
+                }
+                Some(bid) => self.rent_spot(&body, bid, dc).await?,
+            };
+            created.insert(id);
         }
         Ok(())
     }
+
+    /// Rents the spot pod `body` describes through GraphQL, bidding `bid`
+    /// per GPU-hour; its id.
+    async fn rent_spot(&self, body: &api::CreatePod, bid: f64, dc: &str) -> Result<String> {
+        let input = api::RentInterruptable::from_create(body, bid).ok_or_else(|| {
+            Self::err(
+                ErrorKind::InvalidRequest,
+                dc,
+                "a RunPod spot pod needs a data center",
+            )
+        })?;
+        let rented: api::RentData = self
+            .client
+            .graphql(
+                api::RENT_INTERRUPTABLE,
+                serde_json::json!({ "input": input }),
+                true,
+                "rent spot pod",
+                dc,
+                Retry::OnlyThrottled,
+            )
+            .await?;
+        rented.pod_rent_interruptable.map(|r| r.id).ok_or_else(|| {
+            Self::err(
+                ErrorKind::Capacity,
+                dc,
+                "rent spot pod: RunPod rented no pod and gave no reason",
+            )
+        })
+    }
+
+    /// The bid per GPU-hour for a spot pod of `ty`: the type's spot price
+    /// in its cloud now, unless `max_price` (per pod-hour) caps it below
+    /// that, which is no capacity here.
+    async fn spot_bid(&self, ty: &types::PodType, max_price: Option<f64>, dc: &str) -> Result<f64> {
+        let prices: api::SpotPrices = self
+            .client
+            .graphql(
+                api::SPOT_PRICES,
+                serde_json::json!({ "input": { "id": ty.gpu_id } }),
+                false,
+                "spot price",
+                dc,
+                Retry::Safe,
+            )
+            .await?;
+        bid_of(&prices, ty, max_price).map_err(|why| Self::err(ErrorKind::Capacity, dc, why))
+    }
+}
+
+/// The bid per GPU-hour for a spot pod of `ty` from `prices` (GraphQL
+/// `gpuTypes`): the spot price of its cloud, unless `max_price` (USD per
+/// pod-hour) is under it per GPU; `Err` says why there is no bid.
+fn bid_of(
+    prices: &api::SpotPrices,
+    ty: &types::PodType,
+    max_price: Option<f64>,
+) -> std::result::Result<f64, String> {
+    let cloud = ty.cloud.as_str().to_lowercase();
+    let price = prices
+        .gpu_types
+        .iter()
+        .find(|g| g.id == ty.gpu_id)
+        .and_then(|g| g.in_cloud(ty.cloud))
+        .ok_or_else(|| {
+            format!(
+                "RunPod sells no spot {} in its {cloud} cloud now",
+                ty.gpu_id
+            )
+        })?;
+    if let Some(cap) = max_price {
+        let per_gpu = cap / f64::from(ty.count.max(1));
+        if per_gpu < price {
+            return Err(format!(
+                "the spot price of {} in RunPod's {cloud} cloud, ${price}/GPU-hour, \
+                 is over max_hourly_cost ${cap}/h for {} GPUs",
+                ty.gpu_id, ty.count
+            ));
+        }
+    }
+    Ok(price)
 }
 
 /// The data center of a placement: its zone, else its region.
@@ -504,16 +616,21 @@ impl Provider for RunpodProvider {
     async fn launch(&self, req: &LaunchRequest) -> Result<Vec<Node>> {
         let dc = data_center(&req.placement).to_string();
         let dc = dc.as_str();
-        if req.use_spot {
+        let opts = RunpodOptions::from_value(req.provider_config.as_ref())
+            .map_err(|e| Self::err(ErrorKind::InvalidRequest, dc, e))?;
+        if req.use_spot
+            && (opts.global_networking == Some(true)
+                || (req.count > 1 && opts.global_networking.is_none()))
+        {
             return Err(Self::err(
                 ErrorKind::InvalidRequest,
                 dc,
-                "RunPod's REST API v2 has no spot (interruptible) pods; \
-                 gangway launches RunPod pods on demand only (use_spot: false)",
+                "RunPod rents spot pods through GraphQL's podRentInterruptable, whose input \
+                 has no global networking: a spot gang's ranks could not reach each other \
+                 on private addresses (launch it on demand, or set \
+                 config.runpod.global_networking: false to meet on public addresses)",
             ));
         }
-        let opts = RunpodOptions::from_value(req.provider_config.as_ref())
-            .map_err(|e| Self::err(ErrorKind::InvalidRequest, dc, e))?;
         let ty = types::parse(&req.instance_type)
             .map_err(|e| Self::err(ErrorKind::InvalidRequest, dc, e))?;
         if dc.is_empty() {
@@ -539,6 +656,7 @@ impl Provider for RunpodProvider {
         let existing = self.mine(&req.cluster.0, dc).await?;
         let fits = |p: &Pod| {
             p.data_center_id.as_deref() == Some(dc)
+                && (p.env(TAG_MARKET) == Some(SPOT)) == req.use_spot
                 && p.cloud == Some(ty.cloud)
                 && p.gpu
                     .as_ref()
@@ -565,6 +683,15 @@ impl Provider for RunpodProvider {
         for &(a, b) in &req.ports {
             ports.extend((a..=b).take(32).map(|p| format!("{p}/tcp")));
         }
+        let mut env = names::env(
+            &req.cluster.0,
+            &self.owner,
+            self.user.as_deref(),
+            &public_key,
+        );
+        if req.use_spot {
+            env.insert(TAG_MARKET.to_string(), SPOT.to_string());
+        }
         let body = api::CreatePod {
             name: String::new(),
             image,
@@ -575,18 +702,18 @@ impl Provider for RunpodProvider {
             cloud: ty.cloud,
             data_center_ids: vec![dc.to_string()],
             ports,
-            env: names::env(
-                &req.cluster.0,
-                &self.owner,
-                self.user.as_deref(),
-                &public_key,
-            ),
+            env,
             disk: req.disk_size_gib,
             global_networking: opts.global_networking.unwrap_or(req.count > 1),
         };
+        let bid = if req.use_spot && keep.len() < req.count as usize {
+            Some(self.spot_bid(&ty, req.max_price, dc).await?)
+        } else {
+            None
+        };
         let mut created = BTreeSet::new();
         let mut result = self
-            .create_shortfall(req, &keep, &body, dc, &mut created)
+            .create_shortfall(req, &keep, &body, bid, dc, &mut created)
             .await;
         let mut ids: BTreeSet<String> = keep.iter().map(|p| p.id.clone()).collect();
         ids.extend(created.iter().cloned());
@@ -711,7 +838,50 @@ impl Provider for RunpodProvider {
                 .await?;
             stock.insert(t.clone(), g.available_in().map(String::from).collect());
         }
-        Ok(prices_of(&gpus.gpus, instance_types, regions, &stock))
+        let mut out = prices_of(&gpus.gpus, instance_types, regions, &stock);
+        // v2 has no spot prices: GraphQL's gpuTypes has them (one query for
+        // every type asked). Without them the quotes stay on demand only.
+        let ids: BTreeSet<String> = instance_types
+            .iter()
+            .filter_map(|t| types::parse(t).ok())
+            .map(|ty| ty.gpu_id)
+            .collect();
+        if !out.quotes.is_empty() {
+            match self
+                .client
+                .graphql::<api::SpotPrices>(
+                    api::SPOT_PRICES,
+                    serde_json::json!({ "input": { "ids": ids } }),
+                    false,
+                    "spot prices",
+                    "",
+                    Retry::Safe,
+                )
+                .await
+            {
+                Ok(spot) => add_spot_prices(&mut out, &spot),
+                Err(e) => out
+                    .notes
+                    .push(format!("no spot prices (on-demand only): {}", e.message)),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Gives each quote its pod's spot price from GraphQL's `gpuTypes`: the
+/// GPUs times the spot price per GPU of its cloud, where RunPod sells it.
+fn add_spot_prices(out: &mut Prices, spot: &api::SpotPrices) {
+    for q in &mut out.quotes {
+        let Ok(ty) = types::parse(&q.instance_type) else {
+            continue;
+        };
+        q.spot_price = spot
+            .gpu_types
+            .iter()
+            .find(|g| g.id == ty.gpu_id)
+            .and_then(|g| g.in_cloud(ty.cloud))
+            .map(|unit| (unit * f64::from(ty.count) * 10_000.0).round() / 10_000.0);
     }
 }
 
@@ -825,6 +995,53 @@ mod tests {
     }
 
     #[test]
+    fn a_spot_pod_runpod_stopped_is_preempted_and_marked_spot() {
+        let p = RunpodProvider::new("/nonexistent".into(), "gw-0123456789abcdef", "/k".into());
+        let mut spot = pod("EXITED", false);
+        spot.env.insert(TAG_MARKET.into(), SPOT.into());
+        let n = p.node(&spot, None);
+        assert_eq!(n.extra["market"], "spot");
+        match n.state {
+            NodeState::Preempted { reason } => {
+                assert!(reason.contains("interrupted spot pod p1"), "{reason}");
+                assert!(reason.contains("EXITED"), "{reason}");
+            }
+            s => panic!("{s:?}"),
+        }
+        assert_eq!(
+            p.node(&pod("RUNNING", true), None).extra["market"],
+            "on-demand"
+        );
+    }
+
+    #[test]
+    fn the_bid_is_the_spot_price_of_the_cloud_unless_max_price_caps_it() {
+        let prices: api::SpotPrices = serde_json::from_value(serde_json::json!({"gpuTypes": [
+            {"id": "NVIDIA A100 80GB PCIe", "secureSpotPrice": 0.7, "communitySpotPrice": 0.6},
+            {"id": "NVIDIA H100 80GB HBM3", "secureSpotPrice": 1.35, "communitySpotPrice": null}]}))
+        .unwrap();
+        let a100 = types::parse("2x_A100-80GB_COMMUNITY").unwrap();
+        assert_eq!(bid_of(&prices, &a100, None), Ok(0.6));
+        // $1.20 an hour for two GPUs is $0.60 a GPU: enough.
+        assert_eq!(bid_of(&prices, &a100, Some(1.2)), Ok(0.6));
+        // A higher cap is no higher bid.
+        assert_eq!(bid_of(&prices, &a100, Some(10.0)), Ok(0.6));
+        let e = bid_of(&prices, &a100, Some(1.0)).unwrap_err();
+        assert!(
+            e.contains("$0.6/GPU-hour") && e.contains("max_hourly_cost $1/h"),
+            "{e}"
+        );
+        let h100 = types::parse("1x_H100_COMMUNITY").unwrap();
+        let e = bid_of(&prices, &h100, None).unwrap_err();
+        assert!(
+            e.contains("no spot NVIDIA H100 80GB HBM3 in its community cloud"),
+            "{e}"
+        );
+        let l4 = types::parse("1x_L4_SECURE").unwrap();
+        assert!(bid_of(&prices, &l4, None).is_err());
+    }
+
+    #[test]
     fn prices_are_gpus_times_the_clouds_price_where_pods_are_free_now() {
         let gpus: api::GpuTypes = serde_json::from_value(serde_json::json!({"gpus": [
             {"id": "NVIDIA A100 80GB PCIe", "name": "A100 PCIe", "secure": true, "community": true,
@@ -848,6 +1065,13 @@ mod tests {
         );
         assert_eq!(p.quotes.len(), 1);
         assert_eq!(p.quotes[0].price, Some(2.38));
+        assert_eq!(p.quotes[0].spot_price, None);
+        let mut with_spot = p.clone();
+        let spot: api::SpotPrices = serde_json::from_value(serde_json::json!({"gpuTypes": [
+            {"id": "NVIDIA A100 80GB PCIe", "secureSpotPrice": 0.7, "communitySpotPrice": 0.6}]}))
+        .unwrap();
+        add_spot_prices(&mut with_spot, &spot);
+        assert_eq!(with_spot.quotes[0].spot_price, Some(1.2));
         assert_eq!(p.quotes[0].region, "US-KS-2");
         assert_eq!(p.notes.len(), 4, "{:?}", p.notes);
         assert!(p.notes.iter().any(|n| n.contains("none free in EU-RO-1")));

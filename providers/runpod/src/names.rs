@@ -1,8 +1,9 @@
 //! The names gangway gives its pods and the tags it puts on them. A v2 pod
 //! has no tags and the pod list has no filter, so the tags travel in the
 //! pod's environment, which every listing returns: `GANGWAY_TAG_CLUSTER`,
-//! `GANGWAY_TAG_OWNER` (this installation's owner id) and
-//! `GANGWAY_TAG_USER` (readable). They are not `GANGWAY_CLUSTER`: the core
+//! `GANGWAY_TAG_OWNER` (this installation's owner id),
+//! `GANGWAY_TAG_USER` (readable) and, on spot pods only,
+//! `GANGWAY_TAG_MARKET=spot`. They are not `GANGWAY_CLUSTER`: the core
 //! finds a cluster's processes on a node by that variable, and every
 //! process of a pod has the pod's environment.
 
@@ -14,6 +15,11 @@ pub const TAG_CLUSTER: &str = "GANGWAY_TAG_CLUSTER";
 pub const TAG_OWNER: &str = "GANGWAY_TAG_OWNER";
 /// The variable naming the user who launched it, for people.
 pub const TAG_USER: &str = "GANGWAY_TAG_USER";
+/// The variable marking a spot (interruptible) pod: v2 shows no market,
+/// and a pod RunPod stopped is told apart by it.
+pub const TAG_MARKET: &str = "GANGWAY_TAG_MARKET";
+/// [`TAG_MARKET`]'s value on spot pods (on-demand pods have none).
+pub const SPOT: &str = "spot";
 /// What RunPod's images put into root's `authorized_keys` at start.
 pub const PUBLIC_KEY: &str = "PUBLIC_KEY";
 

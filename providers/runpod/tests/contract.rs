@@ -25,6 +25,8 @@ const REGION: &str = "US-KS-2";
 const BOOT: &str = "1.5";
 
 struct Runpod {
+    /// Spot pods (rented through GraphQL) instead of on-demand ones.
+    spot: bool,
     fake: GpuCloudFake,
     p: RunpodProvider,
     owner: String,
@@ -65,7 +67,14 @@ impl Harness for Runpod {
 
     fn request(&self, cluster: &ClusterName, count: u32, client_token: &str) -> LaunchRequest {
         LaunchRequest {
-            provider_config: Some(json!({"poll_ms": 50, "boot_timeout_s": 30})),
+            // Spot gangs meet on public addresses (GraphQL's spot input has
+            // no global networking): said so, or the launch is refused.
+            provider_config: Some(if self.spot {
+                json!({"poll_ms": 50, "boot_timeout_s": 30, "global_networking": false})
+            } else {
+                json!({"poll_ms": 50, "boot_timeout_s": 30})
+            }),
+            use_spot: self.spot,
             ..contract::request(
                 cluster,
                 count,
@@ -85,6 +94,13 @@ impl Harness for Runpod {
     fn fail_with(&self, _cluster: &ClusterName, kind: ErrorKind) -> Result<(), Unsupported> {
         match kind {
             ErrorKind::Capacity => self.capacity(serde_json::Value::Null),
+            ErrorKind::InvalidRequest if self.spot => {
+                self.fake.control(
+                    "POST",
+                    "/_fake/create-failure",
+                    json!({"api": "graphql", "status": 400, "message": "Variable \"$input\" got invalid value at \"input\"; Field \"gpuCount\" of required type \"Int!\" was not provided."}),
+                );
+            }
             ErrorKind::InvalidRequest => {
                 self.fake.control(
                     "POST",
@@ -151,14 +167,15 @@ impl Harness for Runpod {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_runpod_provider_keeps_the_provider_contract() {
+/// The contract against a fresh fake, on demand or spot.
+async fn keeps_the_contract(spot: bool) {
     let Some(fake) = skip::gate("runpod", GpuCloudFake::start("runpod", BOOT, &[])) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
     let owner = "gw-00000000000c0de3".to_string();
     let h = Runpod {
+        spot,
         p: provider(&fake, dir.path(), &owner),
         fake,
         owner,
@@ -171,4 +188,22 @@ async fn the_runpod_provider_keeps_the_provider_contract() {
     let v = h.fake.violations();
     let all = v["violations"].as_array().cloned().unwrap_or_default();
     assert!(all.iter().all(|x| x["kind"] == "auth"), "{v}");
+    if spot {
+        // Every pod it made was a spot pod, rented through GraphQL.
+        let calls = &h.fake.state()["calls"];
+        assert!(calls["graphql"].as_u64().unwrap_or(0) > 0, "{calls}");
+        assert_eq!(calls["createPod"].as_u64().unwrap_or(0), 0, "{calls}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runpod_provider_keeps_the_provider_contract() {
+    keeps_the_contract(false).await;
+}
+
+/// The same contract for spot pods: rented through GraphQL, otherwise the
+/// same launch (reconcile, all or nothing, tags, teardown).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runpod_provider_keeps_the_provider_contract_with_spot_pods() {
+    keeps_the_contract(true).await;
 }

@@ -1,7 +1,8 @@
 //! The provider against the RunPod fake (tests/emulators/runpod, its REST
 //! v2 face), without the binary: launch, describe, failover errors,
-//! all-or-nothing, sweeps and teardown, with the fake's request checks at
-//! zero violations. The pods are not reachable (no sshd here); the
+//! all-or-nothing, sweeps and teardown, spot pods rented through its
+//! GraphQL face and preempted, with the fake's request checks at zero
+//! violations. The pods are not reachable (no sshd here); the
 //! binary's suite (`tests/it/runpod.rs`) runs commands on them.
 
 use std::path::Path;
@@ -131,7 +132,7 @@ async fn a_gang_launches_in_one_data_center_reconciles_and_terminates_leaving_no
 }
 
 #[tokio::test]
-async fn no_room_fails_over_a_half_created_gang_is_undone_and_spot_is_refused() {
+async fn no_room_fails_over_and_a_half_created_gang_is_undone() {
     let Some(fake) = fake() else { return };
     let dir = tempfile::tempdir().unwrap();
     let p = provider(&fake, dir.path(), OWNER);
@@ -157,13 +158,6 @@ async fn no_room_fails_over_a_half_created_gang_is_undone_and_spot_is_refused() 
     assert!(p.describe(&req.cluster).await.unwrap().is_empty());
     assert!(pods(&fake).is_empty(), "{:?}", pods(&fake));
 
-    // Spot is refused before anything is asked.
-    let mut spot = request("s", "1x_RTX4090_SECURE", "EU-RO-1", 1);
-    spot.use_spot = true;
-    let e = p.launch(&spot).await.unwrap_err();
-    assert_eq!(e.kind, ErrorKind::InvalidRequest);
-    assert!(e.message.contains("no spot"), "{e}");
-
     // Throttling is retried, not an error.
     fake.control(
         "POST",
@@ -175,7 +169,7 @@ async fn no_room_fails_over_a_half_created_gang_is_undone_and_spot_is_refused() 
         .await
         .unwrap();
     assert_eq!(ok.len(), 1);
-    for c in ["none", "half", "s", "r"] {
+    for c in ["none", "half", "r"] {
         p.terminate(&ClusterName(c.into())).await.unwrap();
     }
     assert_eq!(fake.leaks(), (0, 0));
@@ -203,4 +197,149 @@ async fn a_wrong_key_is_an_auth_error_that_never_shows_the_key() {
     let e = p.describe(&ClusterName("x".into())).await.unwrap_err();
     assert_eq!(e.kind, ErrorKind::Auth);
     assert!(!format!("{e:?}").contains("secret_wrong"));
+}
+
+fn spot(cluster: &str, ty: &str, dc: &str, count: u32) -> LaunchRequest {
+    LaunchRequest {
+        use_spot: true,
+        ..request(cluster, ty, dc, count)
+    }
+}
+
+/// The fake's pod `id`.
+fn pod(fake: &Fake, id: &str) -> serde_json::Value {
+    pods(fake)
+        .into_iter()
+        .find(|p| p["id"] == id)
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn spot_pods_are_rented_through_graphql_at_the_spot_price_and_an_interrupted_one_is_replaced()
+{
+    let Some(fake) = fake() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let p = provider(&fake, dir.path(), OWNER);
+    let req = spot("sp", "1x_A100-80GB_SECURE", "US-KS-2", 1);
+    let nodes = p.launch(&req).await.unwrap();
+    assert_eq!(nodes.len(), 1);
+    let n = &nodes[0];
+    assert_eq!(n.state, NodeState::Running);
+    assert_eq!(n.extra["market"], "spot");
+    assert_eq!(n.extra["ssh.user"], "root");
+    assert_eq!(n.placement.zone, "US-KS-2");
+    let first = pod(&fake, &n.id.0);
+    // Bid the secure cloud's spot price per GPU ($0.70), not its $1.39.
+    assert_eq!(first["interruptible"], true, "{first}");
+    assert_eq!(first["_bid"], 0.7, "{first}");
+    let env = &first["_v2"]["env"];
+    assert_eq!(env["GANGWAY_TAG_MARKET"], "spot", "{first}");
+    assert_eq!(env["GANGWAY_TAG_OWNER"], OWNER, "{first}");
+    assert!(env["PUBLIC_KEY"]
+        .as_str()
+        .unwrap_or_default()
+        .starts_with("ssh-ed25519"));
+    assert_eq!(
+        first["_v2"]["ports"],
+        serde_json::json!(["22/tcp"]),
+        "{first}"
+    );
+    assert_eq!(first["_v2"]["name"], "sp-0", "{first}");
+
+    // Launching again keeps it; an on-demand launch of the cluster does not
+    // take a spot pod for its own.
+    let again = p.launch(&req).await.unwrap();
+    assert_eq!(again[0].id, n.id);
+
+    // RunPod interrupts it: v2 shows it EXITED, gangway preempted.
+    fake.control("POST", "/_fake/preempt", serde_json::json!({"id": n.id.0}));
+    let seen = p.describe(&req.cluster).await.unwrap();
+    match &seen[0].state {
+        NodeState::Preempted { reason } => {
+            assert!(reason.contains("interrupted spot pod"), "{reason}")
+        }
+        s => panic!("{s:?}"),
+    }
+    // The recovery's launch terminates it and rents another.
+    let next = p.launch(&req).await.unwrap();
+    assert_ne!(next[0].id, n.id);
+    assert_eq!(pods(&fake).len(), 1, "{:?}", pods(&fake));
+    assert_eq!(next[0].extra["market"], "spot");
+
+    // A cap under the spot price per GPU is no capacity, and asks nothing.
+    let capped = LaunchRequest {
+        max_price: Some(1.0),
+        ..spot("cap", "2x_A100-80GB_SECURE", "US-KS-2", 1)
+    };
+    let e = p.launch(&capped).await.unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Capacity, "{e}");
+    assert!(e.message.contains("max_hourly_cost"), "{e}");
+    // No spot H100 in US-KS-2: RunPod's capacity words, which fail over.
+    let e = p
+        .launch(&spot("none", "1x_H100_SECURE", "US-KS-2", 1))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Capacity, "{e}");
+    assert!(e.message.contains("no longer any instances"), "{e}");
+    assert!(!e.to_string().contains("test-key"), "{e}");
+    // A throttled rent is retried.
+    fake.control(
+        "POST",
+        "/_fake/create-failure",
+        serde_json::json!({"api": "graphql", "status": 429, "message": "slow down", "times": 2}),
+    );
+    let ok = p
+        .launch(&spot("r", "1x_RTX4090_SECURE", "EU-RO-1", 1))
+        .await
+        .unwrap();
+    assert_eq!(ok[0].extra["market"], "spot");
+    assert_eq!(pod(&fake, &ok[0].id.0)["_bid"], 0.35);
+    for c in ["sp", "cap", "none", "r"] {
+        p.terminate(&ClusterName(c.into())).await.unwrap();
+    }
+    assert_eq!(fake.leaks(), (0, 0));
+    assert_eq!(fake.violations()["count"], 0, "{}", fake.violations());
+}
+
+#[tokio::test]
+async fn a_spot_gang_is_all_or_nothing_and_refused_where_its_ranks_could_not_meet() {
+    let Some(fake) = fake() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let p = provider(&fake, dir.path(), OWNER);
+    // No global networking through GraphQL: a gang of spot pods says why.
+    let e = p
+        .launch(&spot("g", "1x_A100-80GB_SECURE", "US-KS-2", 2))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::InvalidRequest, "{e}");
+    assert!(e.message.contains("global networking"), "{e}");
+    assert!(pods(&fake).is_empty());
+
+    // Asked to meet on public addresses: two pods, or none.
+    let public = |cluster: &str, ty: &str, n: u32| LaunchRequest {
+        provider_config: Some(
+            serde_json::json!({"poll_ms": 50, "boot_timeout_s": 20, "global_networking": false}),
+        ),
+        ..spot(cluster, ty, "US-KS-2", n)
+    };
+    let nodes = p
+        .launch(&public("g", "1x_A100-80GB_SECURE", 2))
+        .await
+        .unwrap();
+    assert_eq!(nodes.len(), 2);
+    assert!(nodes.iter().all(|n| n.extra["market"] == "spot"));
+    fake.control(
+        "POST",
+        "/_fake/capacity",
+        serde_json::json!({"gpuTypeId": "NVIDIA L40S", "dataCenterId": "US-KS-2", "cloudType": "SECURE", "gpus": 1}),
+    );
+    let half = public("half", "1x_L40S_SECURE", 3);
+    let e = p.launch(&half).await.unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Capacity, "{e}");
+    assert!(p.describe(&half.cluster).await.unwrap().is_empty());
+    for c in ["g", "half"] {
+        p.terminate(&ClusterName(c.into())).await.unwrap();
+    }
+    assert_eq!(fake.leaks(), (0, 0));
+    assert_eq!(fake.violations()["count"], 0, "{}", fake.violations());
 }

@@ -12,7 +12,10 @@ then REST v2 (v2_checks): problem+json errors (401, 404, 405, 409, 422,
 400 rules and capacity, 429 from the limiter v1 shares), the GPU and data
 center catalogs, create/list/get/action/delete, ssh through ssh.direct,
 account keys with startSsh, and pods made through one API seen, stopped,
-started and deleted through the other.
+started and deleted through the other; then GraphQL spot pods (spot_checks):
+podRentInterruptable's input checked field by field, a bid under the spot
+price and no capacity refused with HTTP 200 `errors`, the pod seen through
+v2, reached through ssh.direct, preempted to EXITED, and deleted.
 Prints one line per check and `N passed, N failed`; exits 1 on failure.
 """
 
@@ -159,6 +162,7 @@ def main():
         check("no violations left", v["count"] == 0, v)
 
         v2_checks(url, sshd, pub)
+        spot_checks(url, sshd, pub)
     finally:
         if sshd is not None:
             sshd.close()
@@ -433,6 +437,104 @@ def v2_checks(url, sshd, pub):
     leak = subprocess.run([sys.executable, os.path.join(HERE, "..", "gpucloud", "leak_check.py"),
                            "--endpoint", url, "--keys"], capture_output=True, text=True)
     check("leak_check.py --keys: nothing left (exit 0)", leak.returncode == 0, leak.stdout)
+
+
+RENT = ("mutation RentInterruptable($input: PodRentInterruptableInput!) "
+        "{ podRentInterruptable(input: $input) { id desiredStatus imageName env machine { podHostId } } }")
+
+
+def spot_checks(url, sshd, pub):
+    """GraphQL podRentInterruptable: spot pods that v2 then shows."""
+    def gql(variables, query=RENT):
+        return call(url + "/graphql", "POST", {"query": query, "variables": variables}, AUTH)
+
+    def v2(method, path):
+        return call(url + "/v2" + path, method, None, AUTH)
+
+    def violations():
+        return call(url + "/_fake/violations")[1]["count"]
+
+    call(url + "/_fake/violations", "DELETE")
+    if sshd is not None:
+        call(url + "/_fake/machines", "POST", {"slots": [["127.0.0.1", sshd.port]], "authorized_keys": ""})
+    base = {"bidPerGpu": 0.7, "cloudType": "SECURE", "gpuCount": 1, "gpuTypeId": "NVIDIA A100 80GB PCIe",
+            "dataCenterId": "US-KS-2", "name": "gangway-spot-0", "imageName": "runpod/pytorch",
+            "volumeInGb": 0, "ports": "22/tcp,8000/tcp", "supportPublicIp": True,
+            "env": [{"key": "PUBLIC_KEY", "value": pub}, {"key": "GANGWAY_TAG_CLUSTER", "value": "sp"}]}
+
+    # the input type, field by field: each refused with HTTP 400 and a violation
+    for name, inp, words in [
+        ("an unknown field", dict(base, interruptible=True),
+         'Field "interruptible" is not defined by type "PodRentInterruptableInput"'),
+        ("bidPerGpu missing", {k: v for k, v in base.items() if k != "bidPerGpu"},
+         'Field "bidPerGpu" of required type "Float!" was not provided'),
+        ("bidPerGpu a string", dict(base, bidPerGpu="0.7"), 'at "input.bidPerGpu"'),
+        ("gpuCount a float", dict(base, gpuCount=1.5), 'at "input.gpuCount"'),
+        ("cloudType not in CloudTypeEnum", dict(base, cloudType="SPOT"), 'at "input.cloudType"'),
+        ("env as an object (REST's shape)", dict(base, env={"A": "b"}), 'at "input.env'),
+        ("env item without value", dict(base, env=[{"key": "A"}]),
+         'Field "value" of required type "String!" was not provided'),
+        ("ports as a list (REST's shape)", dict(base, ports=["22/tcp"]), 'at "input.ports'),
+    ]:
+        s, b, _ = gql({"input": inp})
+        msg = " ".join(e["message"] for e in b.get("errors", [])) if isinstance(b, dict) else ""
+        check(f"podRentInterruptable, {name}: 400 and a violation", s == 400 and words in msg
+              and "data" not in b and violations() == 1, b)
+        call(url + "/_fake/violations", "DELETE")
+    s, b, _ = gql({"input": base}, RENT.replace("desiredStatus", "bogus"))
+    check("an unknown Pod field: 400", s == 400 and 'Cannot query field "bogus" on type "Pod"' in
+          b["errors"][0]["message"] and violations() == 1, b)
+    call(url + "/_fake/violations", "DELETE")
+
+    # refusals: HTTP 200, errors[], a null pod, no violation
+    s, b, _ = gql({"input": dict(base, bidPerGpu=0.5)})
+    check("a bid under the spot price ($0.70): 200, errors, null pod",
+          s == 200 and b["data"]["podRentInterruptable"] is None
+          and "below the current minimum bid" in b["errors"][0]["message"], b)
+    s, b, _ = gql({"input": dict(base, gpuTypeId="NVIDIA H100 80GB HBM3", bidPerGpu=2.0)})
+    check("no spot H100 free in US-KS-2: RunPod's capacity words",
+          s == 200 and b["data"]["podRentInterruptable"] is None
+          and "no longer any instances available" in b["errors"][0]["message"], b)
+    call(url + "/_fake/create-failure", "POST", {"api": "graphql"})
+    s, b, _ = gql({"input": base})
+    check("/_fake/create-failure api graphql: the capacity words once",
+          s == 200 and "no longer any instances" in b["errors"][0]["message"], b)
+    call(url + "/_fake/create-failure", "POST", {"api": "graphql", "status": 429, "message": "slow down"})
+    s, b, _ = gql({"input": base})
+    check("... or the status asked for", s == 429 and b["errors"][0]["message"] == "slow down", b)
+    check("refusals are no violations", violations() == 0)
+
+    # a spot pod, seen through v2
+    s, b, _ = gql({"input": base})
+    pod = (b.get("data") or {}).get("podRentInterruptable") or {}
+    check("a spot pod: id, desiredStatus RUNNING, env as K=V strings, machine.podHostId",
+          s == 200 and pod.get("desiredStatus") == "RUNNING" and "GANGWAY_TAG_CLUSTER=sp" in pod.get("env", [])
+          and pod["machine"]["podHostId"].startswith(pod["id"]), b)
+    sid = pod.get("id")
+    state = call(url + "/_fake/state")[1]
+    rec = next((p for p in state["pods"] if p["id"] == sid), {})
+    check("the fake holds it interruptible at the bid", rec.get("interruptible") is True and rec.get("_bid") == 0.7
+          and rec.get("costPerHr") == 0.7, rec)
+    got = wait_for(lambda: (lambda r: r[1] if r[1].get("status") == "RUNNING" else None)(v2("GET", f"/pods/{sid}")), 5)
+    check("v2 shows it RUNNING in US-KS-2 with the env and ports asked",
+          got and got["dataCenterId"] == "US-KS-2" and got["env"]["GANGWAY_TAG_CLUSTER"] == "sp"
+          and got["ports"] == ["22/tcp", "8000/tcp"] and got["cloud"] == "SECURE", got)
+    if sshd is not None and got:
+        r = sshd.ssh(got["ssh"]["direct"]["host"], got["ssh"]["direct"]["port"], "echo spot-reached")
+        check("ssh through ssh.direct with the PUBLIC_KEY given", r.returncode == 0
+              and r.stdout.strip() == "spot-reached", r.stderr)
+    s, b, _ = call(url + "/_fake/preempt", "POST", {"id": sid})
+    check("/_fake/preempt interrupts it", s == 200 and "spot pod interrupted" in b["lastStatusChange"], b)
+    s, b, _ = v2("GET", f"/pods/{sid}")
+    check("v2 shows the interrupted spot pod EXITED, cost 0, no ssh.direct, runtime null",
+          s == 200 and b["status"] == "EXITED" and b["cost"] == 0.0 and b["ssh"]["direct"] is None
+          and b["runtime"] is None, b)
+    s, b, _ = v2("DELETE", f"/pods/{sid}")
+    check("and v2 deletes it: 204", s == 204, b)
+    check("spot: no violations", violations() == 0)
+    leak = subprocess.run([sys.executable, os.path.join(HERE, "..", "gpucloud", "leak_check.py"),
+                           "--endpoint", url], capture_output=True, text=True)
+    check("spot: leak_check.py finds nothing (exit 0)", leak.returncode == 0, leak.stdout)
 
 
 if __name__ == "__main__":

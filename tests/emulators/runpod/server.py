@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Fake RunPod API (REST v1 and v2 pods, v2 catalog, GraphQL gpuTypes) for
+"""Fake RunPod API (REST v1 and v2 pods, v2 catalog, GraphQL gpuTypes and
+podRentInterruptable spot pods) for
 gangway's RunPod provider tests.
 
 REST at RunPod's paths (`/v1/pods`, as under https://rest.runpod.io): create
@@ -8,7 +9,8 @@ dataCenterIds, imageName, ports "22/tcp", env with PUBLIC_KEY, ...), list,
 get (publicIp, portMappings {"22": PORT}), stop, delete, with `Authorization:
 Bearer KEY`. GraphQL at `/graphql` (as https://api.runpod.io/graphql,
 `?api_key=` or Bearer) answers `gpuTypes` with secure/community/spot prices
-and `lowestPrice`. Capacity per (GPU type, data center, cloud type): RunPod's
+and `lowestPrice`, and rents spot pods (`podRentInterruptable`, its input
+checked field by field, a bid under the spot price refused). Capacity per (GPU type, data center, cloud type): RunPod's
 "There are no instances currently available" when none fits; spot
 preemption; pods reachable through a real sshd. Requests are checked
 against runpod-api-subset.json (from RunPod's REST v1 OpenAPI document, see
@@ -28,6 +30,7 @@ against runpod-api-v2-subset.json (from the v2 OpenAPI document).
                      [--api-key KEY] [--rate-scale S] [--boot-seconds S]
 """
 
+import json
 import math
 import os
 import re
@@ -747,10 +750,17 @@ class RunPodFake(Fake):
         except ValueError as e:
             self.violation(req, "graphql", [str(e)])
             return Reply(400, {"errors": [{"message": f"Syntax Error: {e}"}]})
-        if doc["operation"] != "query":
-            problems.append(f"{doc['operation']}: only queries (gpuTypes) are emulated")
-        data, errors = {}, []
+        if doc["operation"] not in ("query", "mutation"):
+            problems.append(f"{doc['operation']}: only queries (gpuTypes) and mutations "
+                            "(podRentInterruptable) are emulated")
+        data, errors, refusals = {}, [], []
         for field in doc["selections"]:
+            if doc["operation"] == "mutation":
+                if field["name"] != "podRentInterruptable":
+                    errors.append(f'Cannot query field "{field["name"]}" on type "Mutation".')
+                    continue
+                data[field["alias"]] = self.gql_rent(field, errors, refusals)
+                continue
             if field["name"] != "gpuTypes":
                 errors.append(f'Cannot query field "{field["name"]}" on type "Query".')
                 continue
@@ -759,8 +769,151 @@ class RunPodFake(Fake):
         if problems:
             self.violation(req, "graphql", problems)
         if errors:
-            return Reply(400, {"errors": [{"message": m} for m in errors]})
+            # the document's validation (and variable coercion) fails before
+            # anything runs: HTTP 400, no data
+            return Reply(400, {"errors": [{"message": m, "extensions": {"code": "BAD_USER_INPUT"}}
+                                          for m in errors]})
+        if refusals:
+            status = refusals[0].get("status") or 200
+            body = {"errors": [{"message": r["message"], "path": [r["field"]]} for r in refusals]}
+            if status == 200:
+                body["data"] = data
+            return Reply(status, body)
         return Reply(200, {"data": data})
+
+    def gql_input_errors(self, value, type_name, where, errors):
+        """Checks `value` against GraphQL input type `type_name` ("Float!",
+        "[EnvironmentVariableInput]", an input object or enum of GQL),
+        appending graphql-js's words for what is wrong."""
+        if type_name.endswith("!"):
+            if value is None:
+                errors.append(f'Variable "$input" got invalid value null at "{where}"; '
+                              f'Expected non-nullable type "{type_name}" not to be null.')
+                return
+            type_name = type_name[:-1]
+        if value is None:
+            return
+        if type_name.startswith("["):
+            inner = type_name[1:-1]
+            for n, item in enumerate(value if isinstance(value, list) else [value]):
+                self.gql_input_errors(item, inner, f"{where}[{n}]" if isinstance(value, list) else where, errors)
+            return
+        bad = None
+        if type_name == "Float":
+            bad = not isinstance(value, (int, float)) or isinstance(value, bool)
+        elif type_name == "Int":
+            bad = not isinstance(value, int) or isinstance(value, bool) or not -2**31 <= value < 2**31
+        elif type_name in ("String", "DateTime"):
+            bad = not isinstance(value, str)
+        elif type_name == "Boolean":
+            bad = not isinstance(value, bool)
+        elif isinstance(GQL.get(type_name), list):         # an enum
+            bad = value not in GQL[type_name]
+        elif isinstance(GQL.get(type_name), dict):         # an input object
+            if not isinstance(value, dict):
+                bad = True
+            else:
+                fields = GQL[type_name]
+                for k in value:
+                    if k not in fields:
+                        errors.append(f'Variable "$input" got invalid value at "{where}"; '
+                                      f'Field "{k}" is not defined by type "{type_name}".')
+                for k, t in fields.items():
+                    if t.endswith("!") and k not in value:
+                        errors.append(f'Variable "$input" got invalid value at "{where}"; '
+                                      f'Field "{k}" of required type "{t}" was not provided.')
+                    elif k in value:
+                        self.gql_input_errors(value[k], t, f"{where}.{k}", errors)
+                return
+        if bad:
+            errors.append(f'Variable "$input" got invalid value {json.dumps(value)[:60]} at "{where}"; '
+                          f'{type_name} cannot represent {json.dumps(value)[:60]}.')
+
+    def gql_rent(self, field, errors, refusals):
+        """podRentInterruptable: a spot pod, or None with the reason in
+        `refusals` (HTTP 200, `errors`, a null pod, as GraphQL answers)."""
+        if set(field["args"]) != {"input"}:
+            errors.append('Field "podRentInterruptable" takes exactly one argument, "input" '
+                          '(PodRentInterruptableInput!).')
+            return None
+        inp = field["args"]["input"]
+        self.gql_input_errors(inp, "PodRentInterruptableInput!", "input", errors)
+        for sel in field["selections"]:
+            if sel["name"] not in GQL["Pod"]:
+                errors.append(f'Cannot query field "{sel["name"]}" on type "Pod".')
+            elif sel["name"] == "machine":
+                for sub in sel["selections"]:
+                    if sub["name"] not in GQL["Machine"]:
+                        errors.append(f'Cannot query field "{sub["name"]}" on type "Machine".')
+        if not field["selections"]:
+            errors.append('Field "podRentInterruptable" of type "Pod" must have a selection of subfields.')
+        if errors:
+            return None
+
+        def refuse(message, status=None):
+            refusals.append({"field": field["alias"], "message": message, "status": status})
+            return None
+
+        failure = self._pop_failure("graphql")
+        if failure:
+            return refuse(failure["message"] or V2_NO_INSTANCES, failure["status"])
+        if inp.get("templateId") or inp.get("networkVolumeId"):
+            return refuse("templates and network volumes are not emulated by this fake")
+        gid = inp.get("gpuTypeId")
+        if gid not in GPU_TYPES:
+            return refuse(V2_NO_INSTANCES)
+        count = inp.get("gpuCount") or 1
+        dcs = [inp["dataCenterId"]] if inp.get("dataCenterId") else DATA_CENTERS
+        if dcs[0] not in DATA_CENTERS:
+            return refuse(f"dataCenterId: unknown data center {dcs[0]!r}")
+        ports = [p for p in (inp.get("ports") or "").split(",") if p]
+        bad_ports = [p for p in ports if not re.fullmatch(r"\d{1,5}/(tcp|http)", p)]
+        if bad_ports:
+            return refuse(f"ports: {bad_ports[0]!r} is not PORT/tcp or PORT/http")
+        clouds = {"SECURE": ["SECURE"], "COMMUNITY": ["COMMUNITY"]}.get(inp.get("cloudType") or "ALL",
+                                                                      ["SECURE", "COMMUNITY"])
+        bid = inp["bidPerGpu"]
+        priced = [(c, self._unit_price(gid, c, True)) for c in clouds]
+        priced = [(c, p) for c, p in priced if p is not None]
+        if not priced:
+            return refuse(V2_NO_INSTANCES)
+        floor = min(p for _, p in priced)
+        if bid < floor:
+            return refuse(f"Your bid of ${bid}/GPU is below the current minimum bid of ${floor}/GPU "
+                          "for this GPU type: raise your bid.")
+        choice = None
+        for cloud, price in priced:
+            if bid >= price:
+                choice = self._place([gid], count, cloud, dcs, spot=True)
+                if choice:
+                    break
+        if choice is None:
+            return refuse(V2_NO_INSTANCES)
+        env = {e["key"]: e["value"] for e in inp.get("env") or []}
+        pod = self._new_pod(
+            gid, choice[1], cloud, count, True, name=inp.get("name") or "my pod",
+            image=inp.get("imageName") or "runpod/base", env=env, ports=ports, locked=False,
+            disk=inp.get("containerDiskInGb") or 50, volume=inp.get("volumeInGb") or 0,
+            mount_path=inp.get("volumeMountPath") or "/workspace", vcpus=2 * count)
+        pod["costPerHr"] = pod["adjustedCostPerHr"] = round(bid * count, 4)
+        pod["_bid"] = bid
+        pod["_public"] = inp.get("supportPublicIp", True) is not False
+        values = {"id": pod["id"], "name": pod["name"], "desiredStatus": pod["desiredStatus"],
+                  "imageName": pod["image"], "env": [f"{k}={v}" for k, v in env.items()],
+                  "machineId": pod["machineId"], "machine": {"podHostId": f"{pod['id']}-{pod['machineId'][:8]}"},
+                  "costPerHr": pod["costPerHr"], "adjustedCostPerHr": pod["adjustedCostPerHr"],
+                  "gpuCount": count, "vcpuCount": pod["vcpuCount"], "memoryInGb": pod["memoryInGb"],
+                  "containerDiskInGb": pod["containerDiskInGb"], "volumeInGb": pod["volumeInGb"],
+                  "volumeMountPath": pod["volumeMountPath"], "ports": ",".join(ports),
+                  "interruptible": True, "locked": False, "lastStatusChange": pod["lastStatusChange"],
+                  "lastStartedAt": pod["lastStartedAt"]}
+        out = {}
+        for sel in field["selections"]:
+            v = values[sel["name"]]
+            if sel["name"] == "machine":
+                v = {sub["alias"]: v[sub["name"]] for sub in sel["selections"]}
+            out[sel["alias"]] = v
+        return out
 
     def gql_gpu_types(self, field, errors):
         filt = field["args"].get("input") or {}
@@ -829,7 +982,7 @@ class RunPodFake(Fake):
             if (pod["desiredStatus"] == "RUNNING" and not pod["_booted"]
                     and now - pod["_created"] >= self.args.boot_seconds):
                 pod["_booted"] = True
-                pod["publicIp"] = pod["_address"]
+                pod["publicIp"] = pod["_address"] if pod.get("_public", True) else None
                 mapped = {}
                 for n, spec in enumerate(pod["ports"]):
                     port, proto = spec.split("/")
@@ -844,7 +997,7 @@ class RunPodFake(Fake):
         live = [p for p in self.pods.values()]
         return {
             "pods": [dict(self.pod_view(p, {"includeMachine": ["true"]}), _ssh=[p["_address"], p["_ssh_port"]],
-                          _v2=self.pod_v2_view(p))
+                          _v2=self.pod_v2_view(p), _bid=p.get("_bid"))
                      for p in live],
             "ssh_keys": [{"id": str(n), "name": (k.split(None, 2)[2:] or [None])[0], "public_key": k}
                          for n, k in enumerate(self.account_keys)],
@@ -867,8 +1020,8 @@ class RunPodFake(Fake):
             return Reply(200, self.state()["capacity"])
         if what == "create-failure" and req.method == "POST":
             api = b.get("api")
-            if api not in (None, "v1", "v2"):
-                raise ValueError('"api" is "v1", "v2" or absent (either)')
+            if api not in (None, "v1", "v2", "graphql"):
+                raise ValueError('"api" is "v1", "v2", "graphql" (podRentInterruptable) or absent (any)')
             status = b.get("status")
             if status is not None:
                 status = int(status)
