@@ -1146,11 +1146,16 @@ fn netns_pool(
     .unwrap();
 }
 
-#[test]
-fn a_gang_on_namespaced_nodes_stops_when_one_stops_answering_and_names_it() {
-    let Some(keys) = NetnsKeys::new() else { return };
-    let nodes: Vec<NetnsNode> = (0..3)
-        .map(|i| NetnsNode::start(&format!("gw-node-{i}"), Link::Host, &keys))
+/// `count` namespaced nodes named `<prefix>-<i>`, all hosts of pool `ns`
+/// in a fresh home; `None` (the suite said why) where namespaces cannot be
+/// made.
+fn namespaced_pool(
+    prefix: &str,
+    count: usize,
+) -> Option<(NetnsKeys, Vec<NetnsNode>, crate::common::TestHome)> {
+    let keys = NetnsKeys::new()?;
+    let nodes: Vec<NetnsNode> = (0..count)
+        .map(|i| NetnsNode::start(&format!("{prefix}-{i}"), Link::Host, &keys))
         .collect();
     let home = crate::common::TestHome::new();
     netns_pool(
@@ -1158,6 +1163,14 @@ fn a_gang_on_namespaced_nodes_stops_when_one_stops_answering_and_names_it() {
         &keys,
         &nodes.iter().map(|n| (n, None)).collect::<Vec<_>>(),
     );
+    Some((keys, nodes, home))
+}
+
+#[test]
+fn a_gang_on_namespaced_nodes_stops_when_one_stops_answering_and_names_it() {
+    let Some((_keys, nodes, home)) = namespaced_pool("gw-node", 3) else {
+        return;
+    };
     let t = home.file(
         "gang.yaml",
         &format!(
@@ -1213,16 +1226,9 @@ fn a_gang_on_namespaced_nodes_stops_when_one_stops_answering_and_names_it() {
 /// and takes the third host for rank 1; both resume from step 7.
 #[test]
 fn a_managed_gang_on_a_pool_replaces_only_the_host_that_stopped_answering() {
-    let Some(keys) = NetnsKeys::new() else { return };
-    let nodes: Vec<NetnsNode> = (0..3)
-        .map(|i| NetnsNode::start(&format!("gw-rp-{i}"), Link::Host, &keys))
-        .collect();
-    let home = crate::common::TestHome::new();
-    netns_pool(
-        &home,
-        &keys,
-        &nodes.iter().map(|n| (n, None)).collect::<Vec<_>>(),
-    );
+    let Some((_keys, nodes, home)) = namespaced_pool("gw-rp", 3) else {
+        return;
+    };
     let t = home.file(
         "gang.yaml",
         &format!(
