@@ -578,6 +578,7 @@ fn queue(out: Output) -> Result<ExitCode, Error> {
                 j.state.to_string(),
                 j.restart_count.to_string(),
                 j.preemptions.to_string(),
+                j.nodes_replaced.to_string(),
                 format!("{:.4}", crate::services::cost::job_cost(&store, j, now)),
                 j.placement.clone().unwrap_or_else(|| "-".into()),
                 j.detail
@@ -595,6 +596,7 @@ fn queue(out: Output) -> Result<ExitCode, Error> {
             "STATE",
             "RESTARTS",
             "PREEMPTIONS",
+            "NODES REPLACED",
             "COST $",
             "PLACEMENT",
             "DETAIL",

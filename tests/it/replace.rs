@@ -89,6 +89,7 @@ fn a_gang_that_loses_one_node_without_notice_keeps_the_other_three() {
     let (job, ever, log, events) = run_gang(&home, &task);
     assert_eq!(job["state"], "SUCCEEDED", "{job}");
     assert_eq!(job["preemptions"], 1, "{job}");
+    assert_eq!(job["nodes_replaced"], 1, "{job}");
     finished_exactly(&log);
     // Four nodes, then one more: the survivors were kept.
     assert_eq!(ever, 5, "instances ever: {ever}\n{}", reasons(&events));
@@ -138,6 +139,7 @@ fn a_whole_gang_strategy_or_a_mostly_lost_gang_recovers_it_whole() {
     let task = gang_task(&home, Some("EAGER_NEXT_REGION"), 1, None);
     let (job, ever, log, _) = run_gang(&home, &task);
     assert_eq!(job["state"], "SUCCEEDED", "{job}");
+    assert_eq!(job["nodes_replaced"], 0, "{job}");
     finished_exactly(&log);
     assert_eq!(ever, 8, "a new gang of four");
     assert_eq!(setups(&log), 8, "{log}");

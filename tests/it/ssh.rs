@@ -1326,6 +1326,8 @@ fn a_managed_gang_on_a_pool_replaces_only_the_host_that_stopped_answering() {
     let (_, q, _) = crate::common::parts(&home.run(["jobs", "queue", "-o", "json"]));
     let j = crate::common::json_doc(&q)["jobs"][0].clone();
     assert_eq!(j["state"], "SUCCEEDED", "{j}");
+    assert_eq!(j["nodes_replaced"], 1, "{j}");
+    assert_eq!(j["restarts_on_errors"], 0, "{j}");
     // Nothing left on the hosts that answer; the pool is free again.
     lost.kill_all();
     crate::common::wait_for(

@@ -112,6 +112,9 @@ pub(crate) struct ManagedJob {
     pub(crate) preemptions: u32,
     /// Runs started after the first (GANGWAY_RESTART_COUNT).
     pub(crate) restart_count: u32,
+    /// Nodes replaced in place after losses (`REPLACE_LOST_NODES`), the
+    /// survivors kept.
+    pub(crate) nodes_replaced: u32,
     /// Blocked placements (JSON list).
     #[serde(skip)]
     pub(crate) blocks: String,
@@ -251,7 +254,7 @@ pub(crate) struct ManagedEvent {
 const COLS: &str = "id, name, state, desired, task, cluster, inner_job, restarts_on_errors,
     preemptions, restart_count, blocks, placement, price_per_hour, cost_so_far, running_since,
     notice_at, last_sync_at, recovery_started_at, next_try_at, submitted_at, ended_at, detail,
-    work_done_ms, work_since, market, moving_to, location";
+    work_done_ms, work_since, market, moving_to, location, nodes_replaced";
 
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ManagedJob> {
     let state: String = r.get(2)?;
@@ -289,6 +292,7 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ManagedJob> {
         location: r
             .get::<_, Option<String>>(26)?
             .and_then(|t| serde_json::from_str(&t).ok()),
+        nodes_replaced: r.get(27)?,
     })
 }
 
@@ -403,7 +407,8 @@ impl Store {
                     price_per_hour = ?9, cost_so_far = ?10, running_since = ?11, notice_at = ?12,
                     last_sync_at = ?13, recovery_started_at = ?14, next_try_at = ?15,
                     ended_at = COALESCE(ended_at, ?16), detail = ?17, work_done_ms = ?18,
-                    work_since = ?19, market = ?20, moving_to = ?21, location = ?22
+                    work_since = ?19, market = ?20, moving_to = ?21, location = ?22,
+                    nodes_replaced = ?23
                  WHERE id = ?1",
                 params![
                     job.id,
@@ -430,6 +435,7 @@ impl Store {
                     job.location
                         .as_ref()
                         .and_then(|l| serde_json::to_string(l).ok()),
+                    job.nodes_replaced,
                 ],
             )
             .map_err(|e| self.db(e))?;

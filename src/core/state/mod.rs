@@ -168,6 +168,9 @@ const MIGRATIONS: &[&str] = &[
     // 8: where a ledger row's price came from: the plan's, or what the
     // provider reported for the nodes it launched (a spot market price).
     "ALTER TABLE ledger ADD COLUMN price_source TEXT NOT NULL DEFAULT 'plan';",
+    // 9: how many of a managed job's nodes were replaced in place
+    // (`REPLACE_LOST_NODES`), for `jobs queue`.
+    "ALTER TABLE managed_jobs ADD COLUMN nodes_replaced INTEGER NOT NULL DEFAULT 0;",
 ];
 
 /// The cluster's price per hour as its provider reported it at launch

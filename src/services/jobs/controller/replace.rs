@@ -103,6 +103,7 @@ pub(super) async fn replace_lost(sh: &Shared, m: &mut Memo) -> Result<bool, crat
         price_per_node_hour: per_node,
     });
     let was = m.job().state;
+    m.job().nodes_replaced += replaced.swapped.len() as u32;
     m.loss_seen_at = None;
     let lost_work = close_run(m.job(), true, Some(seen_at));
     m.run = None;
