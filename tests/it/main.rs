@@ -44,6 +44,8 @@ mod runpod;
 mod sim;
 mod slurm;
 mod spec;
+#[cfg(any(feature = "aws", feature = "azure"))]
+mod spot_job;
 mod ssh;
 mod sshd;
 #[cfg(feature = "vast")]

@@ -2084,7 +2084,9 @@ class Arm:
                 "resources": [{"kind": r["kind"], "id": r["id"], "state": r["state"],
                                "location": r["body"].get("location"),
                                "tags": r["body"].get("tags") or {},
-                               **({"power": r.get("power")} if r["kind"] == "vm" else {})}
+                               **({"power": r.get("power"), "zone": r.get("zone"),
+                                   "public": (r.get("pair") or [None])[0]}
+                                  if r["kind"] == "vm" else {})}
                               for r in sorted(fake.res.values(), key=lambda r: r["id"].lower())],
                 "operations": [dict(op.render(), provider=op.provider, polls=op.polls)
                                for op in fake.ops.values()],
