@@ -250,6 +250,10 @@ fn an_azure_preempt_event_is_read_by_the_watcher_on_the_node() {
         &["launch", &task, "--provision-only", "-c", "pre", "-y"],
     ));
     assert_eq!(code, 0, "{out}\n{err}");
+    let vm = running_vms(&az, "pre")
+        .pop()
+        .unwrap_or_else(|| panic!("no VM running: {}", az.call("GET", "/_fake/state", "")))
+        .name;
     let machines = az.call("GET", &format!("/_fake/machines?subscription={SUB}"), "");
     let port = machines["imds_port"].as_u64().expect("an IMDS port");
     let imds = format!("http://{}:{port}", sshd.addrs[0]);
@@ -268,13 +272,13 @@ fn an_azure_preempt_event_is_read_by_the_watcher_on_the_node() {
     let ev = az.call(
         "POST",
         "/_fake/evict",
-        &serde_json::json!({"vm": "gw-pre-0", "notice_s": 60}).to_string(),
+        &serde_json::json!({"vm": vm, "notice_s": 60}).to_string(),
     );
     let after = watch();
     let notice = String::from_utf8_lossy(&after.stdout);
     assert_eq!(after.status.code(), Some(0), "{ev}\n{after:?}");
     assert!(
-        notice.contains("Preempt") && notice.contains("gw-pre-0"),
+        notice.contains("Preempt") && notice.contains(&vm),
         "{notice}"
     );
     let (code, out, err) = parts(&run(&az, &home, &["down", "-y", "pre"]));
