@@ -394,10 +394,12 @@ fn azure_catalog_refresh_reads_retail_prices_page_by_page() {
 /// The trainer's `config` section on Azure.
 const TRAINER_CONFIG: &str = "  azure:\n    ssh_user: root\n";
 
-/// A VM of the fake's state: (name, location, zone, public address).
+/// A VM of the fake's state: its name, resource group, location, zone and
+/// public address.
 #[derive(Clone, Debug, PartialEq)]
 struct Vm {
     name: String,
+    group: String,
     location: String,
     zone: String,
     public: String,
@@ -416,6 +418,11 @@ fn running_vms(az: &AzureFake, cluster: &str) -> Vec<Vm> {
             name: r["id"]
                 .as_str()
                 .and_then(|id| id.rsplit('/').next())
+                .unwrap_or_default()
+                .to_string(),
+            group: r["id"]
+                .as_str()
+                .and_then(|id| id.split('/').nth(4))
                 .unwrap_or_default()
                 .to_string(),
             location: r["location"].as_str().unwrap_or_default().to_string(),
@@ -676,4 +683,114 @@ Standard_ND96amsr_A100_v4,A100-80GB,8,96,1800,A100-80GB,32.77,9.30,eastus,eastus
     }
     assert!(!out.contains("run 2 resumes"), "{out}");
     assert_recovered_once_and_cleaned(&az, &home, &first[0].name, gangway_azure::EVICTED);
+}
+
+/// A managed spot gang on Azure with the default strategy
+/// (`REPLACE_LOST_NODES`) that loses one VM without notice: the survivor
+/// keeps its VM, one new VM joins in the same resource group (and so the
+/// same proximity placement group), setup runs on it alone, and every rank
+/// resumes from the kept checkpoint.
+#[test]
+fn a_managed_azure_spot_gang_that_loses_one_vm_replaces_only_it() {
+    let Some((az, a, home)) = vms_with_sshd(2) else {
+        return;
+    };
+    let Some(b) = crate::sshd::Sshd::start_on_port("azure", 1, 22) else {
+        return;
+    };
+    let progress = tempfile::tempdir().expect("tempdir");
+    let total = 40;
+    let task = trainer(
+        &home.marker,
+        progress.path(),
+        total,
+        "  accelerators: A100-80GB:8\n  infra: azure/eastus\n",
+        TRAINER_CONFIG,
+    )
+    .replace(
+        "run: |\n",
+        "setup: |\n  echo \"setup ran on $HOME\"\nrun: |\n",
+    );
+    let task = home.file("train.yaml", &task);
+    let mut job = command(
+        &az,
+        &home,
+        CATALOG,
+        &["jobs", "launch", &task, "-y", "--wait"],
+    );
+    job.stdin(std::process::Stdio::null());
+    let mut job = crate::common::Running::start(job);
+    let cluster = "managed-1";
+    wait_run(
+        &mut job,
+        progress.path(),
+        0,
+        "run 0 to pass a checkpoint",
+        |_, now| now > 6,
+    );
+    let first = running_vms(&az, cluster);
+    assert_eq!(first.len(), 2, "{first:?}");
+    assert!(
+        first.iter().all(|v| a.addrs.contains(&v.public)),
+        "{first:?}"
+    );
+    run_on(&az, &b);
+    let victim = first[1].clone();
+    let ev = az.call(
+        "POST",
+        "/_fake/evict",
+        &serde_json::json!({"vm": victim.name, "notice": false}).to_string(),
+    );
+    assert_eq!(ev["outcome"], "deleted", "{ev}");
+    wait_run(
+        &mut job,
+        progress.path(),
+        1,
+        "run 1 to take a step",
+        |first, now| now > first,
+    );
+    let second = running_vms(&az, cluster);
+    assert_eq!(second.len(), 2, "{second:?}");
+    assert!(second.contains(&first[0]), "the survivor stays: {second:?}");
+    let new: Vec<&Vm> = second.iter().filter(|v| **v != first[0]).collect();
+    assert!(
+        new.len() == 1
+            && b.addrs.contains(&new[0].public)
+            && new[0].group == first[0].group
+            && new[0].location == first[0].location
+            && new[0].zone == first[0].zone,
+        "one new VM beside the survivor: {second:?} after {first:?}"
+    );
+
+    let (code, out, err) = parts(&job.wait());
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let resumed: Vec<Option<u32>> = (0..2).map(|r| resumed_at(&out, r, 1)).collect();
+    assert_eq!(resumed[0], resumed[1], "{out}");
+    let step = resumed[0].unwrap_or_else(|| panic!("no run 1:\n{out}\n{err}"));
+    assert!(
+        step >= 5 && step.is_multiple_of(5),
+        "run 1 resumed at {step}:\n{out}"
+    );
+    for rank in 0..2 {
+        assert!(
+            out.contains(&format!("rank {rank} done at step {total}")),
+            "{out}"
+        );
+    }
+    // Setup ran on both VMs at the launch, then on the new one only.
+    let (_, log, _) = parts(&run(&az, &home, &["jobs", "logs", "1"]));
+    assert_eq!(log.matches("setup ran on").count(), 3, "{log}");
+    assert_eq!(
+        log.matches(&format!("setup ran on {}", b.home.display()))
+            .count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(log.matches("setup kept on rank").count(), 1, "{log}");
+    let (_, ev, _) = parts(&run(&az, &home, &["jobs", "events", "1"]));
+    assert!(
+        ev.contains("replaced rank") && !ev.contains("whole-gang recovery"),
+        "only the lost VM replaced:\n{ev}"
+    );
+    assert_recovered_once_and_cleaned(&az, &home, &victim.name, gangway_azure::EVICTED);
 }
