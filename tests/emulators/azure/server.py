@@ -2111,6 +2111,13 @@ class Server(http.server.ThreadingHTTPServer):
         self.arm = fake.arm = Arm(fake)
         super().__init__(address, Handler)
 
+    def handle_error(self, request, client_address):
+        # A client gone mid-connection (the fault sweep kills them on
+        # purpose) is no error of the fake's.
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return
+        super().handle_error(request, client_address)
+
 
 class Handler(http.server.BaseHTTPRequestHandler):
     server_version = "Microsoft-HTTPAPI/2.0"
@@ -2178,7 +2185,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             if err.violation:
                 fake.violation(err.violation, self.command, self.path, err.message)
             log.info("answer %d %s: %s", err.status, err.code, err.message)
-            self.send(err.status, err.body(), err.headers)
+            try:
+                self.send(err.status, err.body(), err.headers)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client is gone (the fault sweep killed it)
         except ControlError as err:
             self.send(err.status, {"error": err.message})
         except (BrokenPipeError, ConnectionResetError):
