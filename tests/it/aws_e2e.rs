@@ -16,7 +16,11 @@ use serde_json::Value;
 use crate::aws::tagged_resources;
 use crate::common::{command_in, json_doc, parts, wait_for, Running, TestHome};
 use crate::ec2_emulator::Ec2Emulator;
+use crate::spot_job::{trainer, wait_run};
 use crate::sshd::Sshd;
+
+/// The trainer's `config` section here: root logins, quick polls.
+const AWS_CONFIG: &str = "  aws:\n    ssh_user: root\n    poll_ms: 50\n";
 
 /// The region every test here launches in.
 pub(crate) const REGION: &str = "us-east-1";
@@ -424,90 +428,6 @@ fn an_aws_spot_gang_runs_over_ssh_through_a_stockout_and_a_throttle_and_down_lea
     crate::common::assert_no_marker_procs(&cloud.home.marker, "down");
 }
 
-/// A trainer of `total` steps (on `resources`: more of that section,
-/// indented by two) that checkpoints every 5 (waiting until
-/// gangway kept it) and at once on SIGTERM (the notice), resuming from its
-/// checkpoint; rank 0 marks its progress in `dir` so the test knows when
-/// to interrupt.
-fn trainer(marker: &str, dir: &Path, total: u32, resources: &str) -> String {
-    format!(
-        "num_nodes: 2\nresources:\n  accelerators: A100:8\n  use_spot: true\n{resources}\
-         envs:\n  GW_TEST_MARKER: {marker}\n  TOTAL_STEPS: {total}\n\
-         checkpoint:\n  sync_interval: 1\n  signal: SIGTERM\n  grace_period: 30\n\
-         config:\n  aws:\n    ssh_user: root\n    poll_ms: 50\n\
-         run: |\n  \
-         ck=\"$GANGWAY_CHECKPOINT_DIR/step\"\n  \
-         step=0\n  \
-         [ -f \"$ck\" ] && step=$(cat \"$ck\")\n  \
-         echo \"rank $GANGWAY_NODE_RANK run $GANGWAY_RESTART_COUNT resumes at step $step\"\n  \
-         save() {{\n    \
-           t=$(date +%s%3N)\n    \
-           [ \"$GANGWAY_NODE_RANK\" = 0 ] && echo \"$step\" > \"$ck.tmp\" && mv \"$ck.tmp\" \"$ck\"\n    \
-           while [ \"$(cat \"$GANGWAY_CHECKPOINT_DIR/.gangway-synced\" 2>/dev/null || echo 0)\" -lt \"$t\" ]; do sleep 0.05; done\n  \
-         }}\n  \
-         on_notice() {{\n    \
-           [ \"$GANGWAY_NODE_RANK\" = 0 ] && echo \"$step\" > \"$ck.tmp\" && mv \"$ck.tmp\" \"$ck\"\n    \
-           echo \"rank $GANGWAY_NODE_RANK checkpointed step $step on the notice\"\n    \
-           exit 0\n  \
-         }}\n  \
-         trap on_notice TERM\n  \
-         while [ \"$step\" -lt \"$TOTAL_STEPS\" ]; do\n    \
-           sleep 0.2\n    \
-           step=$((step + 1))\n    \
-           [ \"$GANGWAY_NODE_RANK\" = 0 ] && touch {dir}/run$GANGWAY_RESTART_COUNT-step$step\n    \
-           if [ $((step % 5)) -eq 0 ]; then save; fi\n  \
-         done\n  \
-         echo \"rank $GANGWAY_NODE_RANK done at step $step\"\n",
-        dir = dir.display()
-    )
-}
-
-/// The steps rank 0 of run `run` has reached so far (its marks in `dir`).
-fn steps_of(dir: &Path, run: u32) -> Vec<u32> {
-    let prefix = format!("run{run}-step");
-    let mut steps: Vec<u32> = std::fs::read_dir(dir)
-        .expect("the progress directory")
-        .flatten()
-        .filter_map(|e| {
-            e.file_name()
-                .to_str()
-                .and_then(|n| n.strip_prefix(&prefix))
-                .and_then(|s| s.parse().ok())
-        })
-        .collect();
-    steps.sort();
-    steps
-}
-
-/// Waits until rank 0 of run `run` has reached a step for which `enough`
-/// (given the first step of the run and the step reached) says yes;
-/// returns the run's first step. Fails at once, with what it said, when
-/// the job's command ended.
-fn wait_run(
-    job: &mut Running,
-    dir: &Path,
-    run: u32,
-    what: &str,
-    enough: impl Fn(u32, u32) -> bool,
-) -> u32 {
-    wait_for(what, Duration::from_secs(180), || {
-        let steps = steps_of(dir, run);
-        match (steps.first(), steps.last()) {
-            (Some(&a), Some(&b)) if enough(a, b) => Ok(a),
-            _ if job.exited() => panic!(
-                "the job ended before {what}:\nstdout:\n{}\nstderr:\n{}",
-                job.stdout_now(),
-                job.stderr_now()
-            ),
-            _ => Err(format!(
-                "run {run} at steps {steps:?}; the job said so far:\n{}\n{}",
-                job.stdout_now(),
-                job.stderr_now()
-            )),
-        }
-    })
-}
-
 #[test]
 fn a_managed_aws_spot_job_survives_an_interruption_with_notice_and_one_without() {
     let Some(a) = machines(2) else { return };
@@ -524,7 +444,8 @@ fn a_managed_aws_spot_job_survives_an_interruption_with_notice_and_one_without()
             &cloud.home.marker,
             progress.path(),
             total,
-            &format!("  infra: aws/{REGION}\n  job_recovery:\n    strategy: FAILOVER\n"),
+            &format!("  accelerators: A100:8\n  infra: aws/{REGION}\n  job_recovery:\n    strategy: FAILOVER\n"),
+            AWS_CONFIG,
         ),
     );
     let mut job = cloud.command(&["jobs", "launch", &task, "-y", "--wait"]);
@@ -701,7 +622,8 @@ fn a_managed_aws_spot_gang_that_loses_one_instance_replaces_only_it() {
         &cloud.home.marker,
         progress.path(),
         total,
-        &format!("  infra: aws/{REGION}\n"),
+        &format!("  accelerators: A100:8\n  infra: aws/{REGION}\n"),
+        AWS_CONFIG,
     )
     .replace("num_nodes: 2\n", "num_nodes: 4\n")
     .replace(
@@ -805,7 +727,8 @@ fn a_managed_aws_spot_job_moves_to_another_region_after_a_notice_with_eager_next
             &cloud.home.marker,
             progress.path(),
             total,
-            "  infra: aws\n  job_recovery:\n    strategy: EAGER_NEXT_REGION\n",
+            "  accelerators: A100:8\n  infra: aws\n  job_recovery:\n    strategy: EAGER_NEXT_REGION\n",
+            AWS_CONFIG,
         ),
     );
     let mut job = Running::start(cloud.command(&["jobs", "launch", &task, "-y", "--wait"]));

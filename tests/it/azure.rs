@@ -4,6 +4,7 @@
 
 use crate::azure_fake::AzureFake;
 use crate::common::{json_doc, parts, TestHome};
+use crate::spot_job::{trainer, wait_run};
 
 /// Each test its own subscription (the fake scopes machines by it).
 const SUB: &str = "8f5a2b4c-1d3e-4f60-9a7b-0c1d2e3f4a5b";
@@ -16,9 +17,16 @@ Standard_ND96amsr_A100_v4,A100-80GB,8,96,1800,A100-80GB,32.77,8.52,eastus,V2\n";
 
 /// gangway in `home`, pointed at the fake.
 fn run(az: &AzureFake, home: &TestHome, args: &[&str]) -> std::process::Output {
-    let catalog = home.path().join("azure-catalog");
-    std::fs::create_dir_all(catalog.join("azure")).unwrap();
-    std::fs::write(catalog.join("azure/vms.csv"), CATALOG).unwrap();
+    crate::common::Running::start(command(az, home, CATALOG, args)).wait()
+}
+
+/// gangway in `home`, pointed at the fake, planning with `catalog` (an
+/// Azure `vms.csv`).
+fn command(az: &AzureFake, home: &TestHome, catalog: &str, args: &[&str]) -> std::process::Command {
+    let dir = home.path().join("azure-catalog");
+    std::fs::create_dir_all(dir.join("azure")).unwrap();
+    std::fs::write(dir.join("azure/vms.csv"), catalog).unwrap();
+    let catalog = dir;
     let mut c = crate::common::command_in(home.path());
     c.args(args)
         .env("GANGWAY_AZURE_ENDPOINT", &az.url)
@@ -29,7 +37,7 @@ fn run(az: &AzureFake, home: &TestHome, args: &[&str]) -> std::process::Output {
     for v in ["AZURE_TENANT_ID", "AZURE_CLIENT_ID", "AZURE_CLIENT_SECRET"] {
         c.env_remove(v);
     }
-    crate::common::Running::start(c).wait()
+    c
 }
 
 fn assert_no_violations(az: &AzureFake) {
@@ -117,10 +125,21 @@ fn vms_with_sshd(n: usize) -> Option<(AzureFake, crate::sshd::Sshd, TestHome)> {
         dir.join("id_ed25519.pub"),
     )
     .unwrap();
+    run_on(&az, &sshd);
+    Some((az, sshd, home))
+}
+
+/// From now on the subscription's new VMs run on `sshd` (its addresses as
+/// public and private ones; running VMs stay where they are), and its
+/// sessions find their VM's metadata service on the address they came to,
+/// as a VM's do at 169.254.169.254.
+fn run_on(az: &AzureFake, sshd: &crate::sshd::Sshd) {
     let pairs: Vec<(String, String)> = sshd.addrs.iter().map(|a| (a.clone(), a.clone())).collect();
     let m = az.machines(SUB, &pairs, &sshd.authorized_keys());
-    assert!(m["imds_port"].is_u64(), "{m}");
-    Some((az, sshd, home))
+    let port = m["imds_port"].as_u64().unwrap_or_else(|| panic!("{m}"));
+    sshd.session_profile(&format!(
+        "set -- $SSH_CONNECTION; export GANGWAY_AZURE_IMDS_ENDPOINT=\"http://$3:{port}\"; set --\n"
+    ));
 }
 
 #[test]
@@ -231,6 +250,10 @@ fn an_azure_preempt_event_is_read_by_the_watcher_on_the_node() {
         &["launch", &task, "--provision-only", "-c", "pre", "-y"],
     ));
     assert_eq!(code, 0, "{out}\n{err}");
+    let vm = running_vms(&az, "pre")
+        .pop()
+        .unwrap_or_else(|| panic!("no VM running: {}", az.call("GET", "/_fake/state", "")))
+        .name;
     let machines = az.call("GET", &format!("/_fake/machines?subscription={SUB}"), "");
     let port = machines["imds_port"].as_u64().expect("an IMDS port");
     let imds = format!("http://{}:{port}", sshd.addrs[0]);
@@ -249,13 +272,13 @@ fn an_azure_preempt_event_is_read_by_the_watcher_on_the_node() {
     let ev = az.call(
         "POST",
         "/_fake/evict",
-        &serde_json::json!({"vm": "gw-pre-0", "notice_s": 60}).to_string(),
+        &serde_json::json!({"vm": vm, "notice_s": 60}).to_string(),
     );
     let after = watch();
     let notice = String::from_utf8_lossy(&after.stdout);
     assert_eq!(after.status.code(), Some(0), "{ev}\n{after:?}");
     assert!(
-        notice.contains("Preempt") && notice.contains("gw-pre-0"),
+        notice.contains("Preempt") && notice.contains(&vm),
         "{notice}"
     );
     let (code, out, err) = parts(&run(&az, &home, &["down", "-y", "pre"]));
@@ -366,4 +389,408 @@ fn azure_catalog_refresh_reads_retail_prices_page_by_page() {
     );
     assert_eq!(first["price_per_node_hour"], 7.77, "{first}");
     assert_no_violations(&az);
+}
+
+/// The trainer's `config` section on Azure.
+const TRAINER_CONFIG: &str = "  azure:\n    ssh_user: root\n";
+
+/// A VM of the fake's state: its name, resource group, location, zone and
+/// public address.
+#[derive(Clone, Debug, PartialEq)]
+struct Vm {
+    name: String,
+    group: String,
+    location: String,
+    zone: String,
+    public: String,
+}
+
+/// The running VMs of `cluster` in the fake now.
+fn running_vms(az: &AzureFake, cluster: &str) -> Vec<Vm> {
+    let state = az.call("GET", "/_fake/state", "");
+    let mut vms: Vec<Vm> = state["resources"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{state}"))
+        .iter()
+        .filter(|r| r["kind"] == "vm" && r["power"] == "running")
+        .filter(|r| r["tags"]["gangway-cluster"] == cluster)
+        .map(|r| Vm {
+            name: r["id"]
+                .as_str()
+                .and_then(|id| id.rsplit('/').next())
+                .unwrap_or_default()
+                .to_string(),
+            group: r["id"]
+                .as_str()
+                .and_then(|id| id.split('/').nth(4))
+                .unwrap_or_default()
+                .to_string(),
+            location: r["location"].as_str().unwrap_or_default().to_string(),
+            zone: r["zone"].as_str().unwrap_or_default().to_string(),
+            public: r["public"].as_str().unwrap_or_default().to_string(),
+        })
+        .collect();
+    vms.sort_by(|a, b| a.name.cmp(&b.name));
+    vms
+}
+
+/// The step rank 0 checkpointed on the notice (from the trainer's output).
+fn noticed_step(out: &str) -> Option<u32> {
+    out.lines().find_map(|l| {
+        l.split("rank 0 checkpointed step ")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|s| s.parse().ok())
+    })
+}
+
+/// The step `rank` resumed at in run `run` (from the trainer's output).
+fn resumed_at(out: &str, rank: u32, run: u32) -> Option<u32> {
+    out.lines().find_map(|l| {
+        l.split(&format!("rank {rank} run {run} resumes at step "))
+            .nth(1)
+            .and_then(|s| s.trim().parse().ok())
+    })
+}
+
+/// After the job: it succeeded after one preemption whose event names
+/// `victim` and says `why`, the fake holds nothing of it, and no process of
+/// the test is left.
+fn assert_recovered_once_and_cleaned(az: &AzureFake, home: &TestHome, victim: &str, why: &str) {
+    let (code, q, err) = parts(&run(az, home, &["jobs", "queue", "-o", "json"]));
+    assert_eq!(code, 0, "{err}");
+    let j = json_doc(&q)["jobs"][0].clone();
+    assert_eq!(
+        (j["state"].as_str(), j["preemptions"].as_u64()),
+        (Some("SUCCEEDED"), Some(1)),
+        "{j}"
+    );
+    let (code, ev, err) = parts(&run(az, home, &["jobs", "events", "1"]));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        ev.contains(victim) && ev.contains(why),
+        "the preemption, naming {victim} and {why:?}:\n{ev}"
+    );
+    crate::common::wait_for(
+        "the job's clusters to be gone",
+        std::time::Duration::from_secs(60),
+        || az.leak_check(SUB).map(|_| ()),
+    );
+    assert_no_violations(az);
+    crate::common::assert_no_marker_procs(&home.marker, "the managed job ended");
+}
+
+/// A managed spot job on Azure with `EAGER_NEXT_REGION`: Azure posts a
+/// `Preempt` event in one VM's Scheduled Events (60 s ahead); the node's
+/// watcher reads it, the job checkpoints on the signal and resumes at
+/// exactly that step on VMs in another region.
+#[test]
+fn a_managed_azure_spot_job_resumes_at_the_noticed_step_in_another_region() {
+    let Some((az, a, home)) = vms_with_sshd(2) else {
+        return;
+    };
+    let Some(b) = crate::sshd::Sshd::start_on_port("azure", 2, 22) else {
+        return;
+    };
+    // eastus is cheaper: the job starts there.
+    let catalog = format!(
+        "{CATALOG}Standard_ND96amsr_A100_v4,A100-80GB,8,96,1800,A100-80GB,32.77,9.10,westus2,V2\n"
+    );
+    let progress = tempfile::tempdir().expect("tempdir");
+    let total = 40;
+    let task = home.file(
+        "train.yaml",
+        &trainer(
+            &home.marker,
+            progress.path(),
+            total,
+            "  accelerators: A100-80GB:8\n  infra: azure\n  job_recovery:\n    strategy: EAGER_NEXT_REGION\n",
+            TRAINER_CONFIG,
+        ),
+    );
+    let mut job = command(
+        &az,
+        &home,
+        &catalog,
+        &["jobs", "launch", &task, "-y", "--wait"],
+    );
+    job.stdin(std::process::Stdio::null());
+    let mut job = crate::common::Running::start(job);
+    let cluster = "managed-1";
+    wait_run(
+        &mut job,
+        progress.path(),
+        0,
+        "run 0 to reach step 8",
+        |_, b| b >= 8,
+    );
+    let first = running_vms(&az, cluster);
+    assert_eq!(first.len(), 2, "{first:?}");
+    assert!(
+        first
+            .iter()
+            .all(|v| v.location == "eastus" && a.addrs.contains(&v.public)),
+        "{first:?}"
+    );
+    run_on(&az, &b);
+    let ev = az.call(
+        "POST",
+        "/_fake/evict",
+        &serde_json::json!({"vm": first[1].name, "notice_s": 60}).to_string(),
+    );
+    assert_eq!(ev["outcome"], "scheduled", "{ev}");
+    // Run 1 runs on b's VMs, outside eastus.
+    wait_run(
+        &mut job,
+        progress.path(),
+        1,
+        "run 1 to take a step",
+        |first, now| now > first,
+    );
+    let second = running_vms(&az, cluster);
+    assert_eq!(second.len(), 2, "{second:?}");
+    assert!(
+        second
+            .iter()
+            .all(|v| v.location == "westus2" && b.addrs.contains(&v.public)),
+        "EAGER_NEXT_REGION resumes in the other region: {second:?}"
+    );
+
+    let (code, out, err) = parts(&job.wait());
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let noticed =
+        noticed_step(&out).unwrap_or_else(|| panic!("no checkpoint on the notice:\n{out}\n{err}"));
+    assert!(noticed >= 8, "{out}");
+    for rank in 0..2 {
+        assert_eq!(
+            resumed_at(&out, rank, 1),
+            Some(noticed),
+            "rank {rank}:\n{out}"
+        );
+        assert!(
+            out.contains(&format!("rank {rank} done at step {total}")),
+            "{out}"
+        );
+    }
+    assert!(!out.contains("run 2 resumes"), "{out}");
+    assert_recovered_once_and_cleaned(&az, &home, &first[1].name, "scheduledevents/Preempt");
+}
+
+/// A managed spot job on Azure with `FAILOVER`: one VM is evicted without
+/// notice; the job resumes from the last checkpoint gangway kept, on VMs in
+/// another zone of the same region, although another region is cheaper.
+#[test]
+fn a_managed_azure_spot_job_evicted_without_notice_resumes_from_its_kept_checkpoint_in_another_zone(
+) {
+    let Some((az, a, home)) = vms_with_sshd(2) else {
+        return;
+    };
+    let Some(b) = crate::sshd::Sshd::start_on_port("azure", 2, 22) else {
+        return;
+    };
+    // Zone 1 of eastus first, then westus2, then eastus's zone 2.
+    let catalog = "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,AvailabilityZone,Generation\n\
+Standard_ND96amsr_A100_v4,A100-80GB,8,96,1800,A100-80GB,32.77,8.52,eastus,eastus-1,V2\n\
+Standard_ND96amsr_A100_v4,A100-80GB,8,96,1800,A100-80GB,32.77,8.90,westus2,westus2-1,V2\n\
+Standard_ND96amsr_A100_v4,A100-80GB,8,96,1800,A100-80GB,32.77,9.30,eastus,eastus-2,V2\n";
+    let progress = tempfile::tempdir().expect("tempdir");
+    let total = 40;
+    let task = home.file(
+        "train.yaml",
+        &trainer(
+            &home.marker,
+            progress.path(),
+            total,
+            "  accelerators: A100-80GB:8\n  infra: azure\n  job_recovery:\n    strategy: FAILOVER\n",
+            TRAINER_CONFIG,
+        ),
+    );
+    let mut job = command(
+        &az,
+        &home,
+        catalog,
+        &["jobs", "launch", &task, "-y", "--wait"],
+    );
+    job.stdin(std::process::Stdio::null());
+    let mut job = crate::common::Running::start(job);
+    let cluster = "managed-1";
+    // Past the checkpoint at step 5, and before the next.
+    wait_run(
+        &mut job,
+        progress.path(),
+        0,
+        "run 0 to pass a checkpoint",
+        |_, now| now > 6,
+    );
+    let first = running_vms(&az, cluster);
+    assert_eq!(first.len(), 2, "{first:?}");
+    assert!(
+        first
+            .iter()
+            .all(|v| v.location == "eastus" && v.zone == "1" && a.addrs.contains(&v.public)),
+        "{first:?}"
+    );
+    run_on(&az, &b);
+    let ev = az.call(
+        "POST",
+        "/_fake/evict",
+        &serde_json::json!({"vm": first[0].name, "notice": false}).to_string(),
+    );
+    assert_eq!(ev["outcome"], "deleted", "{ev}");
+    wait_run(
+        &mut job,
+        progress.path(),
+        1,
+        "run 1 to take a step",
+        |first, now| now > first,
+    );
+    let second = running_vms(&az, cluster);
+    assert_eq!(second.len(), 2, "{second:?}");
+    assert!(
+        second
+            .iter()
+            .all(|v| v.location == "eastus" && v.zone == "2" && b.addrs.contains(&v.public)),
+        "FAILOVER resumes in another zone of the region: {second:?}"
+    );
+
+    let (code, out, err) = parts(&job.wait());
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    // No notice came: the job's events say so (the ranks still on the
+    // evicted VM's sshd are stopped with SIGTERM, which the trainer answers
+    // with a checkpoint of its own that gangway never keeps).
+    let (code, ev, err) = parts(&run(&az, &home, &["jobs", "events", "1"]));
+    assert_eq!(code, 0, "{err}");
+    assert!(!ev.contains("preemption notice"), "{ev}");
+    // The last checkpoint kept before the eviction: a multiple of 5.
+    let resumed: Vec<Option<u32>> = (0..2).map(|r| resumed_at(&out, r, 1)).collect();
+    assert_eq!(resumed[0], resumed[1], "{out}");
+    let step = resumed[0].unwrap_or_else(|| panic!("no run 1:\n{out}\n{err}"));
+    assert!(
+        step >= 5 && step.is_multiple_of(5),
+        "run 1 resumed at {step}:\n{out}"
+    );
+    if let Some(late) = noticed_step(&out) {
+        assert!(
+            step < late,
+            "resumed at {step}, not the kept checkpoint:\n{out}"
+        );
+    }
+    for rank in 0..2 {
+        assert!(
+            out.contains(&format!("rank {rank} done at step {total}")),
+            "{out}"
+        );
+    }
+    assert!(!out.contains("run 2 resumes"), "{out}");
+    assert_recovered_once_and_cleaned(&az, &home, &first[0].name, gangway_azure::EVICTED);
+}
+
+/// A managed spot gang on Azure with the default strategy
+/// (`REPLACE_LOST_NODES`) that loses one VM without notice: the survivor
+/// keeps its VM, one new VM joins in the same resource group (and so the
+/// same proximity placement group), setup runs on it alone, and every rank
+/// resumes from the kept checkpoint.
+#[test]
+fn a_managed_azure_spot_gang_that_loses_one_vm_replaces_only_it() {
+    let Some((az, a, home)) = vms_with_sshd(2) else {
+        return;
+    };
+    let Some(b) = crate::sshd::Sshd::start_on_port("azure", 1, 22) else {
+        return;
+    };
+    let progress = tempfile::tempdir().expect("tempdir");
+    let total = 40;
+    let task = trainer(
+        &home.marker,
+        progress.path(),
+        total,
+        "  accelerators: A100-80GB:8\n  infra: azure/eastus\n",
+        TRAINER_CONFIG,
+    )
+    .replace(
+        "run: |\n",
+        "setup: |\n  echo \"setup ran on $HOME\"\nrun: |\n",
+    );
+    let task = home.file("train.yaml", &task);
+    let mut job = command(
+        &az,
+        &home,
+        CATALOG,
+        &["jobs", "launch", &task, "-y", "--wait"],
+    );
+    job.stdin(std::process::Stdio::null());
+    let mut job = crate::common::Running::start(job);
+    let cluster = "managed-1";
+    wait_run(
+        &mut job,
+        progress.path(),
+        0,
+        "run 0 to pass a checkpoint",
+        |_, now| now > 6,
+    );
+    let first = running_vms(&az, cluster);
+    assert_eq!(first.len(), 2, "{first:?}");
+    assert!(
+        first.iter().all(|v| a.addrs.contains(&v.public)),
+        "{first:?}"
+    );
+    run_on(&az, &b);
+    let victim = first[1].clone();
+    let ev = az.call(
+        "POST",
+        "/_fake/evict",
+        &serde_json::json!({"vm": victim.name, "notice": false}).to_string(),
+    );
+    assert_eq!(ev["outcome"], "deleted", "{ev}");
+    wait_run(
+        &mut job,
+        progress.path(),
+        1,
+        "run 1 to take a step",
+        |first, now| now > first,
+    );
+    let second = running_vms(&az, cluster);
+    assert_eq!(second.len(), 2, "{second:?}");
+    assert!(second.contains(&first[0]), "the survivor stays: {second:?}");
+    let new: Vec<&Vm> = second.iter().filter(|v| **v != first[0]).collect();
+    assert!(
+        new.len() == 1
+            && b.addrs.contains(&new[0].public)
+            && new[0].group == first[0].group
+            && new[0].location == first[0].location
+            && new[0].zone == first[0].zone,
+        "one new VM beside the survivor: {second:?} after {first:?}"
+    );
+
+    let (code, out, err) = parts(&job.wait());
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let resumed: Vec<Option<u32>> = (0..2).map(|r| resumed_at(&out, r, 1)).collect();
+    assert_eq!(resumed[0], resumed[1], "{out}");
+    let step = resumed[0].unwrap_or_else(|| panic!("no run 1:\n{out}\n{err}"));
+    assert!(
+        step >= 5 && step.is_multiple_of(5),
+        "run 1 resumed at {step}:\n{out}"
+    );
+    for rank in 0..2 {
+        assert!(
+            out.contains(&format!("rank {rank} done at step {total}")),
+            "{out}"
+        );
+    }
+    // Setup ran on both VMs at the launch, then on the new one only.
+    let (_, log, _) = parts(&run(&az, &home, &["jobs", "logs", "1"]));
+    assert_eq!(log.matches("setup ran on").count(), 3, "{log}");
+    assert_eq!(
+        log.matches(&format!("setup ran on {}", b.home.display()))
+            .count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(log.matches("setup kept on rank").count(), 1, "{log}");
+    let (_, ev, _) = parts(&run(&az, &home, &["jobs", "events", "1"]));
+    assert!(
+        ev.contains("replaced rank") && !ev.contains("whole-gang recovery"),
+        "only the lost VM replaced:\n{ev}"
+    );
+    assert_recovered_once_and_cleaned(&az, &home, &victim.name, gangway_azure::EVICTED);
 }

@@ -1,8 +1,8 @@
 //! The fault sweep against the clouds' emulators (the local cloud's is in
 //! `reliability.rs`): gangway is killed with SIGKILL at every point where
-//! it talks to EC2 (the emulator, `tests/emulators/ec2`) or Compute Engine
-//! (the fake, `tests/emulators/gce`), as each request arrives and as it
-//! returns. The emulator itself numbers the requests and kills
+//! it talks to EC2 (the emulator, `tests/emulators/ec2`), Compute Engine
+//! (the fake, `tests/emulators/gce`) or Azure Resource Manager (the fake,
+//! `tests/emulators/azure`), as each request arrives and as it returns. The emulator itself numbers the requests and kills
 //! (`/_gangway/kill`: request k's arrival is kill point 2k-1, its return,
 //! the work done but the answer not sent, 2k), so a point is exactly one
 //! request of the run. After each kill the test does what a user would do
@@ -13,14 +13,19 @@
 //! The sweep covers `launch --provision-only` of 2 nodes and its `down`:
 //! every kill point with `GANGWAY_FAULT_SWEEP=full` (`bench/fault_sweep.sh`),
 //! a subset otherwise. A failing `TerminateInstances` / `instances.delete`
-//! (once: retried inside gangway; always: the row stays `TERMINATING`
-//! until a `down` succeeds) is tested here too.
+//! / resource group delete (once: retried inside gangway; always: the row
+//! stays `TERMINATING` until a `down` succeeds) is tested here too. Each
+//! cloud's part is built with its feature.
 
 use std::process::Output;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "azure")]
+use crate::azure_fake::AzureFake;
+#[cfg(feature = "aws")]
 use crate::ec2_emulator::Ec2Emulator;
+#[cfg(feature = "gcp")]
 use crate::gce_fake::GceFake;
 use serde_json::Value;
 
@@ -31,7 +36,7 @@ const NODES: usize = 2;
 
 /// One cloud's emulator, as the sweep sees it.
 trait Cloud: Sync {
-    /// `EC2` or `GCE`, for messages.
+    /// `EC2`, `GCE` or `ARM`, for messages.
     fn name(&self) -> &'static str;
     /// The kill points' scope of a home's gangway (EC2: the access key id
     /// it signs with; GCE: one fake per test, the whole of it).
@@ -55,13 +60,16 @@ trait Cloud: Sync {
     fn leftovers(&self, cluster: &str) -> Vec<String>;
 }
 
+#[cfg(feature = "aws")]
 struct Ec2 {
     emu: &'static Ec2Emulator,
 }
 
 /// The sweep's region: its tasks are pinned there.
+#[cfg(feature = "aws")]
 const EC2_REGION: &str = "us-east-1";
 
+#[cfg(feature = "aws")]
 impl Ec2 {
     /// `item`s of the EC2 answer to `action` for resources tagged with the
     /// cluster (instances: in a state that is not `terminated`).
@@ -103,6 +111,7 @@ impl Ec2 {
     }
 }
 
+#[cfg(feature = "aws")]
 impl Cloud for Ec2 {
     fn name(&self) -> &'static str {
         "EC2"
@@ -165,10 +174,12 @@ impl Cloud for Ec2 {
     }
 }
 
+#[cfg(feature = "gcp")]
 struct Gce {
     fake: GceFake,
 }
 
+#[cfg(feature = "gcp")]
 impl Gce {
     /// Names of what the fake holds of `kind` for the cluster (names start
     /// `gw-<cluster>-`, whoever's it is).
@@ -177,6 +188,7 @@ impl Gce {
     }
 }
 
+#[cfg(feature = "gcp")]
 impl Cloud for Gce {
     fn name(&self) -> &'static str {
         "GCE"
@@ -234,6 +246,126 @@ impl Cloud for Gce {
             .collect();
         names.sort();
         names
+    }
+}
+
+/// The Azure sweep's subscription (one fake per test).
+#[cfg(feature = "azure")]
+const ARM_SUBSCRIPTION: &str = "5e1ec7ed-0000-4000-8000-00000000a2e0";
+
+#[cfg(feature = "azure")]
+struct Arm {
+    fake: AzureFake,
+}
+
+#[cfg(feature = "azure")]
+impl Arm {
+    /// What the fake holds in the cluster's resource groups (named
+    /// `gw-<cluster>-<location>-<owner hash>`, whoever's it is): the groups
+    /// themselves (`resourceGroups/NAME`) and `KIND/NAME` of what is in
+    /// them, or only their VMs.
+    fn held(&self, cluster: &str, vms_only: bool) -> Result<Vec<String>, String> {
+        let state = self.fake.call("GET", "/_fake/state", "");
+        let (Some(groups), Some(resources)) = (
+            state["resource_groups"].as_array(),
+            state["resources"].as_array(),
+        ) else {
+            return Err(format!("no state: {state}"));
+        };
+        let prefix = format!("gw-{cluster}-");
+        let ours = |id: &str| {
+            id.to_ascii_lowercase()
+                .contains(&format!("/resourcegroups/{prefix}"))
+        };
+        let mut out: Vec<String> = resources
+            .iter()
+            .filter(|r| !vms_only || r["kind"] == "vm")
+            .filter(|r| ours(r["id"].as_str().unwrap_or_default()))
+            .map(|r| {
+                let id = r["id"].as_str().unwrap_or_default();
+                format!(
+                    "{}/{}",
+                    r["kind"].as_str().unwrap_or_default(),
+                    id.rsplit('/').next().unwrap_or(id)
+                )
+            })
+            .collect();
+        if !vms_only {
+            out.extend(
+                groups
+                    .iter()
+                    .filter_map(|g| g["name"].as_str())
+                    .filter(|n| n.to_ascii_lowercase().starts_with(&prefix))
+                    .map(|n| format!("resourceGroups/{n}")),
+            );
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// A fault rule; its id.
+    fn fault(&self, rule: Value) -> u64 {
+        let added = self.fake.call("POST", "/_fake/faults", &rule.to_string());
+        added["id"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("fault rule {rule}: {added}"))
+    }
+}
+
+#[cfg(feature = "azure")]
+impl Cloud for Arm {
+    fn name(&self) -> &'static str {
+        "ARM"
+    }
+
+    fn scope(&self, _home: &TestHome) -> String {
+        String::new()
+    }
+
+    fn run(&self, home: &TestHome, _scope: &str, args: &[&str]) -> Output {
+        let mut c = command_in(home.path());
+        c.args(args)
+            .env("GANGWAY_AZURE_ENDPOINT", &self.fake.url)
+            .env("AZURE_SUBSCRIPTION_ID", ARM_SUBSCRIPTION)
+            .env("AZURE_CONFIG_DIR", home.path().join("no-az"))
+            .env("GANGWAY_AZURE_SSH_CIDR", "192.0.2.0/24");
+        for v in ["AZURE_TENANT_ID", "AZURE_CLIENT_ID", "AZURE_CLIENT_SECRET"] {
+            c.env_remove(v);
+        }
+        Running::start(c).wait()
+    }
+
+    fn task(&self, home: &TestHome) -> String {
+        // A spot gang: resource group, security group, network, placement
+        // group, then per VM a public address, a NIC and the VM.
+        home.file(
+            "sweep-arm.yaml",
+            &format!(
+                "num_nodes: {NODES}\nresources:\n  infra: azure/eastus\n  accelerators: A100-80GB:8\n  use_spot: true\nrun: \"true\"\n"
+            ),
+        )
+    }
+
+    fn kill_at(&self, _scope: &str, at: u64, marker: &str) {
+        self.fake.kill_at(at, marker);
+    }
+
+    fn kill_state(&self, _scope: &str) -> Value {
+        self.fake.kill_state()
+    }
+
+    fn kill_off(&self, _scope: &str) {
+        self.fake.kill_off();
+    }
+
+    fn count(&self, cluster: &str) -> Result<usize, String> {
+        // A VM exists until its delete (or its group's) is done.
+        self.held(cluster, true).map(|v| v.len())
+    }
+
+    fn leftovers(&self, cluster: &str) -> Vec<String> {
+        self.held(cluster, false)
+            .unwrap_or_else(|e| panic!("ARM: {e}"))
     }
 }
 
@@ -452,6 +584,7 @@ fn sweep(cloud: &dyn Cloud, cluster: &str, first: u64, stride: u64) {
     );
 }
 
+#[cfg(feature = "aws")]
 #[test]
 fn the_fault_sweep_on_ec2_kills_at_every_request_and_nothing_leaks() {
     let Some(emu) = Ec2Emulator::shared() else {
@@ -460,10 +593,26 @@ fn the_fault_sweep_on_ec2_kills_at_every_request_and_nothing_leaks() {
     sweep(&Ec2 { emu }, "sweep-ec2", 4, 6);
 }
 
+#[cfg(feature = "gcp")]
 #[test]
 fn the_fault_sweep_on_gce_kills_at_every_request_and_nothing_leaks() {
     let Some(fake) = GceFake::start() else { return };
     sweep(&Gce { fake }, "sweep-gce", 4, 8);
+}
+
+#[cfg(feature = "azure")]
+#[test]
+fn the_fault_sweep_on_arm_kills_at_every_request_and_nothing_leaks() {
+    let Some(fake) = AzureFake::start() else {
+        return;
+    };
+    let arm = Arm { fake };
+    sweep(&arm, "sweep-arm", 4, 9);
+    let v = arm.fake.violations();
+    assert_eq!(v["count"], 0, "requests broke the API specification: {v:#}");
+    if let Err(left) = arm.fake.leak_check(ARM_SUBSCRIPTION) {
+        panic!("the sweep left something behind:\n{left}");
+    }
 }
 
 /// `status NAME -o json`'s cluster.
@@ -535,6 +684,7 @@ fn failing_terminate(
     assert!(status_of(cloud, &home, cluster).is_null(), "no row left");
 }
 
+#[cfg(feature = "aws")]
 #[test]
 fn a_failing_terminate_instances_keeps_the_row_until_a_retry_removes_everything() {
     let Some(emu) = Ec2Emulator::shared() else {
@@ -582,6 +732,7 @@ fn a_failing_terminate_instances_keeps_the_row_until_a_retry_removes_everything(
     );
 }
 
+#[cfg(feature = "gcp")]
 #[test]
 fn a_failing_instances_delete_keeps_the_row_until_a_retry_removes_everything() {
     let Some(fake) = GceFake::start() else { return };
@@ -622,4 +773,48 @@ fn a_failing_instances_delete_keeps_the_row_until_a_retry_removes_everything() {
         &heal,
         "compute.instances.delete",
     );
+}
+
+#[cfg(feature = "azure")]
+#[test]
+fn a_failing_resource_group_delete_keeps_the_row_until_a_retry_removes_everything() {
+    let Some(fake) = AzureFake::start() else {
+        return;
+    };
+    let arm = Arm { fake };
+    let rule = std::cell::Cell::new(0);
+    let fail_once = || {
+        rule.set(
+            arm.fault(serde_json::json!({"error": "throttle", "method": "DELETE",
+            "type": "resourceGroups", "times": 1, "retry_after": 0})),
+        );
+    };
+    let fail_always = || {
+        let fired = arm
+            .fake
+            .call("GET", "/_fake/fired?code=TooManyRequests", "");
+        assert_eq!(
+            fired["fired"].as_array().map(Vec::len),
+            Some(1),
+            "the throttled delete: {fired}"
+        );
+        arm.fake
+            .call("DELETE", &format!("/_fake/faults?id={}", rule.get()), "");
+        rule.set(arm.fault(serde_json::json!({"error": "AuthorizationFailed",
+            "method": "DELETE", "type": "resourceGroups", "times": -1})));
+    };
+    let heal = || {
+        arm.fake
+            .call("DELETE", &format!("/_fake/faults?id={}", rule.get()), "");
+    };
+    failing_terminate(
+        &arm,
+        "tfail-arm",
+        &fail_once,
+        &fail_always,
+        &heal,
+        "AuthorizationFailed",
+    );
+    let v = arm.fake.violations();
+    assert_eq!(v["count"], 0, "requests broke the API specification: {v:#}");
 }

@@ -12,7 +12,7 @@ mod bad_specs;
 #[cfg(all(feature = "aws", feature = "gcp"))]
 mod buckets;
 mod cli;
-#[cfg(all(feature = "aws", feature = "gcp"))]
+#[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]
 mod cloud_sweep;
 mod cluster_cmds;
 mod common;
@@ -44,6 +44,8 @@ mod runpod;
 mod sim;
 mod slurm;
 mod spec;
+#[cfg(any(feature = "aws", feature = "azure"))]
+mod spot_job;
 mod ssh;
 mod sshd;
 #[cfg(feature = "vast")]

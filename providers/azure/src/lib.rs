@@ -57,6 +57,13 @@ pub const EVICTED: &str = "evicted by Azure (Spot)";
 /// The VM's admin user unless the task says otherwise.
 const ADMIN_USER: &str = "gangway";
 
+/// How long a launch waits for VMs that an earlier launch of the cluster
+/// (killed, or timed out) left being created, before it reconciles.
+const SETTLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20 * 60);
+
+/// How often it looks at them meanwhile.
+const SETTLE_POLL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The locations where some VM size with GPUs is not restricted for the
 /// subscription, from a resource SKU list (`Microsoft.Compute/skus`),
 /// sorted.
@@ -314,6 +321,15 @@ impl AzureProvider {
             .unwrap_or_else(|| self.owner.clone())
     }
 
+    /// The name of the cluster's `i`-th VM: the owner's hash in it as in
+    /// the group's, so that two installations' clusters of one name (in
+    /// groups of their own) never have VMs of the same name, and a VM's
+    /// name says whose it is.
+    pub fn vm_name(&self, cluster: &ClusterName, i: usize) -> String {
+        let owner = self.owner_of(cluster);
+        format!("gw-{}-{:08x}-{i}", cluster.0, fnv(owner.as_bytes()) as u32)
+    }
+
     /// The cluster's resource group in `location`.
     pub fn group_name(&self, cluster: &ClusterName, location: &str) -> String {
         let owner = self.owner_of(cluster);
@@ -378,6 +394,38 @@ impl AzureProvider {
         }
         out.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
         Ok(out)
+    }
+
+    /// The VMs of the group once none is still being created or started
+    /// (a `Failed` one counts as ended), or a transient error naming those
+    /// that are not after [`SETTLE_TIMEOUT`].
+    async fn settled_vms(&self, arm: &Arm, rg: &str, loc: &str) -> Result<Vec<Value>> {
+        let deadline = std::time::Instant::now() + SETTLE_TIMEOUT;
+        loop {
+            let vms = self.vms(arm, rg, loc).await?;
+            let pending: Vec<&str> = vms
+                .iter()
+                .filter(|v| state_of(v) == NodeState::Pending)
+                .filter_map(|v| v["name"].as_str())
+                .collect();
+            if pending.is_empty() {
+                return Ok(vms);
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(ProviderError::new(
+                    ErrorKind::Transient,
+                    "azure",
+                    loc,
+                    format!(
+                        "VMs {} are still being created after {} min",
+                        pending.join(", "),
+                        SETTLE_TIMEOUT.as_secs() / 60
+                    ),
+                ));
+            }
+            tracing::debug!("waiting for VMs being created: {}", pending.join(", "));
+            tokio::time::sleep(SETTLE_POLL).await;
+        }
     }
 
     /// The node of a VM (its NIC and public address read).
@@ -999,8 +1047,10 @@ impl Provider for AzureProvider {
         .await
         .map_err(|e| perr(e, &loc, "creating the resource group", who))?;
 
-        // Reconcile: fitting VMs stay, the rest go.
-        let existing = self.vms(arm, &rg, &loc).await?;
+        // Reconcile: fitting VMs stay, the rest go; first VMs still being
+        // made (their operation was an earlier launch's) end one way or the
+        // other.
+        let existing = self.settled_vms(arm, &rg, &loc).await?;
         let want_zone = zone_of(&req.placement);
         let fits = |vm: &Value| {
             let p = &vm["properties"];
@@ -1029,7 +1079,7 @@ impl Provider for AzureProvider {
         let mut new_names = Vec::new();
         let mut i = 0;
         while new_names.len() < shortfall {
-            let name = format!("gw-{}-{i}", req.cluster.0);
+            let name = self.vm_name(&req.cluster, i);
             if !kept.iter().any(|k| k.eq_ignore_ascii_case(&name)) {
                 new_names.push(name);
             }
@@ -1256,6 +1306,38 @@ impl Provider for AzureProvider {
             }
         }
         self.describe(cluster).await
+    }
+
+    /// A launch keeps the VMs of the cluster's group that fit and adds the
+    /// shortfall in the same group, network and placement group, all or
+    /// nothing: lost VMs can be replaced in place.
+    fn cannot_replace_nodes(&self) -> Option<&'static str> {
+        None
+    }
+
+    async fn remove_nodes(&self, cluster: &ClusterName, ids: &[InstanceId]) -> Result<()> {
+        let rec = self.record(cluster)?;
+        let arm = self.arm().await?;
+        for id in ids {
+            let known = rec
+                .vms
+                .iter()
+                .find(|(name, _)| name.eq_ignore_ascii_case(&id.0))
+                .map(|(name, v)| (name.clone(), v.location.clone()));
+            let (name, locations) = match known {
+                Some((name, location)) => (name, vec![location]),
+                None => (id.0.clone(), rec.locations.iter().cloned().collect()),
+            };
+            // Deleting a VM ARM no longer has (evicted) answers 204: gone.
+            for location in &locations {
+                let rg = self.group_name(cluster, location);
+                self.delete_vm(arm, &rg, &name, location).await?;
+            }
+            self.remember(cluster, |r| {
+                r.vms.remove(&name);
+            })?;
+        }
+        Ok(())
     }
 
     async fn terminate(&self, cluster: &ClusterName) -> Result<()> {

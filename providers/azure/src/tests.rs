@@ -235,6 +235,16 @@ fn group_names_are_per_cluster_location_and_owner() {
     assert!(a.group_name(&c, "eastus").starts_with("gw-train-eastus-"));
     assert_ne!(a.group_name(&c, "eastus"), b.group_name(&c, "eastus"));
     assert_ne!(a.group_name(&c, "eastus"), a.group_name(&c, "westus2"));
+    // VM names: per rank, and never the same for two owners' clusters.
+    let hash = a
+        .group_name(&c, "eastus")
+        .rsplit('-')
+        .next()
+        .unwrap()
+        .to_string();
+    assert_eq!(a.vm_name(&c, 1), format!("gw-train-{hash}-1"));
+    assert_ne!(a.vm_name(&c, 0), a.vm_name(&c, 1));
+    assert_ne!(a.vm_name(&c, 0), b.vm_name(&c, 0));
 }
 
 #[test]

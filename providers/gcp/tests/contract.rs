@@ -24,14 +24,7 @@ struct Gcp {
 }
 
 fn provider(dir: &Path, owner: &str) -> GcpProvider {
-    std::fs::create_dir_all(dir).unwrap();
-    let key = dir.join("id.pub");
-    std::fs::write(
-        &key,
-        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTests gangway\n",
-    )
-    .unwrap();
-    GcpProvider::new(dir.join("gcp"), owner, key).with_user("Test User")
+    GcpProvider::new(dir.join("gcp"), owner, contract::public_key(dir)).with_user("Test User")
 }
 
 impl Gcp {

@@ -34,12 +34,7 @@ fn fake() -> Option<&'static GceFake> {
 }
 
 fn provider(dir: &Path) -> GcpProvider {
-    let key = dir.join("id.pub");
-    std::fs::write(
-        &key,
-        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTests gangway\n",
-    )
-    .unwrap();
+    let key = gangway_test::contract::public_key(dir);
     GcpProvider::new(dir.join("gcp"), "tester", key).with_user("Test User")
 }
 

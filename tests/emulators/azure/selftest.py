@@ -696,6 +696,11 @@ def evictions(c, tmp):
     held = {h["vm"].rsplit("/", 1)[1]: h["public"] for h in view.get("held", [])}
     check("machines: each VM holds its own pair", held.get("gw-e1") == "127.0.251.2"
           and held.get("gw-e2") == "127.0.251.3", held)
+    status, state = c.control("GET", "state")
+    listed = {r["id"].rsplit("/", 1)[1]: r for r in state["resources"] if r["kind"] == "vm"}
+    check("state: a VM's zone and public address are listed",
+          listed.get("gw-e1", {}).get("public") == "127.0.251.2"
+          and "zone" in listed.get("gw-e1", {}), listed.get("gw-e1"))
     port = c.imds_port
 
     def events(address, method="GET", body=None):

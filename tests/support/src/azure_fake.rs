@@ -116,6 +116,32 @@ impl AzureFake {
         )
     }
 
+    /// Arms the fake's kill points: from now on its ARM requests are
+    /// counted, request k's arrival being kill point 2k-1 and its return
+    /// 2k, and at point `at` (0: never, only count) every process whose
+    /// environment has the entry `marker` (`KEY=VALUE`) is SIGKILLed.
+    pub fn kill_at(&self, at: u64, marker: &str) -> serde_json::Value {
+        let spec = serde_json::json!({"at": at, "marker": marker});
+        let state = self.call("POST", "/_fake/kill", &spec.to_string());
+        assert!(
+            state["requests"].is_u64(),
+            "Azure fake kill points {spec}: {state}"
+        );
+        state
+    }
+
+    /// The kill points: `requests` and `points` counted so far, `at`, and
+    /// `fired` (null, or the point, request, `arrival`/`return`, call and
+    /// the pids `killed`).
+    pub fn kill_state(&self) -> serde_json::Value {
+        self.call("GET", "/_fake/kill", "")
+    }
+
+    /// Stops counting (and killing).
+    pub fn kill_off(&self) {
+        self.call("DELETE", "/_fake/kill", "");
+    }
+
     /// `tests/emulators/azure/leak_check.py` on `subscription`: `Ok` with
     /// its report when nothing of gangway's is left, `Err` with it otherwise.
     pub fn leak_check(&self, subscription: &str) -> Result<String, String> {

@@ -61,7 +61,7 @@ use std::fmt;
 use gangway_provider::{ClusterName, ErrorKind, LaunchRequest, Node, NodeState, Provider};
 
 mod kit;
-pub use kit::{placement, request, Flag, Next};
+pub use kit::{placement, public_key, request, Flag, Next};
 
 /// Why a harness cannot do something for its provider; [`run`] prints it
 /// next to the rule it excuses.

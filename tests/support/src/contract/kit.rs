@@ -1,6 +1,7 @@
 //! What every harness writes the same way: its launch requests, and the
 //! failures it sets up for the next launch and takes back after it.
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
@@ -13,6 +14,20 @@ pub fn placement(cloud: &str, region: &str, zone: &str) -> Placement {
         region: region.into(),
         zone: zone.into(),
     }
+}
+
+/// Writes `dir/id.pub`, an OpenSSH ed25519 public key line no machine is
+/// ever reached with (for providers that put a key on what they make but
+/// are never logged into here), and returns its path.
+pub fn public_key(dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).expect("the key's directory");
+    let key = dir.join("id.pub");
+    std::fs::write(
+        &key,
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTests gangway\n",
+    )
+    .expect("write the public key");
+    key
 }
 
 /// The suite's request for `count` nodes of `cluster` with `client_token`
