@@ -11,50 +11,15 @@ use std::time::Duration;
 use gangway_provider::{
     ClusterName, ErrorKind, LaunchRequest, Node, NodeState, Placement, Provider, ProviderError,
 };
-use gangway_test::net::ClosedPort;
+use gangway_test::net::{ClosedPort, SshGreeter};
 
 use super::*;
 
-/// A port that answers as an SSH server does (its identification line)
-/// while the value lives.
-struct Up {
-    stop: Arc<std::sync::atomic::AtomicBool>,
-    serving: Option<thread::JoinHandle<()>>,
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        if let Some(t) = self.serving.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn open() -> (Up, u16) {
-    use std::io::Write;
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    l.set_nonblocking(true).unwrap();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let stopped = Arc::clone(&stop);
-    let serving = thread::spawn(move || {
-        while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
-            match l.accept() {
-                Ok((mut c, _)) => {
-                    let _ = c.write_all(b"SSH-2.0-gangway-test\r\n");
-                }
-                Err(_) => thread::sleep(Duration::from_millis(5)),
-            }
-        }
-    });
-    (
-        Up {
-            stop,
-            serving: Some(serving),
-        },
-        port,
-    )
+/// A port that answers as an SSH server does while the value lives.
+fn open() -> (SshGreeter, u16) {
+    let g = SshGreeter::start();
+    let port = g.port;
+    (g, port)
 }
 
 /// A port nothing listens on, held closed while the value lives.
@@ -83,7 +48,7 @@ fn host(name: &str, port: u16) -> Host {
 /// A port kept for a test: listening, or held closed.
 #[allow(dead_code)] // held for their Drop only
 enum Held {
-    Open(Up),
+    Open(SshGreeter),
     Closed(ClosedPort),
 }
 

@@ -1,14 +1,14 @@
 //! SSH pools keep the provider contract (`gangway_test::contract`): a pool
-//! of hosts that are TCP listeners on loopback (a launch only probes that a
-//! host's SSH port answers; no sshd is involved), and the allocation
-//! records under the provider's root as what it holds.
+//! of hosts that are ports on loopback greeting as SSH servers do (a launch
+//! only probes that a host's SSH port answers; no sshd is involved), and
+//! the allocation records under the provider's root as what it holds.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 
 use gangway_provider::{ClusterName, ErrorKind, LaunchRequest, Provider};
 use gangway_ssh::{Host, Pool, SshPools};
 use gangway_test::contract::{self, placement, Harness, Next, Resource, Unsupported};
+use gangway_test::net::{ClosedPort, SshGreeter};
 use serde_json::Value;
 
 const POOL: &str = "ct";
@@ -20,7 +20,8 @@ struct Pools {
     /// The instance type the next request asks for (a failure on demand
     /// is a request this inventory cannot meet).
     next_type: Next<String>,
-    _listeners: Vec<TcpListener>,
+    _listeners: Vec<SshGreeter>,
+    _down: ClosedPort,
     _home: tempfile::TempDir,
 }
 
@@ -45,15 +46,13 @@ impl Pools {
         let mut listeners = Vec::new();
         let mut hosts = Vec::new();
         for name in ["h1", "h2", "h3"] {
-            let l = TcpListener::bind("127.0.0.1:0").unwrap();
-            hosts.push(host(name, l.local_addr().unwrap().port(), None));
+            let l = SshGreeter::start();
+            hosts.push(host(name, l.port, None));
             listeners.push(l);
         }
         // The only A100 host is down: asking for it is out of capacity.
-        let down = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = down.local_addr().unwrap().port();
-        drop(down);
-        hosts.push(host("down", port, Some(("A100", 8))));
+        let down = ClosedPort::hold();
+        hosts.push(host("down", down.port, Some(("A100", 8))));
         let pools = vec![Pool {
             name: POOL.into(),
             hosts,
@@ -63,6 +62,7 @@ impl Pools {
             root,
             next_type: Next::default(),
             _listeners: listeners,
+            _down: down,
             _home: home,
         }
     }
