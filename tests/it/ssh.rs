@@ -1102,6 +1102,12 @@ fn a_managed_job_on_a_pool_restarts_from_its_kept_checkpoint() {
     assert_eq!(j["state"], "SUCCEEDED", "{j}");
     assert_eq!(j["restarts_on_errors"], 1, "{j}");
     // The job's cluster is gone and the pool's hosts are free again.
+    released_when_ended(&home);
+}
+
+/// A managed job's end released every host of its pool and left no
+/// process of its own behind.
+fn released_when_ended(home: &crate::common::TestHome) {
     crate::common::wait_for(
         "the pool's hosts to be released",
         Duration::from_secs(30),
@@ -1330,19 +1336,7 @@ fn a_managed_gang_on_a_pool_replaces_only_the_host_that_stopped_answering() {
     assert_eq!(j["restarts_on_errors"], 0, "{j}");
     // Nothing left on the hosts that answer; the pool is free again.
     lost.kill_all();
-    crate::common::wait_for(
-        "the pool's hosts to be released",
-        Duration::from_secs(30),
-        || {
-            let left = crate::common::dir_names(&home.path().join("ssh_pools/alloc"));
-            if left.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("{left:?}"))
-            }
-        },
-    );
-    crate::common::assert_no_marker_procs(&home.marker, "the managed job ended");
+    released_when_ended(&home);
 }
 
 #[test]
