@@ -1074,12 +1074,15 @@ fn a_managed_job_on_a_pool_restarts_from_its_kept_checkpoint() {
     let Some(sshd) = Sshd::start(2) else { return };
     let home = pool_home(&sshd);
     // Run 0 checkpoints step 7, waits until gangway kept it, loses its
-    // disk and fails; run 1 must find step 7 restored onto the node.
+    // disk and fails; run 1 must find step 7 restored onto the node. The
+    // syncs are 4 s apart: the one after the loss, should it come before
+    // the failure is seen, would keep the empty directory (a sync keeps
+    // what the nodes have), and on a loaded machine 1 s apart it did.
     let t = home.file(
         "managed.yaml",
         &format!(
             "num_nodes: 2\nresources:\n  infra: ssh/lab\n  job_recovery:\n    max_restarts_on_errors: 1\n\
-             checkpoint:\n  sync_interval: 1\nenvs:\n  GW_TEST_MARKER: {}\n\
+             checkpoint:\n  sync_interval: 4\nenvs:\n  GW_TEST_MARKER: {}\n\
              run: |\n  ck=\"$GANGWAY_CHECKPOINT_DIR/step\"\n  \
              if [ \"$GANGWAY_RESTART_COUNT\" = 0 ]; then\n    t=$(date +%s%3N)\n    \
              [ \"$NODE_RANK\" = 0 ] && echo 7 > \"$ck\"\n    \
