@@ -103,7 +103,31 @@ pub struct Pool {
 pub struct SshPools {
     store: Store,
     pools: Arc<Vec<Pool>>,
+    /// What this process last learnt of each held host's liveness, by
+    /// `pool/host` (see [`SshPools::describe_now`]).
+    liveness: Arc<std::sync::Mutex<std::collections::HashMap<String, Liveness>>>,
 }
+
+/// A held host's liveness as this process last probed it.
+#[derive(Clone, Copy, Debug)]
+struct Liveness {
+    /// When it was last probed.
+    probed: std::time::Instant,
+    /// Whether it answered then.
+    answered: bool,
+    /// When it last answered, if ever here.
+    last_answer: Option<std::time::Instant>,
+}
+
+/// A held host is probed at most this often by one process: a controller
+/// describes a running cluster every second, and each probe is a
+/// connection the host's sshd logs.
+const PROBE_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+/// A held host that answered before, here, counts as lost only once it has
+/// not answered for this long (one slow greeting on a loaded host is not
+/// a loss); one this process never heard from counts as lost at its first
+/// unanswered probe (a driver asking after its run failed).
+const LOST_AFTER: std::time::Duration = std::time::Duration::from_secs(20);
 
 impl SshPools {
     /// `root` is `$GANGWAY_HOME/ssh_pools` (allocation records live there);
@@ -115,6 +139,7 @@ impl SshPools {
         SshPools {
             store: Store { root },
             pools: Arc::new(pools),
+            liveness: Arc::default(),
         }
     }
 
@@ -410,8 +435,7 @@ impl SshPools {
         // A held host that no longer answers on its SSH port is lost to
         // the cluster (a machine that died, a cut link): said so, as a
         // cloud says a node was taken, so that a managed job replaces it.
-        let hosts: Vec<&Host> = held.iter().map(|(_, _, h)| *h).collect();
-        let up = probe::reachable(&hosts);
+        let up = self.alive(&held);
         let mut known: Vec<((usize, usize), Node)> = held
             .iter()
             .zip(up)
@@ -428,6 +452,50 @@ impl SshPools {
         known.sort_by_key(|(at, _)| *at);
         gone.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(known.into_iter().map(|(_, n)| n).chain(gone).collect())
+    }
+
+    /// Whether each held host is still alive, by [`probe`] at most every
+    /// [`PROBE_EVERY`] (the last answer kept between), lost only as
+    /// [`LOST_AFTER`] says.
+    fn alive(&self, held: &[((usize, usize), &Pool, &Host)]) -> Vec<bool> {
+        let now = std::time::Instant::now();
+        let key = |p: &Pool, h: &Host| format!("{}/{}", p.name, h.name);
+        let known = self.liveness.lock().map(|m| m.clone()).unwrap_or_default();
+        let due: Vec<usize> = (0..held.len())
+            .filter(|&i| {
+                let (_, p, h) = held[i];
+                known
+                    .get(&key(p, h))
+                    .is_none_or(|l| now.duration_since(l.probed) >= PROBE_EVERY)
+            })
+            .collect();
+        let answers = probe::reachable(&due.iter().map(|&i| held[i].2).collect::<Vec<_>>());
+        let mut m = self.liveness.lock().unwrap_or_else(|e| e.into_inner());
+        for (&i, answered) in due.iter().zip(answers) {
+            let (_, p, h) = held[i];
+            let k = key(p, h);
+            let last_answer = if answered {
+                Some(now)
+            } else {
+                m.get(&k).and_then(|l| l.last_answer)
+            };
+            m.insert(
+                k,
+                Liveness {
+                    probed: now,
+                    answered,
+                    last_answer,
+                },
+            );
+        }
+        held.iter()
+            .map(|(_, p, h)| match m.get(&key(p, h)) {
+                Some(l) if !l.answered => l
+                    .last_answer
+                    .is_some_and(|t| now.duration_since(t) < LOST_AFTER),
+                _ => true,
+            })
+            .collect()
     }
 
     /// Releases every host of the cluster (blocking).

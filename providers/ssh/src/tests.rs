@@ -634,3 +634,32 @@ fn a_port_that_accepts_without_speaking_ssh_is_not_reachable() {
     answering.join().unwrap();
     drop(silent);
 }
+
+#[tokio::test]
+async fn a_held_host_is_probed_at_most_every_ten_seconds() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = SshGreeter::start();
+    let b = SshGreeter::start();
+    let pool = Pool {
+        name: "gpus".into(),
+        hosts: vec![host("a", a.port), host("b", b.port)],
+    };
+    let p = SshPools::new(dir.path(), vec![pool]);
+    p.launch(&a100("c1", 2)).await.unwrap();
+    let nodes = p.describe(&cluster("c1")).await.unwrap();
+    assert!(nodes.iter().all(|n| n.state == NodeState::Running));
+    // b goes away; this process probed it just now, so the next describe
+    // (a controller's, a second later) answers from what it learnt.
+    drop(b);
+    let started = std::time::Instant::now();
+    let nodes = p.describe(&cluster("c1")).await.unwrap();
+    assert!(
+        nodes.iter().all(|n| n.state == NodeState::Running),
+        "{nodes:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "it probed again"
+    );
+    drop(a);
+}
