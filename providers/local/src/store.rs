@@ -576,7 +576,7 @@ fn unmount_listed(list: &Path) -> io::Result<()> {
 
 /// Whether `path` is on another filesystem than its parent (a mount
 /// point). A mount whose daemon died cannot be stat'ed: that counts too.
-fn is_mount_point(path: &Path) -> bool {
+pub(crate) fn is_mount_point(path: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     let Some(parent) = path.parent() else {
         return false;

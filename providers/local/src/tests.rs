@@ -1361,3 +1361,47 @@ fn a_tasks_absolute_paths_are_where_it_wrote_them_for_a_user_who_is_not_root() {
     gangway_test::skip::ran("local");
     assert!(text.contains("test result: ok. 1 passed"), "{text}");
 }
+
+/// A task path under a directory the machine has, whose own name the
+/// machine lacks (`/root/<name>`): that level alone is mirrored, in the
+/// node's `view/` (not under its `root/`, which a path through a directory
+/// named `root` once led to).
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "current_thread")]
+async fn a_path_under_an_existing_directory_mirrors_only_that_level() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        gangway_test::skip::skipped("local", "/root can be listed by root only");
+        return;
+    }
+    let usable = crate::view::usable().map_err(|why| format!("no mount namespace here: {why}"));
+    let Some(()) = gangway_test::skip::gate("local", usable) else {
+        return;
+    };
+    let (_tmp, p) = fresh();
+    let nodes = p
+        .launch(&req("under", "local-a", "local.cpu", 1, None))
+        .await
+        .unwrap();
+    let node = row(&nodes[0], 0);
+    let dir = PathBuf::from(&nodes[0].extra["dir"]);
+    let name = format!("gw-under-{}", std::process::id());
+    fs::create_dir_all(dir.join("root/root").join(&name)).unwrap();
+    fs::write(dir.join("root/root").join(&name).join("x"), "mine\n").unwrap();
+    let t = crate::LocalTransport::default();
+    let (code, out) = run_on(
+        &t,
+        &node,
+        &format!("cat /root/{name}/x && ls / | grep -c '^proc$'"),
+        true,
+    )
+    .await;
+    assert_eq!((code, out.as_str()), (0, "mine\n1\n"));
+    assert!(dir.join("view/root/root").join(&name).is_dir());
+    assert!(
+        !dir.join("root/view").exists(),
+        "a mirror under the node's root/"
+    );
+    assert!(!Path::new("/root").join(&name).exists());
+    p.terminate(&cluster("under")).await.unwrap();
+}

@@ -49,7 +49,7 @@ pub(crate) struct View {
     /// The task's absolute paths put in place, for messages.
     pub(crate) paths: Vec<String>,
     /// Binds, in order: each source over its target.
-    binds: Vec<(CString, CString)>,
+    binds: Vec<Bind>,
     /// Where to chroot to, when `/` is mirrored.
     root: Option<CString>,
     /// The command's directory (as the host spells it; it exists in the
@@ -83,22 +83,13 @@ fn walk(root: &Path, host: &Path, rel: &Path, out: &mut Vec<(PathBuf, PathBuf)>)
         let mine = root.join(&rel);
         let theirs = host.join(&rel);
         let host_dir = fs::metadata(&theirs).is_ok_and(|m| m.is_dir());
-        if is_dir && host_dir && !is_mount_point(&mine) {
+        if is_dir && host_dir && !crate::store::is_mount_point(&mine) {
             walk(root, host, &rel, out)?;
         } else {
             out.push((Path::new("/").join(&rel), mine));
         }
     }
     Ok(())
-}
-
-/// Whether `p` is the root of a file system other than its parent's (a
-/// FUSE mount of a bucket).
-fn is_mount_point(p: &Path) -> bool {
-    match (fs::symlink_metadata(p), p.parent().map(fs::metadata)) {
-        (Ok(m), Some(Ok(parent))) => m.dev() != parent.dev(),
-        _ => false,
-    }
 }
 
 /// A tree of the task's paths, by component.
@@ -141,6 +132,7 @@ pub(crate) fn plan(node_dir: &Path, cwd: &Path, host: &Path) -> io::Result<Optio
     let view = node_dir.join(VIEW_DIR).join("root");
     let mut b = Builder {
         host,
+        view: &view,
         binds: Vec::new(),
     };
     // `/` is mirrored when a path's parent is missing on the host or is
@@ -183,14 +175,42 @@ fn c(p: &Path) -> io::Result<CString> {
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a path with a NUL byte"))
 }
 
+/// One bind of a view: `src` over `dst`.
+#[derive(Debug)]
+struct Bind {
+    src: CString,
+    dst: CString,
+    /// One of the machine's entries at a mirrored level (not a task
+    /// path): it may be gone by the time the command starts (a temporary
+    /// directory in `/tmp`), and then it is left out of the view.
+    may_vanish: bool,
+}
+
 struct Builder<'a> {
     host: &'a Path,
-    binds: Vec<(CString, CString)>,
+    /// The node's mirror of `/` (`view/root`): a mirrored directory `p`
+    /// lives at `view` + `p`.
+    view: &'a Path,
+    binds: Vec<Bind>,
 }
 
 impl Builder<'_> {
     fn bind(&mut self, src: &Path, dst: &Path) -> io::Result<()> {
-        self.binds.push((c(src)?, c(dst)?));
+        self.binds.push(Bind {
+            src: c(src)?,
+            dst: c(dst)?,
+            may_vanish: false,
+        });
+        Ok(())
+    }
+
+    /// [`Builder::bind`] of one of the machine's entries, which may vanish
+    /// before the command starts.
+    fn bind_theirs(&mut self, src: &Path, dst: &Path) -> io::Result<()> {
+        self.bind(src, dst)?;
+        if let Some(b) = self.binds.last_mut() {
+            b.may_vanish = true;
+        }
         Ok(())
     }
 
@@ -207,7 +227,8 @@ impl Builder<'_> {
             } else if needs_mirror(self.host, &p, sub) {
                 // The mirror lives in the node's view, bound over the
                 // host's directory.
-                let m = mirror_dir(sub, &p)?;
+                let m = self.view.join(p.strip_prefix("/").unwrap_or(&p));
+                fs::create_dir_all(&m)?;
                 self.mirror(&p, &m, sub)?;
                 // Over the host's directory, after its entries were bound
                 // into the mirror (the binds above read the host's).
@@ -242,7 +263,10 @@ impl Builder<'_> {
             let theirs = on_host.join(name);
             let mine = m.join(name);
             if ty.is_symlink() {
-                let target = fs::read_link(&theirs)?;
+                // Gone since it was listed: left out.
+                let Ok(target) = fs::read_link(&theirs) else {
+                    continue;
+                };
                 match fs::read_link(&mine) {
                     Ok(old) if old == target => {}
                     _ => {
@@ -253,7 +277,7 @@ impl Builder<'_> {
                 continue;
             }
             placeholder(&mine, ty.is_dir())?;
-            self.bind(&theirs, &mine)?;
+            self.bind_theirs(&theirs, &mine)?;
         }
         for (name, sub) in &t.children {
             let p = at.join(name);
@@ -279,31 +303,6 @@ impl Builder<'_> {
         }
         Ok(())
     }
-}
-
-/// Where the mirror of `p` goes when `/` itself is not mirrored: a
-/// directory in the node's view named after it (the tree's sources all
-/// live under the node's `root/`, beside `view/`).
-fn mirror_dir(t: &Tree, p: &Path) -> io::Result<PathBuf> {
-    let src = first_source(t).ok_or_else(|| io::Error::other("a subtree without a task path"))?;
-    // src = <node>/root/<p>/...: the node's directory is above root/.
-    let node_dir = src
-        .ancestors()
-        .find(|a| a.file_name().is_some_and(|n| n == "root"))
-        .and_then(Path::parent)
-        .ok_or_else(|| io::Error::other("a task path outside the node's root/"))?;
-    let m = node_dir
-        .join(VIEW_DIR)
-        .join("root")
-        .join(p.strip_prefix("/").unwrap_or(p));
-    fs::create_dir_all(&m)?;
-    Ok(m)
-}
-
-fn first_source(t: &Tree) -> Option<&Path> {
-    t.source
-        .as_deref()
-        .or_else(|| t.children.values().find_map(first_source))
 }
 
 /// An empty directory or file at `p` to mount on (kept if there).
@@ -364,17 +363,21 @@ impl View {
                 std::ptr::null(),
             )
         })?;
-        for (src, dst) in &self.binds {
+        for b in &self.binds {
             // SAFETY: as above.
-            check(unsafe {
+            let bound = check(unsafe {
                 libc::mount(
-                    src.as_ptr(),
-                    dst.as_ptr(),
+                    b.src.as_ptr(),
+                    b.dst.as_ptr(),
                     std::ptr::null(),
                     libc::MS_BIND | libc::MS_REC,
                     std::ptr::null(),
                 )
-            })?;
+            });
+            match bound {
+                Err(e) if b.may_vanish && e.raw_os_error() == Some(libc::ENOENT) => {}
+                other => other?,
+            }
         }
         if let Some(root) = &self.root {
             // SAFETY: valid NUL-terminated paths.
