@@ -539,46 +539,112 @@ fn keep_mounts_renewed(
     })))
 }
 
-/// Files first, on every node: the checkpoint directory (with a kept
-/// checkpoint restored into it), the workdir and the file mounts.
+/// How many nodes have their files placed at once: each placement is a
+/// few ssh (or kubectl, srun) processes and a stream of the files, so a
+/// 64-node gang takes four waves' time rather than 64 nodes' one after
+/// another.
+const PLACE_AT_ONCE: usize = 16;
+
+/// Files first, on every node at once (at most [`PLACE_AT_ONCE`] at a
+/// time): the checkpoint directory (with a kept checkpoint restored into
+/// it), the workdir and the file mounts. A failure names the lowest rank
+/// that failed.
 fn place_files(
     job: &Job<'_>,
     nodes: &[NodeRow],
     transport: &dyn Transport,
     checkpoint_dirs: &[String],
 ) -> Result<(), String> {
-    let spec = job.spec;
-    for (rank, n) in nodes.iter().enumerate() {
-        if n.extra.contains_key(super::SURVIVOR_FACT) {
-            // A survivor resumes from the kept checkpoint as the new nodes
-            // do: whatever it wrote after that checkpoint goes.
-            roll_back_checkpoint(transport, n, &checkpoint_dirs[rank])
-                .map_err(|e| format!("rank {rank}: rolling back the checkpoint directory: {e}"))?;
-        }
-        transport
-            .make_dir(n, &checkpoint_dirs[rank])
-            .map_err(|e| e.to_string())?;
-        if let Some(kept) = spec.restore_from.as_deref().filter(|p| p.is_dir()) {
-            // `upload` takes the node's own spelling of the path.
-            transport
-                .upload(n, kept, checkpoint_dir(spec))
-                .map_err(|e| format!("restoring the checkpoint: {e}"))?;
-        }
-        let mut uploads: Vec<(&Path, &str)> = Vec::new();
-        if let Some(w) = &spec.workdir {
-            uploads.push((w.as_path(), super::WORKDIR_ON_NODE));
-        }
-        for (dest, src) in &spec.file_mounts {
-            uploads.push((src.as_path(), dest.as_str()));
-        }
-        for (src, dest) in uploads {
-            transport.upload(n, src, dest).map_err(|e| e.to_string())?;
-        }
-    }
+    let placed = on_every_node(nodes, PLACE_AT_ONCE, |rank, n| {
+        place_on(job.spec, n, transport, &checkpoint_dirs[rank])
+    });
     for note in transport.take_notes() {
         job.logs.say(&note);
     }
+    if placed.len() < nodes.len() {
+        return Err("placing the files failed on a thread of the driver".into());
+    }
+    for (rank, done) in placed {
+        done.map_err(|e| format!("rank {rank}: {e}"))?;
+    }
     Ok(())
+}
+
+/// One node's files (see [`place_files`]).
+fn place_on(
+    spec: &JobSpec,
+    n: &NodeRow,
+    transport: &dyn Transport,
+    checkpoint_dir_on_node: &str,
+) -> Result<(), String> {
+    if n.extra.contains_key(super::SURVIVOR_FACT) {
+        // A survivor resumes from the kept checkpoint as the new nodes
+        // do: whatever it wrote after that checkpoint goes.
+        roll_back_checkpoint(transport, n, checkpoint_dir_on_node)
+            .map_err(|e| format!("rolling back the checkpoint directory: {e}"))?;
+    }
+    transport
+        .make_dir(n, checkpoint_dir_on_node)
+        .map_err(|e| e.to_string())?;
+    if let Some(kept) = spec.restore_from.as_deref().filter(|p| p.is_dir()) {
+        // `upload` takes the node's own spelling of the path.
+        transport
+            .upload(n, kept, checkpoint_dir(spec))
+            .map_err(|e| format!("restoring the checkpoint: {e}"))?;
+    }
+    let mut uploads: Vec<(&Path, &str)> = Vec::new();
+    if let Some(w) = &spec.workdir {
+        uploads.push((w.as_path(), super::WORKDIR_ON_NODE));
+    }
+    for (dest, src) in &spec.file_mounts {
+        uploads.push((src.as_path(), dest.as_str()));
+    }
+    for (src, dest) in uploads {
+        transport.upload(n, src, dest).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// `f(rank, node)` for every node, on at most `at_once` threads at a time:
+/// `(rank, answer)` in rank order (a rank whose `f` panicked is missing).
+fn on_every_node<T, F>(nodes: &[NodeRow], at_once: usize, f: F) -> Vec<(usize, T)>
+where
+    T: Send,
+    F: Fn(usize, &NodeRow) -> T + Sync,
+{
+    if nodes.len() <= 1 {
+        return nodes
+            .iter()
+            .enumerate()
+            .map(|(r, n)| (r, f(r, n)))
+            .collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut answers: Vec<(usize, T)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..at_once.clamp(1, nodes.len()))
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let rank = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(n) = nodes.get(rank) else { break mine };
+                        // A panic loses this rank's answer only.
+                        let answer =
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(rank, n)));
+                        if let Ok(a) = answer {
+                            mine.push((rank, a));
+                        }
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap_or_default())
+            .collect()
+    });
+    answers.sort_by_key(|(rank, _)| *rank);
+    answers
 }
 
 /// Empties a surviving node's checkpoint directory `dir` (as the node
@@ -997,4 +1063,55 @@ async fn last_lines(pumps: Vec<Pump>) -> HashMap<usize, Vec<String>> {
         }
     }
     tails
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn nodes(n: u32) -> Vec<NodeRow> {
+        (0..n)
+            .map(|rank| NodeRow {
+                rank,
+                instance_id: format!("i-{rank}"),
+                private_ip: format!("10.0.0.{rank}"),
+                public_ip: None,
+                zone: "a".into(),
+                topology: String::new(),
+                state: "running".into(),
+                extra: Default::default(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_node_is_served_at_once_up_to_the_limit_and_answers_in_rank_order() {
+        let (active, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let answers = on_every_node(&nodes(10), 4, |rank, n| {
+            let now = active.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(60));
+            active.fetch_sub(1, Ordering::SeqCst);
+            (rank, n.instance_id.clone())
+        });
+        assert_eq!(most.load(Ordering::SeqCst), 4, "four nodes at a time");
+        assert_eq!(answers.len(), 10);
+        for (i, (rank, (r, id))) in answers.iter().enumerate() {
+            assert_eq!((*rank, *r), (i, i));
+            assert_eq!(id, &format!("i-{i}"));
+        }
+    }
+
+    #[test]
+    fn a_node_whose_work_panics_is_missing_from_the_answers_not_fatal() {
+        let answers = on_every_node(&nodes(3), 3, |rank, _| {
+            if rank == 1 {
+                panic!("boom (expected by this test)");
+            }
+            rank
+        });
+        let ranks: Vec<usize> = answers.iter().map(|(r, _)| *r).collect();
+        assert_eq!(ranks, vec![0, 2]);
+    }
 }

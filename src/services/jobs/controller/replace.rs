@@ -53,9 +53,10 @@ pub(super) async fn replace_lost(sh: &Shared, m: &mut Memo) -> Result<bool, crat
         whole_gang(sh, &job, cannot)?;
         return Ok(false);
     }
-    // The run stops on the survivors first (its driver stops every rank).
     let lock = cluster_lock(sh, &job.cluster).await?;
-    lifecycle::stop_drivers(sh.store(), &job.cluster).await?;
+    // Which nodes were lost is asked while the survivors still run (the
+    // notice check reaches them over their open connections); a fallback
+    // to the whole gang stops the run with the teardown.
     let lost = match lost_ranks(sh, m, &job.cluster, &nodes).await {
         Ok(l) => l,
         Err(e) => {
@@ -82,12 +83,18 @@ pub(super) async fn replace_lost(sh: &Shared, m: &mut Memo) -> Result<bool, crat
         return Ok(false);
     };
     let lost_ranks = lost.clone();
-    let replaced = sh
-        .off_thread(move |store, providers| async move {
-            let _lock = lock;
-            replace::replace_nodes(&store, &row, &lost_ranks, &c, &providers, REPLACE_WAIT).await
-        })
-        .await?;
+    // The run stops on the survivors (its driver stops every rank, within
+    // its grace period) while the replacement is asked for and reached:
+    // a trainer that saves on SIGTERM takes that time anyway, and the
+    // replacement touches only the lost nodes.
+    let replacing = sh.off_thread(move |store, providers| async move {
+        let _lock = lock;
+        replace::replace_nodes(&store, &row, &lost_ranks, &c, &providers, REPLACE_WAIT).await
+    });
+    let (stopped, replaced) =
+        tokio::join!(lifecycle::stop_drivers(sh.store(), &job.cluster), replacing);
+    stopped?;
+    let replaced = replaced?;
     let replaced = match replaced {
         Ok(r) => r,
         Err(e) => {
@@ -185,16 +192,21 @@ async fn lost_ranks(
     if let Some(transport) = transport {
         let reached = tokio::time::timeout(NOTICE_CHECK, transport.connect(&alive)).await;
         if matches!(reached, Ok(Ok(()))) {
-            let noticed = tokio::task::spawn_blocking(move || {
-                alive
-                    .iter()
-                    .filter(|n| transport.preemption_notice(n).is_some())
-                    .map(|n| n.rank)
-                    .collect::<Vec<_>>()
-            })
-            .await
-            .unwrap_or_default();
-            lost.extend(noticed);
+            // Every survivor at once: one question each (an IMDS read over
+            // its connection), so 63 survivors take one answer's time.
+            let asks: Vec<_> = alive
+                .into_iter()
+                .map(|n| {
+                    let t = Arc::clone(&transport);
+                    tokio::task::spawn_blocking(move || {
+                        t.preemption_notice(&n).is_some().then_some(n.rank)
+                    })
+                })
+                .collect();
+            let noticed = tokio::time::timeout(NOTICE_CHECK, futures::future::join_all(asks))
+                .await
+                .unwrap_or_default();
+            lost.extend(noticed.into_iter().filter_map(|r| r.ok().flatten()));
         }
     }
     lost.sort_unstable();
