@@ -609,6 +609,20 @@ fn a_managed_aws_spot_job_survives_an_interruption_with_notice_and_one_without()
 
 #[test]
 fn a_managed_aws_spot_gang_that_loses_one_instance_replaces_only_it() {
+    lose_one_of_four(None);
+}
+
+#[test]
+fn a_managed_aws_spot_gang_told_of_one_interruption_replaces_that_instance_at_the_noticed_step() {
+    lose_one_of_four(Some(60.0));
+}
+
+/// A 4-instance spot gang under the default strategy (REPLACE_LOST_NODES)
+/// loses its rank-2 instance, without notice or with `notice_s` of it:
+/// only that instance is replaced, in the survivors' zone and placement
+/// group, setup runs on the replacement only, and every rank resumes at
+/// the same step (with notice: the step checkpointed on it) and finishes.
+fn lose_one_of_four(notice_s: Option<f64>) {
     let Some(a) = machines(4) else { return };
     let Some(b) = machines(1) else { return };
     let Some(mut cloud) = Cloud::new(&a) else {
@@ -648,9 +662,16 @@ fn a_managed_aws_spot_gang_that_loses_one_instance_replaces_only_it() {
         .filter(|i| i.state == "running")
         .collect();
     assert_eq!(first.len(), 4, "{first:?}");
-    // EC2 takes one instance without notice; the replacement runs on b.
+    // EC2 takes one instance (posting a notice first, or not); the
+    // replacement runs on b.
     cloud.run_on(&b);
-    cloud.emu.interrupt(REGION, &first[2].id);
+    match notice_s {
+        Some(s) => {
+            let notice = cloud.emu.interrupt_with_notice(REGION, &first[2].id, s);
+            assert_eq!(notice["action"], "terminate", "{notice}");
+        }
+        None => cloud.emu.interrupt(REGION, &first[2].id),
+    }
     let (code, out, err) = parts(&job.wait());
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     for rank in 0..4 {
@@ -690,12 +711,31 @@ fn a_managed_aws_spot_gang_that_loses_one_instance_replaces_only_it() {
         })
         .collect();
     assert!(resumed.iter().all(|r| *r == resumed[0]), "{resumed:?}");
+    if notice_s.is_some() {
+        // The gang checkpointed on the notice and resumed exactly there.
+        let noticed = out
+            .lines()
+            .find_map(|l| {
+                l.split("rank 0 checkpointed step ")
+                    .nth(1)
+                    .and_then(|r| r.split(' ').next())
+                    .map(str::to_string)
+            })
+            .unwrap_or_else(|| panic!("no checkpoint on the notice:\n{out}\n{err}"));
+        assert_eq!(resumed[0], noticed, "{out}");
+    }
     let (code, ev, err) = cloud.run(&["jobs", "events", "1"]);
     assert_eq!(code, 0, "{err}");
     assert!(
         ev.contains("replaced rank") && ev.contains(&first[2].id),
         "the replacement, naming the lost instance:\n{ev}"
     );
+    assert_eq!(
+        ev.contains("NOTICE"),
+        notice_s.is_some(),
+        "a notice event exactly when one was posted:\n{ev}"
+    );
+    assert!(!ev.contains("whole-gang recovery"), "{ev}");
     wait_for(
         "the job's cluster to be gone",
         Duration::from_secs(60),

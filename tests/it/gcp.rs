@@ -570,6 +570,137 @@ fn a_managed_gcp_spot_gang_that_loses_one_vm_replaces_only_it() {
     assert!(!ev.contains("whole-gang recovery"), "{ev}");
 }
 
+#[test]
+fn a_managed_gcp_spot_gang_told_of_one_preemption_replaces_that_vm_at_the_noticed_step() {
+    // GCE marks a VM preempted in its metadata (`instance/preempted:
+    // TRUE`) and stops it after a grace period: the gang checkpoints on
+    // the notice, the noticed VM alone is replaced, and both ranks resume
+    // exactly at the noticed step.
+    let Some((gce, sshd, home)) = vms_with_sshd(2) else {
+        return;
+    };
+    let Some(after) = crate::sshd::Sshd::start_on_port("gcp", 1, 22) else {
+        return;
+    };
+    after.authorize(&sshd.client_key.with_extension("pub"));
+    let progress = tempfile::tempdir().expect("tempdir");
+    let task = home.file(
+        "train.yaml",
+        &crate::spot_job::trainer(
+            &home.marker,
+            progress.path(),
+            40,
+            "  infra: gcp/us-central1\n  instance_type: n2-standard-8\n",
+            "  gcp:\n    ssh_user: root\n",
+        )
+        .replace("run: |\n", "setup: echo \"setup ran on $HOME\"\nrun: |\n"),
+    );
+    let mut c = crate::common::command_in(home.path());
+    c.args(["jobs", "launch", &task, "-y", "--wait"])
+        .env("GANGWAY_GCP_ENDPOINT", &gce.url)
+        .env("GOOGLE_CLOUD_PROJECT", "gangway-test")
+        .env("GANGWAY_GCP_SSH_CIDR", "192.0.2.0/24")
+        .stdin(std::process::Stdio::null());
+    let mut job = crate::common::Running::start(c);
+    crate::spot_job::wait_run(
+        &mut job,
+        progress.path(),
+        0,
+        "run 0 to pass a checkpoint",
+        |_, now| now > 6,
+    );
+    // Each VM's sessions find its own metadata server (by the address
+    // they came to), as a VM's processes find GCE's.
+    let vms = gce.named("instances", "gw-");
+    assert_eq!(vms.len(), 2, "{vms:#?}");
+    let mut profile = String::from("set -- $SSH_CONNECTION\ncase \"$3\" in\n");
+    for vm in &vms {
+        let md = gce.call(
+            "POST",
+            "/_gangway/metadata-server",
+            &serde_json::json!({ "instance": vm["name"] }).to_string(),
+        );
+        let ip = vm["networkInterfaces"][0]["accessConfigs"][0]["natIP"]
+            .as_str()
+            .expect("natIP");
+        profile.push_str(&format!(
+            "  {ip}) export GCE_METADATA_HOST={} ;;\n",
+            md["host"].as_str().expect("metadata host")
+        ));
+    }
+    profile.push_str("esac\nset --\n");
+    sshd.session_profile(&profile);
+    let victim = vms[1]["name"].as_str().unwrap().to_string();
+    // The replacement comes up on the other sshd.
+    let block = after.addrs[0].rsplit_once('.').unwrap().0;
+    gce.call(
+        "POST",
+        "/_gangway/settings",
+        &serde_json::json!({"nat_ip_prefix": format!("{block}.")}).to_string(),
+    );
+    let pre = gce.call(
+        "POST",
+        "/_gangway/preempt",
+        &serde_json::json!({"instance": victim, "grace_s": 60}).to_string(),
+    );
+    assert_eq!(pre["action"], "STOP", "{pre}");
+    let (code, out, err) = parts(&job.wait());
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let noticed = out
+        .lines()
+        .find_map(|l| {
+            l.split("rank 0 checkpointed step ")
+                .nth(1)
+                .and_then(|r| r.split(' ').next())
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| panic!("no checkpoint on the notice:\n{out}\n{err}"));
+    for rank in 0..2 {
+        assert!(
+            out.contains(&format!("rank {rank} run 1 resumes at step {noticed}")),
+            "rank {rank} did not resume at the noticed step {noticed}:\n{out}"
+        );
+        assert!(
+            out.contains(&format!("rank {rank} done at step 40")),
+            "{out}"
+        );
+    }
+    // Setup ran twice at the launch, then once, on the new VM only.
+    let (_, log, _) = parts(&run(&gce, &home, &["jobs", "logs", "1"]));
+    assert_eq!(log.matches("setup ran on").count(), 3, "{log}");
+    assert_eq!(
+        log.matches(&format!("setup ran on {}", after.home.display()))
+            .count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(log.matches("setup kept on rank").count(), 1, "{log}");
+    let (_, ev, _) = parts(&run(&gce, &home, &["jobs", "events", "1"]));
+    assert!(ev.contains("NOTICE"), "{ev}");
+    assert!(
+        ev.contains("replaced rank") && ev.contains(&victim),
+        "the replacement names the noticed VM:\n{ev}"
+    );
+    assert!(!ev.contains("whole-gang recovery"), "{ev}");
+    let (_, q, _) = parts(&run(&gce, &home, &["jobs", "queue", "-o", "json"]));
+    let j = json_doc(&q)["jobs"][0].clone();
+    assert_eq!(j["state"], "SUCCEEDED", "{j}");
+    assert_eq!(j["nodes_replaced"], 1, "{j}");
+    crate::common::wait_for(
+        "the job's cluster to be gone",
+        Duration::from_secs(60),
+        || {
+            let left = leftovers(&gce);
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            }
+        },
+    );
+    crate::common::assert_no_marker_procs(&home.marker, "the managed job ended");
+}
+
 /// gangway in `home` as user `user`, pointed at the fake.
 fn run_as(gce: &GceFake, home: &TestHome, user: &str, args: &[&str]) -> std::process::Output {
     let mut c = crate::common::command_in(home.path());

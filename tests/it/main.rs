@@ -44,7 +44,7 @@ mod runpod;
 mod sim;
 mod slurm;
 mod spec;
-#[cfg(any(feature = "aws", feature = "azure"))]
+#[cfg(any(feature = "aws", feature = "azure", feature = "gcp"))]
 mod spot_job;
 mod ssh;
 mod sshd;

@@ -558,14 +558,21 @@ fn place_files(
     let placed = on_every_node(nodes, PLACE_AT_ONCE, |rank, n| {
         place_on(job.spec, n, transport, &checkpoint_dirs[rank])
     });
+    // Nodes that share a file system (an NFS home on a pool or a Slurm
+    // cluster, several addresses of one machine) place the same files at
+    // the same time and can trip over each other's (a file another node
+    // just replaced): a node that failed, or whose thread did, is placed
+    // again alone, once the others are done.
+    let mut again: Vec<usize> = (0..nodes.len())
+        .filter(|r| !placed.iter().any(|(p, done)| p == r && done.is_ok()))
+        .collect();
+    again.sort_unstable();
+    for rank in again {
+        place_on(job.spec, &nodes[rank], transport, &checkpoint_dirs[rank])
+            .map_err(|e| format!("rank {rank}: {e}"))?;
+    }
     for note in transport.take_notes() {
         job.logs.say(&note);
-    }
-    if placed.len() < nodes.len() {
-        return Err("placing the files failed on a thread of the driver".into());
-    }
-    for (rank, done) in placed {
-        done.map_err(|e| format!("rank {rank}: {e}"))?;
     }
     Ok(())
 }
@@ -657,7 +664,7 @@ fn roll_back_checkpoint(
     let quoted = gangway_provider::sh_quote(dir);
     let script = format!(
         "d={quoted}; case \"$d\" in \"~/\"*) d=\"$HOME/${{d#\"~/\"}}\" ;; esac; \
-         if [ -d \"$d\" ]; then find \"$d\" -mindepth 1 -delete; fi"
+         if [ -d \"$d\" ]; then find \"$d\" -mindepth 1 -maxdepth 1 -exec rm -rf {{}} +; fi"
     );
     transport.probe(node, &script).map(|_| ())
 }
