@@ -185,3 +185,58 @@ fn killing_the_controller_during_replacements_loses_nothing_and_doubles_nothing(
     });
     crate::common::assert_no_marker_procs(&home.marker, "the managed job ended");
 }
+
+#[test]
+fn a_replacement_the_zone_has_no_capacity_for_falls_back_to_the_whole_gang() {
+    // The loss comes 8 s into a 15 s run; once the gang runs, the local
+    // cloud's next launch (the replacement's) fails for want of capacity.
+    let home = TestHome::new();
+    let task = gang_task(&home, None, 1, None);
+    let text = std::fs::read_to_string(&task)
+        .unwrap()
+        .replace("TOTAL_STEPS: 60", "TOTAL_STEPS: 150")
+        .replace("{after_s: 3}", "{after_s: 8}");
+    std::fs::write(&task, text).unwrap();
+    let watch = CloudWatch::start_at(home.path());
+    let (code, _, err) =
+        parts(&home.run(["jobs", "launch", &task, "-d", "--env", &home.marker_env()]));
+    assert_eq!(code, 0, "{err}");
+    wait_for("the gang to run", Duration::from_secs(60), || {
+        let j = managed(&home, 1);
+        if j["state"] == "RUNNING" {
+            Ok(())
+        } else {
+            Err(format!("{j}"))
+        }
+    });
+    std::fs::write(
+        home.path().join("local/faults.json"),
+        r#"{"launch": {"times": 1, "kind": "capacity", "message": "no A100 left in the zone (injected)"}}"#,
+    )
+    .unwrap();
+    let job = wait_ended(&home, 1);
+    let (_, ever) = watch.finish();
+    assert_eq!(job["state"], "SUCCEEDED", "{job}");
+    assert_eq!(job["nodes_replaced"], 0, "{job}");
+    let (_, log, _) = parts(&home.run(["jobs", "logs", "1"]));
+    assert!(log.contains("done at step 150"), "{log}");
+    let (_, events, _) = parts(&home.run(["jobs", "events", "1", "-o", "json"]));
+    let story = reasons(json_doc(&events)["events"].as_array().unwrap());
+    assert!(
+        story.contains("whole-gang recovery: replacing rank(s) failed")
+            && story.contains("no A100 left in the zone (injected)"),
+        "the fallback says why:\n{story}"
+    );
+    // The refused replacement added nothing; the whole gang is four new
+    // nodes, set up again.
+    assert_eq!(ever.len(), 8, "instances ever: {ever:?}\n{story}");
+    assert_eq!(setups(&log), 8, "{log}");
+    wait_for("the last cluster to go", Duration::from_secs(60), || {
+        if home.instance_records().is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{:?}", home.instance_records()))
+        }
+    });
+    crate::common::assert_no_marker_procs(&home.marker, "the managed job ended");
+}

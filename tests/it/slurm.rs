@@ -291,6 +291,14 @@ fn a_managed_job_survives_a_node_going_down_from_its_kept_checkpoint() {
     let j = crate::common::json_doc(&q)["jobs"][0].clone();
     assert_eq!(j["state"], "SUCCEEDED", "{j}");
     assert_eq!(j["preemptions"], 1, "a lost node is a preemption: {j}");
+    // The default strategy replaces lost nodes where it can; Slurm cannot,
+    // and the events say so.
+    assert_eq!(j["nodes_replaced"], 0, "{j}");
+    let (_, ev, _) = parts(&home.run(["jobs", "events", "1"]));
+    assert!(
+        ev.contains("whole-gang recovery: a Slurm allocation cannot grow in place"),
+        "{ev}"
+    );
     slurm.assert_no_gangway_jobs("the managed job ended");
     assert_no_marker_procs(&home.marker, "the managed job ended");
 }

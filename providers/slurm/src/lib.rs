@@ -897,6 +897,12 @@ impl Provider for SlurmProvider {
         Ok(out)
     }
 
+    fn cannot_replace_nodes(&self) -> Option<&'static str> {
+        // A cluster is one allocation (salloc/sbatch): Slurm does not grow
+        // a running allocation with nodes of the same job.
+        Some("a Slurm allocation cannot grow in place")
+    }
+
     fn cannot_stop(&self, _use_spot: bool) -> Option<&'static str> {
         Some("a Slurm allocation cannot be stopped and started again; use --down to release it")
     }
