@@ -320,6 +320,66 @@ impl Drop for Staged {
     }
 }
 
+/// How [`unpack_from_command`] failed.
+#[derive(Debug)]
+pub enum CommandTarError {
+    /// The command could not be started.
+    Spawn(std::io::Error),
+    /// It ended unsuccessfully: its status and what it said on stderr.
+    Failed(std::process::ExitStatus, String),
+    /// Its stream could not be unpacked or merged.
+    Unpack(std::io::Error),
+}
+
+/// Runs `cmd`, whose standard output is a node's tar stream or nothing
+/// (`tar -c` of a directory the node may not have), unpacking it as it
+/// arrives (a checkpoint can be larger than memory) and merging it into
+/// `dest` only once the command exited 0; nothing sent, nothing made.
+/// Its stderr is read beside the stream, so a chatty node never stalls it.
+pub fn unpack_from_command(
+    mut cmd: std::process::Command,
+    dest: &Path,
+) -> Result<Skipped, CommandTarError> {
+    use std::io::BufRead;
+    use std::process::Stdio;
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().map_err(CommandTarError::Spawn)?;
+    let (Some(stdout), Some(mut stderr)) = (child.stdout.take(), child.stderr.take()) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(CommandTarError::Spawn(std::io::Error::other("no pipes")));
+    };
+    let said = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = stderr.read_to_end(&mut s);
+        s
+    });
+    let mut out = std::io::BufReader::new(stdout);
+    let staged = match out.fill_buf() {
+        Ok([]) => None,
+        Ok(_) => Some(Staged::unpack(&mut out, dest)),
+        Err(e) => Some(Err(e)),
+    };
+    // Whatever is left, so that the command can end.
+    let _ = std::io::copy(&mut out, &mut std::io::sink());
+    let status = child.wait().map_err(CommandTarError::Spawn)?;
+    let said = said.join().unwrap_or_default();
+    if !status.success() {
+        return Err(CommandTarError::Failed(
+            status,
+            String::from_utf8_lossy(&said).trim().to_string(),
+        ));
+    }
+    match staged {
+        None => Ok(Vec::new()),
+        Some(staged) => staged
+            .and_then(Staged::merge)
+            .map_err(CommandTarError::Unpack),
+    }
+}
+
 /// Prefixes an error with `what`.
 fn context(what: String) -> impl FnOnce(std::io::Error) -> std::io::Error {
     move |e| std::io::Error::new(e.kind(), format!("{what}: {e}"))

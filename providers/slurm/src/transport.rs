@@ -14,8 +14,8 @@ use std::process::Stdio;
 use std::sync::Mutex;
 
 use gangway_provider::{
-    output_with_input, shell, signal_token, unpack_merging, NodeCommand, NodeProcess, NodeRow,
-    Transport, TransportError, KEPT_ENV, TOKEN_VAR,
+    output_with_input, shell, signal_token, NodeCommand, NodeProcess, NodeRow, Transport,
+    TransportError, KEPT_ENV, TOKEN_VAR,
 };
 
 use crate::{keys, remote_command, sh_quote, Login};
@@ -356,20 +356,28 @@ impl Transport for SlurmTransport {
         path: &str,
         dest: &Path,
     ) -> Result<gangway_provider::Skipped, TransportError> {
-        let packed = run(
-            self,
-            node,
-            &format!(
-                "if [ -d {p} ]; then tar -C {p} -cf - .; fi",
-                p = sh_quote(path)
-            ),
-            None,
-        )?;
-        if packed.is_empty() {
-            return Ok(Vec::new());
+        use gangway_provider::tree::{unpack_from_command, CommandTarError};
+        let script = format!(
+            "if [ -d {p} ]; then tar -C {p} -cf - .; fi",
+            p = sh_quote(path)
+        );
+        // Unpacked as the step sends it (a checkpoint can be larger than
+        // memory), merged only once the step ended well.
+        let c = self.slurm_command(node, "srun", &srun_args(node, &script));
+        match unpack_from_command(c, dest) {
+            Ok(skipped) => Ok(skipped),
+            Err(CommandTarError::Spawn(e)) => Err(fail(node, "cannot run srun", e)),
+            Err(CommandTarError::Failed(status, said)) => Err(fail(
+                node,
+                format!("a step on {} failed ({status})", extra(node, keys::NODE)),
+                std::io::Error::other(said),
+            )),
+            Err(CommandTarError::Unpack(e)) => Err(fail(
+                node,
+                format!("cannot copy {path} to {}", dest.display()),
+                e,
+            )),
         }
-        unpack_merging(packed.as_slice(), dest)
-            .map_err(|e| fail(node, format!("cannot copy {path} to {}", dest.display()), e))
     }
 
     fn write_file(&self, node: &NodeRow, path: &str, data: &[u8]) -> Result<(), TransportError> {

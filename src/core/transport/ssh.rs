@@ -627,7 +627,7 @@ impl SshTransport {
         path: &str,
         dest: &Path,
     ) -> Result<gangway_provider::Skipped, TransportError> {
-        use std::io::{BufRead, Read};
+        use gangway_provider::tree::{unpack_from_command, CommandTarError};
         let p = remote_path(path);
         let remote = format!("if [ -d {p} ]; then tar -cf - -C {p} .; fi");
         let (t, ctl) = self.control(node)?;
@@ -636,49 +636,18 @@ impl SshTransport {
             what,
             source,
         };
-        let copy = || format!("cannot copy {path} to {}", dest.display());
         // Unpacked as it arrives (a checkpoint can be larger than memory),
         // merged only once ssh said the node's tar ended well.
-        let mut c = self.ssh_command(&ctl, &t, &remote);
-        c.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = c.spawn().map_err(|e| err("cannot run ssh".into(), e))?;
-        let (Some(stdout), Some(mut stderr)) = (child.stdout.take(), child.stderr.take()) else {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(err(
-                "cannot run ssh".into(),
-                std::io::Error::other("no pipes"),
-            ));
-        };
-        // Read beside the stream, so a chatty node never stalls it.
-        let said = std::thread::spawn(move || {
-            let mut s = Vec::new();
-            let _ = stderr.read_to_end(&mut s);
-            s
-        });
-        let mut out = std::io::BufReader::new(stdout);
-        let staged = match out.fill_buf() {
-            Ok([]) => None,
-            Ok(_) => Some(gangway_provider::tree::Staged::unpack(&mut out, dest)),
-            Err(e) => Some(Err(e)),
-        };
-        // Whatever is left, so that ssh can end.
-        let _ = std::io::copy(&mut out, &mut std::io::sink());
-        let status = child.wait().map_err(|e| err("cannot run ssh".into(), e))?;
-        let said = said.join().unwrap_or_default();
-        if !status.success() {
-            return Err(err(
+        match unpack_from_command(self.ssh_command(&ctl, &t, &remote), dest) {
+            Ok(skipped) => Ok(skipped),
+            Err(CommandTarError::Spawn(e)) => Err(err("cannot run ssh".into(), e)),
+            Err(CommandTarError::Failed(_, said)) => Err(err(
                 format!("`{remote}` failed"),
-                std::io::Error::other(String::from_utf8_lossy(&said).trim().to_string()),
-            ));
-        }
-        match staged {
-            None => Ok(Vec::new()),
-            Some(staged) => staged
-                .and_then(gangway_provider::tree::Staged::merge)
-                .map_err(|source| err(copy(), source)),
+                std::io::Error::other(said),
+            )),
+            Err(CommandTarError::Unpack(e)) => {
+                Err(err(format!("cannot copy {path} to {}", dest.display()), e))
+            }
         }
     }
 

@@ -325,3 +325,56 @@ fn a_staged_stream_reaches_dest_only_when_merged() {
     assert_eq!(std::fs::read(dest.join("d/b")).unwrap(), b"bee");
     assert_eq!(names(t.path()), ["merged"], "staging left behind");
 }
+
+#[test]
+fn a_commands_tar_reaches_dest_only_when_it_exits_zero() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(src.join("d")).unwrap();
+    std::fs::write(src.join("d/b"), "bee").unwrap();
+    let dest = t.path().join("dest");
+    let sh = |script: String| {
+        let mut c = std::process::Command::new("sh");
+        c.arg("-c").arg(script);
+        c
+    };
+    let tar = format!("tar -C {} -cf - .", src.display());
+
+    // A sender that fails after its stream: nothing merged, what it said
+    // kept, nothing left beside dest.
+    match unpack_from_command(sh(format!("{tar}; echo node says no >&2; exit 3")), &dest) {
+        Err(CommandTarError::Failed(status, said)) => {
+            assert_eq!(status.code(), Some(3));
+            assert_eq!(said, "node says no");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        !dest.join("d").exists(),
+        "a failed sender's files were merged"
+    );
+    let left: Vec<_> = std::fs::read_dir(t.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n != "src" && n != "dest")
+        .collect();
+    assert!(left.is_empty(), "staging left behind: {left:?}");
+
+    // Nothing sent (the node has no such directory): nothing made.
+    let none = t.path().join("none");
+    assert!(unpack_from_command(sh("true".into()), &none)
+        .unwrap()
+        .is_empty());
+    assert!(!none.exists());
+
+    // A sender that ends well: merged.
+    let skipped = unpack_from_command(sh(tar), &dest).unwrap();
+    assert!(skipped.is_empty(), "{skipped:?}");
+    assert_eq!(std::fs::read(dest.join("d/b")).unwrap(), b"bee");
+
+    // A command that cannot start.
+    assert!(matches!(
+        unpack_from_command(std::process::Command::new("/nonexistent/gw"), &dest),
+        Err(CommandTarError::Spawn(_))
+    ));
+}
