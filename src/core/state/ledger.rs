@@ -130,16 +130,28 @@ fn ranks_text(nodes: &[NodeRow]) -> String {
         .join(",")
 }
 
-/// The open row of `cluster`: (id, nodes, USD per hour, price source, phase).
-fn open_row(
-    conn: &rusqlite::Connection,
-    cluster: &str,
-) -> rusqlite::Result<Option<(i64, u32, f64, String, String)>> {
+/// What an open row says of the stretch it is.
+struct Open {
+    num_nodes: u32,
+    price_per_hour: f64,
+    price_source: String,
+    phase: String,
+}
+
+/// The open row of `cluster`.
+fn open_row(conn: &rusqlite::Connection, cluster: &str) -> rusqlite::Result<Option<Open>> {
     conn.query_row(
-        "SELECT id, num_nodes, price_per_hour, price_source, phase FROM ledger
+        "SELECT num_nodes, price_per_hour, price_source, phase FROM ledger
          WHERE cluster = ?1 AND ended_at IS NULL ORDER BY id DESC LIMIT 1",
         [cluster],
-        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+        |r| {
+            Ok(Open {
+                num_nodes: r.get(0)?,
+                price_per_hour: r.get(1)?,
+                price_source: r.get(2)?,
+                phase: r.get(3)?,
+            })
+        },
     )
     .optional()
 }
@@ -201,8 +213,8 @@ pub(super) fn open(
     reported: Option<f64>,
 ) -> rusqlite::Result<()> {
     let now = now_ms();
-    if let Some((_, n, _, _, phase)) = open_row(conn, cluster)? {
-        if phase == RUN && n as usize == nodes.len() {
+    if let Some(o) = open_row(conn, cluster)? {
+        if o.phase == RUN && o.num_nodes as usize == nodes.len() {
             return Ok(());
         }
         close_at(conn, cluster, now)?;
@@ -232,16 +244,17 @@ pub(super) fn survivors_waiting(
 ) -> rusqlite::Result<()> {
     let now = now_ms();
     let open = open_row(conn, cluster)?;
-    if let Some((_, n, _, _, phase)) = &open {
-        if phase == SURVIVORS_WAITING && *n as usize == survivors.len() {
+    if let Some(o) = &open {
+        if o.phase == SURVIVORS_WAITING && o.num_nodes as usize == survivors.len() {
             return Ok(());
         }
     }
     let price = match (reported, &open) {
         (Some(p), _) => Some((p, "provider".to_string())),
-        (None, Some((_, n, p, source, _))) if *n > 0 => {
-            Some((p / f64::from(*n) * survivors.len() as f64, source.clone()))
-        }
+        (None, Some(o)) if o.num_nodes > 0 => Some((
+            o.price_per_hour / f64::from(o.num_nodes) * survivors.len() as f64,
+            o.price_source.clone(),
+        )),
         (None, _) => conn
             .query_row(
                 "SELECT price_per_hour * ?2 / num_nodes FROM clusters
@@ -412,7 +425,11 @@ mod tests {
             .map(|r| (r.ended_at.unwrap() - r.started_at) * i64::from(r.num_nodes))
             .sum();
         let waited = got[1].ended_at.unwrap() - got[1].started_at;
-        assert_eq!(node_ms, 4 * (to - from) - waited, "one node less while waiting");
+        assert_eq!(
+            node_ms,
+            4 * (to - from) - waited,
+            "one node less while waiting"
+        );
         let cost: f64 = got.iter().map(|r| r.cost_within(from, to)).sum();
         let expect = (8.0 * (to - from - waited) as f64 + 6.0 * waited as f64) / 3_600_000.0;
         assert!((cost - expect).abs() < 1e-12, "{cost} vs {expect}");

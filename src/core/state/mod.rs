@@ -804,8 +804,7 @@ impl Store {
             .into_iter()
             .filter(|n| !ranks.contains(&n.rank))
             .collect();
-        ledger::survivors_waiting(&tx, name, &survivors, reported_price(&survivors))
-            .map_err(db)?;
+        ledger::survivors_waiting(&tx, name, &survivors, reported_price(&survivors)).map_err(db)?;
         tx.commit().map_err(db)?;
         Ok(survivors)
     }
