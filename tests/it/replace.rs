@@ -100,11 +100,12 @@ fn cost_report(home: &TestHome) -> (Value, String) {
     (j, text)
 }
 
-/// The job's ledger rows, closed and back to back (no stretch counted
-/// twice, none left out, from its gang's first node up to its last
-/// down), every one on 4 nodes unless the survivors waited alone; their
-/// sum is the job's cost. Returns them.
-fn rows_back_to_back(j: &Value) -> Vec<Value> {
+/// The job's ledger rows, closed and one after another (no stretch
+/// counted twice), every one on 4 nodes unless 3 survivors waited alone;
+/// their sum is the job's cost. With `abut`, a waiting stretch touches
+/// the rows on both sides (the replacement came up: nothing left out
+/// between the gang's first node up and its last down). Returns them.
+fn rows_in_order(j: &Value, abut: bool) -> Vec<Value> {
     let rows = j["rows"].as_array().unwrap().clone();
     let mut sum = 0.0;
     for (i, r) in rows.iter().enumerate() {
@@ -113,15 +114,14 @@ fn rows_back_to_back(j: &Value) -> Vec<Value> {
             r["ended_at"].as_i64().expect("every row closed"),
         );
         assert!(end >= start, "{r}");
-        if r["phase"] == "run" {
-            assert_eq!(r["num_nodes"], 4, "{r}");
-        }
+        let nodes = if r["phase"] == "run" { 4 } else { 3 };
+        assert_eq!(r["num_nodes"], nodes, "{r}");
         if let Some(next) = rows.get(i + 1) {
             // A whole-gang recovery leaves a gap (teardown, relaunch);
             // a replacement none.
             let next_start = next["started_at"].as_i64().unwrap();
             assert!(next_start >= end, "overlap: {rows:#?}");
-            if next["phase"] == "survivors-waiting" || r["phase"] == "survivors-waiting" {
+            if abut && (next["phase"] == "survivors-waiting" || r["phase"] == "survivors-waiting") {
                 assert_eq!(next_start, end, "a replacement's rows abut: {rows:#?}");
             }
         }
@@ -172,7 +172,7 @@ fn a_gang_that_loses_one_node_without_notice_keeps_the_other_three() {
     // The ledger: four nodes, the three survivors alone while the lost
     // one was replaced, four again; back to back.
     let (j, text) = cost_report(&home);
-    let rows = rows_back_to_back(&j);
+    let rows = rows_in_order(&j, true);
     let phases: Vec<&str> = rows.iter().map(|r| r["phase"].as_str().unwrap()).collect();
     assert_eq!(phases, ["run", "survivors-waiting", "run"], "{j}");
     let wait = &rows[1];
@@ -312,7 +312,7 @@ fn a_whole_gang_strategy_or_a_mostly_lost_gang_recovers_it_whole() {
     assert_eq!(setups(&log), 8, "{log}");
     // Two runs of four nodes each in the ledger; no survivors waited.
     let (j, text) = cost_report(&home);
-    let rows = rows_back_to_back(&j);
+    let rows = rows_in_order(&j, true);
     assert_eq!(rows.len(), 2, "{j}");
     assert!(rows.iter().all(|r| r["phase"] == "run"), "{j}");
     let r = &j["replacements"];
@@ -365,5 +365,14 @@ fn killing_the_controller_during_replacements_loses_nothing_and_doubles_nothing(
             Err(format!("{:?}", home.instance_records()))
         }
     });
+    // The ledger after the kills: no stretch twice, each of the gang or
+    // of its survivors, adding up to the job's cost.
+    let (j, _) = cost_report(&home);
+    let rows = rows_in_order(&j, false);
+    let waits = rows
+        .iter()
+        .filter(|r| r["phase"] == "survivors-waiting")
+        .count();
+    assert_eq!(j["replacements"]["count"], waits, "{j}");
     crate::common::assert_no_marker_procs(&home.marker, "the managed job ended");
 }
