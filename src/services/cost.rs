@@ -286,20 +286,32 @@ impl Sum {
 /// far.
 ///
 /// With what its survivors cost while waiting for replacements of lost
-/// nodes (the ledger's `survivors-waiting` stretches): `survivors_waiting_s`
-/// (seconds the survivors were up alone, summed over the replacements)
-/// and `survivors_waiting_usd`.
+/// nodes, as [`replacements`] counts it over the job's life:
+/// `survivors_waiting_s` and `survivors_waiting_usd` (the ledger's
+/// `survivors-waiting` stretches: the survivors up alone, summed over the
+/// replacements), `survivors_idle_s` and `survivors_idle_usd` (from each
+/// loss to the run going again, as the job's events say; `null` while a
+/// replacement is under way).
 pub(crate) fn job_json(store: &Store, j: &ManagedJob) -> serde_json::Value {
     let mut v = serde_json::to_value(j).unwrap_or_default();
     let now = now_ms();
     let rows = store.ledger_of_job(j.id).unwrap_or_default();
     v["cost"] = json!(cost_of(&rows, j, now));
-    let waiting = rows.iter().filter(|r| r.is_waiting());
-    v["survivors_waiting_s"] = json!(waiting
-        .clone()
-        .map(|r| r.hours_within(0, now) * 3600.0)
-        .sum::<f64>());
-    v["survivors_waiting_usd"] = json!(waiting.map(|r| r.cost_within(0, now)).sum::<f64>());
+    // Only a job with a waiting stretch reads its events.
+    let events = if rows.iter().any(LedgerRow::is_waiting) {
+        event_times(store, j.id)
+    } else {
+        Vec::new()
+    };
+    let r = replacements(&rows, &events, j.nodes_replaced, 0, now);
+    for k in [
+        "survivors_waiting_s",
+        "survivors_waiting_usd",
+        "survivors_idle_s",
+        "survivors_idle_usd",
+    ] {
+        v[k] = r[k].clone();
+    }
     v
 }
 

@@ -272,6 +272,10 @@ fn a_gang_that_loses_one_node_without_notice_keeps_the_other_three() {
         close(job["survivors_waiting_usd"].as_f64().unwrap(), usd),
         "{job}"
     );
+    assert!(
+        close(job["survivors_idle_s"].as_f64().unwrap(), idle),
+        "{job}"
+    );
 }
 
 #[test]
