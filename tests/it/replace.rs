@@ -175,6 +175,11 @@ fn a_gang_that_loses_one_node_without_notice_keeps_the_other_three() {
     let rows = rows_in_order(&j, true);
     let phases: Vec<&str> = rows.iter().map(|r| r["phase"].as_str().unwrap()).collect();
     assert_eq!(phases, ["run", "survivors-waiting", "run"], "{j}");
+    // From the gang's launch for this job to its teardown after the end.
+    let first = rows[0]["started_at"].as_i64().unwrap();
+    let last = rows[2]["ended_at"].as_i64().unwrap();
+    assert!(first >= job["submitted_at"].as_i64().unwrap(), "{j}\n{job}");
+    assert!(last >= job["ended_at"].as_i64().unwrap(), "{j}\n{job}");
     let wait = &rows[1];
     assert_eq!(wait["num_nodes"], 3, "{wait}");
     let per_node = rows[0]["price_per_hour"].as_f64().unwrap() / 4.0;
@@ -301,6 +306,13 @@ fn a_gang_told_of_one_nodes_preemption_replaces_it_and_loses_no_step() {
         log.contains(&format!("resuming at step {reached}")),
         "{log}"
     );
+    // The noticed node ran (and billed) until its removal: the gang's
+    // row lasts until then, the survivors' alone from that instant.
+    let (j, _) = cost_report(&home);
+    let rows = rows_in_order(&j, true);
+    let phases: Vec<&str> = rows.iter().map(|r| r["phase"].as_str().unwrap()).collect();
+    assert_eq!(phases, ["run", "survivors-waiting", "run"], "{j}");
+    assert_eq!(j["replacements"]["stretches"][0]["completed"], true, "{j}");
 }
 
 #[test]
