@@ -98,6 +98,11 @@ pub(crate) fn cost_report(a: &CostReportArgs, out: Output) -> Result<ExitCode, E
         ],
         &table_rows,
     )?;
+    for j in &jobs {
+        if let Some(line) = replacement_line(j) {
+            println!("{line}");
+        }
+    }
     let controller = match report["controller"]["host"].as_str() {
         Some("local") | None => {
             "the managed-job controller runs on this machine (no cost of its own)".to_string()
@@ -128,4 +133,88 @@ pub(crate) fn cost_report(a: &CostReportArgs, out: Output) -> Result<ExitCode, E
         a.days
     );
     Ok(ExitCode::Ok)
+}
+
+/// One line for a managed job whose lost nodes were replaced in place:
+/// which, what the survivors' wait cost, and the estimate of what a
+/// whole-gang recovery would have cost instead (`None` for any other job).
+fn replacement_line(j: &serde_json::Value) -> Option<String> {
+    let r = &j["replacements"];
+    let stretches = r["stretches"].as_array().filter(|s| !s.is_empty())?;
+    let name = j["name"]
+        .as_str()
+        .map(|n| format!(" ({n})"))
+        .unwrap_or_default();
+    let mut ranks: Vec<u64> = stretches
+        .iter()
+        .flat_map(|s| s["replaced_ranks"].as_array().cloned().unwrap_or_default())
+        .filter_map(|r| r.as_u64())
+        .collect();
+    ranks.sort_unstable();
+    let ranks = if ranks.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " (rank {})",
+            ranks
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
+    let failed = stretches.iter().filter(|s| s["completed"] == false).count();
+    let failed = if failed > 0 {
+        format!(", {failed} of them failed and fell back to the whole gang")
+    } else {
+        String::new()
+    };
+    let estimate = match r["whole_gang_extra_usd"].as_f64() {
+        Some(e) if e > 0.0 => format!(
+            "a whole-gang recovery would have cost about ${} more (estimate from its bring-up, \
+             {:.2} s in this job; see docs/managed-jobs.md)",
+            usd(e),
+            f("whole_gang_bring_up_s")
+        ),
+        Some(e) => format!(
+            "a whole-gang recovery would have cost about ${} less (estimate from its bring-up, \
+             {:.2} s in this job; see docs/managed-jobs.md)",
+            usd(-e),
+            f("whole_gang_bring_up_s")
+        ),
+        None => {
+            "no estimate against a whole-gang recovery (its bring-up time is not known)".to_string()
+        }
+    };
+    let idle = match (
+        r["survivors_idle_s"].as_f64(),
+        r["survivors_idle_usd"].as_f64(),
+    ) {
+        (Some(s), Some(c)) => format!(
+            ", idle {s:.2} s from the loss to the run going again (${})",
+            usd(c)
+        ),
+        _ => String::new(),
+    };
+    Some(format!(
+        "job {}{name}: {} node(s) replaced{ranks} in {} replacement(s){failed}; the survivors \
+         waited {:.2} s alone ({} node-hours, ${}){idle}; {estimate}.",
+        j["id"],
+        r["nodes_replaced"],
+        stretches.len(),
+        f("survivors_waiting_s"),
+        usd(f("survivors_waiting_node_hours")),
+        usd(f("survivors_waiting_usd")),
+    ))
+}
+
+/// An amount with 4 decimals, or 6 where it is under a cent (a wait of
+/// seconds), so it does not read as zero.
+fn usd(x: f64) -> String {
+    if x.abs() < 0.01 {
+        format!("{x:.6}")
+    } else {
+        format!("{x:.4}")
+    }
 }

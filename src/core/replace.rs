@@ -137,6 +137,10 @@ pub(crate) async fn replace_nodes(
         }
     }
     retry_transient(RetryPolicy::default(), || p.remove_nodes(&name, &gone_ids)).await?;
+    // Confirmed gone: they bill no more, and the survivors wait on their
+    // own in the ledger until the replacements are recorded up.
+    let gone_ranks: Vec<u32> = gone.iter().map(|n| n.rank).collect();
+    store.lost_nodes_removed(&row.name, &gone_ranks)?;
     let mut req = provision::launch_request(store, row, c)?;
     req.count = (kept.len() + gone.len()) as u32;
     req.client_token = format!("{}-{}", row.client_token, gone_ids[0].0);

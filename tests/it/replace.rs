@@ -68,6 +68,70 @@ fn finished_exactly(log: &str) {
     assert_eq!(resumed[0], 0, "{log}");
 }
 
+/// Managed job 1's entry in `cost-report -o json` once its last ledger
+/// row closed (the cluster's teardown), with its text report.
+fn cost_report(home: &TestHome) -> (Value, String) {
+    wait_for(
+        "the ledger's last row to close",
+        Duration::from_secs(60),
+        || {
+            let out = parts(&home.run(["cost-report", "-o", "json"])).1;
+            match json_doc(&out)["managed_jobs"][0]["up"].as_bool() {
+                Some(false) => Ok(()),
+                _ => Err(out),
+            }
+        },
+    );
+    let (code, out, err) = parts(&home.run(["cost-report", "-o", "json"]));
+    assert_eq!(code, 0, "{err}");
+    let report = json_doc(&out);
+    let j = report["managed_jobs"][0].clone();
+    assert_eq!(j["id"], 1, "{report}");
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(1.0);
+    assert!(
+        close(
+            report["total"].as_f64().unwrap(),
+            j["cost"].as_f64().unwrap()
+        ),
+        "{report}"
+    );
+    let (code, text, err) = parts(&home.run(["cost-report"]));
+    assert_eq!(code, 0, "{err}");
+    (j, text)
+}
+
+/// The job's ledger rows, closed and one after another (no stretch
+/// counted twice), every one on 4 nodes unless 3 survivors waited alone;
+/// their sum is the job's cost. With `abut`, a waiting stretch touches
+/// the rows on both sides (the replacement came up: nothing left out
+/// between the gang's first node up and its last down). Returns them.
+fn rows_in_order(j: &Value, abut: bool) -> Vec<Value> {
+    let rows = j["rows"].as_array().unwrap().clone();
+    let mut sum = 0.0;
+    for (i, r) in rows.iter().enumerate() {
+        let (start, end) = (
+            r["started_at"].as_i64().unwrap(),
+            r["ended_at"].as_i64().expect("every row closed"),
+        );
+        assert!(end >= start, "{r}");
+        let nodes = if r["phase"] == "run" { 4 } else { 3 };
+        assert_eq!(r["num_nodes"], nodes, "{r}");
+        if let Some(next) = rows.get(i + 1) {
+            // A whole-gang recovery leaves a gap (teardown, relaunch);
+            // a replacement none.
+            let next_start = next["started_at"].as_i64().unwrap();
+            assert!(next_start >= end, "overlap: {rows:#?}");
+            if abut && (next["phase"] == "survivors-waiting" || r["phase"] == "survivors-waiting") {
+                assert_eq!(next_start, end, "a replacement's rows abut: {rows:#?}");
+            }
+        }
+        sum += r["price_per_hour"].as_f64().unwrap() * (end - start) as f64 / 3_600_000.0;
+    }
+    let cost = j["cost"].as_f64().unwrap();
+    assert!(sum > 0.0 && (cost - sum).abs() <= 1e-9 * sum, "{j}");
+    rows
+}
+
 fn setups(log: &str) -> usize {
     log.lines()
         .filter(|l| l.contains("setup ran on rank"))
@@ -105,6 +169,118 @@ fn a_gang_that_loses_one_node_without_notice_keeps_the_other_three() {
     assert!(story.contains("3 survivor(s) kept"), "{story}");
     assert!(story.contains("survivor(s) waited"), "{story}");
     assert!(!story.contains("whole-gang recovery"), "{story}");
+    // The ledger: four nodes, the three survivors alone while the lost
+    // one was replaced, four again; back to back.
+    let (j, text) = cost_report(&home);
+    let rows = rows_in_order(&j, true);
+    let phases: Vec<&str> = rows.iter().map(|r| r["phase"].as_str().unwrap()).collect();
+    assert_eq!(phases, ["run", "survivors-waiting", "run"], "{j}");
+    // From the gang's launch for this job to its teardown after the end.
+    let first = rows[0]["started_at"].as_i64().unwrap();
+    let last = rows[2]["ended_at"].as_i64().unwrap();
+    assert!(first >= job["submitted_at"].as_i64().unwrap(), "{j}\n{job}");
+    assert!(last >= job["ended_at"].as_i64().unwrap(), "{j}\n{job}");
+    let wait = &rows[1];
+    assert_eq!(wait["num_nodes"], 3, "{wait}");
+    let per_node = rows[0]["price_per_hour"].as_f64().unwrap() / 4.0;
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1e-9);
+    assert!(
+        close(wait["price_per_hour"].as_f64().unwrap(), 3.0 * per_node),
+        "{wait}"
+    );
+    let kept: Vec<u64> = wait["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_u64().unwrap())
+        .collect();
+    assert_eq!(kept.len(), 3, "{wait}");
+    let lost = (0..4).find(|r| !kept.contains(r)).unwrap();
+    assert!(
+        story.contains(&format!("replaced rank {lost} ")),
+        "rank {lost}: {story}"
+    );
+    // cost-report: the replacement, the survivors' wait and its cost,
+    // and the estimate against a whole-gang recovery, from these rows.
+    let r = &j["replacements"];
+    assert_eq!(r["nodes_replaced"], 1, "{r}");
+    assert_eq!(r["count"], 1, "{r}");
+    let waited_ms = wait["ended_at"].as_i64().unwrap() - wait["started_at"].as_i64().unwrap();
+    assert!(waited_ms > 0, "{wait}");
+    let waited_s = r["survivors_waiting_s"].as_f64().unwrap();
+    assert!(close(waited_s, waited_ms as f64 / 1000.0), "{r}");
+    assert!(close(
+        r["survivors_waiting_node_hours"].as_f64().unwrap(),
+        3.0 * waited_ms as f64 / 3_600_000.0
+    ));
+    let usd = r["survivors_waiting_usd"].as_f64().unwrap();
+    assert!(
+        usd > 0.0 && close(usd, 3.0 * per_node * waited_ms as f64 / 3_600_000.0),
+        "{r}"
+    );
+    let s = &r["stretches"][0];
+    assert_eq!(s["replaced_ranks"], serde_json::json!([lost]), "{s}");
+    assert_eq!(
+        (&s["nodes"], &s["survivors"], &s["completed"]),
+        (&4.into(), &3.into(), &true.into())
+    );
+    let (b, took) = (
+        r["whole_gang_bring_up_s"]
+            .as_f64()
+            .expect("the first launch's bring-up"),
+        s["bring_up_s"]
+            .as_f64()
+            .expect("the replacement's bring-up"),
+    );
+    assert!(b > 0.0 && took > waited_s - 1e-3, "{r}");
+    let extra = r["whole_gang_extra_usd"].as_f64().expect("an estimate");
+    assert!(
+        close(extra, 4.0 * per_node * (b - took) / 3600.0),
+        "{extra} {r}"
+    );
+    // The same in the text report and in `jobs queue -o json`.
+    assert!(
+        text.contains(&format!(
+            "job 1 (gang): 1 node(s) replaced (rank {lost}) in 1 replacement(s); the survivors \
+             waited {waited_s:.2} s alone"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("a whole-gang recovery would have cost about $"),
+        "{text}"
+    );
+    // Idle longer than alone: from the loss to the run going again, the
+    // new node's setup included, as the events count it.
+    let idle = r["survivors_idle_s"]
+        .as_f64()
+        .expect("the survivors' idle time");
+    assert!(idle >= took && idle > 0.0, "{r}");
+    assert!(close(
+        r["survivors_idle_usd"].as_f64().unwrap(),
+        3.0 * per_node * idle / 3600.0
+    ));
+    let said = story
+        .lines()
+        .find_map(|l| l.split_once(" survivor(s) waited ")?.1.split(" s ").next())
+        .and_then(|s| s.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("{story}"));
+    assert!(
+        (said - idle).abs() < 1.0,
+        "events: {said} s, cost-report: {idle} s"
+    );
+    assert!(
+        close(job["survivors_waiting_s"].as_f64().unwrap(), waited_s),
+        "{job}"
+    );
+    assert!(
+        close(job["survivors_waiting_usd"].as_f64().unwrap(), usd),
+        "{job}"
+    );
+    assert!(
+        close(job["survivors_idle_s"].as_f64().unwrap(), idle),
+        "{job}"
+    );
 }
 
 #[test]
@@ -130,6 +306,13 @@ fn a_gang_told_of_one_nodes_preemption_replaces_it_and_loses_no_step() {
         log.contains(&format!("resuming at step {reached}")),
         "{log}"
     );
+    // The noticed node ran (and billed) until its removal: the gang's
+    // row lasts until then, the survivors' alone from that instant.
+    let (j, _) = cost_report(&home);
+    let rows = rows_in_order(&j, true);
+    let phases: Vec<&str> = rows.iter().map(|r| r["phase"].as_str().unwrap()).collect();
+    assert_eq!(phases, ["run", "survivors-waiting", "run"], "{j}");
+    assert_eq!(j["replacements"]["stretches"][0]["completed"], true, "{j}");
 }
 
 #[test]
@@ -143,6 +326,21 @@ fn a_whole_gang_strategy_or_a_mostly_lost_gang_recovers_it_whole() {
     finished_exactly(&log);
     assert_eq!(ever, 8, "a new gang of four");
     assert_eq!(setups(&log), 8, "{log}");
+    // Two runs of four nodes each in the ledger; no survivors waited.
+    let (j, text) = cost_report(&home);
+    let rows = rows_in_order(&j, true);
+    assert_eq!(rows.len(), 2, "{j}");
+    assert!(rows.iter().all(|r| r["phase"] == "run"), "{j}");
+    let r = &j["replacements"];
+    assert_eq!(
+        (&r["count"], &r["nodes_replaced"]),
+        (&0.into(), &0.into()),
+        "{r}"
+    );
+    assert_eq!(r["survivors_waiting_usd"], 0.0, "{r}");
+    assert!(r["whole_gang_extra_usd"].is_null(), "{r}");
+    assert!(!text.contains("replaced"), "{text}");
+    assert_eq!(job["survivors_waiting_s"], 0.0, "{job}");
     // Three of four lost at once: recovered whole, saying why.
     let home = TestHome::new();
     let task = gang_task(&home, None, 3, None);
@@ -183,6 +381,15 @@ fn killing_the_controller_during_replacements_loses_nothing_and_doubles_nothing(
             Err(format!("{:?}", home.instance_records()))
         }
     });
+    // The ledger after the kills: no stretch twice, each of the gang or
+    // of its survivors, adding up to the job's cost.
+    let (j, _) = cost_report(&home);
+    let rows = rows_in_order(&j, false);
+    let waits = rows
+        .iter()
+        .filter(|r| r["phase"] == "survivors-waiting")
+        .count();
+    assert_eq!(j["replacements"]["count"], waits, "{j}");
     crate::common::assert_no_marker_procs(&home.marker, "the managed job ended");
 }
 

@@ -171,6 +171,12 @@ const MIGRATIONS: &[&str] = &[
     // 9: how many of a managed job's nodes were replaced in place
     // (`REPLACE_LOST_NODES`), for `jobs queue`.
     "ALTER TABLE managed_jobs ADD COLUMN nodes_replaced INTEGER NOT NULL DEFAULT 0;",
+    // 10: what a ledger row's stretch was (`run`, or `survivors-waiting`:
+    // a gang's survivors alone while its lost nodes are replaced) and the
+    // ranks of the nodes it bills (`0,1,3`; NULL in older rows), so a
+    // replacement's rows are true per node (ledger.rs).
+    "ALTER TABLE ledger ADD COLUMN phase TEXT NOT NULL DEFAULT 'run';
+    ALTER TABLE ledger ADD COLUMN ranks TEXT;",
 ];
 
 /// The cluster's price per hour as its provider reported it at launch
@@ -765,12 +771,42 @@ impl Store {
         .map_err(db)?;
         match status {
             ClusterStatus::Up => {
-                ledger::open(&tx, name, nodes.len(), reported_price(nodes)).map_err(db)?
+                ledger::open(&tx, name, nodes, reported_price(nodes)).map_err(db)?
             }
             ClusterStatus::Stopped => ledger::close(&tx, name).map_err(db)?,
             ClusterStatus::Init | ClusterStatus::Terminating => {}
         }
         tx.commit().map_err(db)
+    }
+
+    /// Records that the nodes of `name` at `ranks` are confirmed removed
+    /// while the others stay up to wait for their replacements: the lost
+    /// nodes become `gone`, the ledger's open stretch closes and one of the
+    /// survivors alone (`survivors-waiting`) opens, in one transaction.
+    /// Returns the survivors.
+    pub(crate) fn lost_nodes_removed(
+        &self,
+        name: &str,
+        ranks: &[u32],
+    ) -> Result<Vec<NodeRow>, StateError> {
+        let db = db_err(&self.path);
+        let tx = rusqlite::Transaction::new_unchecked(&self.conn, TransactionBehavior::Immediate)
+            .map_err(db)?;
+        for rank in ranks {
+            tx.execute(
+                "UPDATE nodes SET state = 'gone' WHERE cluster = ?1 AND rank = ?2",
+                params![name, rank],
+            )
+            .map_err(db)?;
+        }
+        let survivors: Vec<NodeRow> = self
+            .nodes(name)?
+            .into_iter()
+            .filter(|n| !ranks.contains(&n.rank))
+            .collect();
+        ledger::survivors_waiting(&tx, name, &survivors, reported_price(&survivors)).map_err(db)?;
+        tx.commit().map_err(db)?;
+        Ok(survivors)
     }
 
     /// Updates the last known state of a cluster's nodes by instance id;

@@ -58,6 +58,10 @@ pub(crate) struct JobView {
     pub(crate) submitted_at: i64,
     pub(crate) ended_at: Option<i64>,
     pub(crate) price_per_hour: Option<f64>,
+    /// Lost nodes replaced in place, and what their survivors' wait cost
+    /// (seconds up alone, USD), from the ledger.
+    pub(crate) nodes_replaced: u64,
+    pub(crate) survivors_waiting: (f64, f64),
 }
 
 impl JobView {
@@ -76,6 +80,11 @@ impl JobView {
             submitted_at: v["submitted_at"].as_i64().unwrap_or(0),
             ended_at: v["ended_at"].as_i64(),
             price_per_hour: v["price_per_hour"].as_f64(),
+            nodes_replaced: v["nodes_replaced"].as_u64().unwrap_or(0),
+            survivors_waiting: (
+                v["survivors_waiting_s"].as_f64().unwrap_or(0.0),
+                v["survivors_waiting_usd"].as_f64().unwrap_or(0.0),
+            ),
         })
     }
 

@@ -350,6 +350,21 @@ fn job(out: &mut String, j: &JobView, events: &[EventView], log: &str) {
         j.last_checkpoint.map_or_else(|| "none yet".into(), ago),
         esc(&ago(j.submitted_at)),
     );
+    if j.nodes_replaced > 0 || j.survivors_waiting.0 > 0.0 {
+        let (s, usd) = j.survivors_waiting;
+        let _ = write!(
+            out,
+            "<p class=\"replaced\">{} lost node(s) replaced in place; the survivors waited \
+             {s:.2} s alone, {} (<code>gangway cost-report</code> has the estimate against a \
+             whole-gang recovery).</p>",
+            j.nodes_replaced,
+            if usd > 0.0 && usd < 0.01 {
+                format!("${usd:.6}")
+            } else {
+                money(usd)
+            }
+        );
+    }
     if let Some(d) = &j.detail {
         let _ = write!(
             out,
@@ -767,6 +782,8 @@ mod tests {
             submitted_at: 0,
             ended_at: None,
             price_per_hour: Some(1.0),
+            nodes_replaced: 0,
+            survivors_waiting: (0.0, 0.0),
         };
         let mut out = String::new();
         jobs(&mut out, std::slice::from_ref(&j), "tok");
@@ -781,6 +798,21 @@ mod tests {
         assert!(!out.contains("<b>"), "{out}");
         assert!(
             out.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+            "{out}"
+        );
+        assert!(!out.contains("class=\"replaced\""), "{out}");
+        // A job whose lost node was replaced says so, with the wait.
+        let j = JobView {
+            nodes_replaced: 1,
+            survivors_waiting: (12.5, 0.031),
+            ..j
+        };
+        let mut out = String::new();
+        job(&mut out, &j, &[], "");
+        assert!(
+            out.contains(
+                "1 lost node(s) replaced in place; the survivors waited 12.50 s alone, $0.03"
+            ),
             "{out}"
         );
     }
