@@ -327,10 +327,14 @@ async fn run_job(
     if let Some(ended) = wait_turn(job, cancel).await? {
         return Ok(ended);
     }
+    // Each step's time, for `RUST_LOG=gangway=debug` (driver.log).
+    let began = std::time::Instant::now();
+    let step = |what: &str| tracing::debug!("job {}: {what} at {:?}", job.id, began.elapsed());
     let (cloud, nodes, transport) = match reach(job).await? {
         Ok(reached) => reached,
         Err(ended) => return Ok(ended),
     };
+    step("nodes reached");
     let info = match gang_info(job, &nodes, transport.as_ref()).await {
         Ok(info) => info,
         Err(why) => return Ok((JobStatus::FailedSetup, Some(why))),
@@ -339,9 +343,11 @@ async fn run_job(
     if let Err(why) = place_files(job, &nodes, transport.as_ref(), &info.checkpoint_dirs) {
         return Ok((JobStatus::FailedSetup, Some(why)));
     }
+    step("files placed");
     if let Some(ended) = before_run(job, &info, transport.as_ref(), cancel, outcome).await? {
         return Ok(ended);
     }
+    step("storage and setup done");
     let Some(run) = spec.run.as_deref().filter(|s| !s.trim().is_empty()) else {
         return Ok((JobStatus::Succeeded, Some("no run commands".into())));
     };
@@ -812,6 +818,7 @@ async fn phase(
     if g.end.is_none() && which == Phase::Run {
         // Every rank was started; record it (the run's clock starts here).
         store.set_job_status(info.job_id, JobStatus::Running, None)?;
+        tracing::debug!("job {}: every rank started", info.job_id);
         logs.say(&format!("all {} rank(s) running", g.nodes.len()));
     }
     if g.end.is_some() {
