@@ -134,6 +134,10 @@ def env_for(endpoint, home):
                AWS_SHARED_CREDENTIALS_FILE="/dev/null", GANGWAY_AWS_SSH_CIDR="127.0.0.0/8")
     env.pop("GANGWAY_CATALOG_DIR", None)
     env.pop("RUST_LOG", None)
+    # BENCH_RUST_LOG: gangway's own log filter for these runs (e.g.
+    # gangway=debug: the driver's step times in each job's driver.log).
+    if os.environ.get("BENCH_RUST_LOG"):
+        env["RUST_LOG"] = os.environ["BENCH_RUST_LOG"]
     return env
 
 

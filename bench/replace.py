@@ -8,7 +8,10 @@ Usage (as root, with openssh-server installed, e.g. by .ci/run):
     python3 bench/replace.py [path/to/gangway]   (default target/release/gangway)
 
 Environment: SETUP_S (default 10: the task's setup sleeps that long, as
-package installs and data staging do), CLOUDS (default "local,aws"). The
+package installs and data staging do), CLOUDS (default "local,aws"),
+TRIALS (default 3: each strategy's figures are medians, the strategies
+alternating which goes first; BENCH_RUST_LOG=gangway=debug puts the
+driver's step times in each job's driver.log, with KEEP=1). The
 AWS half needs the EC2 emulator's venv (GANGWAY_TEST_PYTHON, else
 target/ec2-venv/bin/python) and port 22 free on 127.0.60.* and 127.0.61.*.
 
@@ -33,6 +36,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,6 +53,7 @@ NODES = 16
 SETUP_S = float(os.environ.get("SETUP_S", "10"))
 CLOUDS = os.environ.get("CLOUDS", "local,aws").split(",")
 STRATEGIES = ("REPLACE_LOST_NODES", "EAGER_NEXT_REGION")
+TRIALS = int(os.environ.get("TRIALS", "3"))
 
 TRAINER = """  ck="$GANGWAY_CHECKPOINT_DIR/step"
   step=0
@@ -259,16 +264,41 @@ def aws_trial(endpoint, work, keys, strategy):
     }
 
 
+def trials(run):
+    """TRIALS rounds of both strategies, alternating which goes first:
+    {strategy: [result per round]}."""
+    out = {s: [] for s in STRATEGIES}
+    for t in range(TRIALS):
+        for s in (STRATEGIES if t % 2 == 0 else STRATEGIES[::-1]):
+            out[s].append(run(s))
+    return out
+
+
 def report(cloud, results):
-    print(f"\n{cloud}: {NODES}-node spot gang, one node lost without notice, setup {SETUP_S:g} s")
+    """Each strategy's median over the trials (every trial's loss→resumed
+    in brackets), and the issue's target: the replacement resumed in less
+    than the whole gang's time minus its provisioning."""
+    med = {s: {k: (statistics.median(v[k] for v in rs) if rs[0][k] is not None else None)
+               for k in rs[0]} for s, rs in results.items()}
+    print(f"\n{cloud}: {NODES}-node spot gang, one node lost without notice, setup {SETUP_S:g} s, "
+          f"median of {TRIALS} trial(s)")
     print(f"{'strategy':<20} {'loss→resumed':>13} {'= seen':>7} {'+ recover':>10} {'+ setup/start':>14} "
-          f"{'nodes launched':>15} {'RunInstances':>13} {'setup runs':>11} {'node-s paid':>12}")
-    for strategy, r in results.items():
-        ri = "-" if r["run_instances"] is None else str(r["run_instances"])
+          f"{'provisioning':>13} {'nodes launched':>15} {'RunInstances':>13} {'setup runs':>11} "
+          f"{'node-s paid':>12}  trials")
+    for strategy, r in med.items():
+        ri = "-" if r["run_instances"] is None else f"{r['run_instances']:g}"
+        each = ", ".join(f"{x['resumed']:.2f}" for x in results[strategy])
         print(f"{strategy:<20} {r['resumed']:>12.2f}s {r['seen']:>6.2f}s {r['recovery']:>9.2f}s "
-              f"{r['start']:>13.2f}s {r['launched']:>15} {ri:>13} {r['setups']:>11} {r['paid']:>12.1f}")
+              f"{r['start']:>13.2f}s {r['provisioning']:>12.2f}s {r['launched']:>15g} {ri:>13} "
+              f"{r['setups']:>11g} {r['paid']:>12.1f}  ({each})")
+    rep, whole = med["REPLACE_LOST_NODES"], med["EAGER_NEXT_REGION"]
+    bar = whole["resumed"] - whole["provisioning"]
+    print(f"target: replacement {rep['resumed']:.2f} s < whole gang {whole['resumed']:.2f} s "
+          f"- its provisioning {whole['provisioning']:.2f} s = {bar:.2f} s: "
+          f"{'met' if rep['resumed'] < bar else 'NOT met'}")
     print("(recover: from the loss seen to the cluster up again: stopping the run, removing or "
-          "tearing down, launching, first contact)")
+          "tearing down, launching; provisioning: RECOVERING to STARTING; setup/start: first "
+          "contact, files, setup, every rank started)")
 
 
 def main():
@@ -279,7 +309,7 @@ def main():
     print(f"gangway: {BIN}")
     try:
         if "local" in CLOUDS:
-            report("local", {s: local_trial(work, s) for s in STRATEGIES})
+            report("local", trials(lambda s: local_trial(work, s)))
         if "aws" in CLOUDS:
             if os.geteuid() != 0 or not os.path.exists("/usr/sbin/sshd"):
                 sys.exit("the aws half needs root and /usr/sbin/sshd (see .ci/run)")
@@ -299,7 +329,7 @@ def main():
             for d in dirs:
                 with open(f"{d}/profile.sh", "w") as f:
                     f.write(f'set -- $SSH_CONNECTION; export GANGWAY_IMDS_ENDPOINT="http://$3:{port}"; set --\n')
-            report("aws (EC2 emulator)", {s: aws_trial(endpoint, work, keys, s) for s in STRATEGIES})
+            report("aws (EC2 emulator)", trials(lambda s: aws_trial(endpoint, work, keys, s)))
     finally:
         for p in procs:
             if p.poll() is None:
