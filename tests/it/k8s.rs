@@ -455,50 +455,322 @@ fn a_kubeconfig_alone_offers_its_clusters_only_to_tasks_that_name_k8s() {
     assert!(clouds(&[]).contains("kubernetes"));
 }
 
-#[test]
-fn a_managed_job_survives_kubectl_delete_node_from_its_checkpoint() {
-    let Some(k8s) = start(&gpu_nodes(3, 1)) else {
-        return;
-    };
-    let home = TestHome::new();
-    configure(&home, &k8s, "30s");
-    let flags = home.path().join("flags");
-    std::fs::create_dir_all(&flags).unwrap();
-    // Run 0 checkpoints step 7, each rank says so once a sync that began
-    // after rank 0 wrote it was kept (and which node its pod is on), then
-    // trains on; the test deletes rank 1's node. Run 1 must find step 7
-    // restored in its (new) pods. (Rank 1 alone, timing from its own
-    // start, once saw a sync that began before rank 0's write.)
-    let t = home.file(
+/// A managed gang of 2 one-GPU pods (`recovery`: its `job_recovery`
+/// lines under `resources:`, or none). Setup says which pod it ran on.
+/// Run 0: rank 0 checkpoints step 7; each rank, once a sync that began
+/// after that write was kept, writes `FLAGS/rankR` = "POD NODE" and waits
+/// to be preempted. Run 1 (and later): each rank writes `FLAGS/runN-rankR`
+/// and waits (up to 120 s) for `FLAGS/go`, so the test can look at the
+/// pods while the job still holds them, then says where it resumed.
+fn managed_gang(home: &TestHome, flags: &std::path::Path, recovery: &str) -> String {
+    home.file(
         "managed.yaml",
         &format!(
-            "num_nodes: 2\nresources:\n  infra: k8s/harness\n  accelerators: A100:1\n\
+            "num_nodes: 2\nresources:\n  infra: k8s/harness\n  accelerators: A100:1\n{recovery}\
              checkpoint:\n  sync_interval: 1\nenvs:\n  {}: {}\n  FLAGS: {}\n\
+             setup: echo \"setup ran on $HOSTNAME\"\n\
              run: |\n  ck=\"$GANGWAY_CHECKPOINT_DIR/step\"\n  \
              if [ \"$GANGWAY_RESTART_COUNT\" = 0 ]; then\n    \
              [ \"$NODE_RANK\" = 0 ] && echo 7 > \"$ck\"\n    t=$(date +%s%3N)\n    \
              while [ \"$(cat \"$GANGWAY_CHECKPOINT_DIR/.gangway-synced\" 2>/dev/null || echo 0)\" -lt \"$t\" ]; do sleep 0.05; done\n    \
-             echo \"$HARNESS_NODE_NAME\" > \"$FLAGS/rank$NODE_RANK\"\n    sleep 300\n  fi\n  \
-             echo \"rank $NODE_RANK resumed at step $(cat \"$ck\") in run $GANGWAY_RESTART_COUNT on $HARNESS_NODE_NAME\"\n",
+             echo \"$HOSTNAME $HARNESS_NODE_NAME\" > \"$FLAGS/rank$NODE_RANK\"\n    sleep 300\n  fi\n  \
+             touch \"$FLAGS/run$GANGWAY_RESTART_COUNT-rank$NODE_RANK\"\n  \
+             n=0; while [ ! -e \"$FLAGS/go\" ] && [ $n -lt 1200 ]; do sleep 0.1; n=$((n + 1)); done\n  \
+             echo \"rank $NODE_RANK resumed at step $(cat \"$ck\") in run $GANGWAY_RESTART_COUNT on $HOSTNAME $HARNESS_NODE_NAME\"\n",
             crate::common::MARKER_ENV,
             home.marker,
             flags.display()
         ),
-    );
-    let launch = home.spawn(["jobs", "launch", &t, "-y"]);
+    )
+}
+
+/// Waits until every rank of run 0 has said "POD NODE" in `flags`.
+fn run0_placed(flags: &std::path::Path, launch: &crate::common::Running) -> [(String, String); 2] {
     crate::common::wait_for("run 0 to checkpoint", crate::common::DEADLINE, || {
         std::fs::read_to_string(flags.join("rank0"))
             .and_then(|_| std::fs::read_to_string(flags.join("rank1")))
             .map_err(|e| format!("{e}; launch says: {}", launch.stdout_now()))
     });
-    let lost = std::fs::read_to_string(flags.join("rank1"))
-        .unwrap()
-        .trim()
-        .to_string();
-    k8s.kubectl(&["delete", "node", &lost])
+    [0, 1].map(|r| {
+        let s = std::fs::read_to_string(flags.join(format!("rank{r}"))).unwrap();
+        let (pod, node) = s.trim().split_once(' ').expect("POD NODE");
+        (pod.to_string(), node.to_string())
+    })
+}
+
+/// Waits until both ranks of run `run` have started.
+fn run_started(flags: &std::path::Path, run: u32, launch: &crate::common::Running) {
+    crate::common::wait_for(
+        &format!("run {run} to start on both ranks"),
+        std::time::Duration::from_secs(180),
+        || {
+            if (0..2).all(|r| flags.join(format!("run{run}-rank{r}")).exists()) {
+                Ok(())
+            } else {
+                Err(format!("launch says: {}", launch.stdout_now()))
+            }
+        },
+    );
+}
+
+/// The pods with label `cluster_label` (as kubectl's JSON items).
+fn pods_now(k8s: &K8sHarness, cluster_label: &str) -> Vec<serde_json::Value> {
+    let out = k8s
+        .kubectl(&["get", "pods", "-l", cluster_label, "-o", "json"])
+        .expect("kubectl get pods");
+    let doc: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    doc["items"].as_array().cloned().unwrap_or_default()
+}
+
+/// The pod named `name` among `pods`.
+fn pod_named<'a>(pods: &'a [serde_json::Value], name: &str) -> Option<&'a serde_json::Value> {
+    pods.iter().find(|p| p["metadata"]["name"] == name)
+}
+
+/// What a replaced gang must show once it finished: both ranks resumed at
+/// step 7 in run 1, rank 0 on the survivor pod, rank 1 on `new` (not the
+/// lost pod); setup ran on the two first pods and then only on `new`, the
+/// survivor kept its; the events name the replaced rank and the lost pod;
+/// one preemption, one node replaced; nothing of the job is left.
+fn assert_replaced_only(
+    home: &TestHome,
+    k8s: &K8sHarness,
+    out: &str,
+    survivor: &str,
+    lost: &str,
+    new: &str,
+) {
+    for (r, pod) in [(0, survivor), (1, new)] {
+        let want = format!("rank {r} resumed at step 7 in run 1 on {pod} ");
+        assert!(out.contains(&want), "no '{want}' in:\n{out}");
+    }
+    let (_, log, _) = parts(&home.run(["jobs", "logs", "1"]));
+    assert_eq!(log.matches("setup ran on ").count(), 3, "{log}");
+    assert_eq!(
+        log.matches(&format!("setup ran on {new}")).count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(
+        log.matches(&format!("setup ran on {survivor}")).count(),
+        1,
+        "setup ran again on the survivor:\n{log}"
+    );
+    assert_eq!(log.matches("setup kept on rank").count(), 1, "{log}");
+    let (_, ev, _) = parts(&home.run(["jobs", "events", "1"]));
+    assert!(
+        ev.contains("replaced rank 1") && ev.contains(lost) && ev.contains(new),
+        "the replacement does not name rank 1, {lost} and {new}:\n{ev}"
+    );
+    assert!(!ev.contains("whole-gang recovery"), "{ev}");
+    let (_, q, _) = parts(&home.run(["jobs", "queue", "-o", "json"]));
+    let j = crate::common::json_doc(&q)["jobs"][0].clone();
+    assert_eq!(j["state"], "SUCCEEDED", "{j}");
+    assert_eq!(j["preemptions"], 1, "{j}");
+    assert_eq!(j["nodes_replaced"], 1, "{j}");
+    assert_nothing_left(k8s, "the managed job ended");
+    assert_no_marker_procs(&home.marker, "the managed job ended");
+}
+
+/// `kubectl delete node` under one rank of a managed gang, no notice: the
+/// default recovery removes that rank's pod and makes one new pod beside
+/// the survivor, whose pod (same name and UID), node and setup stay; the
+/// job resumes from the kept checkpoint on both.
+#[test]
+fn a_managed_gang_that_loses_one_pods_node_replaces_only_it() {
+    let Some(k8s) = start(&gpu_nodes(3, 1)) else {
+        return;
+    };
+    let home = TestHome::new();
+    configure(&home, &k8s, "60s");
+    let flags = home.path().join("flags");
+    std::fs::create_dir_all(&flags).unwrap();
+    let t = managed_gang(&home, &flags, "");
+    let launch = home.spawn(["jobs", "launch", &t, "-y"]);
+    let [(survivor, _), (lost, lost_node)] = run0_placed(&flags, &launch);
+    let label = "gangway-cluster";
+    let before = pods_now(&k8s, label);
+    assert_eq!(before.len(), 2, "{before:?}");
+    let uid = pod_named(&before, &survivor).expect("the survivor")["metadata"]["uid"].clone();
+    k8s.kubectl(&["delete", "node", &lost_node])
         .expect("kubectl delete node");
-    let o = launch.wait();
-    let (code, out, err) = parts(&o);
+    run_started(&flags, 1, &launch);
+    let now = pods_now(&k8s, label);
+    let kept = pod_named(&now, &survivor)
+        .unwrap_or_else(|| panic!("the survivor {survivor} is gone: {now:?}"));
+    assert_eq!(kept["metadata"]["uid"], uid, "the survivor was made again");
+    assert_eq!(kept["status"]["phase"], "Running", "{kept}");
+    assert_eq!(now.len(), 2, "{now:?}");
+    let new = now
+        .iter()
+        .find(|p| p["metadata"]["name"] != survivor.as_str())
+        .expect("the replacement");
+    let new_name = new["metadata"]["name"].as_str().unwrap().to_string();
+    assert_ne!(new_name, lost, "the lost pod's name was reused");
+    assert_ne!(new["spec"]["nodeName"], lost_node.as_str(), "{new}");
+    std::fs::write(flags.join("go"), "").unwrap();
+    let (code, out, err) = parts(&launch.wait());
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let (_, ev, _) = parts(&home.run(["jobs", "events", "1"]));
+    assert!(
+        ev.contains(&format!("node {lost_node} is gone")),
+        "the reason is not the node: {ev}"
+    );
+    assert_replaced_only(&home, &k8s, &out, &survivor, &lost, &new_name);
+}
+
+/// A managed gang whose rank-1 node is tainted as leaving (Karpenter's
+/// `karpenter.sh/disruption`, what the transport reads as a notice): the
+/// run is told (SIGTERM), rank 0 checkpoints the step it reached, only the
+/// tainted node's pod is replaced (on the third node: the taint keeps new
+/// pods off it), the node is then deleted, and both ranks resume at the
+/// noticed step and finish.
+#[test]
+fn a_managed_gang_told_of_one_nodes_disruption_replaces_its_pod_and_loses_no_step() {
+    let Some(k8s) = start(&gpu_nodes(3, 1)) else {
+        return;
+    };
+    let home = TestHome::new();
+    configure(&home, &k8s, "60s");
+    let dir = home.path().join("progress");
+    std::fs::create_dir_all(&dir).unwrap();
+    let t = home.file(
+        "trainer.yaml",
+        &format!(
+            "num_nodes: 2\nresources:\n  infra: k8s/harness\n  accelerators: A100:1\n\
+             envs:\n  {}: {}\n  TOTAL_STEPS: 40\n\
+             checkpoint:\n  sync_interval: 1\n  signal: SIGTERM\n  grace_period: 30\n\
+             setup: echo \"setup ran on $HOSTNAME\"\n\
+             run: |\n  ck=\"$GANGWAY_CHECKPOINT_DIR/step\"\n  step=0\n  \
+             [ -f \"$ck\" ] && step=$(cat \"$ck\")\n  \
+             echo \"rank $GANGWAY_NODE_RANK run $GANGWAY_RESTART_COUNT resumes at step $step on $HOSTNAME\"\n  \
+             echo \"$HOSTNAME $HARNESS_NODE_NAME\" > {dir}/rank$GANGWAY_NODE_RANK-run$GANGWAY_RESTART_COUNT\n  \
+             on_notice() {{\n    \
+               [ \"$GANGWAY_NODE_RANK\" = 0 ] && echo \"$step\" > \"$ck.tmp\" && mv \"$ck.tmp\" \"$ck\"\n    \
+               echo \"rank $GANGWAY_NODE_RANK checkpointed step $step on the notice\"\n    \
+               exit 0\n  \
+             }}\n  \
+             trap on_notice TERM\n  \
+             while [ \"$step\" -lt \"$TOTAL_STEPS\" ]; do\n    \
+               sleep 0.2\n    step=$((step + 1))\n    \
+               [ \"$GANGWAY_NODE_RANK\" = 0 ] && touch {dir}/run$GANGWAY_RESTART_COUNT-step$step\n  \
+             done\n  \
+             echo \"rank $GANGWAY_NODE_RANK done at step $step\"\n",
+            crate::common::MARKER_ENV,
+            home.marker,
+            dir = dir.display()
+        ),
+    );
+    let launch = home.spawn(["jobs", "launch", &t, "-y"]);
+    crate::common::wait_for("run 0 to reach step 5", crate::common::DEADLINE, || {
+        if dir.join("run0-step5").exists()
+            && dir.join("rank1-run0").exists()
+            && dir.join("rank0-run0").exists()
+        {
+            Ok(())
+        } else {
+            Err(format!("launch says: {}", launch.stdout_now()))
+        }
+    });
+    let placed = |r: u32| {
+        let s = std::fs::read_to_string(dir.join(format!("rank{r}-run0"))).unwrap();
+        let (pod, node) = s.trim().split_once(' ').expect("POD NODE");
+        (pod.to_string(), node.to_string())
+    };
+    let ((survivor, _), (lost, lost_node)) = (placed(0), placed(1));
+    k8s.kubectl(&[
+        "taint",
+        "nodes",
+        &lost_node,
+        "karpenter.sh/disruption=disrupting:NoSchedule",
+    ])
+    .expect("kubectl taint");
+    // The reclaim completes once gangway has let the pod go.
+    crate::common::wait_for(
+        "the noticed pod to be removed",
+        std::time::Duration::from_secs(120),
+        || {
+            if pod_named(&pods_now(&k8s, "gangway-cluster"), &lost).is_none() {
+                Ok(())
+            } else {
+                Err(format!("launch says: {}", launch.stdout_now()))
+            }
+        },
+    );
+    k8s.kubectl(&["delete", "node", &lost_node])
+        .expect("kubectl delete node");
+    let (code, out, err) = parts(&launch.wait());
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let noticed: u32 = out
+        .lines()
+        .find_map(|l| {
+            l.split("rank 0 checkpointed step ")
+                .nth(1)
+                .and_then(|r| r.split(' ').next())
+                .and_then(|s| s.parse().ok())
+        })
+        .unwrap_or_else(|| panic!("no checkpoint on the notice:\n{out}\n{err}"));
+    assert!(noticed >= 5, "{out}");
+    let new = std::fs::read_to_string(dir.join("rank1-run1"))
+        .expect("rank 1 of run 1")
+        .trim()
+        .split_once(' ')
+        .map(|(p, n)| (p.to_string(), n.to_string()))
+        .expect("POD NODE");
+    assert_ne!(new.0, lost, "the noticed pod's name was reused");
+    assert_ne!(new.1, lost_node, "the replacement went to the tainted node");
+    for (r, pod) in [(0, survivor.as_str()), (1, new.0.as_str())] {
+        let want = format!("rank {r} run 1 resumes at step {noticed} on {pod}");
+        assert!(out.contains(&want), "no '{want}' in:\n{out}");
+        assert!(out.contains(&format!("rank {r} done at step 40")), "{out}");
+    }
+    let (_, log, _) = parts(&home.run(["jobs", "logs", "1"]));
+    assert_eq!(log.matches("setup ran on ").count(), 3, "{log}");
+    assert_eq!(
+        log.matches(&format!("setup ran on {}", new.0)).count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(log.matches("setup kept on rank").count(), 1, "{log}");
+    let (_, ev, _) = parts(&home.run(["jobs", "events", "1"]));
+    assert!(
+        ev.contains("karpenter.sh/disruption") && ev.contains("replaced rank 1"),
+        "the notice or the replacement is not in the events:\n{ev}"
+    );
+    assert!(!ev.contains("whole-gang recovery"), "{ev}");
+    let (_, q, _) = parts(&home.run(["jobs", "queue", "-o", "json"]));
+    let j = crate::common::json_doc(&q)["jobs"][0].clone();
+    assert_eq!(j["state"], "SUCCEEDED", "{j}");
+    assert_eq!(j["preemptions"], 1, "{j}");
+    assert_eq!(j["nodes_replaced"], 1, "{j}");
+    assert_nothing_left(&k8s, "the managed job ended");
+    assert_no_marker_procs(&home.marker, "the managed job ended");
+}
+
+/// With `job_recovery: EAGER_NEXT_REGION` the same loss recovers the gang
+/// whole: both pods are made again (the survivor's too), and run 1 finds
+/// step 7 restored in both.
+#[test]
+fn a_whole_gang_strategy_recovers_a_managed_job_from_its_checkpoint_after_kubectl_delete_node() {
+    let Some(k8s) = start(&gpu_nodes(3, 1)) else {
+        return;
+    };
+    let home = TestHome::new();
+    configure(&home, &k8s, "60s");
+    let flags = home.path().join("flags");
+    std::fs::create_dir_all(&flags).unwrap();
+    let t = managed_gang(
+        &home,
+        &flags,
+        "  job_recovery:\n    strategy: EAGER_NEXT_REGION\n",
+    );
+    let launch = home.spawn(["jobs", "launch", &t, "-y"]);
+    let [_, (_, lost_node)] = run0_placed(&flags, &launch);
+    k8s.kubectl(&["delete", "node", &lost_node])
+        .expect("kubectl delete node");
+    run_started(&flags, 1, &launch);
+    std::fs::write(flags.join("go"), "").unwrap();
+    let (code, out, err) = parts(&launch.wait());
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     for r in 0..2 {
         let line = out
@@ -506,19 +778,25 @@ fn a_managed_job_survives_kubectl_delete_node_from_its_checkpoint() {
             .find(|l| l.contains(&format!("rank {r} resumed at step 7 in run 1")))
             .unwrap_or_else(|| panic!("rank {r} did not resume from step 7:\n{out}\n{err}"));
         assert!(
-            !line.ends_with(&format!(" on {lost}")),
+            !line.ends_with(&format!(" {lost_node}")),
             "rank {r} ran again on the deleted node: {line}"
         );
     }
+    // Both pods made again: setup ran on 4 pods, none kept it.
+    let (_, log, _) = parts(&home.run(["jobs", "logs", "1"]));
+    assert_eq!(log.matches("setup ran on ").count(), 4, "{log}");
+    assert_eq!(log.matches("setup kept on rank").count(), 0, "{log}");
     let (_, q, _) = parts(&home.run(["jobs", "queue", "-o", "json"]));
     let j = crate::common::json_doc(&q)["jobs"][0].clone();
     assert_eq!(j["state"], "SUCCEEDED", "{j}");
     assert_eq!(j["preemptions"], 1, "a deleted node is a preemption: {j}");
+    assert_eq!(j["nodes_replaced"], 0, "{j}");
     let (_, ev, _) = parts(&home.run(["jobs", "events", "1"]));
     assert!(
-        ev.contains(&format!("node {lost} is gone")),
+        ev.contains(&format!("node {lost_node} is gone")),
         "the reason is not the node: {ev}"
     );
+    assert!(!ev.contains("replaced rank"), "{ev}");
     assert_nothing_left(&k8s, "the managed job ended");
     assert_no_marker_procs(&home.marker, "the managed job ended");
 }

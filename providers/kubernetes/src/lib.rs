@@ -65,6 +65,8 @@ pub mod labels {
     pub const USER_NAME: &str = "gangway.dev/user";
     /// The catalog's instance type the pod was made for.
     pub const INSTANCE_TYPE: &str = "gangway.dev/instance-type";
+    /// The number the gang's next new pod takes (`PREFIX-N`).
+    pub const NEXT_INDEX: &str = "gangway.dev/next-index";
 }
 
 /// Facts on every node (read by the transport).
@@ -833,6 +835,7 @@ impl Inner {
         image: &str,
         gpu_labels: &[(String, String)],
         prefer: &[(String, String)],
+        next: u32,
         group: Option<&kueue::Group>,
     ) -> core::Pod {
         let cluster = &req.cluster.0;
@@ -845,6 +848,7 @@ impl Inner {
         ann.insert(labels::CLUSTER_NAME.to_string(), cluster.clone());
         ann.insert(labels::USER_NAME.to_string(), self.user.clone());
         ann.insert(labels::INSTANCE_TYPE.to_string(), req.instance_type.clone());
+        ann.insert(labels::NEXT_INDEX.to_string(), next.to_string());
         if let Some(g) = group {
             g.mark(&mut labels, &mut ann);
         }
@@ -1130,22 +1134,49 @@ impl Inner {
         } else {
             Vec::new()
         };
-        // New pods take numbers above every one in use: a lost pod's name
-        // may still be held by a deletion being confirmed, and a name that
-        // is taken when created means a racing launch made the pod.
+        // New pods take numbers above every one the gang has used: each
+        // pod carries the gang's next number (the survivors are stamped
+        // anew before a top-up), so a lost pod's name, which may still be
+        // held by a deletion being confirmed, is never taken again, and a
+        // name that is taken when created means a racing launch made it.
         let mut i = existing
             .iter()
-            .filter_map(|p| {
-                p.metadata
+            .flat_map(|p| {
+                let own = p
+                    .metadata
                     .name
-                    .as_deref()?
-                    .strip_prefix(&prefix)?
-                    .strip_prefix('-')?
-                    .parse::<u32>()
-                    .ok()
+                    .as_deref()
+                    .and_then(|n| n.strip_prefix(&prefix)?.strip_prefix('-'))
+                    .and_then(|n| n.parse::<u32>().ok())
+                    .map(|n| n + 1);
+                let stamped = p
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(labels::NEXT_INDEX))
+                    .and_then(|n| n.parse::<u32>().ok());
+                [own, stamped]
             })
+            .flatten()
             .max()
-            .map_or(0, |m| m + 1);
+            .unwrap_or(0);
+        let next = i + (count - keep.len().min(count)) as u32;
+        if survivors && keep.len() < count {
+            for p in &keep {
+                let name = p.metadata.name.clone().unwrap_or_default();
+                let stamp = serde_json::json!({"metadata": {"annotations": {
+                    labels::NEXT_INDEX: next.to_string()
+                }}});
+                if let Err(e) = api
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&stamp))
+                    .await
+                {
+                    tracing::warn!(
+                        "{loc}: cannot stamp pod {name} with the gang's next number: {e}"
+                    );
+                }
+            }
+        }
         let mut keep: Vec<String> = keep
             .iter()
             .filter_map(|p| p.metadata.name.clone())
@@ -1162,6 +1193,7 @@ impl Inner {
                 &image,
                 &gpu_labels,
                 &prefer,
+                next,
                 group.as_ref(),
             );
             match api.create(&PostParams::default(), &pod).await {
