@@ -1242,3 +1242,100 @@ fn kueue_topology_puts_a_gang_in_one_block() {
     assert_nothing_left(&k8s, "down");
     wait_workloads(&k8s, &[], "down");
 }
+
+/// The name and UID of each of Kueue's Workloads in namespace default.
+fn workload_uids(k8s: &K8sHarness) -> Vec<(String, String)> {
+    let out = k8s
+        .kubectl(&["get", "workloads.kueue.x-k8s.io", "-o", "json"])
+        .expect("kubectl get workloads");
+    let doc: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    doc["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|w| {
+            (
+                w["metadata"]["name"].as_str().unwrap_or("").to_string(),
+                w["metadata"]["uid"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+/// A managed gang under a LocalQueue whose quota is exactly the gang's 2
+/// GPUs loses one pod's node: the replacement joins the gang's admitted
+/// pod group (the same Workload, still admitted: a new group would need
+/// quota the old one holds), Kueue lifts its gate, the survivor stays,
+/// and when the job ends its pods and Workload go.
+#[test]
+fn kueue_replaces_a_lost_pod_inside_the_gangs_admitted_group() {
+    let Some(k8s) = start_with_kueue(&gpu_nodes(3, 1)) else {
+        return;
+    };
+    kueue_queues(&k8s, "default-flavor", "", 2);
+    let home = TestHome::new();
+    configure(&home, &k8s, "60s");
+    let flags = home.path().join("flags");
+    std::fs::create_dir_all(&flags).unwrap();
+    let t = managed_gang(&home, &flags, "");
+    let launch = home.spawn(["jobs", "launch", &t, "-y"]);
+    let [(survivor, _), (lost, lost_node)] = run0_placed(&flags, &launch);
+    let label = "gangway-cluster";
+    let before = pods_now(&k8s, label);
+    assert_eq!(before.len(), 2, "{before:?}");
+    let group = before[0]["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no pod group: {before:?}"))
+        .to_string();
+    let wl = workload_uids(&k8s);
+    assert_eq!(wl.len(), 1, "{wl:?}");
+    assert_eq!(wl[0].0, group);
+    assert_eq!(workloads(&k8s), [(group.clone(), "True".to_string())]);
+    let uid = pod_named(&before, &survivor).expect("the survivor")["metadata"]["uid"].clone();
+    let lost_at = std::time::Instant::now();
+    k8s.kubectl(&["delete", "node", &lost_node])
+        .expect("kubectl delete node");
+    run_started(&flags, 1, &launch);
+    eprintln!(
+        "kueue: run 1 started on both ranks {:.1} s after the node's deletion",
+        lost_at.elapsed().as_secs_f64()
+    );
+    let now = pods_now(&k8s, label);
+    assert_eq!(now.len(), 2, "{now:?}");
+    let kept = pod_named(&now, &survivor)
+        .unwrap_or_else(|| panic!("the survivor {survivor} is gone: {now:?}"));
+    assert_eq!(kept["metadata"]["uid"], uid, "the survivor was made again");
+    let new = now
+        .iter()
+        .find(|p| p["metadata"]["name"] != survivor.as_str())
+        .expect("the replacement");
+    let new_name = new["metadata"]["name"].as_str().unwrap().to_string();
+    assert_ne!(new_name, lost);
+    assert_eq!(
+        new["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"],
+        group.as_str(),
+        "the replacement is not in the gang's group: {new}"
+    );
+    assert_eq!(new["status"]["phase"], "Running", "{new}");
+    assert!(
+        !new["spec"]["schedulingGates"]
+            .to_string()
+            .contains("kueue.x-k8s.io/admission"),
+        "still gated: {new}"
+    );
+    assert_eq!(
+        workload_uids(&k8s),
+        wl,
+        "the gang's Workload was not kept through the replacement"
+    );
+    assert_eq!(workloads(&k8s), [(group.clone(), "True".to_string())]);
+    std::fs::write(flags.join("go"), "").unwrap();
+    let (code, out, err) = parts(&launch.wait());
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let (_, ev, _) = parts(&home.run(["jobs", "events", "1"]));
+    for l in ev.lines().filter(|l| l.contains("replaced rank")) {
+        eprintln!("kueue: {l}");
+    }
+    assert_replaced_only(&home, &k8s, &out, &survivor, &lost, &new_name);
+    wait_workloads(&k8s, &[], "the managed job ended");
+}
