@@ -1339,3 +1339,101 @@ fn kueue_replaces_a_lost_pod_inside_the_gangs_admitted_group() {
     assert_replaced_only(&home, &k8s, &out, &survivor, &lost, &new_name);
     wait_workloads(&k8s, &[], "the managed job ended");
 }
+
+/// Kueue's topology-aware scheduling and a lost pod: a gang of 2 one-GPU
+/// pods required in one block lands in b2 (b1 has one GPU); its rank-1
+/// node is deleted; the replacement joins the admitted group and Kueue
+/// places it in b2 again (its third node), never in b1's empty node.
+#[test]
+fn kueue_topology_replaces_a_lost_pod_in_the_gangs_block() {
+    let layout = [
+        ("node-a", "b1", "1"),
+        ("node-b", "b2", "1"),
+        ("node-c", "b2", "1"),
+        ("node-d", "b2", "1"),
+    ];
+    let nodes: Vec<NodeSpec> = layout
+        .iter()
+        .map(|(n, b, g)| {
+            NodeSpec::new(n)
+                .label("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-40GB")
+                .label("cloud.google.com/gce-topology-block", b)
+                .capacity("cpu", "8")
+                .capacity("memory", "32Gi")
+                .capacity("nvidia.com/gpu", g)
+        })
+        .collect();
+    let Some(k8s) = start_with_kueue(&nodes) else {
+        return;
+    };
+    k8s.kubectl_stdin(
+        &["apply", "-f", "-"],
+        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: Topology\nmetadata:\n  name: blocks\nspec:\n  levels:\n\
+         \x20 - nodeLabel: cloud.google.com/gce-topology-block\n  - nodeLabel: kubernetes.io/hostname\n",
+    )
+    .expect("Topology");
+    kueue_queues(
+        &k8s,
+        "tas-flavor",
+        "nodeLabels: {nvidia.com/gpu.product: NVIDIA-A100-SXM4-40GB}, topologyName: blocks",
+        4,
+    );
+    let home = TestHome::new();
+    home.file(
+        "kubernetes.yaml",
+        &format!(
+            "kubeconfig: {}\nimage: ignored-by-the-harness\nlaunch_timeout: 90s\nqueue: lq\n\
+             topology: cloud.google.com/gce-topology-block\n",
+            k8s.kubeconfig().display()
+        ),
+    );
+    let flags = home.path().join("flags");
+    std::fs::create_dir_all(&flags).unwrap();
+    let t = managed_gang(&home, &flags, "");
+    let launch = home.spawn(["jobs", "launch", &t, "-y"]);
+    let [(survivor, survivor_node), (lost, lost_node)] = run0_placed(&flags, &launch);
+    for n in [&survivor_node, &lost_node] {
+        assert_ne!(n.as_str(), "node-a", "the gang is not in block b2");
+    }
+    let lost_at = std::time::Instant::now();
+    k8s.kubectl(&["delete", "node", &lost_node])
+        .expect("kubectl delete node");
+    run_started(&flags, 1, &launch);
+    eprintln!(
+        "kueue tas: run 1 started on both ranks {:.1} s after the node's deletion",
+        lost_at.elapsed().as_secs_f64()
+    );
+    let now = pods_now(&k8s, "gangway-cluster");
+    assert_eq!(now.len(), 2, "{now:?}");
+    let new = now
+        .iter()
+        .find(|p| p["metadata"]["name"] != survivor.as_str())
+        .expect("the replacement");
+    let on = new["spec"]["nodeName"].as_str().unwrap_or("");
+    assert!(
+        on != "node-a" && on != lost_node && on != survivor_node,
+        "the replacement is on {on}, not b2's third node: {new}"
+    );
+    // Kueue moved the lost pod's slot of the topology assignment to a free
+    // node of the block and pinned the replacement there.
+    assert_eq!(
+        new["spec"]["nodeSelector"]["kubernetes.io/hostname"], on,
+        "the replacement is not pinned by Kueue's topology assignment: {new}"
+    );
+    let wl = k8s
+        .kubectl(&["get", "workloads.kueue.x-k8s.io", "-o", "json"])
+        .expect("workloads");
+    let wl: serde_json::Value = serde_json::from_str(&wl).expect("JSON");
+    eprintln!(
+        "kueue tas: survivor on {survivor_node}, lost {lost_node}, replacement on {on} \
+         (node selector {}); the Workload's topology assignment now: {}",
+        new["spec"]["nodeSelector"],
+        wl["items"][0]["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"]
+    );
+    std::fs::write(flags.join("go"), "").unwrap();
+    let (code, out, err) = parts(&launch.wait());
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let new_name = new["metadata"]["name"].as_str().unwrap().to_string();
+    assert_replaced_only(&home, &k8s, &out, &survivor, &lost, &new_name);
+    wait_workloads(&k8s, &[], "the managed job ended");
+}
