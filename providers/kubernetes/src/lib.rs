@@ -430,7 +430,11 @@ fn is_spot(n: &core::Node) -> bool {
 
 /// What a pod's state means to gangway: `node` is the Kubernetes node it
 /// is bound to (`None` when that node is gone), `tolerance` how long the
-/// node may be NotReady.
+/// node may be NotReady. A pod on a node tainted as leaving still runs:
+/// the taint is its notice ([`leaving`], read by the transport), which
+/// gives the run its `checkpoint.signal` first; were it a loss here, the
+/// managed-job controller could see it before the notice and recover
+/// from the last kept checkpoint instead.
 pub fn pod_state(
     pod: &core::Pod,
     node: Option<Option<&core::Node>>,
@@ -476,19 +480,6 @@ pub fn pod_state(
         },
         Some(Some(n)) => {
             let spot = if is_spot(n) { "spot " } else { "" };
-            if let Some(t) = n
-                .spec
-                .as_ref()
-                .and_then(|s| s.taints.as_ref())
-                .and_then(|ts| ts.iter().find(|t| LEAVING_TAINTS.contains(&t.key.as_str())))
-            {
-                return NodeState::Preempted {
-                    reason: format!(
-                        "pod {name}'s {spot}node {node_name} is being reclaimed (taint {})",
-                        t.key
-                    ),
-                };
-            }
             match ready_condition(n) {
                 Some(c) if c.status != "True" => {
                     let since = c.last_transition_time.as_ref().map(|t| t.0);
@@ -512,6 +503,26 @@ pub fn pod_state(
             }
         }
     }
+}
+
+/// The notice of a pod whose node is tainted as about to go away
+/// ([`LEAVING_TAINTS`]: GKE's spot termination, Karpenter's disruption).
+pub fn leaving(pod: &core::Pod, node: Option<&core::Node>) -> Option<String> {
+    let n = node?;
+    let t = n
+        .spec
+        .as_ref()?
+        .taints
+        .as_ref()?
+        .iter()
+        .find(|t| LEAVING_TAINTS.contains(&t.key.as_str()))?;
+    let name = pod.metadata.name.as_deref().unwrap_or("?");
+    let node_name = n.metadata.name.as_deref().unwrap_or("?");
+    let spot = if is_spot(n) { "spot " } else { "" };
+    Some(format!(
+        "pod {name}'s {spot}node {node_name} is being reclaimed (taint {})",
+        t.key
+    ))
 }
 
 /// The scheduler's words for a pod that is not scheduled, if any.
@@ -2146,11 +2157,18 @@ mod tests {
             }]),
             ..Default::default()
         });
-        let s = pod_state(&pod("Running"), Some(Some(&leaving)), t);
-        assert!(
-            matches!(&s, NodeState::Preempted { reason } if reason.contains("reclaimed")),
-            "{s:?}"
+        // Still running: the taint is a notice, not a loss.
+        assert_eq!(
+            pod_state(&pod("Running"), Some(Some(&leaving)), t),
+            NodeState::Running
         );
+        leaving.metadata.name = Some("n1".into());
+        let notice = super::leaving(&pod("Running"), Some(&leaving)).expect("a notice");
+        assert!(
+            notice.contains("spot node n1 is being reclaimed (taint cloud.google.com/impending-node-termination)"),
+            "{notice}"
+        );
+        assert_eq!(super::leaving(&pod("Running"), Some(&ready)), None);
     }
 
     #[test]

@@ -511,9 +511,11 @@ impl Transport for ExecTransport {
                     seen.insert(node_name.clone(), n);
                 }
                 let n = seen.get(&node_name).map(Option::as_ref);
+                // A loss reads as a notice too; a node tainted as leaving is
+                // only a notice.
                 let notice = match crate::pod_state(&p, n, shared.cfg.not_ready_tolerance) {
                     gangway_provider::NodeState::Preempted { reason } => Some(reason),
-                    _ => None,
+                    _ => crate::leaving(&p, n.flatten()),
                 };
                 out.insert(name, notice);
             }
