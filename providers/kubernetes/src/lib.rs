@@ -18,6 +18,12 @@
 //! namespace has a Kueue LocalQueue the gang is one Kueue pod group,
 //! admitted whole or not at all ([`kueue`]).
 //!
+//! A gang that lost pods keeps the others: `remove_nodes` deletes only
+//! the lost pods, and the launch that follows creates only the shortfall
+//! under unused names, preferring the survivors' topology domain, or, under
+//! Kueue, as new members of the gang's admitted pod group. Such a launch
+//! that fails deletes only the pods it created.
+//!
 //! Commands reach pods through the API's `pods/exec` (the transport), so
 //! any image with a shell works: no SSH, no privileges, no secret in the
 //! pod spec. Pods cannot be stopped: `stop` refuses.
