@@ -1437,3 +1437,130 @@ fn kueue_topology_replaces_a_lost_pod_in_the_gangs_block() {
     assert_replaced_only(&home, &k8s, &out, &survivor, &lost, &new_name);
     wait_workloads(&k8s, &[], "the managed job ended");
 }
+
+/// A replacement that cannot come up: a gang of 2 loses one node and its
+/// new pod has nowhere to run (the third node cordoned). After
+/// `launch_timeout` only the new pod is deleted (the survivor is left
+/// running), the controller recovers the gang whole and says why; with
+/// the third node uncordoned the whole gang runs again from the kept
+/// checkpoint.
+#[test]
+fn a_replacement_that_cannot_run_deletes_only_its_pod_and_the_gang_is_recovered_whole() {
+    let Some(k8s) = start(&gpu_nodes(3, 1)) else {
+        return;
+    };
+    replacement_cannot_run(&k8s, false);
+}
+
+/// The same under a LocalQueue whose quota is the gang's 2 GPUs: the
+/// replacement is admitted into the group but cannot run; the whole-gang
+/// teardown ends the group (its Workload goes and frees the quota), and
+/// the new gang is admitted as a new group.
+#[test]
+fn kueue_a_replacement_that_cannot_run_ends_in_a_new_group_for_the_whole_gang() {
+    let Some(k8s) = start_with_kueue(&gpu_nodes(3, 1)) else {
+        return;
+    };
+    kueue_queues(&k8s, "default-flavor", "", 2);
+    replacement_cannot_run(&k8s, true);
+}
+
+fn replacement_cannot_run(k8s: &K8sHarness, kueue: bool) {
+    let home = TestHome::new();
+    // node-2 is held back (cordoned) until the replacement gave up; the
+    // timeout leaves the whole-gang relaunch time to find it uncordoned.
+    k8s.kubectl(&["cordon", "node-2"]).expect("cordon");
+    configure(&home, k8s, "20s");
+    let flags = home.path().join("flags");
+    std::fs::create_dir_all(&flags).unwrap();
+    let t = managed_gang(&home, &flags, "");
+    let launch = home.spawn(["jobs", "launch", &t, "-y"]);
+    let [(survivor, _), (_, lost_node)] = run0_placed(&flags, &launch);
+    let first_group = if kueue { workloads(k8s) } else { Vec::new() };
+    assert_eq!(first_group.len(), usize::from(kueue), "{first_group:?}");
+    k8s.kubectl(&["delete", "node", &lost_node])
+        .expect("kubectl delete node");
+    // Until the fallback is recorded the survivor runs (its pods read
+    // before the events: a teardown after the event is no failure).
+    let mut saw_new = false;
+    let ev = crate::common::wait_for(
+        "the replacement to give up",
+        std::time::Duration::from_secs(120),
+        || {
+            let pods = pods_now(k8s, "gangway-cluster");
+            let (_, ev, _) = parts(&home.run(["jobs", "events", "1"]));
+            if ev.contains("whole-gang recovery") {
+                return Ok(ev);
+            }
+            assert!(
+                pod_named(&pods, &survivor).is_some(),
+                "the survivor {survivor} went before the fallback: {pods:?}\n{ev}"
+            );
+            saw_new |= pods.len() == 2;
+            Err(format!(
+                "events:\n{ev}\nlaunch says: {}",
+                launch.stdout_now()
+            ))
+        },
+    );
+    assert!(saw_new, "no replacement pod was ever made");
+    assert!(
+        ev.contains("whole-gang recovery: replacing rank(s) failed")
+            && ev.contains("out of capacity")
+            && ev.contains("the 1 new pod(s) deleted, the 1 kept left running")
+            && ev.contains("after 20 s"),
+        "the fallback does not say the replacement failed and what it deleted:\n{ev}"
+    );
+    k8s.kubectl(&["uncordon", "node-2"]).expect("uncordon");
+    crate::common::wait_for(
+        "run 1 to start on both ranks",
+        std::time::Duration::from_secs(180),
+        || {
+            if (0..2).all(|r| flags.join(format!("run1-rank{r}")).exists()) {
+                Ok(())
+            } else {
+                let (_, ev, _) = parts(&home.run(["jobs", "events", "1"]));
+                let log = std::fs::read_to_string(home.path().join("jobs/controller.log"))
+                    .unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(30).collect();
+                let pods = k8s
+                    .kubectl(&["get", "pods,nodes", "-A", "-o", "wide"])
+                    .unwrap_or_else(|e| e);
+                Err(format!(
+                    "events:\n{ev}\ncontroller log (last lines first):\n{}\npods:\n{pods}\nlaunch says: {}",
+                    tail.join("\n"),
+                    launch.stdout_now()
+                ))
+            }
+        },
+    );
+    if kueue {
+        // The first gang's group ended with it (finished, its quota
+        // released: the queue holds one gang) and goes once its pods are
+        // gone; the new gang is a new group, admitted.
+        let now = workloads(k8s);
+        let new: Vec<&(String, String)> =
+            now.iter().filter(|(n, _)| *n != first_group[0].0).collect();
+        assert_eq!(new.len(), 1, "{now:?}");
+        assert_eq!(new[0].1, "True", "{now:?}");
+        wait_workloads(k8s, &[&new[0].0], "the whole-gang recovery");
+    }
+    std::fs::write(flags.join("go"), "").unwrap();
+    let (code, out, err) = parts(&launch.wait());
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    for r in 0..2 {
+        assert!(
+            out.contains(&format!("rank {r} resumed at step 7 in run 1 on ")),
+            "rank {r} did not resume from step 7:\n{out}\n{err}"
+        );
+    }
+    let (_, q, _) = parts(&home.run(["jobs", "queue", "-o", "json"]));
+    let j = crate::common::json_doc(&q)["jobs"][0].clone();
+    assert_eq!(j["state"], "SUCCEEDED", "{j}");
+    assert_eq!(j["nodes_replaced"], 0, "{j}");
+    assert_nothing_left(k8s, "the managed job ended");
+    if kueue {
+        wait_workloads(k8s, &[], "the managed job ended");
+    }
+    assert_no_marker_procs(&home.marker, "the managed job ended");
+}

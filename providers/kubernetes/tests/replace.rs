@@ -83,7 +83,11 @@ async fn a_replacement_pod_prefers_the_survivors_topology_block() {
             .into_iter()
             .map(|n| n.id.0)
             .collect();
-        assert_eq!(now, [survivor.clone()], "round {round}: after remove_nodes");
+        assert_eq!(
+            now,
+            std::slice::from_ref(&survivor),
+            "round {round}: after remove_nodes"
+        );
         let got = p.launch(&req).await.expect("the launch that replaces");
         assert_eq!(got.len(), 2, "round {round}: {got:?}");
         assert!(got.iter().all(|n| n.state == NodeState::Running), "{got:?}");
