@@ -455,50 +455,322 @@ fn a_kubeconfig_alone_offers_its_clusters_only_to_tasks_that_name_k8s() {
     assert!(clouds(&[]).contains("kubernetes"));
 }
 
-#[test]
-fn a_managed_job_survives_kubectl_delete_node_from_its_checkpoint() {
-    let Some(k8s) = start(&gpu_nodes(3, 1)) else {
-        return;
-    };
-    let home = TestHome::new();
-    configure(&home, &k8s, "30s");
-    let flags = home.path().join("flags");
-    std::fs::create_dir_all(&flags).unwrap();
-    // Run 0 checkpoints step 7, each rank says so once a sync that began
-    // after rank 0 wrote it was kept (and which node its pod is on), then
-    // trains on; the test deletes rank 1's node. Run 1 must find step 7
-    // restored in its (new) pods. (Rank 1 alone, timing from its own
-    // start, once saw a sync that began before rank 0's write.)
-    let t = home.file(
+/// A managed gang of 2 one-GPU pods (`recovery`: its `job_recovery`
+/// lines under `resources:`, or none). Setup says which pod it ran on.
+/// Run 0: rank 0 checkpoints step 7; each rank, once a sync that began
+/// after that write was kept, writes `FLAGS/rankR` = "POD NODE" and waits
+/// to be preempted. Run 1 (and later): each rank writes `FLAGS/runN-rankR`
+/// and waits (up to 120 s) for `FLAGS/go`, so the test can look at the
+/// pods while the job still holds them, then says where it resumed.
+fn managed_gang(home: &TestHome, flags: &std::path::Path, recovery: &str) -> String {
+    home.file(
         "managed.yaml",
         &format!(
-            "num_nodes: 2\nresources:\n  infra: k8s/harness\n  accelerators: A100:1\n\
+            "num_nodes: 2\nresources:\n  infra: k8s/harness\n  accelerators: A100:1\n{recovery}\
              checkpoint:\n  sync_interval: 1\nenvs:\n  {}: {}\n  FLAGS: {}\n\
+             setup: echo \"setup ran on $HOSTNAME\"\n\
              run: |\n  ck=\"$GANGWAY_CHECKPOINT_DIR/step\"\n  \
              if [ \"$GANGWAY_RESTART_COUNT\" = 0 ]; then\n    \
              [ \"$NODE_RANK\" = 0 ] && echo 7 > \"$ck\"\n    t=$(date +%s%3N)\n    \
              while [ \"$(cat \"$GANGWAY_CHECKPOINT_DIR/.gangway-synced\" 2>/dev/null || echo 0)\" -lt \"$t\" ]; do sleep 0.05; done\n    \
-             echo \"$HARNESS_NODE_NAME\" > \"$FLAGS/rank$NODE_RANK\"\n    sleep 300\n  fi\n  \
-             echo \"rank $NODE_RANK resumed at step $(cat \"$ck\") in run $GANGWAY_RESTART_COUNT on $HARNESS_NODE_NAME\"\n",
+             echo \"$HOSTNAME $HARNESS_NODE_NAME\" > \"$FLAGS/rank$NODE_RANK\"\n    sleep 300\n  fi\n  \
+             touch \"$FLAGS/run$GANGWAY_RESTART_COUNT-rank$NODE_RANK\"\n  \
+             n=0; while [ ! -e \"$FLAGS/go\" ] && [ $n -lt 1200 ]; do sleep 0.1; n=$((n + 1)); done\n  \
+             echo \"rank $NODE_RANK resumed at step $(cat \"$ck\") in run $GANGWAY_RESTART_COUNT on $HOSTNAME $HARNESS_NODE_NAME\"\n",
             crate::common::MARKER_ENV,
             home.marker,
             flags.display()
         ),
-    );
-    let launch = home.spawn(["jobs", "launch", &t, "-y"]);
+    )
+}
+
+/// Waits until every rank of run 0 has said "POD NODE" in `flags`.
+fn run0_placed(flags: &std::path::Path, launch: &crate::common::Running) -> [(String, String); 2] {
     crate::common::wait_for("run 0 to checkpoint", crate::common::DEADLINE, || {
         std::fs::read_to_string(flags.join("rank0"))
             .and_then(|_| std::fs::read_to_string(flags.join("rank1")))
             .map_err(|e| format!("{e}; launch says: {}", launch.stdout_now()))
     });
-    let lost = std::fs::read_to_string(flags.join("rank1"))
-        .unwrap()
-        .trim()
-        .to_string();
-    k8s.kubectl(&["delete", "node", &lost])
+    [0, 1].map(|r| {
+        let s = std::fs::read_to_string(flags.join(format!("rank{r}"))).unwrap();
+        let (pod, node) = s.trim().split_once(' ').expect("POD NODE");
+        (pod.to_string(), node.to_string())
+    })
+}
+
+/// Waits until both ranks of run `run` have started.
+fn run_started(flags: &std::path::Path, run: u32, launch: &crate::common::Running) {
+    crate::common::wait_for(
+        &format!("run {run} to start on both ranks"),
+        std::time::Duration::from_secs(180),
+        || {
+            if (0..2).all(|r| flags.join(format!("run{run}-rank{r}")).exists()) {
+                Ok(())
+            } else {
+                Err(format!("launch says: {}", launch.stdout_now()))
+            }
+        },
+    );
+}
+
+/// The pods with label `cluster_label` (as kubectl's JSON items).
+fn pods_now(k8s: &K8sHarness, cluster_label: &str) -> Vec<serde_json::Value> {
+    let out = k8s
+        .kubectl(&["get", "pods", "-l", cluster_label, "-o", "json"])
+        .expect("kubectl get pods");
+    let doc: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    doc["items"].as_array().cloned().unwrap_or_default()
+}
+
+/// The pod named `name` among `pods`.
+fn pod_named<'a>(pods: &'a [serde_json::Value], name: &str) -> Option<&'a serde_json::Value> {
+    pods.iter().find(|p| p["metadata"]["name"] == name)
+}
+
+/// What a replaced gang must show once it finished: both ranks resumed at
+/// step 7 in run 1, rank 0 on the survivor pod, rank 1 on `new` (not the
+/// lost pod); setup ran on the two first pods and then only on `new`, the
+/// survivor kept its; the events name the replaced rank and the lost pod;
+/// one preemption, one node replaced; nothing of the job is left.
+fn assert_replaced_only(
+    home: &TestHome,
+    k8s: &K8sHarness,
+    out: &str,
+    survivor: &str,
+    lost: &str,
+    new: &str,
+) {
+    for (r, pod) in [(0, survivor), (1, new)] {
+        let want = format!("rank {r} resumed at step 7 in run 1 on {pod} ");
+        assert!(out.contains(&want), "no '{want}' in:\n{out}");
+    }
+    let (_, log, _) = parts(&home.run(["jobs", "logs", "1"]));
+    assert_eq!(log.matches("setup ran on ").count(), 3, "{log}");
+    assert_eq!(
+        log.matches(&format!("setup ran on {new}")).count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(
+        log.matches(&format!("setup ran on {survivor}")).count(),
+        1,
+        "setup ran again on the survivor:\n{log}"
+    );
+    assert_eq!(log.matches("setup kept on rank").count(), 1, "{log}");
+    let (_, ev, _) = parts(&home.run(["jobs", "events", "1"]));
+    assert!(
+        ev.contains("replaced rank 1") && ev.contains(lost) && ev.contains(new),
+        "the replacement does not name rank 1, {lost} and {new}:\n{ev}"
+    );
+    assert!(!ev.contains("whole-gang recovery"), "{ev}");
+    let (_, q, _) = parts(&home.run(["jobs", "queue", "-o", "json"]));
+    let j = crate::common::json_doc(&q)["jobs"][0].clone();
+    assert_eq!(j["state"], "SUCCEEDED", "{j}");
+    assert_eq!(j["preemptions"], 1, "{j}");
+    assert_eq!(j["nodes_replaced"], 1, "{j}");
+    assert_nothing_left(k8s, "the managed job ended");
+    assert_no_marker_procs(&home.marker, "the managed job ended");
+}
+
+/// `kubectl delete node` under one rank of a managed gang, no notice: the
+/// default recovery removes that rank's pod and makes one new pod beside
+/// the survivor, whose pod (same name and UID), node and setup stay; the
+/// job resumes from the kept checkpoint on both.
+#[test]
+fn a_managed_gang_that_loses_one_pods_node_replaces_only_it() {
+    let Some(k8s) = start(&gpu_nodes(3, 1)) else {
+        return;
+    };
+    let home = TestHome::new();
+    configure(&home, &k8s, "60s");
+    let flags = home.path().join("flags");
+    std::fs::create_dir_all(&flags).unwrap();
+    let t = managed_gang(&home, &flags, "");
+    let launch = home.spawn(["jobs", "launch", &t, "-y"]);
+    let [(survivor, _), (lost, lost_node)] = run0_placed(&flags, &launch);
+    let label = "gangway-cluster";
+    let before = pods_now(&k8s, label);
+    assert_eq!(before.len(), 2, "{before:?}");
+    let uid = pod_named(&before, &survivor).expect("the survivor")["metadata"]["uid"].clone();
+    k8s.kubectl(&["delete", "node", &lost_node])
         .expect("kubectl delete node");
-    let o = launch.wait();
-    let (code, out, err) = parts(&o);
+    run_started(&flags, 1, &launch);
+    let now = pods_now(&k8s, label);
+    let kept = pod_named(&now, &survivor)
+        .unwrap_or_else(|| panic!("the survivor {survivor} is gone: {now:?}"));
+    assert_eq!(kept["metadata"]["uid"], uid, "the survivor was made again");
+    assert_eq!(kept["status"]["phase"], "Running", "{kept}");
+    assert_eq!(now.len(), 2, "{now:?}");
+    let new = now
+        .iter()
+        .find(|p| p["metadata"]["name"] != survivor.as_str())
+        .expect("the replacement");
+    let new_name = new["metadata"]["name"].as_str().unwrap().to_string();
+    assert_ne!(new_name, lost, "the lost pod's name was reused");
+    assert_ne!(new["spec"]["nodeName"], lost_node.as_str(), "{new}");
+    std::fs::write(flags.join("go"), "").unwrap();
+    let (code, out, err) = parts(&launch.wait());
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let (_, ev, _) = parts(&home.run(["jobs", "events", "1"]));
+    assert!(
+        ev.contains(&format!("node {lost_node} is gone")),
+        "the reason is not the node: {ev}"
+    );
+    assert_replaced_only(&home, &k8s, &out, &survivor, &lost, &new_name);
+}
+
+/// A managed gang whose rank-1 node is tainted as leaving (Karpenter's
+/// `karpenter.sh/disruption`, what the transport reads as a notice): the
+/// run is told (SIGTERM), rank 0 checkpoints the step it reached, only the
+/// tainted node's pod is replaced (on the third node: the taint keeps new
+/// pods off it), the node is then deleted, and both ranks resume at the
+/// noticed step and finish.
+#[test]
+fn a_managed_gang_told_of_one_nodes_disruption_replaces_its_pod_and_loses_no_step() {
+    let Some(k8s) = start(&gpu_nodes(3, 1)) else {
+        return;
+    };
+    let home = TestHome::new();
+    configure(&home, &k8s, "60s");
+    let dir = home.path().join("progress");
+    std::fs::create_dir_all(&dir).unwrap();
+    let t = home.file(
+        "trainer.yaml",
+        &format!(
+            "num_nodes: 2\nresources:\n  infra: k8s/harness\n  accelerators: A100:1\n\
+             envs:\n  {}: {}\n  TOTAL_STEPS: 40\n\
+             checkpoint:\n  sync_interval: 1\n  signal: SIGTERM\n  grace_period: 30\n\
+             setup: echo \"setup ran on $HOSTNAME\"\n\
+             run: |\n  ck=\"$GANGWAY_CHECKPOINT_DIR/step\"\n  step=0\n  \
+             [ -f \"$ck\" ] && step=$(cat \"$ck\")\n  \
+             echo \"rank $GANGWAY_NODE_RANK run $GANGWAY_RESTART_COUNT resumes at step $step on $HOSTNAME\"\n  \
+             echo \"$HOSTNAME $HARNESS_NODE_NAME\" > {dir}/rank$GANGWAY_NODE_RANK-run$GANGWAY_RESTART_COUNT\n  \
+             on_notice() {{\n    \
+               [ \"$GANGWAY_NODE_RANK\" = 0 ] && echo \"$step\" > \"$ck.tmp\" && mv \"$ck.tmp\" \"$ck\"\n    \
+               echo \"rank $GANGWAY_NODE_RANK checkpointed step $step on the notice\"\n    \
+               exit 0\n  \
+             }}\n  \
+             trap on_notice TERM\n  \
+             while [ \"$step\" -lt \"$TOTAL_STEPS\" ]; do\n    \
+               sleep 0.2\n    step=$((step + 1))\n    \
+               [ \"$GANGWAY_NODE_RANK\" = 0 ] && touch {dir}/run$GANGWAY_RESTART_COUNT-step$step\n  \
+             done\n  \
+             echo \"rank $GANGWAY_NODE_RANK done at step $step\"\n",
+            crate::common::MARKER_ENV,
+            home.marker,
+            dir = dir.display()
+        ),
+    );
+    let launch = home.spawn(["jobs", "launch", &t, "-y"]);
+    crate::common::wait_for("run 0 to reach step 5", crate::common::DEADLINE, || {
+        if dir.join("run0-step5").exists()
+            && dir.join("rank1-run0").exists()
+            && dir.join("rank0-run0").exists()
+        {
+            Ok(())
+        } else {
+            Err(format!("launch says: {}", launch.stdout_now()))
+        }
+    });
+    let placed = |r: u32| {
+        let s = std::fs::read_to_string(dir.join(format!("rank{r}-run0"))).unwrap();
+        let (pod, node) = s.trim().split_once(' ').expect("POD NODE");
+        (pod.to_string(), node.to_string())
+    };
+    let ((survivor, _), (lost, lost_node)) = (placed(0), placed(1));
+    k8s.kubectl(&[
+        "taint",
+        "nodes",
+        &lost_node,
+        "karpenter.sh/disruption=disrupting:NoSchedule",
+    ])
+    .expect("kubectl taint");
+    // The reclaim completes once gangway has let the pod go.
+    crate::common::wait_for(
+        "the noticed pod to be removed",
+        std::time::Duration::from_secs(120),
+        || {
+            if pod_named(&pods_now(&k8s, "gangway-cluster"), &lost).is_none() {
+                Ok(())
+            } else {
+                Err(format!("launch says: {}", launch.stdout_now()))
+            }
+        },
+    );
+    k8s.kubectl(&["delete", "node", &lost_node])
+        .expect("kubectl delete node");
+    let (code, out, err) = parts(&launch.wait());
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let noticed: u32 = out
+        .lines()
+        .find_map(|l| {
+            l.split("rank 0 checkpointed step ")
+                .nth(1)
+                .and_then(|r| r.split(' ').next())
+                .and_then(|s| s.parse().ok())
+        })
+        .unwrap_or_else(|| panic!("no checkpoint on the notice:\n{out}\n{err}"));
+    assert!(noticed >= 5, "{out}");
+    let new = std::fs::read_to_string(dir.join("rank1-run1"))
+        .expect("rank 1 of run 1")
+        .trim()
+        .split_once(' ')
+        .map(|(p, n)| (p.to_string(), n.to_string()))
+        .expect("POD NODE");
+    assert_ne!(new.0, lost, "the noticed pod's name was reused");
+    assert_ne!(new.1, lost_node, "the replacement went to the tainted node");
+    for (r, pod) in [(0, survivor.as_str()), (1, new.0.as_str())] {
+        let want = format!("rank {r} run 1 resumes at step {noticed} on {pod}");
+        assert!(out.contains(&want), "no '{want}' in:\n{out}");
+        assert!(out.contains(&format!("rank {r} done at step 40")), "{out}");
+    }
+    let (_, log, _) = parts(&home.run(["jobs", "logs", "1"]));
+    assert_eq!(log.matches("setup ran on ").count(), 3, "{log}");
+    assert_eq!(
+        log.matches(&format!("setup ran on {}", new.0)).count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(log.matches("setup kept on rank").count(), 1, "{log}");
+    let (_, ev, _) = parts(&home.run(["jobs", "events", "1"]));
+    assert!(
+        ev.contains("karpenter.sh/disruption") && ev.contains("replaced rank 1"),
+        "the notice or the replacement is not in the events:\n{ev}"
+    );
+    assert!(!ev.contains("whole-gang recovery"), "{ev}");
+    let (_, q, _) = parts(&home.run(["jobs", "queue", "-o", "json"]));
+    let j = crate::common::json_doc(&q)["jobs"][0].clone();
+    assert_eq!(j["state"], "SUCCEEDED", "{j}");
+    assert_eq!(j["preemptions"], 1, "{j}");
+    assert_eq!(j["nodes_replaced"], 1, "{j}");
+    assert_nothing_left(&k8s, "the managed job ended");
+    assert_no_marker_procs(&home.marker, "the managed job ended");
+}
+
+/// With `job_recovery: EAGER_NEXT_REGION` the same loss recovers the gang
+/// whole: both pods are made again (the survivor's too), and run 1 finds
+/// step 7 restored in both.
+#[test]
+fn a_whole_gang_strategy_recovers_a_managed_job_from_its_checkpoint_after_kubectl_delete_node() {
+    let Some(k8s) = start(&gpu_nodes(3, 1)) else {
+        return;
+    };
+    let home = TestHome::new();
+    configure(&home, &k8s, "60s");
+    let flags = home.path().join("flags");
+    std::fs::create_dir_all(&flags).unwrap();
+    let t = managed_gang(
+        &home,
+        &flags,
+        "  job_recovery:\n    strategy: EAGER_NEXT_REGION\n",
+    );
+    let launch = home.spawn(["jobs", "launch", &t, "-y"]);
+    let [_, (_, lost_node)] = run0_placed(&flags, &launch);
+    k8s.kubectl(&["delete", "node", &lost_node])
+        .expect("kubectl delete node");
+    run_started(&flags, 1, &launch);
+    std::fs::write(flags.join("go"), "").unwrap();
+    let (code, out, err) = parts(&launch.wait());
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     for r in 0..2 {
         let line = out
@@ -506,19 +778,25 @@ fn a_managed_job_survives_kubectl_delete_node_from_its_checkpoint() {
             .find(|l| l.contains(&format!("rank {r} resumed at step 7 in run 1")))
             .unwrap_or_else(|| panic!("rank {r} did not resume from step 7:\n{out}\n{err}"));
         assert!(
-            !line.ends_with(&format!(" on {lost}")),
+            !line.ends_with(&format!(" {lost_node}")),
             "rank {r} ran again on the deleted node: {line}"
         );
     }
+    // Both pods made again: setup ran on 4 pods, none kept it.
+    let (_, log, _) = parts(&home.run(["jobs", "logs", "1"]));
+    assert_eq!(log.matches("setup ran on ").count(), 4, "{log}");
+    assert_eq!(log.matches("setup kept on rank").count(), 0, "{log}");
     let (_, q, _) = parts(&home.run(["jobs", "queue", "-o", "json"]));
     let j = crate::common::json_doc(&q)["jobs"][0].clone();
     assert_eq!(j["state"], "SUCCEEDED", "{j}");
     assert_eq!(j["preemptions"], 1, "a deleted node is a preemption: {j}");
+    assert_eq!(j["nodes_replaced"], 0, "{j}");
     let (_, ev, _) = parts(&home.run(["jobs", "events", "1"]));
     assert!(
-        ev.contains(&format!("node {lost} is gone")),
+        ev.contains(&format!("node {lost_node} is gone")),
         "the reason is not the node: {ev}"
     );
+    assert!(!ev.contains("replaced rank"), "{ev}");
     assert_nothing_left(&k8s, "the managed job ended");
     assert_no_marker_procs(&home.marker, "the managed job ended");
 }
@@ -963,4 +1241,326 @@ fn kueue_topology_puts_a_gang_in_one_block() {
     assert_eq!(code, 0, "down:\n{out}\n{err}");
     assert_nothing_left(&k8s, "down");
     wait_workloads(&k8s, &[], "down");
+}
+
+/// The name and UID of each of Kueue's Workloads in namespace default.
+fn workload_uids(k8s: &K8sHarness) -> Vec<(String, String)> {
+    let out = k8s
+        .kubectl(&["get", "workloads.kueue.x-k8s.io", "-o", "json"])
+        .expect("kubectl get workloads");
+    let doc: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    doc["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|w| {
+            (
+                w["metadata"]["name"].as_str().unwrap_or("").to_string(),
+                w["metadata"]["uid"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+/// A managed gang under a LocalQueue whose quota is exactly the gang's 2
+/// GPUs loses one pod's node: the replacement joins the gang's admitted
+/// pod group (the same Workload, still admitted: a new group would need
+/// quota the old one holds), Kueue lifts its gate, the survivor stays,
+/// and when the job ends its pods and Workload go.
+#[test]
+fn kueue_replaces_a_lost_pod_inside_the_gangs_admitted_group() {
+    let Some(k8s) = start_with_kueue(&gpu_nodes(3, 1)) else {
+        return;
+    };
+    kueue_queues(&k8s, "default-flavor", "", 2);
+    let home = TestHome::new();
+    configure(&home, &k8s, "60s");
+    let flags = home.path().join("flags");
+    std::fs::create_dir_all(&flags).unwrap();
+    let t = managed_gang(&home, &flags, "");
+    let launch = home.spawn(["jobs", "launch", &t, "-y"]);
+    let [(survivor, _), (lost, lost_node)] = run0_placed(&flags, &launch);
+    let label = "gangway-cluster";
+    let before = pods_now(&k8s, label);
+    assert_eq!(before.len(), 2, "{before:?}");
+    let group = before[0]["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no pod group: {before:?}"))
+        .to_string();
+    let wl = workload_uids(&k8s);
+    assert_eq!(wl.len(), 1, "{wl:?}");
+    assert_eq!(wl[0].0, group);
+    assert_eq!(workloads(&k8s), [(group.clone(), "True".to_string())]);
+    let uid = pod_named(&before, &survivor).expect("the survivor")["metadata"]["uid"].clone();
+    let lost_at = std::time::Instant::now();
+    k8s.kubectl(&["delete", "node", &lost_node])
+        .expect("kubectl delete node");
+    run_started(&flags, 1, &launch);
+    eprintln!(
+        "kueue: run 1 started on both ranks {:.1} s after the node's deletion",
+        lost_at.elapsed().as_secs_f64()
+    );
+    let now = pods_now(&k8s, label);
+    assert_eq!(now.len(), 2, "{now:?}");
+    let kept = pod_named(&now, &survivor)
+        .unwrap_or_else(|| panic!("the survivor {survivor} is gone: {now:?}"));
+    assert_eq!(kept["metadata"]["uid"], uid, "the survivor was made again");
+    let new = now
+        .iter()
+        .find(|p| p["metadata"]["name"] != survivor.as_str())
+        .expect("the replacement");
+    let new_name = new["metadata"]["name"].as_str().unwrap().to_string();
+    assert_ne!(new_name, lost);
+    assert_eq!(
+        new["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"],
+        group.as_str(),
+        "the replacement is not in the gang's group: {new}"
+    );
+    assert_eq!(new["status"]["phase"], "Running", "{new}");
+    assert!(
+        !new["spec"]["schedulingGates"]
+            .to_string()
+            .contains("kueue.x-k8s.io/admission"),
+        "still gated: {new}"
+    );
+    assert_eq!(
+        workload_uids(&k8s),
+        wl,
+        "the gang's Workload was not kept through the replacement"
+    );
+    assert_eq!(workloads(&k8s), [(group.clone(), "True".to_string())]);
+    std::fs::write(flags.join("go"), "").unwrap();
+    let (code, out, err) = parts(&launch.wait());
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let (_, ev, _) = parts(&home.run(["jobs", "events", "1"]));
+    for l in ev.lines().filter(|l| l.contains("replaced rank")) {
+        eprintln!("kueue: {l}");
+    }
+    assert_replaced_only(&home, &k8s, &out, &survivor, &lost, &new_name);
+    wait_workloads(&k8s, &[], "the managed job ended");
+}
+
+/// Kueue's topology-aware scheduling and a lost pod: a gang of 2 one-GPU
+/// pods required in one block lands in b2 (b1 has one GPU); its rank-1
+/// node is deleted; the replacement joins the admitted group and Kueue
+/// places it in b2 again (its third node), never in b1's empty node.
+#[test]
+fn kueue_topology_replaces_a_lost_pod_in_the_gangs_block() {
+    let layout = [
+        ("node-a", "b1", "1"),
+        ("node-b", "b2", "1"),
+        ("node-c", "b2", "1"),
+        ("node-d", "b2", "1"),
+    ];
+    let nodes: Vec<NodeSpec> = layout
+        .iter()
+        .map(|(n, b, g)| {
+            NodeSpec::new(n)
+                .label("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-40GB")
+                .label("cloud.google.com/gce-topology-block", b)
+                .capacity("cpu", "8")
+                .capacity("memory", "32Gi")
+                .capacity("nvidia.com/gpu", g)
+        })
+        .collect();
+    let Some(k8s) = start_with_kueue(&nodes) else {
+        return;
+    };
+    k8s.kubectl_stdin(
+        &["apply", "-f", "-"],
+        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: Topology\nmetadata:\n  name: blocks\nspec:\n  levels:\n\
+         \x20 - nodeLabel: cloud.google.com/gce-topology-block\n  - nodeLabel: kubernetes.io/hostname\n",
+    )
+    .expect("Topology");
+    kueue_queues(
+        &k8s,
+        "tas-flavor",
+        "nodeLabels: {nvidia.com/gpu.product: NVIDIA-A100-SXM4-40GB}, topologyName: blocks",
+        4,
+    );
+    let home = TestHome::new();
+    home.file(
+        "kubernetes.yaml",
+        &format!(
+            "kubeconfig: {}\nimage: ignored-by-the-harness\nlaunch_timeout: 90s\nqueue: lq\n\
+             topology: cloud.google.com/gce-topology-block\n",
+            k8s.kubeconfig().display()
+        ),
+    );
+    let flags = home.path().join("flags");
+    std::fs::create_dir_all(&flags).unwrap();
+    let t = managed_gang(&home, &flags, "");
+    let launch = home.spawn(["jobs", "launch", &t, "-y"]);
+    let [(survivor, survivor_node), (lost, lost_node)] = run0_placed(&flags, &launch);
+    for n in [&survivor_node, &lost_node] {
+        assert_ne!(n.as_str(), "node-a", "the gang is not in block b2");
+    }
+    let lost_at = std::time::Instant::now();
+    k8s.kubectl(&["delete", "node", &lost_node])
+        .expect("kubectl delete node");
+    run_started(&flags, 1, &launch);
+    eprintln!(
+        "kueue tas: run 1 started on both ranks {:.1} s after the node's deletion",
+        lost_at.elapsed().as_secs_f64()
+    );
+    let now = pods_now(&k8s, "gangway-cluster");
+    assert_eq!(now.len(), 2, "{now:?}");
+    let new = now
+        .iter()
+        .find(|p| p["metadata"]["name"] != survivor.as_str())
+        .expect("the replacement");
+    let on = new["spec"]["nodeName"].as_str().unwrap_or("");
+    assert!(
+        on != "node-a" && on != lost_node && on != survivor_node,
+        "the replacement is on {on}, not b2's third node: {new}"
+    );
+    // Kueue moved the lost pod's slot of the topology assignment to a free
+    // node of the block and pinned the replacement there.
+    assert_eq!(
+        new["spec"]["nodeSelector"]["kubernetes.io/hostname"], on,
+        "the replacement is not pinned by Kueue's topology assignment: {new}"
+    );
+    let wl = k8s
+        .kubectl(&["get", "workloads.kueue.x-k8s.io", "-o", "json"])
+        .expect("workloads");
+    let wl: serde_json::Value = serde_json::from_str(&wl).expect("JSON");
+    eprintln!(
+        "kueue tas: survivor on {survivor_node}, lost {lost_node}, replacement on {on} \
+         (node selector {}); the Workload's topology assignment now: {}",
+        new["spec"]["nodeSelector"],
+        wl["items"][0]["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"]
+    );
+    std::fs::write(flags.join("go"), "").unwrap();
+    let (code, out, err) = parts(&launch.wait());
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let new_name = new["metadata"]["name"].as_str().unwrap().to_string();
+    assert_replaced_only(&home, &k8s, &out, &survivor, &lost, &new_name);
+    wait_workloads(&k8s, &[], "the managed job ended");
+}
+
+/// A replacement that cannot come up: a gang of 2 loses one node and its
+/// new pod has nowhere to run (the third node cordoned). After
+/// `launch_timeout` only the new pod is deleted (the survivor is left
+/// running), the controller recovers the gang whole and says why; with
+/// the third node uncordoned the whole gang runs again from the kept
+/// checkpoint.
+#[test]
+fn a_replacement_that_cannot_run_deletes_only_its_pod_and_the_gang_is_recovered_whole() {
+    let Some(k8s) = start(&gpu_nodes(3, 1)) else {
+        return;
+    };
+    replacement_cannot_run(&k8s, false);
+}
+
+/// The same under a LocalQueue whose quota is the gang's 2 GPUs: the
+/// replacement is admitted into the group but cannot run; the whole-gang
+/// teardown ends the group (its Workload goes and frees the quota), and
+/// the new gang is admitted as a new group.
+#[test]
+fn kueue_a_replacement_that_cannot_run_ends_in_a_new_group_for_the_whole_gang() {
+    let Some(k8s) = start_with_kueue(&gpu_nodes(3, 1)) else {
+        return;
+    };
+    kueue_queues(&k8s, "default-flavor", "", 2);
+    replacement_cannot_run(&k8s, true);
+}
+
+fn replacement_cannot_run(k8s: &K8sHarness, kueue: bool) {
+    let home = TestHome::new();
+    // node-2 is held back (cordoned) until the replacement gave up; the
+    // timeout leaves the whole-gang relaunch time to find it uncordoned.
+    k8s.kubectl(&["cordon", "node-2"]).expect("cordon");
+    configure(&home, k8s, "20s");
+    let flags = home.path().join("flags");
+    std::fs::create_dir_all(&flags).unwrap();
+    let t = managed_gang(&home, &flags, "");
+    let launch = home.spawn(["jobs", "launch", &t, "-y"]);
+    let [(survivor, _), (_, lost_node)] = run0_placed(&flags, &launch);
+    let first_group = if kueue { workloads(k8s) } else { Vec::new() };
+    assert_eq!(first_group.len(), usize::from(kueue), "{first_group:?}");
+    k8s.kubectl(&["delete", "node", &lost_node])
+        .expect("kubectl delete node");
+    // Until the fallback is recorded the survivor runs (its pods read
+    // before the events: a teardown after the event is no failure).
+    let mut saw_new = false;
+    let ev = crate::common::wait_for(
+        "the replacement to give up",
+        std::time::Duration::from_secs(120),
+        || {
+            let pods = pods_now(k8s, "gangway-cluster");
+            let (_, ev, _) = parts(&home.run(["jobs", "events", "1"]));
+            if ev.contains("whole-gang recovery") {
+                return Ok(ev);
+            }
+            assert!(
+                pod_named(&pods, &survivor).is_some(),
+                "the survivor {survivor} went before the fallback: {pods:?}\n{ev}"
+            );
+            saw_new |= pods.len() == 2;
+            Err(format!(
+                "events:\n{ev}\nlaunch says: {}",
+                launch.stdout_now()
+            ))
+        },
+    );
+    assert!(saw_new, "no replacement pod was ever made");
+    assert!(
+        ev.contains("whole-gang recovery: replacing rank(s) failed")
+            && ev.contains("out of capacity")
+            && ev.contains("the 1 new pod(s) deleted, the 1 kept left running")
+            && ev.contains("after 20 s"),
+        "the fallback does not say the replacement failed and what it deleted:\n{ev}"
+    );
+    k8s.kubectl(&["uncordon", "node-2"]).expect("uncordon");
+    crate::common::wait_for(
+        "run 1 to start on both ranks",
+        std::time::Duration::from_secs(180),
+        || {
+            if (0..2).all(|r| flags.join(format!("run1-rank{r}")).exists()) {
+                Ok(())
+            } else {
+                let (_, ev, _) = parts(&home.run(["jobs", "events", "1"]));
+                let log = std::fs::read_to_string(home.path().join("jobs/controller.log"))
+                    .unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(30).collect();
+                let pods = k8s
+                    .kubectl(&["get", "pods,nodes", "-A", "-o", "wide"])
+                    .unwrap_or_else(|e| e);
+                Err(format!(
+                    "events:\n{ev}\ncontroller log (last lines first):\n{}\npods:\n{pods}\nlaunch says: {}",
+                    tail.join("\n"),
+                    launch.stdout_now()
+                ))
+            }
+        },
+    );
+    if kueue {
+        // The first gang's group ended with it (finished, its quota
+        // released: the queue holds one gang) and goes once its pods are
+        // gone; the new gang is a new group, admitted.
+        let now = workloads(k8s);
+        let new: Vec<&(String, String)> =
+            now.iter().filter(|(n, _)| *n != first_group[0].0).collect();
+        assert_eq!(new.len(), 1, "{now:?}");
+        assert_eq!(new[0].1, "True", "{now:?}");
+        wait_workloads(k8s, &[&new[0].0], "the whole-gang recovery");
+    }
+    std::fs::write(flags.join("go"), "").unwrap();
+    let (code, out, err) = parts(&launch.wait());
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    for r in 0..2 {
+        assert!(
+            out.contains(&format!("rank {r} resumed at step 7 in run 1 on ")),
+            "rank {r} did not resume from step 7:\n{out}\n{err}"
+        );
+    }
+    let (_, q, _) = parts(&home.run(["jobs", "queue", "-o", "json"]));
+    let j = crate::common::json_doc(&q)["jobs"][0].clone();
+    assert_eq!(j["state"], "SUCCEEDED", "{j}");
+    assert_eq!(j["nodes_replaced"], 0, "{j}");
+    assert_nothing_left(k8s, "the managed job ended");
+    if kueue {
+        wait_workloads(k8s, &[], "the managed job ended");
+    }
+    assert_no_marker_procs(&home.marker, "the managed job ended");
 }

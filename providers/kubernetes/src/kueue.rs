@@ -7,8 +7,17 @@
 //! (the gates lifted on every pod at once) only when the ClusterQueue's
 //! quota holds the whole group. A gang Kueue does not admit within the
 //! launch timeout is deleted and reported as [`ErrorKind::Capacity`] with
-//! the Workload's own words. Kueue's finalizer on the pods is its own to
-//! lift once a pod has ended; deletion waits for it like for any pod.
+//! the Workload's own words.
+//!
+//! A group stays retriable while it runs: a pod of it that is lost (its
+//! node gone, or reclaimed) is removed by gangway, Kueue's finalizer
+//! lifted with it, and a replacement pod created with the same group
+//! label, total and spec joins the admitted Workload, which keeps its
+//! quota meanwhile; Kueue lifts the new pod's gate as it did the others'.
+//! A group that ends as a whole (`down`, a failed launch) is first marked
+//! `retriable-in-group: "false"` on every pod (Kueue's documented way to
+//! end a pod group): Kueue then finishes the Workload, lifts its
+//! finalizers once the pods have ended, and releases the quota.
 
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::core::GroupVersionKind;
@@ -26,9 +35,13 @@ pub const TOTAL_ANNOTATION: &str = "kueue.x-k8s.io/pod-group-total-count";
 /// `"false"`: Kueue does not wait for replacements of the group's failed
 /// pods. Without it a gang whose pods were deleted (`down`, a failed
 /// launch) leaves them held by Kueue's finalizer and its Workload holding
-/// quota until as many new pods join the group; gangway never replaces a
-/// pod inside a group (a relaunch makes a new group).
+/// quota until as many new pods join the group. Set on every pod of a
+/// group just before the group is deleted as a whole, never at creation:
+/// a running group must take a replacement for a lost pod (Kueue refuses
+/// to make an unretriable group retriable again).
 pub const RETRIABLE_ANNOTATION: &str = "kueue.x-k8s.io/retriable-in-group";
+/// The finalizer Kueue's webhook puts on each pod it manages.
+pub const FINALIZER: &str = "kueue.x-k8s.io/managed";
 /// Topology-aware scheduling: every pod in one domain of this level.
 pub const REQUIRED_TOPOLOGY: &str = "kueue.x-k8s.io/podset-required-topology";
 /// Topology-aware scheduling: as few domains of this level as can be.
@@ -59,7 +72,6 @@ impl Group {
         labels.insert(QUEUE_LABEL.into(), self.queue.clone());
         labels.insert(GROUP_LABEL.into(), self.name.clone());
         annotations.insert(TOTAL_ANNOTATION.into(), self.total.to_string());
-        annotations.insert(RETRIABLE_ANNOTATION.into(), "false".into());
         match &self.topology {
             Some(Topology::Required(level)) => {
                 annotations.insert(REQUIRED_TOPOLOGY.into(), level.clone());
@@ -146,6 +158,32 @@ pub async fn queue(
     }
 }
 
+/// The pod group a pod belongs to, if any.
+pub fn group_of(pod: &core::Pod) -> Option<&str> {
+    pod.metadata
+        .labels
+        .as_ref()?
+        .get(GROUP_LABEL)
+        .map(String::as_str)
+}
+
+/// Whether the pod is already marked as not to be replaced in its group.
+pub fn unretriable(pod: &core::Pod) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(RETRIABLE_ANNOTATION))
+        .is_some_and(|v| v == "false")
+}
+
+/// Whether Kueue's finalizer still holds the pod.
+pub fn finalized(pod: &core::Pod) -> bool {
+    pod.metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|f| f == FINALIZER))
+}
+
 /// Whether Kueue still holds the pod back.
 pub fn gated(pod: &core::Pod) -> bool {
     pod.spec
@@ -205,7 +243,8 @@ mod tests {
         assert_eq!(l[QUEUE_LABEL], "lq");
         assert_eq!(l[GROUP_LABEL], "gw-train-3f2a9c1d-00beef");
         assert_eq!(a[TOTAL_ANNOTATION], "4");
-        assert_eq!(a[RETRIABLE_ANNOTATION], "false");
+        // A running group takes replacements; it is ended explicitly.
+        assert!(!a.contains_key(RETRIABLE_ANNOTATION));
         assert_eq!(a[REQUIRED_TOPOLOGY], "t/block");
         assert!(!a.contains_key(PREFERRED_TOPOLOGY));
         g.topology = Some(Topology::Preferred("t/block".into()));

@@ -18,6 +18,12 @@
 //! namespace has a Kueue LocalQueue the gang is one Kueue pod group,
 //! admitted whole or not at all ([`kueue`]).
 //!
+//! A gang that lost pods keeps the others: `remove_nodes` deletes only
+//! the lost pods, and the launch that follows creates only the shortfall
+//! under unused names, preferring the survivors' topology domain, or, under
+//! Kueue, as new members of the gang's admitted pod group. Such a launch
+//! that fails deletes only the pods it created.
+//!
 //! Commands reach pods through the API's `pods/exec` (the transport), so
 //! any image with a shell works: no SSH, no privileges, no secret in the
 //! pod spec. Pods cannot be stopped: `stop` refuses.
@@ -42,7 +48,7 @@ use gangway_provider::{
 };
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use config::Config;
@@ -65,6 +71,8 @@ pub mod labels {
     pub const USER_NAME: &str = "gangway.dev/user";
     /// The catalog's instance type the pod was made for.
     pub const INSTANCE_TYPE: &str = "gangway.dev/instance-type";
+    /// The number the gang's next new pod takes (`PREFIX-N`).
+    pub const NEXT_INDEX: &str = "gangway.dev/next-index";
 }
 
 /// Facts on every node (read by the transport).
@@ -428,7 +436,11 @@ fn is_spot(n: &core::Node) -> bool {
 
 /// What a pod's state means to gangway: `node` is the Kubernetes node it
 /// is bound to (`None` when that node is gone), `tolerance` how long the
-/// node may be NotReady.
+/// node may be NotReady. A pod on a node tainted as leaving still runs:
+/// the taint is its notice ([`leaving`], read by the transport), which
+/// gives the run its `checkpoint.signal` first; were it a loss here, the
+/// managed-job controller could see it before the notice and recover
+/// from the last kept checkpoint instead.
 pub fn pod_state(
     pod: &core::Pod,
     node: Option<Option<&core::Node>>,
@@ -474,19 +486,6 @@ pub fn pod_state(
         },
         Some(Some(n)) => {
             let spot = if is_spot(n) { "spot " } else { "" };
-            if let Some(t) = n
-                .spec
-                .as_ref()
-                .and_then(|s| s.taints.as_ref())
-                .and_then(|ts| ts.iter().find(|t| LEAVING_TAINTS.contains(&t.key.as_str())))
-            {
-                return NodeState::Preempted {
-                    reason: format!(
-                        "pod {name}'s {spot}node {node_name} is being reclaimed (taint {})",
-                        t.key
-                    ),
-                };
-            }
             match ready_condition(n) {
                 Some(c) if c.status != "True" => {
                     let since = c.last_transition_time.as_ref().map(|t| t.0);
@@ -510,6 +509,26 @@ pub fn pod_state(
             }
         }
     }
+}
+
+/// The notice of a pod whose node is tainted as about to go away
+/// ([`LEAVING_TAINTS`]: GKE's spot termination, Karpenter's disruption).
+pub fn leaving(pod: &core::Pod, node: Option<&core::Node>) -> Option<String> {
+    let n = node?;
+    let t = n
+        .spec
+        .as_ref()?
+        .taints
+        .as_ref()?
+        .iter()
+        .find(|t| LEAVING_TAINTS.contains(&t.key.as_str()))?;
+    let name = pod.metadata.name.as_deref().unwrap_or("?");
+    let node_name = n.metadata.name.as_deref().unwrap_or("?");
+    let spot = if is_spot(n) { "spot " } else { "" };
+    Some(format!(
+        "pod {name}'s {spot}node {node_name} is being reclaimed (taint {})",
+        t.key
+    ))
 }
 
 /// The scheduler's words for a pod that is not scheduled, if any.
@@ -654,8 +673,20 @@ impl Inner {
             .items)
     }
 
-    /// Deletes `pods` and waits (up to 2 minutes) until none of them is
-    /// left; `now`: no grace period.
+    /// Deletes the pods of `selector` (`only`: those of these names) and
+    /// waits (up to 2 minutes) until none of them is left; `now`: no grace
+    /// period.
+    ///
+    /// `whole`: they are the whole gang. A Kueue pod group among them is
+    /// ended first: every pod of it is marked `retriable-in-group: "false"`
+    /// (Kueue's way to end a group), so Kueue finishes the Workload, lifts
+    /// its finalizers once the pods have ended and releases the quota.
+    /// Otherwise they are single pods of a gang that goes on: Kueue's
+    /// finalizer is lifted from each once its deletion is under way. Kueue
+    /// would hold a deleted pod of a retriable group until the pod reads
+    /// Failed (on a node that is gone: podgc, 40 s or more later) and count
+    /// it as one of the group meanwhile, and the replacement that then
+    /// joins would be the excess pod it deletes.
     async fn delete_and_wait(
         &self,
         api: &Api<core::Pod>,
@@ -663,6 +694,7 @@ impl Inner {
         selector: &str,
         only: Option<&BTreeSet<String>>,
         now: bool,
+        whole: bool,
     ) -> Result<()> {
         let dp = DeleteParams {
             grace_period_seconds: now.then_some(0),
@@ -672,8 +704,47 @@ impl Inner {
             let n = p.metadata.name.clone().unwrap_or_default();
             only.is_none_or(|o| o.contains(&n)).then_some(n)
         };
-        for p in self.list(api, loc, selector).await? {
-            let Some(name) = pick(&p) else { continue };
+        let listed = self.list(api, loc, selector).await?;
+        if whole {
+            // The group of any pod to delete ends: every pod of it is
+            // marked, those of the group this deletion does not name too
+            // (a group is one Workload; a gang never shares its group).
+            let groups: BTreeSet<&str> = listed
+                .iter()
+                .filter(|p| pick(p).is_some())
+                .filter_map(kueue::group_of)
+                .collect();
+            for p in &listed {
+                if !kueue::group_of(p).is_some_and(|g| groups.contains(g)) || kueue::unretriable(p)
+                {
+                    continue;
+                }
+                let name = p.metadata.name.clone().unwrap_or_default();
+                let mark = serde_json::json!({"metadata": {"annotations": {
+                    kueue::RETRIABLE_ANNOTATION: "false"
+                }}});
+                match api
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&mark))
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => {
+                        return Err(api_err(
+                            loc,
+                            &format!(
+                                "cannot end Kueue pod group {} (marking pod {name} {}: \"false\")",
+                                kueue::group_of(p).unwrap_or(""),
+                                kueue::RETRIABLE_ANNOTATION
+                            ),
+                            e,
+                        ))
+                    }
+                }
+            }
+        }
+        for p in &listed {
+            let Some(name) = pick(p) else { continue };
             match api.delete(&name, &dp).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
@@ -685,14 +756,23 @@ impl Inner {
         let mut forced = now;
         let mut pause = Duration::from_millis(100);
         loop {
-            let left: Vec<String> = self
+            let left: Vec<core::Pod> = self
                 .list(api, loc, selector)
                 .await?
-                .iter()
-                .filter_map(pick)
+                .into_iter()
+                .filter(|p| pick(p).is_some())
                 .collect();
             if left.is_empty() {
                 return Ok(());
+            }
+            let names: Vec<String> = left.iter().filter_map(pick).collect();
+            if !whole {
+                for p in left
+                    .iter()
+                    .filter(|p| p.metadata.deletion_timestamp.is_some() && kueue::finalized(p))
+                {
+                    self.lift_kueue_finalizer(api, loc, p).await?;
+                }
             }
             // A pod whose kubelet is gone (its node deleted or cut off)
             // never confirms a graceful deletion: past the pods' own grace
@@ -703,7 +783,7 @@ impl Inner {
                     grace_period_seconds: Some(0),
                     ..DeleteParams::default()
                 };
-                for name in &left {
+                for name in &names {
                     match api.delete(name, &force).await {
                         Ok(_) => {}
                         Err(kube::Error::Api(s)) if s.code == 404 => {}
@@ -719,12 +799,46 @@ impl Inner {
                     loc,
                     format!(
                         "pods still there 120 s after their deletion: {}",
-                        left.join(", ")
+                        names.join(", ")
                     ),
                 ));
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(self.poll);
+        }
+    }
+
+    /// Lifts Kueue's finalizer from a pod being deleted (its other
+    /// finalizers stay; a pod changed meanwhile is left to the next try).
+    async fn lift_kueue_finalizer(
+        &self,
+        api: &Api<core::Pod>,
+        loc: &str,
+        p: &core::Pod,
+    ) -> Result<()> {
+        let name = p.metadata.name.clone().unwrap_or_default();
+        let rest: Vec<&String> = p
+            .metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .filter(|f| *f != kueue::FINALIZER)
+            .collect();
+        let patch = serde_json::json!({"metadata": {
+            "resourceVersion": p.metadata.resource_version,
+            "finalizers": rest,
+        }});
+        match api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+            Err(e) => Err(api_err(
+                loc,
+                &format!("cannot lift Kueue's finalizer from pod {name}"),
+                e,
+            )),
         }
     }
 
@@ -737,6 +851,8 @@ impl Inner {
         shape: &Shape,
         image: &str,
         gpu_labels: &[(String, String)],
+        prefer: &[(String, String)],
+        next: u32,
         group: Option<&kueue::Group>,
     ) -> core::Pod {
         let cluster = &req.cluster.0;
@@ -749,6 +865,7 @@ impl Inner {
         ann.insert(labels::CLUSTER_NAME.to_string(), cluster.clone());
         ann.insert(labels::USER_NAME.to_string(), self.user.clone());
         ann.insert(labels::INSTANCE_TYPE.to_string(), req.instance_type.clone());
+        ann.insert(labels::NEXT_INDEX.to_string(), next.to_string());
         if let Some(g) = group {
             g.mark(&mut labels, &mut ann);
         }
@@ -775,7 +892,7 @@ impl Inner {
                 toleration_seconds: None,
             })
             .collect();
-        let mut affinity = None;
+        let mut required = None;
         if let Some((_, n)) = &shape.gpu {
             requests.insert("nvidia.com/gpu".to_string(), Quantity(n.to_string()));
             limits.insert("nvidia.com/gpu".to_string(), Quantity(n.to_string()));
@@ -791,26 +908,44 @@ impl Inner {
             for (k, v) in gpu_labels {
                 by_key.entry(k).or_default().insert(v);
             }
-            affinity = Some(core::Affinity {
-                node_affinity: Some(core::NodeAffinity {
-                    required_during_scheduling_ignored_during_execution: Some(core::NodeSelector {
-                        node_selector_terms: by_key
-                            .into_iter()
-                            .map(|(k, vs)| core::NodeSelectorTerm {
-                                match_expressions: Some(vec![core::NodeSelectorRequirement {
-                                    key: k.to_string(),
-                                    operator: "In".into(),
-                                    values: Some(vs.into_iter().map(str::to_string).collect()),
-                                }]),
-                                match_fields: None,
-                            })
-                            .collect(),
-                    }),
-                    ..core::NodeAffinity::default()
-                }),
-                ..core::Affinity::default()
+            required = Some(core::NodeSelector {
+                node_selector_terms: by_key
+                    .into_iter()
+                    .map(|(k, vs)| core::NodeSelectorTerm {
+                        match_expressions: Some(vec![core::NodeSelectorRequirement {
+                            key: k.to_string(),
+                            operator: "In".into(),
+                            values: Some(vs.into_iter().map(str::to_string).collect()),
+                        }]),
+                        match_fields: None,
+                    })
+                    .collect(),
             });
         }
+        // The survivors' domain, root first: the deeper, the heavier.
+        let preferred: Vec<core::PreferredSchedulingTerm> = prefer
+            .iter()
+            .enumerate()
+            .map(|(i, (k, v))| core::PreferredSchedulingTerm {
+                weight: ((i + 1) * 100 / prefer.len()).max(1) as i32,
+                preference: core::NodeSelectorTerm {
+                    match_expressions: Some(vec![core::NodeSelectorRequirement {
+                        key: k.clone(),
+                        operator: "In".into(),
+                        values: Some(vec![v.clone()]),
+                    }]),
+                    match_fields: None,
+                },
+            })
+            .collect();
+        let affinity = (required.is_some() || !preferred.is_empty()).then(|| core::Affinity {
+            node_affinity: Some(core::NodeAffinity {
+                required_during_scheduling_ignored_during_execution: required,
+                preferred_during_scheduling_ignored_during_execution: (!preferred.is_empty())
+                    .then_some(preferred),
+            }),
+            ..core::Affinity::default()
+        });
         core::Pod {
             metadata: kube::api::ObjectMeta {
                 name: Some(name.to_string()),
@@ -923,27 +1058,12 @@ impl Inner {
         let api: Api<core::Pod> = Api::namespaced(client.clone(), namespace);
         let selector = self.selector(&req.cluster.0);
         let prefix = names::pod_prefix(&req.cluster.0, &self.owner);
-        let group = kueue::queue(&client, &self.shared.cfg, context, namespace, &loc)
-            .await?
-            .map(|queue| kueue::Group {
-                queue,
-                // A group of its own per launch that creates pods: a
-                // deleted group's Workload may linger a moment under its
-                // name.
-                name: format!(
-                    "{prefix}-{:06x}",
-                    std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_nanos() as u64 >> 10)
-                        & 0xff_ffff
-                ),
-                total: req.count,
-                topology: self.shared.cfg.topology.clone(),
-            });
+        let queue = kueue::queue(&client, &self.shared.cfg, context, namespace, &loc).await?;
+        let count = req.count as usize;
         // Reconcile: live pods of this shape are kept (up to the count);
         // ended, leaving or other-shaped ones go first.
         let existing = self.list(&api, &loc, &selector).await?;
-        let mut keep: Vec<String> = Vec::new();
+        let mut keep: Vec<&core::Pod> = Vec::new();
         let mut drop = BTreeSet::new();
         for p in &existing {
             let name = p.metadata.name.clone().unwrap_or_default();
@@ -961,31 +1081,127 @@ impl Inner {
             if p.metadata.deletion_timestamp.is_none()
                 && matches!(phase, "Pending" | "Running")
                 && same_shape
-                && keep.len() < req.count as usize
+                && keep.len() < count
             {
-                keep.push(name);
+                keep.push(p);
             } else {
                 drop.insert(name);
             }
         }
-        // Kueue admits a pod group whole: a gang short of pods is made
-        // again as one new group, not topped up.
-        if group.is_some() && keep.len() < req.count as usize {
-            drop.extend(keep.drain(..));
+        // Under Kueue a gang short of pods is topped up inside its own pod
+        // group: Kueue admitted the group whole, keeps the Workload's quota
+        // while a pod of it is missing and lifts a new member's gate on its
+        // own. Kept pods that are no such group (plain pods from before the
+        // queue, another size or queue, a group already ended) are made
+        // again with the rest as one new group.
+        let joined: Option<String> = match &queue {
+            Some(q) if !keep.is_empty() && keep.len() < count => {
+                let groups: BTreeSet<Option<&str>> =
+                    keep.iter().map(|p| kueue::group_of(p)).collect();
+                let fits = keep.iter().all(|p| {
+                    let l = p.metadata.labels.as_ref();
+                    let a = p.metadata.annotations.as_ref();
+                    l.and_then(|l| l.get(kueue::QUEUE_LABEL)) == Some(q)
+                        && a.and_then(|a| a.get(kueue::TOTAL_ANNOTATION))
+                            .is_some_and(|t| *t == req.count.to_string())
+                        && !kueue::unretriable(p)
+                });
+                match groups.into_iter().collect::<Vec<_>>().as_slice() {
+                    [Some(g)] if fits => Some(g.to_string()),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        if queue.is_some() && keep.len() < count && joined.is_none() {
+            drop.extend(keep.drain(..).filter_map(|p| p.metadata.name.clone()));
         }
+        let group = queue.map(|queue| kueue::Group {
+            queue,
+            // A group of its own per launch that makes a gang anew: a
+            // deleted group's Workload may linger a moment under its name.
+            name: joined.clone().unwrap_or_else(|| {
+                format!(
+                    "{prefix}-{:06x}",
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_nanos() as u64 >> 10)
+                        & 0xff_ffff
+                )
+            }),
+            total: req.count,
+            topology: self.shared.cfg.topology.clone(),
+        });
+        // With survivors, what goes is single pods of a gang that goes on;
+        // without, the gang as a whole (its Kueue group ended first).
+        let survivors = !keep.is_empty();
         if !drop.is_empty() {
-            self.delete_and_wait(&api, &loc, &selector, Some(&drop), true)
+            self.delete_and_wait(&api, &loc, &selector, Some(&drop), true, !survivors)
                 .await?;
         }
-        let mut taken: BTreeSet<String> = keep.iter().cloned().collect();
-        let mut made = 0;
-        let mut i = 0u32;
-        while keep.len() < req.count as usize {
+        // The new pods of a gang with survivors prefer the survivors'
+        // topology domain (each configured topology label they all share,
+        // the deepest weighing most): preferred, not required, so a domain
+        // with no room left does not keep the gang short. Not under Kueue:
+        // there a new pod's spec must be its group's (Kueue matches a pod
+        // to its pod set by a hash of the spec, affinity included), and
+        // Kueue's topology-aware scheduling places the replacement.
+        let prefer = if survivors && group.is_none() && keep.len() < count {
+            self.shared_domain(&nodes_api, &loc, &keep).await
+        } else {
+            Vec::new()
+        };
+        // New pods take numbers above every one the gang has used: each
+        // pod carries the gang's next number (the survivors are stamped
+        // anew before a top-up), so a lost pod's name, which may still be
+        // held by a deletion being confirmed, is never taken again, and a
+        // name that is taken when created means a racing launch made it.
+        let mut i = existing
+            .iter()
+            .flat_map(|p| {
+                let own = p
+                    .metadata
+                    .name
+                    .as_deref()
+                    .and_then(|n| n.strip_prefix(&prefix)?.strip_prefix('-'))
+                    .and_then(|n| n.parse::<u32>().ok())
+                    .map(|n| n + 1);
+                let stamped = p
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(labels::NEXT_INDEX))
+                    .and_then(|n| n.parse::<u32>().ok());
+                [own, stamped]
+            })
+            .flatten()
+            .max()
+            .unwrap_or(0);
+        let next = i + (count - keep.len().min(count)) as u32;
+        if survivors && keep.len() < count {
+            for p in &keep {
+                let name = p.metadata.name.clone().unwrap_or_default();
+                let stamp = serde_json::json!({"metadata": {"annotations": {
+                    labels::NEXT_INDEX: next.to_string()
+                }}});
+                if let Err(e) = api
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&stamp))
+                    .await
+                {
+                    tracing::warn!(
+                        "{loc}: cannot stamp pod {name} with the gang's next number: {e}"
+                    );
+                }
+            }
+        }
+        let mut keep: Vec<String> = keep
+            .iter()
+            .filter_map(|p| p.metadata.name.clone())
+            .collect();
+        let mut made: BTreeSet<String> = BTreeSet::new();
+        while keep.len() < count {
             let name = format!("{prefix}-{i}");
             i += 1;
-            if !taken.insert(name.clone()) {
-                continue;
-            }
             let pod = self.pod_spec(
                 req,
                 &name,
@@ -993,10 +1209,14 @@ impl Inner {
                 &shape,
                 &image,
                 &gpu_labels,
+                &prefer,
+                next,
                 group.as_ref(),
             );
             match api.create(&PostParams::default(), &pod).await {
-                Ok(_) => made += 1,
+                Ok(_) => {
+                    made.insert(name.clone());
+                }
                 // Made by a launch racing this one: it is ours all the same.
                 Err(kube::Error::Api(s)) if s.code == 409 => {}
                 Err(e) => {
@@ -1011,21 +1231,32 @@ impl Inner {
                         e.kind
                     };
                     let _ = self
-                        .delete_and_wait(&api, &loc, &selector, None, true)
+                        .undo_launch(&api, &loc, &selector, survivors, &made)
                         .await;
                     return Err(ProviderError { kind, ..e });
                 }
             }
             keep.push(name);
         }
-        if made > 0 {
+        if !made.is_empty() {
             let kueue = group
                 .as_ref()
-                .map(|g| format!(" as Kueue pod group {} in queue {}", g.name, g.queue))
+                .map(|g| {
+                    let how = if joined.is_some() { "joining" } else { "as" };
+                    format!(" {how} Kueue pod group {} in queue {}", g.name, g.queue)
+                })
                 .unwrap_or_default();
+            let beside = if survivors {
+                format!(" beside {} kept", count - made.len())
+            } else {
+                String::new()
+            };
             (self.progress)(&format!(
-                "kubernetes {loc}: created {made} pod(s) {prefix}-* ({}){kueue}, waiting for all {} to run",
-                req.instance_type, req.count
+                "kubernetes {loc}: created {} pod(s) {} ({}){beside}{kueue}, waiting for all {} to run",
+                made.len(),
+                made.iter().cloned().collect::<Vec<_>>().join(", "),
+                req.instance_type,
+                req.count
             ));
         }
         let pods = match self
@@ -1041,9 +1272,19 @@ impl Inner {
             .await
         {
             Ok(p) => p,
-            Err(e) => {
+            Err(mut e) => {
+                if survivors {
+                    e.message = e.message.replace(
+                        "every pod of the cluster deleted",
+                        &format!(
+                            "the {} new pod(s) deleted, the {} kept left running",
+                            made.len(),
+                            count - made.len()
+                        ),
+                    );
+                }
                 if let Err(d) = self
-                    .delete_and_wait(&api, &loc, &selector, None, true)
+                    .undo_launch(&api, &loc, &selector, survivors, &made)
                     .await
                 {
                     return Err(err(
@@ -1056,6 +1297,99 @@ impl Inner {
             }
         };
         self.nodes_of(&client, context, namespace, pods, true).await
+    }
+
+    /// Undoes a launch that failed: with `survivors` kept, only the pods it
+    /// `made` go (the gang goes on without them, its Kueue group too);
+    /// without, every pod of the cluster, as a whole.
+    async fn undo_launch(
+        &self,
+        api: &Api<core::Pod>,
+        loc: &str,
+        selector: &str,
+        survivors: bool,
+        made: &BTreeSet<String>,
+    ) -> Result<()> {
+        if !survivors {
+            return self
+                .delete_and_wait(api, loc, selector, None, true, true)
+                .await;
+        }
+        if made.is_empty() {
+            return Ok(());
+        }
+        self.delete_and_wait(api, loc, selector, Some(made), true, false)
+            .await
+    }
+
+    /// The topology domain every one of `pods` is in: each configured
+    /// topology label (root first) whose value all their nodes share. A
+    /// node that cannot be read counts as sharing nothing (the preference
+    /// is dropped, never the launch).
+    async fn shared_domain(
+        &self,
+        nodes_api: &Api<core::Node>,
+        loc: &str,
+        pods: &[&core::Pod],
+    ) -> Vec<(String, String)> {
+        let mut nodes = Vec::new();
+        for p in pods {
+            let name = p
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .unwrap_or_default();
+            if name.is_empty() {
+                return Vec::new();
+            }
+            match nodes_api.get_opt(&name).await {
+                Ok(Some(n)) => nodes.push(n),
+                Ok(None) => return Vec::new(),
+                Err(e) => {
+                    tracing::warn!(
+                        "{loc}: cannot read node {name} for the survivors' topology: {e}"
+                    );
+                    return Vec::new();
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for key in &self.shared.cfg.topology_label_keys {
+            let values: BTreeSet<Option<&String>> = nodes
+                .iter()
+                .map(|n| n.metadata.labels.as_ref().and_then(|l| l.get(key)))
+                .collect();
+            if let [Some(v)] = values.into_iter().collect::<Vec<_>>().as_slice() {
+                out.push((key.clone(), (*v).clone()));
+            }
+        }
+        out
+    }
+
+    /// Deletes the pods of the cluster named `ids` (no grace period: their
+    /// node is gone or going) in every place gangway may use, and waits
+    /// until they are gone; the cluster's other pods, and any Kueue pod
+    /// group they form, go on.
+    async fn remove_nodes(&self, cluster: &ClusterName, ids: &[InstanceId]) -> Result<()> {
+        let selector = self.selector(&cluster.0);
+        let wanted: BTreeSet<String> = ids.iter().map(|i| i.0.clone()).collect();
+        for (context, namespace) in self.shared.places()? {
+            let loc = format!("{context}/{namespace}");
+            let api = self.pods(&context, &namespace).await?;
+            let here: BTreeSet<String> = self
+                .list(&api, &loc, &selector)
+                .await?
+                .into_iter()
+                .filter_map(|p| p.metadata.name)
+                .filter(|n| wanted.contains(n))
+                .collect();
+            if here.is_empty() {
+                continue;
+            }
+            self.delete_and_wait(&api, &loc, &selector, Some(&here), true, false)
+                .await?;
+        }
+        Ok(())
     }
 
     /// Waits until `count` pods of `selector` run with an IP (pods Kueue
@@ -1316,7 +1650,7 @@ impl Inner {
         for (context, namespace) in self.shared.places()? {
             let loc = format!("{context}/{namespace}");
             let api = self.pods(&context, &namespace).await?;
-            self.delete_and_wait(&api, &loc, &selector, None, false)
+            self.delete_and_wait(&api, &loc, &selector, None, false, true)
                 .await?;
         }
         Ok(())
@@ -1628,6 +1962,24 @@ impl Provider for KubernetesProvider {
         Duration::ZERO
     }
 
+    fn cannot_replace_nodes(&self) -> Option<&'static str> {
+        // `remove_nodes` deletes only the named pods (without a grace
+        // period) and returns once they are gone; a launch for a cluster
+        // with pods keeps its live pods of the shape and creates only the
+        // shortfall, under fresh names, in the same context and namespace,
+        // preferring the survivors' topology domain, or, under Kueue, as
+        // new members of the gang's admitted pod group. If the new pods do
+        // not all run in time they are deleted and the survivors left.
+        None
+    }
+
+    async fn remove_nodes(&self, cluster: &ClusterName, ids: &[InstanceId]) -> Result<()> {
+        let cluster = cluster.clone();
+        let ids = ids.to_vec();
+        self.on_rt(|i| async move { i.remove_nodes(&cluster, &ids).await })
+            .await
+    }
+
     async fn clusters(&self) -> Result<Vec<TaggedCluster>> {
         self.on_rt(|i| async move { i.clusters().await }).await
     }
@@ -1811,11 +2163,18 @@ mod tests {
             }]),
             ..Default::default()
         });
-        let s = pod_state(&pod("Running"), Some(Some(&leaving)), t);
-        assert!(
-            matches!(&s, NodeState::Preempted { reason } if reason.contains("reclaimed")),
-            "{s:?}"
+        // Still running: the taint is a notice, not a loss.
+        assert_eq!(
+            pod_state(&pod("Running"), Some(Some(&leaving)), t),
+            NodeState::Running
         );
+        leaving.metadata.name = Some("n1".into());
+        let notice = super::leaving(&pod("Running"), Some(&leaving)).expect("a notice");
+        assert!(
+            notice.contains("spot node n1 is being reclaimed (taint cloud.google.com/impending-node-termination)"),
+            "{notice}"
+        );
+        assert_eq!(super::leaving(&pod("Running"), Some(&ready)), None);
     }
 
     #[test]

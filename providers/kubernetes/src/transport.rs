@@ -247,16 +247,28 @@ fn launcher(token: &str) -> String {
     )
 }
 
+/// The variable naming the cluster (its pods' label selector) in the
+/// environment of every command this transport starts: what a signal to a
+/// run started by another process ([`Transport::signal_job`]) matches
+/// besides the run's number (where pods share one process table, as the
+/// test harness's do, run numbers repeat across clusters).
+const SCOPE_VAR: &str = "GANGWAY_K8S_SCOPE";
+
 /// The script a spawned command's bash runs: remove itself, set the
-/// environment, go to its directory, run.
+/// environment, go to its directory, and become a bash that runs the
+/// script (`exec`: the same process, group leader and exit status, now
+/// with the environment in its starting one, which is what
+/// [`Transport::signal_job`] finds a run's processes by, the script's own
+/// shell included: it is what traps `checkpoint.signal`).
 fn wrapper(env: &[(String, String)], cwd: &str, script: &str) -> String {
     let mut s = String::from("rm -f \"$0\"\n");
     for (k, v) in env {
         s.push_str(&format!("export {k}={}\n", sh_quote(v)));
     }
     s.push_str(&format!(
-        "cd {} 2>/dev/null || cd \"$HOME\"\n{script}\n",
-        sh_quote(cwd)
+        "cd {} 2>/dev/null || cd \"$HOME\"\nexec bash -c {}\n",
+        sh_quote(cwd),
+        sh_quote(script)
     ));
     s
 }
@@ -276,6 +288,7 @@ impl Transport for ExecTransport {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         env.extend(cmd.env.iter().cloned());
+        env.push((SCOPE_VAR.to_string(), self.selector.clone()));
         let body = wrapper(&env, &self.node_path(node, &cmd.cwd), &cmd.script);
         if let Ok(mut m) = self.tokens.lock() {
             m.insert(id, token.clone());
@@ -330,7 +343,10 @@ impl Transport for ExecTransport {
 
     fn signal_job(&self, node: &NodeRow, _pgid: u32, job: i64, signal: i32) {
         let script = gangway_provider::kill_where(
-            &[("GANGWAY_RUN", &job.to_string())],
+            &[
+                ("GANGWAY_RUN", &job.to_string()),
+                (SCOPE_VAR, &self.selector),
+            ],
             &gangway_provider::kill_option(signal),
         );
         let _ = self.run(node, "signal the job", &script, None);
@@ -495,9 +511,11 @@ impl Transport for ExecTransport {
                     seen.insert(node_name.clone(), n);
                 }
                 let n = seen.get(&node_name).map(Option::as_ref);
+                // A loss reads as a notice too; a node tainted as leaving is
+                // only a notice.
                 let notice = match crate::pod_state(&p, n, shared.cfg.not_ready_tolerance) {
                     gangway_provider::NodeState::Preempted { reason } => Some(reason),
-                    _ => None,
+                    _ => crate::leaving(&p, n.flatten()),
                 };
                 out.insert(name, notice);
             }
@@ -537,7 +555,7 @@ mod tests {
         assert!(w.starts_with("rm -f \"$0\"\n"), "{w}");
         assert!(w.contains("export API_KEY='it'\\''s secret'\n"), "{w}");
         assert!(!l.contains("secret"));
-        assert!(w.ends_with("echo hi\n"), "{w}");
+        assert!(w.ends_with("exec bash -c 'echo hi'\n"), "{w}");
     }
 
     #[test]
