@@ -414,14 +414,30 @@ fn the_fault_sweep_kills_launch_at_every_provider_call_and_nothing_leaks() {
 
 #[test]
 fn the_fault_sweep_kills_a_managed_jobs_controller_at_every_provider_call() {
-    // Two spot nodes, preempted once without notice 1.5 s in; the run
-    // takes about 3 s, so the sweep meets provisioning, watching, the
-    // preemption, the recovery and the final teardown.
+    // Both nodes preempted: the whole gang is recovered.
+    sweep_a_managed_job("", "a preemption of both nodes");
+}
+
+#[test]
+fn the_fault_sweep_kills_a_replacement_of_a_lost_node_at_every_provider_call() {
+    // One node of two preempted: the survivor is kept and one node is
+    // added in its place (REPLACE_LOST_NODES, the default).
+    sweep_a_managed_job("    preempt_nodes: 1\n", "a replacement of one lost node");
+}
+
+/// A 2-node spot job on the local cloud, preempted once without notice
+/// 1.5 s in (`preempt`: more `config.local` lines), killed (the launcher
+/// and the controller it runs) at every provider call of its life: each
+/// time the job ends SUCCEEDED once a controller runs again, never more
+/// than two nodes run at once, and nothing is left.
+fn sweep_a_managed_job(preempt: &str, what_for: &str) {
+    // The run takes about 3 s, so the sweep meets provisioning, watching,
+    // the preemption, the recovery and the final teardown.
     let body = |home: &TestHome| {
         home.file(
             "job.yaml",
             &format!(
-                "num_nodes: 2\nresources:\n  infra: local\n  use_spot: true\nenvs:\n  GW_TEST_MARKER: {}\nconfig:\n  local:\n    preemptions:\n      - {{after_s: 1.5}}\nrun: sleep 3; echo done-$NODE_RANK\n",
+                "num_nodes: 2\nresources:\n  infra: local\n  use_spot: true\nenvs:\n  GW_TEST_MARKER: {}\nconfig:\n  local:\n{preempt}    preemptions:\n      - {{after_s: 1.5}}\nrun: sleep 3; echo done-$NODE_RANK\n",
                 home.marker
             ),
         )
@@ -431,13 +447,17 @@ fn the_fault_sweep_kills_a_managed_jobs_controller_at_every_provider_call() {
     arm_kill(&base, 0);
     let (code, out, err) = parts(&base.run(["jobs", "launch", &t, "--wait"]));
     assert_eq!(code, 0, "baseline:\n{out}\n{err}");
-    assert_eq!(first_job(&base).unwrap()["preemptions"], 1);
+    let j = first_job(&base).unwrap();
+    assert_eq!(j["preemptions"], 1, "{j}");
+    let replaced = if preempt.is_empty() { 0 } else { 1 };
+    assert_eq!(j["nodes_replaced"], replaced, "the path swept: {j}");
     let total = calls(&base);
     let mut swept = 0;
     for n in kill_points(total, 6, 4) {
         let home = TestHome::new();
         let t = body(&home);
         arm_kill(&home, n);
+        let watch = crate::jobs::CloudWatch::start_at(home.path());
         // The controller runs in this process (--wait): the kill takes both.
         let (code, out, err) = parts(&home.run(["jobs", "launch", &t, "--wait"]));
         heal(&home);
@@ -455,7 +475,9 @@ fn the_fault_sweep_kills_a_managed_jobs_controller_at_every_provider_call() {
                 _ => Err(j.to_string()),
             }
         });
+        let (most, _) = watch.finish();
         assert_eq!(j["state"], "SUCCEEDED", "{what}\n{j}");
+        assert!(most <= 2, "{what}: {most} nodes at once");
         assert!(
             home.instance_records().is_empty(),
             "{what}: instances left: {:?}",
@@ -465,7 +487,7 @@ fn the_fault_sweep_kills_a_managed_jobs_controller_at_every_provider_call() {
         swept += 1;
     }
     eprintln!(
-        "fault sweep (jobs launch, one preemption, local): kill points swept: {swept} of {total}; resources leaked: 0"
+        "fault sweep (jobs launch, {what_for}, local): kill points swept: {swept} of {total}; resources leaked: 0"
     );
 }
 
