@@ -1593,3 +1593,119 @@ fn a_file_mount_path_with_shell_metacharacters_is_only_a_path() {
     );
     assert_eq!(crate::common::parts(&home.run(["down", "odd", "-y"])).0, 0);
 }
+
+/// A pool host's operator gives notice by creating its drain file: the
+/// gang checkpoints on it, that host alone is replaced by a free one (the
+/// drained host rests, so it is not taken back), and both ranks resume
+/// exactly at the noticed step.
+#[test]
+fn a_managed_gang_on_a_pool_told_a_host_is_draining_replaces_it_at_the_noticed_step() {
+    let Some(sshd) = Sshd::start(3) else { return };
+    let home = crate::common::TestHome::new();
+    let drains = tempfile::tempdir().unwrap();
+    let drain = |a: &str| drains.path().join(format!("drain-{a}"));
+    let hosts: Vec<String> = sshd
+        .addrs
+        .iter()
+        .map(|a| {
+            format!(
+                "      - {{address: {a}, name: n-{a}, drain_file: {}}}",
+                drain(a).display()
+            )
+        })
+        .collect();
+    std::fs::write(
+        home.path().join("ssh_pools.yaml"),
+        format!(
+            "pools:\n  lab:\n    defaults:\n      port: {}\n      user: {}\n      key: {}\n    hosts:\n{}\n",
+            sshd.port,
+            sshd.user,
+            sshd.client_key.display(),
+            hosts.join("\n")
+        ),
+    )
+    .unwrap();
+    let t = home.file(
+        "gang.yaml",
+        &format!(
+            "num_nodes: 2\nresources:\n  infra: ssh/lab\n\
+             checkpoint:\n  sync_interval: 1\n  signal: SIGTERM\n  grace_period: 30\n\
+             envs:\n  GW_TEST_MARKER: {}\n\
+             setup: echo \"setup on $(set -- $SSH_CONNECTION; echo $3)\"\n\
+             run: |\n  ck=\"$GANGWAY_CHECKPOINT_DIR/step\"\n  me=$(set -- $SSH_CONNECTION; echo $3)\n  \
+             step=0\n  [ -f \"$ck\" ] && step=$(cat \"$ck\")\n  \
+             echo \"rank $NODE_RANK on $me in run $GANGWAY_RESTART_COUNT from step $step\"\n  \
+             on_notice() {{\n    [ \"$NODE_RANK\" = 0 ] && echo \"$step\" > \"$ck.tmp\" && mv \"$ck.tmp\" \"$ck\"\n    \
+             echo \"rank $NODE_RANK checkpointed step $step on the notice\"\n    exit 0\n  }}\n  \
+             trap on_notice TERM\n  \
+             while [ \"$step\" -lt 40 ]; do\n    sleep 0.2\n    step=$((step + 1))\n    \
+             [ \"$NODE_RANK\" = 0 ] && [ \"$GANGWAY_RESTART_COUNT\" = 0 ] && [ \"$step\" = 5 ] && echo \"at step 5\"\n  \
+             done\n  echo \"rank $NODE_RANK done at step $step\"\n",
+            home.marker
+        ),
+    );
+    let mut launcher = home.spawn(["jobs", "launch", &t, "-y"]);
+    launcher.wait_for_stdout("at step 5", "run 0 to reach step 5");
+    let so_far = launcher.stdout_now();
+    let host_of = |rank: u32| -> String {
+        let needle = format!("rank {rank} on ");
+        let line = so_far
+            .lines()
+            .find(|l| l.contains(&needle) && l.ends_with(" in run 0 from step 0"))
+            .unwrap_or_else(|| panic!("no rank {rank} line:\n{so_far}"));
+        let rest = &line[line.find(&needle).unwrap() + needle.len()..];
+        rest.trim_end_matches(" in run 0 from step 0").to_string()
+    };
+    let (h0, h1) = (host_of(0), host_of(1));
+    let spare = sshd
+        .addrs
+        .iter()
+        .find(|a| **a != h0 && **a != h1)
+        .expect("the spare host")
+        .clone();
+    std::fs::write(drain(&h1), "kernel update\n").unwrap();
+    let (code, out, err) = crate::common::parts(&launcher.wait());
+    let (_, ev, _) = crate::common::parts(&home.run(["jobs", "events", "1"]));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}\nevents:\n{ev}");
+    let noticed = out
+        .lines()
+        .find_map(|l| {
+            l.split("rank 0 checkpointed step ")
+                .nth(1)
+                .and_then(|r| r.split(' ').next())
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| panic!("no checkpoint on the notice:\n{out}\n{ev}"));
+    assert!(
+        out.contains(&format!("rank 0 on {h0} in run 1 from step {noticed}")),
+        "rank 0 kept its host and resumed at the noticed step:\n{out}"
+    );
+    assert!(
+        out.contains(&format!("rank 1 on {spare} in run 1 from step {noticed}")),
+        "rank 1 moved to the spare host, not back to the drained one:\n{out}"
+    );
+    for r in 0..2 {
+        assert!(out.contains(&format!("rank {r} done at step 40")), "{out}");
+    }
+    // Setup ran on the two hosts of the launch, then on the spare only.
+    assert_eq!(out.matches(") setup on ").count(), 3, "{out}");
+    assert_eq!(
+        out.matches(&format!(") setup on {spare}")).count(),
+        1,
+        "{out}"
+    );
+    assert!(
+        ev.contains("NOTICE") && ev.contains("draining") && ev.contains("kernel update"),
+        "the notice names the drain and its reason:\n{ev}"
+    );
+    assert!(
+        ev.contains(&format!("replaced rank 1 lab/n-{h1} -> lab/n-{spare}")),
+        "{ev}"
+    );
+    assert!(!ev.contains("whole-gang recovery"), "{ev}");
+    let (_, q, _) = crate::common::parts(&home.run(["jobs", "queue", "-o", "json"]));
+    let j = crate::common::json_doc(&q)["jobs"][0].clone();
+    assert_eq!(j["state"], "SUCCEEDED", "{j}");
+    assert_eq!(j["nodes_replaced"], 1, "{j}");
+    released_when_ended(&home);
+}

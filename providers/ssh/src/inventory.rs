@@ -65,10 +65,22 @@ struct Defaults {
     memory: Option<f32>,
     zone: Option<String>,
     topology: Option<Vec<String>>,
+    drain_file: Option<String>,
 }
 
 const HOST_KEYS: &[&str] = &[
-    "address", "name", "port", "user", "key", "jump", "gpus", "cpus", "memory", "topology", "zone",
+    "address",
+    "name",
+    "port",
+    "user",
+    "key",
+    "jump",
+    "gpus",
+    "cpus",
+    "memory",
+    "topology",
+    "zone",
+    "drain_file",
 ];
 
 fn apply(cx: &Cx<'_>, d: &mut Defaults, key: &str, v: &Node, field: &str) -> Result<(), SpecError> {
@@ -110,6 +122,7 @@ fn apply(cx: &Cx<'_>, d: &mut Defaults, key: &str, v: &Node, field: &str) -> Res
             }
         }
         "zone" => d.zone = Some(text),
+        "drain_file" => d.drain_file = Some(text),
         "topology" => {
             d.topology = Some(
                 text.split('/')
@@ -246,6 +259,7 @@ pub fn parse(text: &str, file: &str) -> Result<Inventory, SpecError> {
                         gpu: d.gpus,
                         topology: d.topology.unwrap_or_default(),
                         zone: d.zone,
+                        drain_file: d.drain_file,
                     },
                     cpus: d.cpus.unwrap_or(DEFAULT_CPUS),
                     memory_gib: d.memory.unwrap_or(DEFAULT_MEMORY_GIB),

@@ -41,8 +41,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use gangway_provider::{
-    CheckReport, ClusterName, ErrorKind, InstanceId, LaunchRequest, Node, NodeState, Placement,
-    Provider, ProviderError, Result, SshEndpoint,
+    CheckReport, ClusterName, ErrorKind, InstanceId, LaunchRequest, Node, NodeRow, NodeState,
+    Placement, Provider, ProviderError, Result, SshEndpoint,
 };
 use serde::{Deserialize, Serialize};
 
@@ -79,6 +79,11 @@ pub struct Host {
     /// Zone label; `None` means the pool's name.
     #[serde(default)]
     pub zone: Option<String>,
+    /// A file on the host whose presence is a notice that the host is
+    /// about to leave the pool (maintenance, a reboot): what its first line
+    /// says is the notice's reason. `None`: the host is never asked.
+    #[serde(default)]
+    pub drain_file: Option<String>,
 }
 
 fn default_port() -> u16 {
@@ -318,10 +323,14 @@ impl SshPools {
                 return Ok(mine[..count].iter().map(|h| node(pool, h)).collect());
             }
             let need = count - mine.len();
+            let resting = lock
+                .resting(now_ms())
+                .map_err(|e| fatal("reading resting records", e))?;
+            let rests = |h: &Host| resting.contains(&file_name(&pool.name, &h.name));
             let free: Vec<&Host> = matching
                 .iter()
                 .copied()
-                .filter(|h| held_by(h).is_none())
+                .filter(|h| held_by(h).is_none() && !rests(h))
                 .collect();
             let ok: Vec<&Host> = free
                 .iter()
@@ -394,6 +403,18 @@ impl SshPools {
                 }
                 if !unreachable.is_empty() {
                     why.push(format!("unreachable: {}", unreachable.join(", ")));
+                }
+                let rested: Vec<&str> = matching
+                    .iter()
+                    .filter(|h| held_by(h).is_none() && rests(h))
+                    .map(|h| h.name.as_str())
+                    .collect();
+                if !rested.is_empty() {
+                    why.push(format!(
+                        "resting after a loss (up to {} min): {}",
+                        REST.as_secs() / 60,
+                        rested.join(", ")
+                    ));
                 }
                 let why = if why.is_empty() {
                     String::new()
@@ -509,6 +530,31 @@ impl SshPools {
         self.release_where(cluster, |a| ids.contains(&format!("{}/{}", a.pool, a.host)))
     }
 
+    /// Releases these lost hosts of the cluster, each resting for
+    /// [`REST`] first: a replacement must not take a host back that was
+    /// just lost (a draining host still answers SSH).
+    fn release_lost(&self, cluster: &ClusterName, ids: &[String]) -> Result<()> {
+        {
+            let lock = self
+                .store
+                .lock()
+                .map_err(|e| error(ErrorKind::Fatal, "", format!("taking the lock: {e}")))?;
+            let until = now_ms() + REST.as_millis() as u64;
+            for id in ids {
+                if let Some((pool, host)) = id.split_once('/') {
+                    lock.rest(&file_name(pool, host), until).map_err(|e| {
+                        error(
+                            ErrorKind::Fatal,
+                            pool,
+                            format!("writing a resting record for {id}: {e}"),
+                        )
+                    })?;
+                }
+            }
+        }
+        self.release_now(cluster, ids)
+    }
+
     /// Releases the cluster's hosts whose allocation `which` picks.
     fn release_where(&self, cluster: &ClusterName, which: impl Fn(&Alloc) -> bool) -> Result<()> {
         let lock = self
@@ -567,6 +613,30 @@ impl SshPools {
     }
 }
 
+/// The node fact naming a host's drain file ([`Host::drain_file`]).
+const DRAIN_FILE: &str = "pool.drain_file";
+
+/// How long a host removed from a cluster as lost (it stopped answering,
+/// or its drain file gave notice) is not allocated again: long enough
+/// that the replacement, and a whole-gang recovery after it, go
+/// elsewhere; short enough that a host back from a reboot rejoins the
+/// pool without anyone's help.
+pub const REST: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
+/// The command that asks a pool host whether its drain file is there
+/// (`~/` is the login's home): the file's first line after
+/// [`gangway_provider::NOTICE_MARK`], or nothing.
+fn drain_probe(node: &NodeRow) -> Option<String> {
+    let f = node.extra.get(DRAIN_FILE)?;
+    Some(format!(
+        "f={}; case \"$f\" in \"~/\"*) f=\"$HOME/${{f#\"~/\"}}\" ;; esac; \
+         if [ -e \"$f\" ]; then w=$(head -n 1 \"$f\" 2>/dev/null | tr -d '\\r'); \
+         printf '%s%s\\n' {} \"the pool's host is draining ($f): ${{w:-no reason given}}\"; fi; true",
+        gangway_provider::sh_quote(f),
+        gangway_provider::NOTICE_MARK
+    ))
+}
+
 /// A host's zone: its label, or the pool's name.
 fn zone_of(pool: &Pool, h: &Host) -> String {
     h.zone.clone().unwrap_or_else(|| pool.name.clone())
@@ -588,6 +658,9 @@ fn node(pool: &Pool, h: &Host) -> Node {
     extra.insert("gpus".to_string(), gpus.to_string());
     extra.insert("instance_type".to_string(), ty);
     extra.insert("pool".to_string(), pool.name.clone());
+    if let Some(f) = &h.drain_file {
+        extra.insert(DRAIN_FILE.to_string(), f.clone());
+    }
     Node {
         id: InstanceId(format!("{}/{}", pool.name, h.name)),
         state: NodeState::Running,
@@ -756,6 +829,12 @@ impl Provider for SshPools {
         off_thread(move || this.terminate_now(&cluster)).await
     }
 
+    fn notice_probe(&self, node: &NodeRow) -> Option<String> {
+        // Pools have no spot market: a host's operator posts the notice,
+        // by creating the host's drain file.
+        drain_probe(node)
+    }
+
     fn cannot_replace_nodes(&self) -> Option<&'static str> {
         // A launch keeps the cluster's hosts and takes only the shortfall
         // from the free, reachable hosts of the same pool, zone and type.
@@ -766,7 +845,7 @@ impl Provider for SshPools {
         let this = self.clone();
         let cluster = cluster.clone();
         let ids: Vec<String> = ids.iter().map(|i| i.0.clone()).collect();
-        off_thread(move || this.release_now(&cluster, &ids)).await
+        off_thread(move || this.release_lost(&cluster, &ids)).await
     }
 }
 

@@ -6,6 +6,7 @@
 //! cannot be parsed while the lock is held was left by a process killed
 //! in the middle of writing it (its launch never returned): it is removed.
 
+use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::io::AsRawFd;
@@ -131,6 +132,44 @@ impl Locked {
         }
         sync_dir(&self.dir);
         Ok(true)
+    }
+
+    /// Marks the host of record `name` resting until `until_ms`.
+    pub fn rest(&self, name: &str, until_ms: u64) -> io::Result<()> {
+        let dir = self.dir.with_file_name("rest");
+        fs::create_dir_all(&dir)?;
+        let tmp = dir.join(format!(".{name}.tmp"));
+        fs::write(&tmp, format!("{until_ms}\n"))?;
+        fs::rename(&tmp, dir.join(name))?;
+        sync_dir(&dir);
+        Ok(())
+    }
+
+    /// The record names of hosts resting at `now_ms`; expired marks go.
+    pub fn resting(&self, now_ms: u64) -> io::Result<BTreeSet<String>> {
+        let dir = self.dir.with_file_name("rest");
+        let mut out = BTreeSet::new();
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(e),
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                continue;
+            }
+            let until = fs::read_to_string(e.path())
+                .ok()
+                .and_then(|t| t.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+            if until > now_ms {
+                out.insert(name);
+            } else {
+                remove(&e.path())?;
+            }
+        }
+        Ok(out)
     }
 
     /// Deletes the record with this file name; a missing one is fine.

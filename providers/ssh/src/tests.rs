@@ -40,6 +40,7 @@ fn host(name: &str, port: u16) -> Host {
         gpu: Some(("A100".into(), 8)),
         topology: Vec::new(),
         zone: Some("rack1".into()),
+        drain_file: None,
     }
 }
 
@@ -662,4 +663,84 @@ async fn a_held_host_is_probed_at_most_every_ten_seconds() {
         "it probed again"
     );
     drop(a);
+}
+
+#[tokio::test]
+async fn a_host_removed_as_lost_rests_before_any_cluster_takes_it_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pool, _keep) = gpus_pool(&["a", "b", "c"], &[], &["a", "b", "c"]);
+    let p = SshPools::new(dir.path(), vec![pool]);
+    let first = p.launch(&a100("one", 2)).await.unwrap();
+    assert_eq!(ids(&first), ["gpus/a", "gpus/b"]);
+    // b is lost (it still answers SSH, as a draining host does): the
+    // replacement takes c, never b back.
+    p.remove_nodes(&cluster("one"), &[InstanceId("gpus/b".into())])
+        .await
+        .unwrap();
+    let again = p.launch(&a100("one", 2)).await.unwrap();
+    assert_eq!(ids(&again), ["gpus/a", "gpus/c"]);
+    // Nor does another cluster get b while it rests; the error says why.
+    let e = p.launch(&a100("two", 1)).await.unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Capacity, "{e}");
+    assert!(e.message.contains("resting after a loss"), "{e}");
+    assert!(e.message.contains(": b"), "{e}");
+    // Once the rest is over, b is a free host again.
+    let lock = p.store.lock().unwrap();
+    lock.rest(&store::file_name("gpus", "b"), now_ms().saturating_sub(1))
+        .unwrap();
+    drop(lock);
+    assert_eq!(ids(&p.launch(&a100("two", 1)).await.unwrap()), ["gpus/b"]);
+    // A plain release (down) rests nothing.
+    p.terminate(&cluster("one")).await.unwrap();
+    assert_eq!(
+        ids(&p.launch(&a100("three", 2)).await.unwrap()),
+        ["gpus/a", "gpus/c"]
+    );
+}
+
+#[test]
+fn a_host_with_a_drain_file_gives_notice_only_while_the_file_is_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = Pool {
+        name: "lab".into(),
+        hosts: vec![Host {
+            drain_file: Some(dir.path().join("drain").display().to_string()),
+            ..host("a", 22)
+        }],
+    };
+    let n = node(&pool, &pool.hosts[0]);
+    let row = NodeRow {
+        rank: 0,
+        instance_id: n.id.0.clone(),
+        private_ip: n.private_ip.clone(),
+        public_ip: None,
+        zone: n.placement.zone.clone(),
+        topology: String::new(),
+        state: "running".into(),
+        extra: n.extra.clone(),
+    };
+    let probe = drain_probe(&row).expect("a host with a drain file is asked");
+    let ask = || {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&probe)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        gangway_provider::parse_notice(&String::from_utf8_lossy(&out.stdout))
+    };
+    assert_eq!(ask(), None);
+    std::fs::write(dir.path().join("drain"), "disk swap at 14:00\nmore\n").unwrap();
+    let notice = ask().expect("a notice while the file is there");
+    assert!(
+        notice.contains("draining") && notice.ends_with(": disk swap at 14:00"),
+        "{notice}"
+    );
+    std::fs::write(dir.path().join("drain"), "").unwrap();
+    assert!(ask().unwrap().ends_with(": no reason given"));
+    // A host without one is never asked.
+    let plain = node(&pool, &host("b", 22));
+    let mut row2 = row.clone();
+    row2.extra = plain.extra;
+    assert_eq!(drain_probe(&row2), None);
 }

@@ -36,6 +36,7 @@ fn host(name: &str, port: u16, gpu: Option<(&str, u32)>) -> Host {
         gpu: gpu.map(|(g, n)| (g.to_string(), n)),
         topology: Vec::new(),
         zone: Some(ZONE.into()),
+        drain_file: None,
     }
 }
 
