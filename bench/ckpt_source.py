@@ -72,23 +72,6 @@ def start_sshd(d):
     return p, ssh
 
 
-def make_data(root, kind):
-    d = os.path.join(root, kind)
-    os.makedirs(d)
-    if kind == "big":
-        for i in range(BIG_FILES):
-            with open(os.path.join(d, f"shard-{i:02}.bin"), "wb") as f:
-                for _ in range(BIG_MB):
-                    f.write(os.urandom(1 << 20))
-    else:
-        for i in range(SMALL_FILES):
-            sub = os.path.join(d, f"d{i // 1000:02}")
-            os.makedirs(sub, exist_ok=True)
-            with open(os.path.join(sub, f"f{i:05}"), "wb") as f:
-                f.write(os.urandom(4096))
-    return d
-
-
 def timed(cmd, **kw):
     t0 = time.monotonic()
     subprocess.run(cmd, check=True, **kw)
@@ -102,7 +85,9 @@ def main():
     sshd = None
     try:
         sshd, ssh = start_sshd(work)
-        sets = {k: make_data(work, k) for k in ("big", "small")}
+        # checkpoint.py's data sets, at this bench's sizes.
+        ck.BIG_FILES, ck.BIG_MB, ck.SMALL_FILES = BIG_FILES, BIG_MB, SMALL_FILES
+        sets = {k: ck.make_data(work, "src", k) for k in ("big", "small")}
         size = {k: sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(d) for f in fs)
                 for k, d in sets.items()}
         print(f"data: big {BIG_FILES} x {BIG_MB} MiB, small {SMALL_FILES} x 4 KiB; "

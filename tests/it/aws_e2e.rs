@@ -501,14 +501,7 @@ fn a_managed_aws_spot_job_survives_an_interruption_with_notice_and_one_without()
     let (code, out, err) = parts(&job.wait());
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     // Run 0 checkpointed on the notice; run 1 resumed exactly there.
-    let noticed: u32 = out
-        .lines()
-        .find_map(|l| {
-            l.split("rank 0 checkpointed step ")
-                .nth(1)
-                .and_then(|r| r.split(' ').next())
-                .and_then(|s| s.parse().ok())
-        })
+    let noticed = crate::common::noticed_step(&out)
         .unwrap_or_else(|| panic!("no checkpoint on the notice:\n{out}\n{err}"));
     assert!(noticed >= 8, "{out}");
     for rank in 0..2 {
@@ -713,16 +706,9 @@ fn lose_one_of_four(notice_s: Option<f64>) {
     assert!(resumed.iter().all(|r| *r == resumed[0]), "{resumed:?}");
     if notice_s.is_some() {
         // The gang checkpointed on the notice and resumed exactly there.
-        let noticed = out
-            .lines()
-            .find_map(|l| {
-                l.split("rank 0 checkpointed step ")
-                    .nth(1)
-                    .and_then(|r| r.split(' ').next())
-                    .map(str::to_string)
-            })
+        let noticed = crate::common::noticed_step(&out)
             .unwrap_or_else(|| panic!("no checkpoint on the notice:\n{out}\n{err}"));
-        assert_eq!(resumed[0], noticed, "{out}");
+        assert_eq!(resumed[0], noticed.to_string(), "{out}");
     }
     let (code, ev, err) = cloud.run(&["jobs", "events", "1"]);
     assert_eq!(code, 0, "{err}");
@@ -802,14 +788,7 @@ fn a_managed_aws_spot_job_moves_to_another_region_after_a_notice_with_eager_next
 
     let (code, out, err) = parts(&job.wait());
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
-    let noticed: u32 = out
-        .lines()
-        .find_map(|l| {
-            l.split("rank 0 checkpointed step ")
-                .nth(1)
-                .and_then(|r| r.split(' ').next())
-                .and_then(|s| s.parse().ok())
-        })
+    let noticed = crate::common::noticed_step(&out)
         .unwrap_or_else(|| panic!("no checkpoint on the notice:\n{out}\n{err}"));
     for rank in 0..2 {
         assert!(

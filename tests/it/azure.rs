@@ -434,16 +434,6 @@ fn running_vms(az: &AzureFake, cluster: &str) -> Vec<Vm> {
     vms
 }
 
-/// The step rank 0 checkpointed on the notice (from the trainer's output).
-fn noticed_step(out: &str) -> Option<u32> {
-    out.lines().find_map(|l| {
-        l.split("rank 0 checkpointed step ")
-            .nth(1)
-            .and_then(|r| r.split(' ').next())
-            .and_then(|s| s.parse().ok())
-    })
-}
-
 /// The step `rank` resumed at in run `run` (from the trainer's output).
 fn resumed_at(out: &str, rank: u32, run: u32) -> Option<u32> {
     out.lines().find_map(|l| {
@@ -558,8 +548,8 @@ fn a_managed_azure_spot_job_resumes_at_the_noticed_step_in_another_region() {
 
     let (code, out, err) = parts(&job.wait());
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
-    let noticed =
-        noticed_step(&out).unwrap_or_else(|| panic!("no checkpoint on the notice:\n{out}\n{err}"));
+    let noticed = crate::common::noticed_step(&out)
+        .unwrap_or_else(|| panic!("no checkpoint on the notice:\n{out}\n{err}"));
     assert!(noticed >= 8, "{out}");
     for rank in 0..2 {
         assert_eq!(
@@ -669,7 +659,7 @@ Standard_ND96amsr_A100_v4,A100-80GB,8,96,1800,A100-80GB,32.77,9.30,eastus,eastus
         step >= 5 && step.is_multiple_of(5),
         "run 1 resumed at {step}:\n{out}"
     );
-    if let Some(late) = noticed_step(&out) {
+    if let Some(late) = crate::common::noticed_step(&out) {
         assert!(
             step < late,
             "resumed at {step}, not the kept checkpoint:\n{out}"

@@ -649,3 +649,14 @@ impl NodeInfo {
 pub fn single_address() -> bool {
     gangway_local::single_address(None, std::net::Ipv4Addr::new(127, 0, 10, 1))
 }
+
+/// The step rank 0 checkpointed on a preemption notice, from a trainer's
+/// output (its `rank 0 checkpointed step N on the notice` line).
+pub(crate) fn noticed_step(out: &str) -> Option<u32> {
+    out.lines().find_map(|l| {
+        l.split("rank 0 checkpointed step ")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|s| s.parse().ok())
+    })
+}

@@ -646,14 +646,7 @@ fn a_managed_gcp_spot_gang_told_of_one_preemption_replaces_that_vm_at_the_notice
     assert_eq!(pre["action"], "STOP", "{pre}");
     let (code, out, err) = parts(&job.wait());
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
-    let noticed = out
-        .lines()
-        .find_map(|l| {
-            l.split("rank 0 checkpointed step ")
-                .nth(1)
-                .and_then(|r| r.split(' ').next())
-                .map(str::to_string)
-        })
+    let noticed = crate::common::noticed_step(&out)
         .unwrap_or_else(|| panic!("no checkpoint on the notice:\n{out}\n{err}"));
     for rank in 0..2 {
         assert!(

@@ -701,14 +701,7 @@ fn a_managed_gang_told_of_one_nodes_disruption_replaces_its_pod_and_loses_no_ste
         .expect("kubectl delete node");
     let (code, out, err) = parts(&launch.wait());
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
-    let noticed: u32 = out
-        .lines()
-        .find_map(|l| {
-            l.split("rank 0 checkpointed step ")
-                .nth(1)
-                .and_then(|r| r.split(' ').next())
-                .and_then(|s| s.parse().ok())
-        })
+    let noticed = crate::common::noticed_step(&out)
         .unwrap_or_else(|| panic!("no checkpoint on the notice:\n{out}\n{err}"));
     assert!(noticed >= 5, "{out}");
     let new = std::fs::read_to_string(dir.join("rank1-run1"))

@@ -354,15 +354,9 @@ fn a_pool_launch_with_a_refused_key_gets_the_key_hint_not_the_capacity_one() {
     );
 }
 
-fn pool_home(sshd: &Sshd) -> crate::common::TestHome {
-    let home = crate::common::TestHome::new();
-    let paths = ["s1/l1", "s1/l2", "s1/l1", "s1/l2"];
-    let hosts: Vec<String> = sshd
-        .addrs
-        .iter()
-        .zip(paths)
-        .map(|(a, p)| format!("      - {{address: {a}, name: n-{a}, topology: {p}}}"))
-        .collect();
+/// `$GANGWAY_HOME/ssh_pools.yaml`: pool `lab` of `hosts` (inventory
+/// lines) on `sshd`'s port, user and key.
+fn write_pool(home: &crate::common::TestHome, sshd: &Sshd, hosts: &[String]) {
     std::fs::write(
         home.path().join("ssh_pools.yaml"),
         format!(
@@ -374,6 +368,18 @@ fn pool_home(sshd: &Sshd) -> crate::common::TestHome {
         ),
     )
     .unwrap();
+}
+
+fn pool_home(sshd: &Sshd) -> crate::common::TestHome {
+    let home = crate::common::TestHome::new();
+    let paths = ["s1/l1", "s1/l2", "s1/l1", "s1/l2"];
+    let hosts: Vec<String> = sshd
+        .addrs
+        .iter()
+        .zip(paths)
+        .map(|(a, p)| format!("      - {{address: {a}, name: n-{a}, topology: {p}}}"))
+        .collect();
+    write_pool(&home, sshd, &hosts);
     home
 }
 
@@ -1614,17 +1620,7 @@ fn a_managed_gang_on_a_pool_told_a_host_is_draining_replaces_it_at_the_noticed_s
             )
         })
         .collect();
-    std::fs::write(
-        home.path().join("ssh_pools.yaml"),
-        format!(
-            "pools:\n  lab:\n    defaults:\n      port: {}\n      user: {}\n      key: {}\n    hosts:\n{}\n",
-            sshd.port,
-            sshd.user,
-            sshd.client_key.display(),
-            hosts.join("\n")
-        ),
-    )
-    .unwrap();
+    write_pool(&home, &sshd, &hosts);
     let t = home.file(
         "gang.yaml",
         &format!(
@@ -1667,14 +1663,7 @@ fn a_managed_gang_on_a_pool_told_a_host_is_draining_replaces_it_at_the_noticed_s
     let (code, out, err) = crate::common::parts(&launcher.wait());
     let (_, ev, _) = crate::common::parts(&home.run(["jobs", "events", "1"]));
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}\nevents:\n{ev}");
-    let noticed = out
-        .lines()
-        .find_map(|l| {
-            l.split("rank 0 checkpointed step ")
-                .nth(1)
-                .and_then(|r| r.split(' ').next())
-                .map(str::to_string)
-        })
+    let noticed = crate::common::noticed_step(&out)
         .unwrap_or_else(|| panic!("no checkpoint on the notice:\n{out}\n{ev}"));
     assert!(
         out.contains(&format!("rank 0 on {h0} in run 1 from step {noticed}")),
