@@ -21,6 +21,23 @@ pub(crate) fn leftovers(gce: &GceFake) -> Vec<String> {
     names
 }
 
+/// Waits (a minute at most) until the fake holds nothing gangway made:
+/// a managed job's clusters go after the job has ended.
+fn wait_nothing_left(gce: &GceFake) {
+    crate::common::wait_for(
+        "the job's clusters to be gone",
+        Duration::from_secs(60),
+        || {
+            let left = leftovers(gce);
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            }
+        },
+    );
+}
+
 /// gangway in `home`, pointed at the fake.
 fn run(gce: &GceFake, home: &TestHome, args: &[&str]) -> std::process::Output {
     let mut c = crate::common::command_in(home.path());
@@ -494,18 +511,7 @@ fn preempt_one_of_two(
         "the event names the preempted VM:\n{ev}"
     );
     // Nothing left: the preempted cluster and the one it resumed on.
-    crate::common::wait_for(
-        "the job's clusters to be gone",
-        Duration::from_secs(60),
-        || {
-            let left = leftovers(&gce);
-            if left.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("{left:?}"))
-            }
-        },
-    );
+    wait_nothing_left(&gce);
     crate::common::assert_no_marker_procs(&home.marker, "the managed job ended");
     Some((out, gce, home, sshd, after, victim))
 }
@@ -679,18 +685,7 @@ fn a_managed_gcp_spot_gang_told_of_one_preemption_replaces_that_vm_at_the_notice
     let j = json_doc(&q)["jobs"][0].clone();
     assert_eq!(j["state"], "SUCCEEDED", "{j}");
     assert_eq!(j["nodes_replaced"], 1, "{j}");
-    crate::common::wait_for(
-        "the job's cluster to be gone",
-        Duration::from_secs(60),
-        || {
-            let left = leftovers(&gce);
-            if left.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("{left:?}"))
-            }
-        },
-    );
+    wait_nothing_left(&gce);
     crate::common::assert_no_marker_procs(&home.marker, "the managed job ended");
 }
 

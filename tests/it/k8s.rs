@@ -1150,6 +1150,47 @@ fn kueue_admits_a_gang_whole_or_not_at_all() {
     assert_no_marker_procs(&home.marker, "every down");
 }
 
+/// A Kueue cluster with topology-aware scheduling by block: one node of
+/// A100 GPUs per `(name, block, gpus)` of `layout`, a `blocks` Topology
+/// (block, then host), a queue `lq` holding `quota_gpus`, and a home whose
+/// kubernetes.yaml uses that queue and asks for the block level.
+fn tas_cluster(layout: &[(&str, &str, &str)], quota_gpus: u32) -> Option<(K8sHarness, TestHome)> {
+    let nodes: Vec<NodeSpec> = layout
+        .iter()
+        .map(|(n, b, g)| {
+            NodeSpec::new(n)
+                .label("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-40GB")
+                .label("cloud.google.com/gce-topology-block", b)
+                .capacity("cpu", "8")
+                .capacity("memory", "32Gi")
+                .capacity("nvidia.com/gpu", g)
+        })
+        .collect();
+    let k8s = start_with_kueue(&nodes)?;
+    k8s.kubectl_stdin(
+        &["apply", "-f", "-"],
+        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: Topology\nmetadata:\n  name: blocks\nspec:\n  levels:\n\
+         \x20 - nodeLabel: cloud.google.com/gce-topology-block\n  - nodeLabel: kubernetes.io/hostname\n",
+    )
+    .expect("Topology");
+    kueue_queues(
+        &k8s,
+        "tas-flavor",
+        "nodeLabels: {nvidia.com/gpu.product: NVIDIA-A100-SXM4-40GB}, topologyName: blocks",
+        quota_gpus,
+    );
+    let home = TestHome::new();
+    home.file(
+        "kubernetes.yaml",
+        &format!(
+            "kubeconfig: {}\nimage: ignored-by-the-harness\nlaunch_timeout: 90s\nqueue: lq\n\
+             topology: cloud.google.com/gce-topology-block\n",
+            k8s.kubeconfig().display()
+        ),
+    );
+    Some((k8s, home))
+}
+
 /// Kueue's topology-aware scheduling: with `topology:` a block label in
 /// kubernetes.yaml, a gang of 3 one-GPU pods lands in the one block that
 /// holds it (b2: 2 nodes of 2 GPUs), never in b1 (2 nodes of 1 GPU, empty
@@ -1163,41 +1204,9 @@ fn kueue_topology_puts_a_gang_in_one_block() {
         ("node-c", "b1", "1"),
         ("node-d", "b2", "2"),
     ];
-    let nodes: Vec<NodeSpec> = layout
-        .iter()
-        .map(|(n, b, g)| {
-            NodeSpec::new(n)
-                .label("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-40GB")
-                .label("cloud.google.com/gce-topology-block", b)
-                .capacity("cpu", "8")
-                .capacity("memory", "32Gi")
-                .capacity("nvidia.com/gpu", g)
-        })
-        .collect();
-    let Some(k8s) = start_with_kueue(&nodes) else {
+    let Some((k8s, home)) = tas_cluster(&layout, 6) else {
         return;
     };
-    k8s.kubectl_stdin(
-        &["apply", "-f", "-"],
-        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: Topology\nmetadata:\n  name: blocks\nspec:\n  levels:\n\
-         \x20 - nodeLabel: cloud.google.com/gce-topology-block\n  - nodeLabel: kubernetes.io/hostname\n",
-    )
-    .expect("Topology");
-    kueue_queues(
-        &k8s,
-        "tas-flavor",
-        "nodeLabels: {nvidia.com/gpu.product: NVIDIA-A100-SXM4-40GB}, topologyName: blocks",
-        6,
-    );
-    let home = TestHome::new();
-    home.file(
-        "kubernetes.yaml",
-        &format!(
-            "kubeconfig: {}\nimage: ignored-by-the-harness\nlaunch_timeout: 90s\nqueue: lq\n\
-             topology: cloud.google.com/gce-topology-block\n",
-            k8s.kubeconfig().display()
-        ),
-    );
     let task = home.file(
         "tas.yaml",
         "num_nodes: 3\nresources:\n  accelerators: A100:1\nrun: echo \"R=$NODE_RANK node=$HARNESS_NODE_NAME\"\n",
@@ -1345,41 +1354,9 @@ fn kueue_topology_replaces_a_lost_pod_in_the_gangs_block() {
         ("node-c", "b2", "1"),
         ("node-d", "b2", "1"),
     ];
-    let nodes: Vec<NodeSpec> = layout
-        .iter()
-        .map(|(n, b, g)| {
-            NodeSpec::new(n)
-                .label("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-40GB")
-                .label("cloud.google.com/gce-topology-block", b)
-                .capacity("cpu", "8")
-                .capacity("memory", "32Gi")
-                .capacity("nvidia.com/gpu", g)
-        })
-        .collect();
-    let Some(k8s) = start_with_kueue(&nodes) else {
+    let Some((k8s, home)) = tas_cluster(&layout, 4) else {
         return;
     };
-    k8s.kubectl_stdin(
-        &["apply", "-f", "-"],
-        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: Topology\nmetadata:\n  name: blocks\nspec:\n  levels:\n\
-         \x20 - nodeLabel: cloud.google.com/gce-topology-block\n  - nodeLabel: kubernetes.io/hostname\n",
-    )
-    .expect("Topology");
-    kueue_queues(
-        &k8s,
-        "tas-flavor",
-        "nodeLabels: {nvidia.com/gpu.product: NVIDIA-A100-SXM4-40GB}, topologyName: blocks",
-        4,
-    );
-    let home = TestHome::new();
-    home.file(
-        "kubernetes.yaml",
-        &format!(
-            "kubeconfig: {}\nimage: ignored-by-the-harness\nlaunch_timeout: 90s\nqueue: lq\n\
-             topology: cloud.google.com/gce-topology-block\n",
-            k8s.kubeconfig().display()
-        ),
-    );
     let flags = home.path().join("flags");
     std::fs::create_dir_all(&flags).unwrap();
     let t = managed_gang(&home, &flags, "");

@@ -569,11 +569,11 @@ fn place_files(
     // the same time and can trip over each other's (a file another node
     // just replaced): a node that failed, or whose thread did, is placed
     // again alone, once the others are done.
-    let mut again: Vec<usize> = (0..nodes.len())
-        .filter(|r| !placed.iter().any(|(p, done)| p == r && done.is_ok()))
-        .collect();
-    again.sort_unstable();
-    for rank in again {
+    let mut done = vec![false; nodes.len()];
+    for (rank, placed) in &placed {
+        done[*rank] = placed.is_ok();
+    }
+    for rank in (0..nodes.len()).filter(|r| !done[*r]) {
         place_on(job.spec, &nodes[rank], transport, &checkpoint_dirs[rank])
             .map_err(|e| format!("rank {rank}: {e}"))?;
     }
