@@ -447,3 +447,56 @@ fn a_replacement_the_zone_has_no_capacity_for_falls_back_to_the_whole_gang() {
     });
     crate::common::assert_no_marker_procs(&home.marker, "the managed job ended");
 }
+
+#[test]
+fn a_replacement_gives_the_workdir_to_the_new_node_only_and_survivors_keep_theirs() {
+    let home = TestHome::new();
+    let task = gang_task(&home, None, 1, None);
+    // A workdir whose file each rank of the first run writes to: the
+    // survivors keep what their run made of it; the new node gets it as
+    // the user gave it.
+    let dir = home.path().join("wd");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("data.txt"), "as given\n").unwrap();
+    let text = std::fs::read_to_string(&task).unwrap().replacen(
+        "run: |\n",
+        &format!(
+            "workdir: {}\nrun: |\n  [ \"$GANGWAY_RESTART_COUNT\" = 0 ] && echo 'run 0 wrote here' \
+             >> data.txt\n  [ \"$GANGWAY_RESTART_COUNT\" = 1 ] && echo \"workdir of rank \
+             $GANGWAY_NODE_RANK: $(tr '\\n' '|' < data.txt)\"\n",
+            dir.display()
+        ),
+        1,
+    );
+    std::fs::write(&task, text).unwrap();
+    let (job, ever, log, events) = run_gang(&home, &task);
+    assert_eq!(job["state"], "SUCCEEDED", "{job}");
+    assert_eq!(
+        (job["nodes_replaced"].as_u64(), ever),
+        (Some(1), 5),
+        "{job}"
+    );
+    finished_exactly(&log);
+    let story = reasons(&events);
+    let lost: u32 = story
+        .split("replaced rank ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|r| r.parse().ok())
+        .unwrap_or_else(|| panic!("{story}"));
+    for rank in 0..4 {
+        let want = if rank == lost {
+            "as given|"
+        } else {
+            "as given|run 0 wrote here|"
+        };
+        assert!(
+            log.contains(&format!("workdir of rank {rank}: {want}\n")),
+            "rank {rank} (lost {lost}):\n{log}"
+        );
+    }
+    assert!(
+        log.contains("3 survivor(s) reached beside the new nodes' setup"),
+        "{log}"
+    );
+}

@@ -13,6 +13,7 @@ use std::time::Duration;
 use gangway_provider::{ClusterName, NodeState};
 use tokio::task::JoinSet;
 
+use super::files;
 use super::{node_env, transport_for, GangInfo, JobSpec, NodeCommand, Phase, Transport};
 use crate::core::context::Context;
 use crate::core::registry::Providers;
@@ -316,52 +317,36 @@ struct Job<'a> {
 }
 
 /// Runs the job once it is its turn on the cluster: reaches its nodes,
-/// places its files, runs the storage step and setup everywhere, then the
-/// run ([`phase`] each); says how it ended.
+/// places their files, runs the storage step and setup ([`prepare`]),
+/// then the run everywhere ([`phase`]); says how it ended.
 async fn run_job(
     job: &Job<'_>,
     cancel: &mut tokio::sync::watch::Receiver<Cancel>,
     outcome: &mut RunOutcome,
 ) -> Result<Ended, DriveError> {
-    let (cx, cluster, spec, logs) = (job.cx, job.cluster, job.spec, job.logs);
+    let (cx, cluster, spec) = (job.cx, job.cluster, job.spec);
     if let Some(ended) = wait_turn(job, cancel).await? {
         return Ok(ended);
     }
-    // Each step's time, for `RUST_LOG=gangway=debug` (driver.log).
-    let began = std::time::Instant::now();
-    let step = |what: &str| tracing::debug!("job {}: {what} at {:?}", job.id, began.elapsed());
-    let (cloud, nodes, transport) = match reach(job).await? {
-        Ok(reached) => reached,
+    let (cloud, nodes, transport) = match resolve(job)? {
+        Ok(resolved) => resolved,
         Err(ended) => return Ok(ended),
     };
-    step("nodes reached");
-    let info = match gang_info(job, &nodes, transport.as_ref()).await {
-        Ok(info) => info,
+    let storage_env = match storage_env(job, &nodes).await {
+        Ok(env) => env,
         Err(why) => return Ok((JobStatus::FailedSetup, Some(why))),
     };
     let _renewing = keep_mounts_renewed(job, &nodes, &transport);
-    if let Err(why) = place_files(job, &nodes, transport.as_ref(), &info.checkpoint_dirs) {
-        return Ok((JobStatus::FailedSetup, Some(why)));
-    }
-    step("files placed");
-    if let Some(ended) = before_run(job, &info, transport.as_ref(), cancel, outcome).await? {
-        return Ok(ended);
-    }
-    step("storage and setup done");
+    let nodes = match prepare(job, nodes, &transport, &storage_env, cancel, outcome).await? {
+        Ok(nodes) => nodes,
+        Err(ended) => return Ok(ended),
+    };
     let Some(run) = spec.run.as_deref().filter(|s| !s.trim().is_empty()) else {
         return Ok((JobStatus::Succeeded, Some("no run commands".into())));
     };
-    let store = cx.store();
-    let (end, ranks) = phase(
-        Phase::Run,
-        run,
-        &info,
-        transport.as_ref(),
-        store,
-        logs,
-        cancel,
-    )
-    .await?;
+    let info = gang_info(job, &nodes, transport.as_ref(), storage_env);
+    let t = transport.as_ref();
+    let (end, ranks) = phase(job, Phase::Run, run, &info, t, cancel, None).await?;
     outcome.ranks = ranks;
     match end {
         PhaseEnd::Ok => Ok((JobStatus::Succeeded, None)),
@@ -378,6 +363,193 @@ async fn run_job(
         }
         PhaseEnd::Cancelled => Ok((JobStatus::Cancelled, Some("cancelled by the user".into()))),
     }
+}
+
+/// Logs how long the job's driver took to get to `what`, for
+/// `RUST_LOG=gangway=debug` (driver.log).
+fn step(job: &Job<'_>, began: std::time::Instant, what: &str) {
+    tracing::debug!("job {}: {what} at {:?}", job.id, began.elapsed());
+}
+
+/// Everything before the run, on every node: reached, files placed, the
+/// storage step and setup; the nodes as reached (with the GPUs of
+/// machines gangway did not create discovered), or how the job ended.
+///
+/// After a replacement, only the new nodes stand between the gang and
+/// its run: they are reached and given their files first, and their
+/// setup starts at once, while the survivors (which keep their setup) are
+/// reached and have their checkpoint rolled back beside it. A survivor
+/// that fails there stops the new nodes' setup.
+async fn prepare(
+    job: &Job<'_>,
+    mut nodes: Vec<NodeRow>,
+    transport: &Arc<dyn Transport>,
+    storage_env: &[(String, String)],
+    cancel: &mut tokio::sync::watch::Receiver<Cancel>,
+    outcome: &mut RunOutcome,
+) -> Result<Result<Vec<NodeRow>, Ended>, DriveError> {
+    let began = std::time::Instant::now();
+    let kept: Vec<bool> = nodes
+        .iter()
+        .map(|n| n.extra.contains_key(super::SURVIVOR_FACT))
+        .collect();
+    let split = kept.contains(&true) && kept.contains(&false);
+    let first: Vec<bool> = kept.iter().map(|k| !split || !k).collect();
+    if let Err(why) = reach_and_place(job, &mut nodes, transport.as_ref(), &first).await {
+        return Ok(Err((JobStatus::FailedSetup, Some(why))));
+    }
+    step(
+        job,
+        began,
+        if split {
+            "new nodes reached, files placed"
+        } else {
+            "nodes reached, files placed"
+        },
+    );
+    let t = transport.as_ref();
+    if !split {
+        let info = gang_info(job, &nodes, t, storage_env.to_vec());
+        if let Some(ended) = before_run(job, &info, t, cancel, outcome, None).await? {
+            return Ok(Err(ended));
+        }
+        step(job, began, "storage and setup done");
+        return Ok(Ok(nodes));
+    }
+    // Beside the new nodes' setup: the survivors, on a cancel channel of
+    // their own; a survivor's failure cancels the new nodes' setup.
+    let (new_done, survivors_done) = {
+        let (stop_new, mut new_cancel) = tokio::sync::watch::channel(*cancel.borrow());
+        let mut survivors_cancel = cancel.clone();
+        let info = gang_info(job, &nodes, t, storage_env.to_vec());
+        let new_side = before_run(job, &info, t, &mut new_cancel, outcome, Some(&first));
+        let survivors = survivors_ready(
+            job,
+            &nodes,
+            transport,
+            storage_env,
+            &kept,
+            &mut survivors_cancel,
+        );
+        tokio::pin!(new_side, survivors);
+        let (mut new_done, mut survivors_done) = (None, None);
+        while new_done.is_none() || survivors_done.is_none() {
+            tokio::select! {
+                r = &mut new_side, if new_done.is_none() => {
+                    new_done = Some(r?);
+                    step(job, began, "the new nodes' storage and setup done");
+                }
+                r = &mut survivors, if survivors_done.is_none() => {
+                    let r = r?;
+                    if r.is_err() {
+                        let _ = stop_new.send(Cancel::Graceful);
+                    }
+                    survivors_done = Some(r);
+                    step(job, began, "survivors reached, checkpoint rolled back");
+                }
+                Ok(()) = cancel.changed() => {
+                    let _ = stop_new.send(*cancel.borrow());
+                }
+            }
+        }
+        (new_done, survivors_done)
+    };
+    // A survivor's failure says why the new nodes' setup was stopped.
+    let survived = match survivors_done {
+        Some(Ok(survived)) => survived,
+        Some(Err(ended)) => return Ok(Err(ended)),
+        None => unreachable!("the loop ends once the survivors are done"),
+    };
+    if let Some(Some(ended)) = new_done {
+        return Ok(Err(ended));
+    }
+    for ((n, s), k) in nodes.iter_mut().zip(survived).zip(&kept) {
+        if *k {
+            *n = s;
+        }
+    }
+    Ok(Ok(nodes))
+}
+
+/// The survivors' part of [`prepare`]: reached, their GPUs asked where
+/// they must be and their checkpoint directory rolled back (on a thread
+/// of its own: it waits on ssh processes), then the storage step. Every
+/// node back (the survivors' rows as reached), or how the job ended.
+async fn survivors_ready(
+    job: &Job<'_>,
+    nodes: &[NodeRow],
+    transport: &Arc<dyn Transport>,
+    storage_env: &[(String, String)],
+    kept: &[bool],
+    cancel: &mut tokio::sync::watch::Receiver<Cancel>,
+) -> Result<Result<Vec<NodeRow>, Ended>, DriveError> {
+    let survivors: Vec<NodeRow> = only(nodes, kept);
+    if let Err(e) = transport.connect(&survivors).await {
+        return Ok(Err((JobStatus::FailedSetup, Some(e.to_string()))));
+    }
+    let (spec, t, kept_too) = (job.spec.clone(), Arc::clone(transport), kept.to_vec());
+    let mut all: Vec<NodeRow> = nodes.to_vec();
+    let placed = tokio::task::spawn_blocking(move || {
+        files::discover_and_place(&spec, &mut all, t.as_ref(), &kept_too).map(|()| all)
+    })
+    .await
+    .map_err(|e| DriveError::Other(format!("placing the survivors' files: {e}")))?;
+    for note in transport.take_notes() {
+        job.logs.say(&note);
+    }
+    let all = match placed {
+        Ok(all) => all,
+        Err(why) => return Ok(Err((JobStatus::FailedSetup, Some(why)))),
+    };
+    job.logs.say(&format!(
+        "{} survivor(s) reached beside the new nodes' setup; their workdir and file mounts \
+         kept, their checkpoint directory back to the kept checkpoint",
+        survivors.len()
+    ));
+    let info = gang_info(job, &all, transport.as_ref(), storage_env.to_vec());
+    let mut ignored = RunOutcome::of(EndReason::Succeeded);
+    let ended = before_run(
+        job,
+        &info,
+        transport.as_ref(),
+        cancel,
+        &mut ignored,
+        Some(kept),
+    )
+    .await?;
+    Ok(match ended {
+        Some(ended) => Err(ended),
+        None => Ok(all),
+    })
+}
+
+/// The nodes of rank `r` with `mask[r]`.
+fn only(nodes: &[NodeRow], mask: &[bool]) -> Vec<NodeRow> {
+    nodes
+        .iter()
+        .zip(mask)
+        .filter(|(_, m)| **m)
+        .map(|(n, _)| n.clone())
+        .collect()
+}
+
+/// Reaches the nodes of rank `r` with `mask[r]` and places their files
+/// (see [`files::discover_and_place`]); why not, if it could not.
+async fn reach_and_place(
+    job: &Job<'_>,
+    nodes: &mut [NodeRow],
+    transport: &dyn Transport,
+    mask: &[bool],
+) -> Result<(), String> {
+    transport
+        .connect(&only(nodes, mask))
+        .await
+        .map_err(|e| e.to_string())?;
+    let placed = files::discover_and_place(job.spec, nodes, transport, mask);
+    for note in transport.take_notes() {
+        job.logs.say(&note);
+    }
+    placed
 }
 
 /// Jobs on one cluster run one at a time, in submission order: waits for
@@ -406,10 +578,10 @@ async fn wait_turn(
     }
 }
 
-/// The job's nodes (as many as it asks for, in rank order), connected,
-/// with the GPUs of machines gangway did not create discovered; and their
-/// cloud.
-async fn reach(
+/// The job's nodes (as many as it asks for, in rank order), not reached
+/// yet, and their cloud and transport.
+#[allow(clippy::type_complexity)]
+fn resolve(
     job: &Job<'_>,
 ) -> Result<Result<(String, Vec<NodeRow>, Arc<dyn Transport>), Ended>, DriveError> {
     let (store, cluster, spec) = (job.cx.store(), job.cluster, job.spec);
@@ -432,55 +604,32 @@ async fn reach(
         let why = format!("no transport for {cloud} nodes yet");
         return Ok(Err((JobStatus::Failed, Some(why))));
     };
-    let transport: Arc<dyn Transport> = Arc::from(transport);
     store.set_job_status(job.id, JobStatus::SettingUp, None)?;
-    if let Err(e) = transport.connect(&nodes).await {
-        return Ok(Err((JobStatus::FailedSetup, Some(e.to_string()))));
-    }
-    discover_gpus(transport.as_ref(), &mut nodes);
-    Ok(Ok((cloud, nodes, transport)))
+    Ok(Ok((cloud, nodes, Arc::from(transport))))
 }
 
-/// Machines gangway did not create say what GPUs they have: asks them,
-/// and orders `CUDA_VISIBLE_DEVICES` by what they answer.
-fn discover_gpus(transport: &dyn Transport, nodes: &mut [NodeRow]) {
-    for n in nodes
-        .iter_mut()
-        .filter(|n| n.extra.get("gpus.discover").is_some_and(|v| v == "true"))
-    {
-        let out = transport
-            .probe(n, super::gpus::DISCOVER_SCRIPT)
-            .unwrap_or_default();
-        let (gpus, order) = super::gpus::discovered(&out);
-        n.extra.insert("gpus.discovered".into(), gpus.to_string());
-        if !order.is_empty() {
-            let order: Vec<String> = order.iter().map(u32::to_string).collect();
-            n.extra
-                .insert("env.CUDA_VISIBLE_DEVICES".into(), order.join(","));
-        }
-    }
+/// The storage step's bucket credentials. Those are made now, from the
+/// user's own chain, for this run only: never stored, never on the
+/// driver's pipe; none for the buckets every node reaches with an
+/// identity of its own.
+async fn storage_env(job: &Job<'_>, nodes: &[NodeRow]) -> Result<Vec<(String, String)>, String> {
+    let spec = job.spec;
+    let own = crate::core::storage::OwnIdentity::of_nodes(nodes);
+    crate::core::storage::node_credentials(&spec.bucket_mounts, spec.restore_bucket.as_ref(), &own)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// What every phase of the job needs: its paths as each node sees them
-/// and the storage step's bucket credentials. Those are made now, from
-/// the user's own chain, for this run only: never stored, never on the
-/// driver's pipe; none for the buckets every node reaches with an
-/// identity of its own.
-async fn gang_info<'a>(
+/// and the storage step's bucket credentials.
+fn gang_info<'a>(
     job: &Job<'a>,
     nodes: &'a [NodeRow],
     transport: &dyn Transport,
-) -> Result<GangInfo<'a>, String> {
+    storage_env: Vec<(String, String)>,
+) -> GangInfo<'a> {
     let spec = job.spec;
-    let ck = checkpoint_dir(spec);
-    let own = crate::core::storage::OwnIdentity::of_nodes(nodes);
-    let storage_env = crate::core::storage::node_credentials(
-        &spec.bucket_mounts,
-        spec.restore_bucket.as_ref(),
-        &own,
-    )
-    .await
-    .map_err(|e| e.to_string())?;
+    let ck = files::checkpoint_dir(spec);
     let on_each = |path: &str| -> Vec<String> {
         nodes.iter().map(|n| transport.node_path(n, path)).collect()
     };
@@ -493,7 +642,7 @@ async fn gang_info<'a>(
                 .collect()
         })
         .collect();
-    Ok(GangInfo {
+    GangInfo {
         spec,
         secrets: job.secrets,
         nodes,
@@ -503,14 +652,7 @@ async fn gang_info<'a>(
         storage_env,
         mount_dirs,
         workdir_dirs: on_each(super::WORKDIR_ON_NODE),
-    })
-}
-
-/// The checkpoint directory the job's nodes use.
-fn checkpoint_dir(spec: &JobSpec) -> &str {
-    spec.checkpoint_dir
-        .as_deref()
-        .unwrap_or(super::DEFAULT_CHECKPOINT_DIR)
+    }
 }
 
 /// Bucket mounts outlive the storage step: while setup and the run go on,
@@ -543,136 +685,6 @@ fn keep_mounts_renewed(
             }
         }
     })))
-}
-
-/// How many nodes have their files placed at once: each placement is a
-/// few ssh (or kubectl, srun) processes and a stream of the files, so a
-/// 64-node gang takes four waves' time rather than 64 nodes' one after
-/// another.
-const PLACE_AT_ONCE: usize = 16;
-
-/// Files first, on every node at once (at most [`PLACE_AT_ONCE`] at a
-/// time): the checkpoint directory (with a kept checkpoint restored into
-/// it), the workdir and the file mounts. A failure names the lowest rank
-/// that failed.
-fn place_files(
-    job: &Job<'_>,
-    nodes: &[NodeRow],
-    transport: &dyn Transport,
-    checkpoint_dirs: &[String],
-) -> Result<(), String> {
-    let placed = on_every_node(nodes, PLACE_AT_ONCE, |rank, n| {
-        place_on(job.spec, n, transport, &checkpoint_dirs[rank])
-    });
-    // Nodes that share a file system (an NFS home on a pool or a Slurm
-    // cluster, several addresses of one machine) place the same files at
-    // the same time and can trip over each other's (a file another node
-    // just replaced): a node that failed, or whose thread did, is placed
-    // again alone, once the others are done.
-    let mut done = vec![false; nodes.len()];
-    for (rank, placed) in &placed {
-        done[*rank] = placed.is_ok();
-    }
-    for rank in (0..nodes.len()).filter(|r| !done[*r]) {
-        place_on(job.spec, &nodes[rank], transport, &checkpoint_dirs[rank])
-            .map_err(|e| format!("rank {rank}: {e}"))?;
-    }
-    for note in transport.take_notes() {
-        job.logs.say(&note);
-    }
-    Ok(())
-}
-
-/// One node's files (see [`place_files`]).
-fn place_on(
-    spec: &JobSpec,
-    n: &NodeRow,
-    transport: &dyn Transport,
-    checkpoint_dir_on_node: &str,
-) -> Result<(), String> {
-    if n.extra.contains_key(super::SURVIVOR_FACT) {
-        // A survivor resumes from the kept checkpoint as the new nodes
-        // do: whatever it wrote after that checkpoint goes.
-        roll_back_checkpoint(transport, n, checkpoint_dir_on_node)
-            .map_err(|e| format!("rolling back the checkpoint directory: {e}"))?;
-    }
-    transport
-        .make_dir(n, checkpoint_dir_on_node)
-        .map_err(|e| e.to_string())?;
-    if let Some(kept) = spec.restore_from.as_deref().filter(|p| p.is_dir()) {
-        // `upload` takes the node's own spelling of the path.
-        transport
-            .upload(n, kept, checkpoint_dir(spec))
-            .map_err(|e| format!("restoring the checkpoint: {e}"))?;
-    }
-    let mut uploads: Vec<(&Path, &str)> = Vec::new();
-    if let Some(w) = &spec.workdir {
-        uploads.push((w.as_path(), super::WORKDIR_ON_NODE));
-    }
-    for (dest, src) in &spec.file_mounts {
-        uploads.push((src.as_path(), dest.as_str()));
-    }
-    for (src, dest) in uploads {
-        transport.upload(n, src, dest).map_err(|e| e.to_string())?;
-    }
-    Ok(())
-}
-
-/// `f(rank, node)` for every node, on at most `at_once` threads at a time:
-/// `(rank, answer)` in rank order (a rank whose `f` panicked is missing).
-fn on_every_node<T, F>(nodes: &[NodeRow], at_once: usize, f: F) -> Vec<(usize, T)>
-where
-    T: Send,
-    F: Fn(usize, &NodeRow) -> T + Sync,
-{
-    if nodes.len() <= 1 {
-        return nodes
-            .iter()
-            .enumerate()
-            .map(|(r, n)| (r, f(r, n)))
-            .collect();
-    }
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let mut answers: Vec<(usize, T)> = std::thread::scope(|s| {
-        let workers: Vec<_> = (0..at_once.clamp(1, nodes.len()))
-            .map(|_| {
-                s.spawn(|| {
-                    let mut mine = Vec::new();
-                    loop {
-                        let rank = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(n) = nodes.get(rank) else { break mine };
-                        // A panic loses this rank's answer only.
-                        let answer =
-                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(rank, n)));
-                        if let Ok(a) = answer {
-                            mine.push((rank, a));
-                        }
-                    }
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .flat_map(|w| w.join().unwrap_or_default())
-            .collect()
-    });
-    answers.sort_by_key(|(rank, _)| *rank);
-    answers
-}
-
-/// Empties a surviving node's checkpoint directory `dir` (as the node
-/// spells it; `~/` is its home).
-fn roll_back_checkpoint(
-    transport: &dyn Transport,
-    node: &NodeRow,
-    dir: &str,
-) -> Result<(), super::TransportError> {
-    let quoted = gangway_provider::sh_quote(dir);
-    let script = format!(
-        "d={quoted}; case \"$d\" in \"~/\"*) d=\"$HOME/${{d#\"~/\"}}\" ;; esac; \
-         if [ -d \"$d\" ]; then find \"$d\" -mindepth 1 -maxdepth 1 -exec rm -rf {{}} +; fi"
-    );
-    transport.probe(node, &script).map(|_| ())
 }
 
 /// The storage step (a git workdir, bucket mounts, a checkpoint to
@@ -709,29 +721,27 @@ async fn before_run(
     transport: &dyn Transport,
     cancel: &mut tokio::sync::watch::Receiver<Cancel>,
     outcome: &mut RunOutcome,
+    only: Option<&[bool]>,
 ) -> Result<Option<Ended>, DriveError> {
-    let nodes = info.nodes.len();
-    let setup = job
-        .spec
-        .setup
-        .as_deref()
-        .filter(|s| !s.trim().is_empty())
+    let survivor = |n: &NodeRow| n.extra.contains_key(super::SURVIVOR_FACT);
+    let scoped: Vec<&NodeRow> = (info.nodes.iter().enumerate())
+        .filter(|(r, _)| only.is_none_or(|o| o[*r]))
+        .map(|(_, n)| n)
+        .collect();
+    let new = scoped.iter().filter(|n| !survivor(n)).count();
+    let setup = (job.spec.setup.as_deref())
+        .filter(|s| !s.trim().is_empty() && new > 0)
         .map(|s| {
-            let kept = info
-                .nodes
-                .iter()
-                .filter(|n| n.extra.contains_key(super::SURVIVOR_FACT))
-                .count();
-            let what = match kept {
-                0 => format!("setup on {nodes} node(s)"),
-                k => format!("setup on {} new node(s); {k} kept theirs", nodes - k),
+            let what = match info.nodes.iter().filter(|n| survivor(n)).count() {
+                0 => format!("setup on {new} node(s)"),
+                k => format!("setup on {new} new node(s); {k} kept theirs"),
             };
             (s.to_string(), what)
         });
     let steps = [
         (
             Phase::Storage,
-            storage_step(job.spec, nodes),
+            storage_step(job.spec, scoped.len()),
             "storage",
             "setup does not start",
         ),
@@ -742,8 +752,7 @@ async fn before_run(
             continue;
         };
         job.logs.say(&starting);
-        let store = job.cx.store();
-        let (end, ranks) = phase(which, &script, info, transport, store, job.logs, cancel).await?;
+        let (end, ranks) = phase(job, which, &script, info, transport, cancel, only).await?;
         outcome.ranks = ranks;
         match end {
             PhaseEnd::Ok => {}
@@ -800,16 +809,17 @@ impl Drop for AbortOnDrop {
 /// away stops the others (SIGTERM, SIGKILL after [`GRACE`]). Returns how
 /// the phase ended and how each rank did.
 async fn phase(
+    job: &Job<'_>,
     which: Phase,
     script: &str,
     info: &GangInfo<'_>,
     transport: &dyn Transport,
-    store: &Store,
-    logs: &Logs,
     cancel: &mut tokio::sync::watch::Receiver<Cancel>,
+    only: Option<&[bool]>,
 ) -> Result<(PhaseEnd, Vec<Option<RankEnd>>), DriveError> {
+    let (store, logs) = (job.cx.store(), job.logs);
     let mut g = Ranks::new(which, info.nodes, transport, logs);
-    let (mut set, pumps) = g.start(script, info);
+    let (mut set, pumps) = g.start(script, info, only);
     // What starting the ranks taught the transport (e.g. that a local
     // node's absolute paths could not be put in place).
     for note in transport.take_notes() {
@@ -926,7 +936,12 @@ impl<'a> Ranks<'a> {
     /// Starts `script` on every rank, each with its own environment and
     /// its output copied into the logs; a rank that cannot start fails the
     /// phase (and no later rank is started).
-    fn start(&mut self, script: &str, info: &GangInfo<'_>) -> (RankWait, Vec<Pump>) {
+    fn start(
+        &mut self,
+        script: &str,
+        info: &GangInfo<'_>,
+        only: Option<&[bool]>,
+    ) -> (RankWait, Vec<Pump>) {
         let mut set: RankWait = JoinSet::new();
         let mut pumps = Vec::new();
         for (rank, node) in self.nodes.iter().enumerate() {
@@ -938,6 +953,10 @@ impl<'a> Ranks<'a> {
                     "setup kept on rank {rank} ({}): it survived the loss of other nodes",
                     node.private_ip
                 ));
+                continue;
+            }
+            if only.is_some_and(|o| !o[rank]) {
+                // Another part of the gang runs this phase on it.
                 continue;
             }
             let cmd = NodeCommand {
@@ -1077,55 +1096,4 @@ async fn last_lines(pumps: Vec<Pump>) -> HashMap<usize, Vec<String>> {
         }
     }
     tails
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    fn nodes(n: u32) -> Vec<NodeRow> {
-        (0..n)
-            .map(|rank| NodeRow {
-                rank,
-                instance_id: format!("i-{rank}"),
-                private_ip: format!("10.0.0.{rank}"),
-                public_ip: None,
-                zone: "a".into(),
-                topology: String::new(),
-                state: "running".into(),
-                extra: Default::default(),
-            })
-            .collect()
-    }
-
-    #[test]
-    fn every_node_is_served_at_once_up_to_the_limit_and_answers_in_rank_order() {
-        let (active, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
-        let answers = on_every_node(&nodes(10), 4, |rank, n| {
-            let now = active.fetch_add(1, Ordering::SeqCst) + 1;
-            most.fetch_max(now, Ordering::SeqCst);
-            std::thread::sleep(Duration::from_millis(60));
-            active.fetch_sub(1, Ordering::SeqCst);
-            (rank, n.instance_id.clone())
-        });
-        assert_eq!(most.load(Ordering::SeqCst), 4, "four nodes at a time");
-        assert_eq!(answers.len(), 10);
-        for (i, (rank, (r, id))) in answers.iter().enumerate() {
-            assert_eq!((*rank, *r), (i, i));
-            assert_eq!(id, &format!("i-{i}"));
-        }
-    }
-
-    #[test]
-    fn a_node_whose_work_panics_is_missing_from_the_answers_not_fatal() {
-        let answers = on_every_node(&nodes(3), 3, |rank, _| {
-            if rank == 1 {
-                panic!("boom (expected by this test)");
-            }
-            rank
-        });
-        let ranks: Vec<usize> = answers.iter().map(|(r, _)| *r).collect();
-        assert_eq!(ranks, vec![0, 2]);
-    }
 }

@@ -6,6 +6,7 @@
 //! launched it and `status` can always tell a live job from a dead driver.
 
 mod driver;
+mod files;
 pub(crate) mod gpus;
 
 use std::path::PathBuf;
