@@ -74,8 +74,12 @@ pub(crate) enum ReplaceError {
 /// (confirmed gone), asks for the gang again (the provider keeps the
 /// survivors and adds the shortfall), checks the survivors are all still
 /// there, reaches the new nodes, and records the cluster with the new
-/// nodes in the lost ranks and the survivors marked [`SURVIVOR_FACT`].
-/// The caller holds the cluster's lock and has stopped its run.
+/// nodes in the lost ranks. With `setup_done` (every rank of the stopped
+/// run had started, so every node's setup was done) the survivors are
+/// marked [`SURVIVOR_FACT`] and keep their setup; otherwise only those
+/// already marked by an earlier replacement are (a node stopped in its
+/// setup runs it again). The caller holds the cluster's lock and has
+/// stopped its run.
 pub(crate) async fn replace_nodes(
     store: &Store,
     row: &ClusterRow,
@@ -83,6 +87,7 @@ pub(crate) async fn replace_nodes(
     c: &Candidate,
     providers: &Providers,
     wait: Duration,
+    setup_done: bool,
 ) -> Result<Replaced, ReplaceError> {
     let started = Instant::now();
     let cloud = row.cloud.clone().unwrap_or_default();
@@ -217,7 +222,9 @@ pub(crate) async fn replace_nodes(
     let mut all: Vec<NodeRow> = kept
         .into_iter()
         .map(|mut n| {
-            n.extra.insert(SURVIVOR_FACT.into(), "true".into());
+            if setup_done {
+                n.extra.insert(SURVIVOR_FACT.into(), "true".into());
+            }
             n
         })
         .chain(new_rows)

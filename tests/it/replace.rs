@@ -500,3 +500,29 @@ fn a_replacement_gives_the_workdir_to_the_new_node_only_and_survivors_keep_their
         "{log}"
     );
 }
+
+#[test]
+fn a_node_lost_during_setup_is_replaced_and_setup_runs_again_on_every_node() {
+    let home = TestHome::new();
+    let task = gang_task(&home, None, 1, None);
+    // The node is reclaimed 1 s after the launch, in the first setup's
+    // 4 s: no survivor finished its setup, so none may skip it.
+    let text = std::fs::read_to_string(&task)
+        .unwrap()
+        .replacen("after_s: 3", "after_s: 1", 1)
+        .replacen("setup: |\n", "setup: |\n  sleep 4\n", 1);
+    std::fs::write(&task, text).unwrap();
+    let (job, ever, log, events) = run_gang(&home, &task);
+    let story = reasons(&events);
+    // Lost in setup, it is a preemption to recover, not a failed setup.
+    assert_eq!(job["state"], "SUCCEEDED", "{job}\n{story}\n{log}");
+    assert_eq!(
+        (job["nodes_replaced"].as_u64(), ever),
+        (Some(1), 5),
+        "{story}"
+    );
+    assert!(log.contains("done at step 60"), "{log}");
+    assert!(story.contains("setup runs again"), "{story}");
+    assert_eq!(log.matches("setup on 4 node(s)").count(), 2, "{log}");
+    assert!(!log.contains("setup kept on rank"), "{log}");
+}

@@ -276,6 +276,12 @@ pub(super) async fn run_ended(
             }
         }
         JobStatus::FailedSetup => {
+            // A node the provider took during setup (a survivor of an
+            // earlier loss too, while the new nodes' setup ran) is a loss
+            // to recover, not the task's setup failing.
+            if let Some(l) = lost_node(sh, m, &nodes).await {
+                return preempted(sh, m, &l.to_string()).await;
+            }
             let detail = run.detail.clone().unwrap_or_default();
             finish(sh, m, ManagedState::FailedSetup, &detail).await
         }

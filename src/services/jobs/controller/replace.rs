@@ -83,13 +83,25 @@ pub(super) async fn replace_lost(sh: &Shared, m: &mut Memo) -> Result<bool, crat
         return Ok(false);
     };
     let lost_ranks = lost.clone();
+    // Survivors keep their setup only if it was done: every rank of the
+    // stopped run had started (a loss during setup runs it again there).
+    let setup_done = m.run.as_ref().is_some_and(|r| r.started_at.is_some());
     // The run stops on the survivors (its driver stops every rank, within
     // its grace period) while the replacement is asked for and reached:
     // a trainer that saves on SIGTERM takes that time anyway, and the
     // replacement touches only the lost nodes.
     let replacing = sh.off_thread(move |store, providers| async move {
         let _lock = lock;
-        replace::replace_nodes(&store, &row, &lost_ranks, &c, &providers, REPLACE_WAIT).await
+        replace::replace_nodes(
+            &store,
+            &row,
+            &lost_ranks,
+            &c,
+            &providers,
+            REPLACE_WAIT,
+            setup_done,
+        )
+        .await
     });
     let (stopped, replaced) =
         tokio::join!(lifecycle::stop_drivers(sh.store(), &job.cluster), replacing);
@@ -124,9 +136,14 @@ pub(super) async fn replace_lost(sh: &Shared, m: &mut Memo) -> Result<bool, crat
         sh,
         was,
         &format!(
-            "replaced {swapped} in {:.1} s, {survivors} survivor(s) kept with their setup; \
-             work lost: {lost_work}",
-            replaced.took.as_secs_f64()
+            "replaced {swapped} in {:.1} s, {survivors} survivor(s) kept {}; work lost: \
+             {lost_work}",
+            replaced.took.as_secs_f64(),
+            if setup_done {
+                "with their setup"
+            } else {
+                "(the loss came before every rank ran: setup runs again where it may not have finished)"
+            }
         ),
     )?;
     Ok(true)
