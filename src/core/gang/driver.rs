@@ -416,53 +416,62 @@ async fn prepare(
         step(job, began, "storage and setup done");
         return Ok(Ok(nodes));
     }
-    // Beside the new nodes' setup: the survivors, on a cancel channel of
-    // their own; a survivor's failure cancels the new nodes' setup.
-    let (new_done, survivors_done) = {
-        let (stop_new, mut new_cancel) = tokio::sync::watch::channel(*cancel.borrow());
-        let mut survivors_cancel = cancel.clone();
+    // Beside the new nodes' setup: the survivors. Each side has a cancel
+    // channel of its own: a cancel reaches both, and the side that fails
+    // first stops the other and says why the job ended.
+    let (stop_new, mut new_cancel) = tokio::sync::watch::channel(*cancel.borrow());
+    let (stop_old, mut old_cancel) = tokio::sync::watch::channel(*cancel.borrow());
+    let mut old_outcome = RunOutcome::of(EndReason::Succeeded);
+    let mut cause: Option<(Ended, bool)> = None;
+    let mut survived = None;
+    {
         let info = gang_info(job, &nodes, t, storage_env.to_vec());
         let new_side = before_run(job, &info, t, &mut new_cancel, outcome, Some(&first));
-        let survivors = survivors_ready(
-            job,
-            &nodes,
-            transport,
-            storage_env,
-            &kept,
-            &mut survivors_cancel,
-        );
-        tokio::pin!(new_side, survivors);
-        let (mut new_done, mut survivors_done) = (None, None);
-        while new_done.is_none() || survivors_done.is_none() {
+        let (old, o) = (&mut old_cancel, &mut old_outcome);
+        let old_side = survivors_ready(job, &nodes, transport, storage_env, &kept, old, o);
+        tokio::pin!(new_side, old_side);
+        let (mut new_done, mut old_done) = (false, false);
+        while !new_done || !old_done {
             tokio::select! {
-                r = &mut new_side, if new_done.is_none() => {
-                    new_done = Some(r?);
+                r = &mut new_side, if !new_done => {
+                    new_done = true;
                     step(job, began, "the new nodes' storage and setup done");
-                }
-                r = &mut survivors, if survivors_done.is_none() => {
-                    let r = r?;
-                    if r.is_err() {
-                        let _ = stop_new.send(Cancel::Graceful);
+                    if let Some(ended) = r? {
+                        cause.get_or_insert((ended, false));
+                        let _ = stop_old.send(Cancel::Graceful);
                     }
-                    survivors_done = Some(r);
+                }
+                r = &mut old_side, if !old_done => {
+                    old_done = true;
                     step(job, began, "survivors reached, checkpoint rolled back");
+                    match r? {
+                        Ok(rows) => survived = Some(rows),
+                        Err(ended) => {
+                            cause.get_or_insert((ended, true));
+                            let _ = stop_new.send(Cancel::Graceful);
+                        }
+                    }
                 }
                 Ok(()) = cancel.changed() => {
-                    let _ = stop_new.send(*cancel.borrow());
+                    let level = *cancel.borrow();
+                    let _ = stop_new.send(level);
+                    let _ = stop_old.send(level);
                 }
             }
         }
-        (new_done, survivors_done)
-    };
-    // A survivor's failure says why the new nodes' setup was stopped.
-    let survived = match survivors_done {
-        Some(Ok(survived)) => survived,
-        Some(Err(ended)) => return Ok(Err(ended)),
-        None => unreachable!("the loop ends once the survivors are done"),
-    };
-    if let Some(Some(ended)) = new_done {
+    }
+    if let Some((ended, by_survivors)) = cause {
+        if by_survivors && old_outcome.failed_rank.is_some() {
+            outcome.failed_rank = old_outcome.failed_rank;
+            outcome.ranks = old_outcome.ranks;
+        }
         return Ok(Err(ended));
     }
+    let Some(survived) = survived else {
+        return Err(DriveError::Other(
+            "the survivors' preparation ended without an answer".into(),
+        ));
+    };
     for ((n, s), k) in nodes.iter_mut().zip(survived).zip(&kept) {
         if *k {
             *n = s;
@@ -482,10 +491,22 @@ async fn survivors_ready(
     storage_env: &[(String, String)],
     kept: &[bool],
     cancel: &mut tokio::sync::watch::Receiver<Cancel>,
+    outcome: &mut RunOutcome,
 ) -> Result<Result<Vec<NodeRow>, Ended>, DriveError> {
     let survivors: Vec<NodeRow> = only(nodes, kept);
-    if let Err(e) = transport.connect(&survivors).await {
-        return Ok(Err((JobStatus::FailedSetup, Some(e.to_string()))));
+    // A survivor that is gone keeps its connection retrying until the
+    // transport's deadline: a cancel (the new nodes' setup failed, the
+    // controller stops the run) does not wait for that.
+    tokio::select! {
+        reached = transport.connect(&survivors) => {
+            if let Err(e) = reached {
+                return Ok(Err((JobStatus::FailedSetup, Some(e.to_string()))));
+            }
+        }
+        _ = cancel.changed() => {
+            let why = "cancelled while the survivors were being reached";
+            return Ok(Err((JobStatus::Cancelled, Some(why.into()))));
+        }
     }
     let (spec, t, kept_too) = (job.spec.clone(), Arc::clone(transport), kept.to_vec());
     let mut all: Vec<NodeRow> = nodes.to_vec();
@@ -507,16 +528,8 @@ async fn survivors_ready(
         survivors.len()
     ));
     let info = gang_info(job, &all, transport.as_ref(), storage_env.to_vec());
-    let mut ignored = RunOutcome::of(EndReason::Succeeded);
-    let ended = before_run(
-        job,
-        &info,
-        transport.as_ref(),
-        cancel,
-        &mut ignored,
-        Some(kept),
-    )
-    .await?;
+    let t = transport.as_ref();
+    let ended = before_run(job, &info, t, cancel, outcome, Some(kept)).await?;
     Ok(match ended {
         Some(ended) => Err(ended),
         None => Ok(all),
