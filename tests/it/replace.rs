@@ -526,3 +526,64 @@ fn a_node_lost_during_setup_is_replaced_and_setup_runs_again_on_every_node() {
     assert_eq!(log.matches("setup on 4 node(s)").count(), 2, "{log}");
     assert!(!log.contains("setup kept on rank"), "{log}");
 }
+
+#[test]
+fn a_survivor_that_fails_after_a_replacement_stops_the_new_nodes_setup() {
+    let home = TestHome::new();
+    let task = gang_task(&home, None, 1, None);
+    // Run 0 turns every survivor-to-be's checkpoint directory into a file
+    // (rank 0 keeps its own: it writes the checkpoints), so that after
+    // the replacement no survivor but rank 0 can have its directory made
+    // again; and it makes the replacement's setup take 60 s.
+    let slow = home.path().join("slow");
+    let text = std::fs::read_to_string(&task)
+        .unwrap()
+        .replacen(
+            "setup: |\n",
+            &format!("setup: |\n  [ -e {s} ] && sleep 60\n", s = slow.display()),
+            1,
+        )
+        .replacen(
+            "run: |\n",
+            &format!(
+                "run: |\n  if [ \"$GANGWAY_RESTART_COUNT\" = 0 ]; then touch {s}; \
+                 [ \"$GANGWAY_NODE_RANK\" != 0 ] && rm -rf \"$GANGWAY_CHECKPOINT_DIR\" && \
+                 echo x > \"$GANGWAY_CHECKPOINT_DIR\"; fi\n",
+                s = slow.display()
+            ),
+            1,
+        );
+    std::fs::write(&task, text).unwrap();
+    let (_, out, err) = parts(&home.run([
+        "jobs",
+        "launch",
+        &task,
+        "-y",
+        "--wait",
+        "--env",
+        &home.marker_env(),
+    ]));
+    let job = managed(&home, 1);
+    let (_, events, _) = parts(&home.run(["jobs", "events", "1", "-o", "json"]));
+    let events = json_doc(&events)["events"].as_array().unwrap().clone();
+    let story = reasons(&events);
+    let (_, log, _) = parts(&home.run(["jobs", "logs", "1"]));
+    assert_eq!(job["state"], "FAILED_SETUP", "{job}\n{story}\n{out}\n{err}");
+    assert_eq!(job["nodes_replaced"], 1, "{story}");
+    // The survivor's failure is the reason, not the setup it stopped.
+    let detail = job["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("gangway_checkpoints"), "{detail}\n{log}");
+    assert!(log.contains("stopping every rank"), "{log}");
+    // The new node's 60 s setup was stopped, not waited for.
+    let at = |state: &str| {
+        events
+            .iter()
+            .rev()
+            .find(|e| e["state"] == state)
+            .and_then(|e| e["at"].as_i64())
+            .unwrap_or_else(|| panic!("no {state}: {story}"))
+    };
+    let took = at("FAILED_SETUP") - at("STARTING");
+    assert!(took < 20_000, "{took} ms after the replacement:\n{story}");
+    assert!(home.instance_records().is_empty(), "nothing left running");
+}
