@@ -340,7 +340,6 @@ pub fn unpack_from_command(
     mut cmd: std::process::Command,
     dest: &Path,
 ) -> Result<Skipped, CommandTarError> {
-    use std::io::BufRead;
     use std::process::Stdio;
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -356,14 +355,7 @@ pub fn unpack_from_command(
         let _ = stderr.read_to_end(&mut s);
         s
     });
-    let mut out = std::io::BufReader::new(stdout);
-    let staged = match out.fill_buf() {
-        Ok([]) => None,
-        Ok(_) => Some(Staged::unpack(&mut out, dest)),
-        Err(e) => Some(Err(e)),
-    };
-    // Whatever is left, so that the command can end.
-    let _ = std::io::copy(&mut out, &mut std::io::sink());
+    let staged = stage_stream(stdout, dest);
     let status = child.wait().map_err(CommandTarError::Spawn)?;
     let said = said.join().unwrap_or_default();
     if !status.success() {
@@ -378,6 +370,22 @@ pub fn unpack_from_command(
             .and_then(Staged::merge)
             .map_err(CommandTarError::Unpack),
     }
+}
+
+/// Unpacks `packed`, a node's tar stream or nothing (`tar -c` of a
+/// directory the node may not have), into a directory beside `dest` as it
+/// arrives, and reads it to its end so that its writer can finish: `None`
+/// when nothing came. Merge the answer only once the writer succeeded.
+pub fn stage_stream(packed: impl std::io::Read, dest: &Path) -> Option<std::io::Result<Staged>> {
+    use std::io::BufRead;
+    let mut out = std::io::BufReader::new(packed);
+    let staged = match out.fill_buf() {
+        Ok([]) => None,
+        Ok(_) => Some(Staged::unpack(&mut out, dest)),
+        Err(e) => Some(Err(e)),
+    };
+    let _ = std::io::copy(&mut out, &mut std::io::sink());
+    staged
 }
 
 /// Prefixes an error with `what`.

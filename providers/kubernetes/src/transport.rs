@@ -19,8 +19,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
 use gangway_provider::{
-    sh_quote, signal_token, unpack_merging, NodeCommand, NodeProcess, NodeRow, Transport,
-    TransportError, TOKEN_VAR,
+    sh_quote, signal_token, NodeCommand, NodeProcess, NodeRow, Transport, TransportError, TOKEN_VAR,
 };
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, AttachParams};
@@ -65,13 +64,55 @@ async fn read_some(
     }
 }
 
+/// What a command in a pod reads: bytes at hand, or a stream read as it
+/// is sent (a tar of a checkpoint larger than memory).
+pub(crate) enum Input {
+    Bytes(Vec<u8>),
+    Stream(Box<dyn std::io::Read + Send>),
+}
+
+/// Writes `input` to an exec's stdin, then closes it. A stream is read on
+/// the blocking pool, a few chunks ahead of the connection.
+async fn feed(input: Input, mut w: impl tokio::io::AsyncWrite + Unpin) {
+    match input {
+        Input::Bytes(data) => {
+            let _ = w.write_all(&data).await;
+        }
+        Input::Stream(mut r) => {
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+            let reading = tokio::task::spawn_blocking(move || loop {
+                let mut chunk = vec![0u8; 64 * 1024];
+                match r.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        chunk.truncate(n);
+                        if tx.blocking_send(chunk).is_err() {
+                            break;
+                        }
+                    }
+                }
+            });
+            while let Some(chunk) = rx.recv().await {
+                if w.write_all(&chunk).await.is_err() {
+                    break;
+                }
+            }
+            // A write that failed leaves the reader to stop at its next
+            // chunk (the channel is closed).
+            drop(rx);
+            let _ = reading.await;
+        }
+    }
+    let _ = w.shutdown().await;
+}
+
 /// Runs `command` in `pod`'s container with `stdin` (then closed), sending
 /// stdout and stderr to `out` as they come; the exit code.
 async fn exec_stream(
     api: &Api<Pod>,
     pod: &str,
     command: Vec<String>,
-    stdin: Option<Vec<u8>>,
+    stdin: Option<Input>,
     mut out: impl FnMut(bool, &[u8]) + Send,
 ) -> Result<i32, String> {
     let ap = AttachParams::default()
@@ -88,10 +129,7 @@ async fn exec_stream(
         .map_err(|e| gangway_provider::error_chain(&e))?;
     let status = p.take_status();
     let feeder = match (stdin, p.stdin()) {
-        (Some(data), Some(mut w)) => Some(tokio::spawn(async move {
-            let _ = w.write_all(&data).await;
-            let _ = w.shutdown().await;
-        })),
+        (Some(input), Some(w)) => Some(tokio::spawn(feed(input, w))),
         _ => None,
     };
     let mut so = p.stdout();
@@ -126,7 +164,7 @@ pub(crate) async fn exec_collect(
     api: &Api<Pod>,
     pod: &str,
     command: Vec<String>,
-    stdin: Option<Vec<u8>>,
+    stdin: Option<Input>,
 ) -> Result<Collected, String> {
     let mut stdout = Vec::new();
     let mut stderr = Vec::new();
@@ -192,7 +230,7 @@ impl ExecTransport {
         node: &NodeRow,
         what: &str,
         script: &str,
-        stdin: Option<Vec<u8>>,
+        stdin: Option<Input>,
     ) -> Result<Collected, TransportError> {
         let api = self.api(node);
         let pod = node.instance_id.clone();
@@ -315,9 +353,15 @@ impl Transport for ExecTransport {
         rt::spawn(async move {
             let r = async {
                 let api = api.await?;
-                exec_stream(&api, &pod, command, Some(body.into_bytes()), |_, b| {
-                    let _ = tx.send(b.to_vec());
-                })
+                exec_stream(
+                    &api,
+                    &pod,
+                    command,
+                    Some(Input::Bytes(body.into_bytes())),
+                    |_, b| {
+                        let _ = tx.send(b.to_vec());
+                    },
+                )
                 .await
             }
             .await;
@@ -375,22 +419,6 @@ impl Transport for ExecTransport {
                 .unwrap_or_default();
             (parent.to_path_buf(), file)
         };
-        let tar = std::process::Command::new("tar")
-            .arg("-C")
-            .arg(&dir)
-            .arg("-cf")
-            .arg("-")
-            .arg(&name)
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| fail(node, format!("cannot pack {}", local.display()), e))?;
-        if !tar.status.success() {
-            return Err(fail(
-                node,
-                format!("cannot pack {}", local.display()),
-                std::io::Error::other(String::from_utf8_lossy(&tar.stderr).trim().to_string()),
-            ));
-        }
         let script = if local.is_dir() {
             format!("mkdir -p {d} && tar -C {d} -xf -", d = sh_quote(&dest))
         } else {
@@ -402,13 +430,49 @@ impl Transport for ExecTransport {
                 d = sh_quote(&dest)
             )
         };
-        self.run(
+        // The tar streams into the pod as it is made: a restored
+        // checkpoint can be larger than this machine's memory.
+        let packing = || format!("cannot pack {}", local.display());
+        let mut tar = std::process::Command::new("tar")
+            .arg("-C")
+            .arg(&dir)
+            .arg("-cf")
+            .arg("-")
+            .arg(&name)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| fail(node, packing(), e))?;
+        let (Some(packed), Some(mut said)) = (tar.stdout.take(), tar.stderr.take()) else {
+            let _ = tar.kill();
+            let _ = tar.wait();
+            return Err(fail(node, packing(), std::io::Error::other("no pipes")));
+        };
+        let complaint = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = std::io::Read::read_to_string(&mut said, &mut s);
+            s
+        });
+        let sent = self.run(
             node,
             &format!("upload {} to {dest}", local.display()),
             &script,
-            Some(tar.stdout),
-        )
-        .map(|_| ())
+            Some(Input::Stream(Box::new(packed))),
+        );
+        let packed = tar.wait();
+        let complaint = complaint.join().unwrap_or_default();
+        match packed {
+            Ok(status) if status.success() => sent.map(|_| ()),
+            // What the pod said of a stream that broke off is the tar's
+            // failure: say that one.
+            Ok(_) => Err(fail(
+                node,
+                packing(),
+                std::io::Error::other(complaint.trim().to_string()),
+            )),
+            Err(e) => Err(fail(node, packing(), e)),
+        }
     }
 
     fn node_path(&self, node: &NodeRow, path: &str) -> String {
@@ -441,22 +505,60 @@ impl Transport for ExecTransport {
         path: &str,
         dest: &Path,
     ) -> Result<gangway_provider::Skipped, TransportError> {
-        let packed = self
-            .run(
+        // Unpacked as it arrives (a checkpoint can be larger than this
+        // machine's memory), beside `dest`, and merged only once the pod's
+        // tar exited 0.
+        let copying = || format!("cannot copy {path} to {}", dest.display());
+        let (reader, mut writer) = std::io::pipe().map_err(|e| fail(node, copying(), e))?;
+        let into = dest.to_path_buf();
+        let unpacking =
+            std::thread::spawn(move || gangway_provider::tree::stage_stream(reader, &into));
+        let api = self.api(node);
+        let pod = node.instance_id.clone();
+        let script = format!(
+            "if [ -d {p} ]; then tar -C {p} -cf - .; fi",
+            p = sh_quote(path)
+        );
+        let command = vec!["/bin/sh".to_string(), "-c".to_string(), script];
+        let got = rt::block(async move {
+            let api = api.await?;
+            let mut stderr = Vec::new();
+            let mut open = true;
+            let code = exec_stream(&api, &pod, command, None, |err, b| {
+                if err {
+                    stderr.extend_from_slice(b);
+                } else if open {
+                    // The unpacker reads beside this; a write that fails
+                    // (it gave up) drops the rest.
+                    open = std::io::Write::write_all(&mut writer, b).is_ok();
+                }
+            })
+            .await;
+            drop(writer);
+            code.map(|c| (c, stderr))
+        })
+        .and_then(|r| r);
+        let staged = unpacking
+            .join()
+            .unwrap_or_else(|_| Some(Err(std::io::Error::other("the unpacking thread panicked"))));
+        let what = format!("download {path}");
+        match got {
+            Ok((0, _)) => match staged {
+                None => Ok(Vec::new()),
+                Some(s) => s
+                    .and_then(gangway_provider::tree::Staged::merge)
+                    .map_err(|e| fail(node, copying(), e)),
+            },
+            Ok((code, stderr)) => Err(fail(
                 node,
-                &format!("download {path}"),
-                &format!(
-                    "if [ -d {p} ]; then tar -C {p} -cf - .; fi",
-                    p = sh_quote(path)
-                ),
-                None,
-            )?
-            .stdout;
-        if packed.is_empty() {
-            return Ok(Vec::new());
+                what,
+                std::io::Error::other(format!(
+                    "exit {code}: {}",
+                    String::from_utf8_lossy(&stderr).trim()
+                )),
+            )),
+            Err(e) => Err(fail(node, what, std::io::Error::other(e))),
         }
-        unpack_merging(packed.as_slice(), dest)
-            .map_err(|e| fail(node, format!("cannot copy {path} to {}", dest.display()), e))
     }
 
     fn write_file(&self, node: &NodeRow, path: &str, data: &[u8]) -> Result<(), TransportError> {
@@ -464,7 +566,7 @@ impl Transport for ExecTransport {
             node,
             &format!("write {path}"),
             &format!("cat > {p}.tmp && mv -f {p}.tmp {p}", p = sh_quote(path)),
-            Some(data.to_vec()),
+            Some(Input::Bytes(data.to_vec())),
         )
         .map(|_| ())
     }
