@@ -3,13 +3,11 @@
 //! the new pod of a gang that lost one prefers the survivors' topology
 //! domain. Without the harness the test says `SKIPPED k8s: why`.
 
-use std::collections::BTreeSet;
-use std::time::Duration;
+mod common;
 
-use gangway_kubernetes::config::Config;
-use gangway_kubernetes::KubernetesProvider;
-use gangway_provider::{ClusterName, InstanceId, LaunchRequest, NodeState, Provider};
-use gangway_test::contract::{self, placement};
+use std::collections::BTreeSet;
+
+use gangway_provider::{ClusterName, InstanceId, NodeState, Provider};
 use gangway_test::k8s::{K8sHarness, NodeSpec};
 use gangway_test::skip;
 
@@ -42,24 +40,9 @@ async fn a_replacement_pod_prefers_the_survivors_topology_block() {
     let Some(k8s) = skip::gate("k8s", K8sHarness::try_start(&nodes)) else {
         return;
     };
-    let cfg = Config {
-        kubeconfig: Some(k8s.kubeconfig().to_path_buf()),
-        launch_timeout: Duration::from_secs(30),
-        ..Config::default()
-    };
-    let p = KubernetesProvider::new(cfg, OWNER, "replace").with_progress(Box::new(|_| {}));
+    let p = common::provider(&k8s, OWNER, "replace");
     let c = ClusterName("prefer".into());
-    let req = LaunchRequest {
-        accelerator: Some(("A100".into(), 1.0)),
-        ..contract::request(
-            &c,
-            2,
-            "prefer-1",
-            OWNER,
-            placement("kubernetes", "harness", "default"),
-            "A100x1-0.5c-1g",
-        )
-    };
+    let req = common::a100_gang(&c, 2, OWNER);
     let b2 = ["node-3", "node-4", "node-5"];
     for n in b2 {
         k8s.kubectl(&["cordon", n]).expect("cordon");

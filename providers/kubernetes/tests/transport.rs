@@ -5,14 +5,12 @@
 //! the controller's memory). Without the harness the test says
 //! `SKIPPED k8s: why`.
 
+mod common;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use gangway_kubernetes::config::Config;
-use gangway_kubernetes::KubernetesProvider;
-use gangway_provider::{ClusterName, LaunchRequest, NodeRow, Provider};
-use gangway_test::contract::{self, placement};
+use gangway_provider::{ClusterName, NodeRow, Provider};
 use gangway_test::k8s::{K8sHarness, NodeSpec};
 use gangway_test::skip;
 
@@ -56,24 +54,9 @@ async fn a_tree_goes_into_a_pod_and_back_as_streams_not_in_memory() {
     let Some(k8s) = skip::gate("k8s", K8sHarness::try_start(&nodes)) else {
         return;
     };
-    let cfg = Config {
-        kubeconfig: Some(k8s.kubeconfig().to_path_buf()),
-        launch_timeout: Duration::from_secs(30),
-        ..Config::default()
-    };
-    let p = KubernetesProvider::new(cfg, OWNER, "files").with_progress(Box::new(|_| {}));
+    let p = common::provider(&k8s, OWNER, "files");
     let c = ClusterName("files".into());
-    let req = LaunchRequest {
-        accelerator: Some(("A100".into(), 1.0)),
-        ..contract::request(
-            &c,
-            1,
-            "files-1",
-            OWNER,
-            placement("kubernetes", "harness", "default"),
-            "A100x1-0.5c-1g",
-        )
-    };
+    let req = common::a100_gang(&c, 1, OWNER);
     let launched = p.launch(&req).await.expect("launch");
     let node = &launched[0];
     let row = NodeRow {
