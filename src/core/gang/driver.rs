@@ -232,6 +232,7 @@ pub(crate) async fn drive(
         spec: &spec,
         secrets: &secrets,
         logs: &logs,
+        began: std::time::Instant::now(),
     };
     let (status, detail) = run_job(&run, &mut cancel, &mut outcome).await?;
     record_end(store, &job, status, detail.as_deref(), &mut outcome, &logs)?;
@@ -314,6 +315,8 @@ struct Job<'a> {
     spec: &'a JobSpec,
     secrets: &'a [(String, String)],
     logs: &'a Logs,
+    /// When its driver started, for the step times in `driver.log`.
+    began: std::time::Instant,
 }
 
 /// Runs the job once it is its turn on the cluster: reaches its nodes,
@@ -367,8 +370,8 @@ async fn run_job(
 
 /// Logs how long the job's driver took to get to `what`, for
 /// `RUST_LOG=gangway=debug` (driver.log).
-fn step(job: &Job<'_>, began: std::time::Instant, what: &str) {
-    tracing::debug!("job {}: {what} at {:?}", job.id, began.elapsed());
+fn step(job: &Job<'_>, what: &str) {
+    tracing::debug!("job {}: {what} at {:?}", job.id, job.began.elapsed());
 }
 
 /// Everything before the run, on every node: reached, files placed, the
@@ -388,7 +391,6 @@ async fn prepare(
     cancel: &mut tokio::sync::watch::Receiver<Cancel>,
     outcome: &mut RunOutcome,
 ) -> Result<Result<Vec<NodeRow>, Ended>, DriveError> {
-    let began = std::time::Instant::now();
     let kept: Vec<bool> = nodes
         .iter()
         .map(|n| n.extra.contains_key(super::SURVIVOR_FACT))
@@ -400,7 +402,6 @@ async fn prepare(
     }
     step(
         job,
-        began,
         if split {
             "new nodes reached, files placed"
         } else {
@@ -413,12 +414,28 @@ async fn prepare(
         if let Some(ended) = before_run(job, &info, t, cancel, outcome, None).await? {
             return Ok(Err(ended));
         }
-        step(job, began, "storage and setup done");
+        step(job, "storage and setup done");
         return Ok(Ok(nodes));
     }
-    // Beside the new nodes' setup: the survivors. Each side has a cancel
-    // channel of its own: a cancel reaches both, and the side that fails
-    // first stops the other and says why the job ended.
+    beside_survivors(job, nodes, transport, storage_env, &kept, cancel, outcome).await
+}
+
+/// The new nodes' storage step and setup, and beside them the survivors
+/// made ready ([`survivors_ready`]), after a replacement (`kept[r]`: rank
+/// `r` survived). Each side has a cancel channel of its own: a cancel
+/// reaches both, and the side that fails first stops the other and says
+/// why the job ended. The nodes as reached, or how the job ended.
+async fn beside_survivors(
+    job: &Job<'_>,
+    mut nodes: Vec<NodeRow>,
+    transport: &Arc<dyn Transport>,
+    storage_env: &[(String, String)],
+    kept: &[bool],
+    cancel: &mut tokio::sync::watch::Receiver<Cancel>,
+    outcome: &mut RunOutcome,
+) -> Result<Result<Vec<NodeRow>, Ended>, DriveError> {
+    let (t, new): (&dyn Transport, Vec<bool>) =
+        (transport.as_ref(), kept.iter().map(|k| !k).collect());
     let (stop_new, mut new_cancel) = tokio::sync::watch::channel(*cancel.borrow());
     let (stop_old, mut old_cancel) = tokio::sync::watch::channel(*cancel.borrow());
     let mut old_outcome = RunOutcome::of(EndReason::Succeeded);
@@ -426,16 +443,16 @@ async fn prepare(
     let mut survived = None;
     {
         let info = gang_info(job, &nodes, t, storage_env.to_vec());
-        let new_side = before_run(job, &info, t, &mut new_cancel, outcome, Some(&first));
+        let new_side = before_run(job, &info, t, &mut new_cancel, outcome, Some(&new));
         let (old, o) = (&mut old_cancel, &mut old_outcome);
-        let old_side = survivors_ready(job, &nodes, transport, storage_env, &kept, old, o);
+        let old_side = survivors_ready(job, &nodes, transport, storage_env, kept, old, o);
         tokio::pin!(new_side, old_side);
         let (mut new_done, mut old_done) = (false, false);
         while !new_done || !old_done {
             tokio::select! {
                 r = &mut new_side, if !new_done => {
                     new_done = true;
-                    step(job, began, "the new nodes' storage and setup done");
+                    step(job, "the new nodes' storage and setup done");
                     if let Some(ended) = r? {
                         cause.get_or_insert((ended, false));
                         let _ = stop_old.send(Cancel::Graceful);
@@ -443,7 +460,7 @@ async fn prepare(
                 }
                 r = &mut old_side, if !old_done => {
                     old_done = true;
-                    step(job, began, "survivors reached, checkpoint rolled back");
+                    step(job, "survivors reached, checkpoint rolled back");
                     match r? {
                         Ok(rows) => survived = Some(rows),
                         Err(ended) => {
@@ -472,7 +489,7 @@ async fn prepare(
             "the survivors' preparation ended without an answer".into(),
         ));
     };
-    for ((n, s), k) in nodes.iter_mut().zip(survived).zip(&kept) {
+    for ((n, s), k) in nodes.iter_mut().zip(survived).zip(kept) {
         if *k {
             *n = s;
         }
@@ -841,7 +858,7 @@ async fn phase(
     if g.end.is_none() && which == Phase::Run {
         // Every rank was started; record it (the run's clock starts here).
         store.set_job_status(info.job_id, JobStatus::Running, None)?;
-        tracing::debug!("job {}: every rank started", info.job_id);
+        step(job, "every rank started");
         logs.say(&format!("all {} rank(s) running", g.nodes.len()));
     }
     if g.end.is_some() {
