@@ -464,8 +464,16 @@ impl Transport for ExecTransport {
         let complaint = complaint.join().unwrap_or_default();
         match packed {
             Ok(status) if status.success() => sent.map(|_| ()),
-            // What the pod said of a stream that broke off is the tar's
-            // failure: say that one.
+            // The pod stopped reading (its command failed): its error is
+            // the cause.
+            Ok(status)
+                if std::os::unix::process::ExitStatusExt::signal(&status)
+                    == Some(libc::SIGPIPE) =>
+            {
+                sent.map(|_| ())
+            }
+            // The tar failed on its own (a file it could not read): what
+            // the pod said of a stream that broke off is its effect.
             Ok(_) => Err(fail(
                 node,
                 packing(),
