@@ -1534,3 +1534,69 @@ fn replacement_cannot_run(k8s: &K8sHarness, kueue: bool) {
     }
     assert_no_marker_procs(&home.marker, "the managed job ended");
 }
+
+/// A spot node reclaimed while a managed gang's setup runs (`kubectl
+/// delete pod --force` on rank 1's pod, 2 s into a setup that would take
+/// 120 s): the driver's exec to that pod breaks and setup fails there.
+/// That is a loss to recover, not a failed setup: the provider reports the
+/// pod gone, it is replaced, setup runs again on both pods (neither had
+/// finished it), and the job succeeds.
+#[test]
+fn a_managed_gang_that_loses_a_pod_during_setup_is_recovered_not_failed() {
+    let Some(k8s) = start(&gpu_nodes(3, 1)) else {
+        return;
+    };
+    let home = TestHome::new();
+    configure(&home, &k8s, "60s");
+    let flags = home.path().join("flags");
+    std::fs::create_dir_all(&flags).unwrap();
+    let t = home.file(
+        "setup-loss.yaml",
+        &format!(
+            "num_nodes: 2\nresources:\n  infra: k8s/harness\n  accelerators: A100:1\n\
+             envs:\n  {}: {}\n  FLAGS: {}\n\
+             setup: |\n  echo \"setup ran on $HOSTNAME\"\n  \
+             echo \"$HOSTNAME\" > \"$FLAGS/setup$SKYPILOT_SETUP_NODE_RANK\"\n  \
+             [ -e \"$FLAGS/lost\" ] || sleep 120\n\
+             run: echo \"rank $NODE_RANK ran in run $GANGWAY_RESTART_COUNT\"\n",
+            crate::common::MARKER_ENV,
+            home.marker,
+            flags.display()
+        ),
+    );
+    let launch = home.spawn(["jobs", "launch", &t, "-y"]);
+    crate::common::wait_for(
+        "setup to start on both pods",
+        crate::common::DEADLINE,
+        || {
+            std::fs::read_to_string(flags.join("setup0"))
+                .and_then(|_| std::fs::read_to_string(flags.join("setup1")))
+                .map_err(|e| format!("{e}; launch says: {}", launch.stdout_now()))
+        },
+    );
+    let lost = std::fs::read_to_string(flags.join("setup1")).unwrap();
+    let lost = lost.trim();
+    std::fs::write(flags.join("lost"), "").unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    k8s.kubectl(&["delete", "pod", lost, "--grace-period=0", "--force"])
+        .expect("kubectl delete pod");
+    let (code, out, err) = parts(&launch.wait());
+    let (_, ev, _) = parts(&home.run(["jobs", "events", "1"]));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}\nevents:\n{ev}");
+    assert!(ev.contains("setup runs again"), "{ev}");
+    let (_, q, _) = parts(&home.run(["jobs", "queue", "-o", "json"]));
+    let j = crate::common::json_doc(&q)["jobs"][0].clone();
+    assert_eq!(j["state"], "SUCCEEDED", "{j}");
+    assert_eq!(
+        (&j["preemptions"], &j["nodes_replaced"]),
+        (&1.into(), &1.into()),
+        "{j}"
+    );
+    let (_, log, _) = parts(&home.run(["jobs", "logs", "1"]));
+    assert_eq!(log.matches("setup on 2 node(s)").count(), 2, "{log}");
+    for r in 0..2 {
+        assert!(log.contains(&format!("rank {r} ran in run 1")), "{log}");
+    }
+    assert_nothing_left(&k8s, "the managed job ended");
+    assert_no_marker_procs(&home.marker, "the managed job ended");
+}
