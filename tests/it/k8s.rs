@@ -455,6 +455,18 @@ fn a_kubeconfig_alone_offers_its_clusters_only_to_tasks_that_name_k8s() {
     assert!(clouds(&[]).contains("kubernetes"));
 }
 
+/// The harness with three one-A100 nodes, a home configured for it (60 s
+/// to launch) and an empty directory `dir` in that home, for the ranks'
+/// files; `None` (said) without the harness.
+fn three_nodes_and(dir: &str) -> Option<(K8sHarness, TestHome, std::path::PathBuf)> {
+    let k8s = start(&gpu_nodes(3, 1))?;
+    let home = TestHome::new();
+    configure(&home, &k8s, "60s");
+    let path = home.path().join(dir);
+    std::fs::create_dir_all(&path).unwrap();
+    Some((k8s, home, path))
+}
+
 /// A managed gang of 2 one-GPU pods (`recovery`: its `job_recovery`
 /// lines under `resources:`, or none). Setup says which pod it ran on.
 /// Run 0: rank 0 checkpoints step 7; each rank, once a sync that began
@@ -578,13 +590,9 @@ fn assert_replaced_only(
 /// job resumes from the kept checkpoint on both.
 #[test]
 fn a_managed_gang_that_loses_one_pods_node_replaces_only_it() {
-    let Some(k8s) = start(&gpu_nodes(3, 1)) else {
+    let Some((k8s, home, flags)) = three_nodes_and("flags") else {
         return;
     };
-    let home = TestHome::new();
-    configure(&home, &k8s, "60s");
-    let flags = home.path().join("flags");
-    std::fs::create_dir_all(&flags).unwrap();
     let t = managed_gang(&home, &flags, "");
     let launch = home.spawn(["jobs", "launch", &t, "-y"]);
     let [(survivor, _), (lost, lost_node)] = run0_placed(&flags, &launch);
@@ -627,13 +635,9 @@ fn a_managed_gang_that_loses_one_pods_node_replaces_only_it() {
 /// noticed step and finish.
 #[test]
 fn a_managed_gang_told_of_one_nodes_disruption_replaces_its_pod_and_loses_no_step() {
-    let Some(k8s) = start(&gpu_nodes(3, 1)) else {
+    let Some((k8s, home, dir)) = three_nodes_and("progress") else {
         return;
     };
-    let home = TestHome::new();
-    configure(&home, &k8s, "60s");
-    let dir = home.path().join("progress");
-    std::fs::create_dir_all(&dir).unwrap();
     let t = home.file(
         "trainer.yaml",
         &format!(
@@ -745,13 +749,9 @@ fn a_managed_gang_told_of_one_nodes_disruption_replaces_its_pod_and_loses_no_ste
 /// step 7 restored in both.
 #[test]
 fn a_whole_gang_strategy_recovers_a_managed_job_from_its_checkpoint_after_kubectl_delete_node() {
-    let Some(k8s) = start(&gpu_nodes(3, 1)) else {
+    let Some((k8s, home, flags)) = three_nodes_and("flags") else {
         return;
     };
-    let home = TestHome::new();
-    configure(&home, &k8s, "60s");
-    let flags = home.path().join("flags");
-    std::fs::create_dir_all(&flags).unwrap();
     let t = managed_gang(
         &home,
         &flags,
@@ -1543,13 +1543,9 @@ fn replacement_cannot_run(k8s: &K8sHarness, kueue: bool) {
 /// finished it), and the job succeeds.
 #[test]
 fn a_managed_gang_that_loses_a_pod_during_setup_is_recovered_not_failed() {
-    let Some(k8s) = start(&gpu_nodes(3, 1)) else {
+    let Some((k8s, home, flags)) = three_nodes_and("flags") else {
         return;
     };
-    let home = TestHome::new();
-    configure(&home, &k8s, "60s");
-    let flags = home.path().join("flags");
-    std::fs::create_dir_all(&flags).unwrap();
     let t = home.file(
         "setup-loss.yaml",
         &format!(

@@ -417,35 +417,48 @@ async fn prepare(
         step(job, "storage and setup done");
         return Ok(Ok(nodes));
     }
-    beside_survivors(job, nodes, transport, storage_env, &kept, cancel, outcome).await
+    let split = Split {
+        transport,
+        storage_env,
+        kept: &kept,
+    };
+    beside_survivors(job, nodes, &split, cancel, outcome).await
+}
+
+/// What both sides of a replacement's start use: the transport, the
+/// storage step's credentials, and which ranks survived (`kept[r]`).
+struct Split<'a> {
+    transport: &'a Arc<dyn Transport>,
+    storage_env: &'a [(String, String)],
+    kept: &'a [bool],
 }
 
 /// The new nodes' storage step and setup, and beside them the survivors
-/// made ready ([`survivors_ready`]), after a replacement (`kept[r]`: rank
-/// `r` survived). Each side has a cancel channel of its own: a cancel
-/// reaches both, and the side that fails first stops the other and says
-/// why the job ended. The nodes as reached, or how the job ended.
+/// made ready ([`survivors_ready`]), after a replacement. Each side has a
+/// cancel channel of its own: a cancel reaches both, and the side that
+/// fails first stops the other and says why the job ended. The nodes as
+/// reached, or how the job ended.
 async fn beside_survivors(
     job: &Job<'_>,
     mut nodes: Vec<NodeRow>,
-    transport: &Arc<dyn Transport>,
-    storage_env: &[(String, String)],
-    kept: &[bool],
+    split: &Split<'_>,
     cancel: &mut tokio::sync::watch::Receiver<Cancel>,
     outcome: &mut RunOutcome,
 ) -> Result<Result<Vec<NodeRow>, Ended>, DriveError> {
-    let (t, new): (&dyn Transport, Vec<bool>) =
-        (transport.as_ref(), kept.iter().map(|k| !k).collect());
+    let (t, new): (&dyn Transport, Vec<bool>) = (
+        split.transport.as_ref(),
+        split.kept.iter().map(|k| !k).collect(),
+    );
     let (stop_new, mut new_cancel) = tokio::sync::watch::channel(*cancel.borrow());
     let (stop_old, mut old_cancel) = tokio::sync::watch::channel(*cancel.borrow());
     let mut old_outcome = RunOutcome::of(EndReason::Succeeded);
     let mut cause: Option<(Ended, bool)> = None;
     let mut survived = None;
     {
-        let info = gang_info(job, &nodes, t, storage_env.to_vec());
+        let info = gang_info(job, &nodes, t, split.storage_env.to_vec());
         let new_side = before_run(job, &info, t, &mut new_cancel, outcome, Some(&new));
         let (old, o) = (&mut old_cancel, &mut old_outcome);
-        let old_side = survivors_ready(job, &nodes, transport, storage_env, kept, old, o);
+        let old_side = survivors_ready(job, &nodes, split, old, o);
         tokio::pin!(new_side, old_side);
         let (mut new_done, mut old_done) = (false, false);
         while !new_done || !old_done {
@@ -489,7 +502,7 @@ async fn beside_survivors(
             "the survivors' preparation ended without an answer".into(),
         ));
     };
-    for ((n, s), k) in nodes.iter_mut().zip(survived).zip(kept) {
+    for ((n, s), k) in nodes.iter_mut().zip(survived).zip(split.kept) {
         if *k {
             *n = s;
         }
@@ -504,12 +517,11 @@ async fn beside_survivors(
 async fn survivors_ready(
     job: &Job<'_>,
     nodes: &[NodeRow],
-    transport: &Arc<dyn Transport>,
-    storage_env: &[(String, String)],
-    kept: &[bool],
+    split: &Split<'_>,
     cancel: &mut tokio::sync::watch::Receiver<Cancel>,
     outcome: &mut RunOutcome,
 ) -> Result<Result<Vec<NodeRow>, Ended>, DriveError> {
+    let (transport, storage_env, kept) = (split.transport, split.storage_env, split.kept);
     let survivors: Vec<NodeRow> = only(nodes, kept);
     // A survivor that is gone keeps its connection retrying until the
     // transport's deadline: a cancel (the new nodes' setup failed, the
