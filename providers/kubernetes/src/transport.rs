@@ -242,18 +242,20 @@ impl ExecTransport {
         .and_then(|r| r);
         match got {
             Ok(c) if c.code == 0 => Ok(c),
-            Ok(c) => Err(fail(
-                node,
-                what,
-                std::io::Error::other(format!(
-                    "exit {}: {}",
-                    c.code,
-                    String::from_utf8_lossy(&c.stderr).trim()
-                )),
-            )),
+            Ok(c) => Err(exited(node, what, c.code, &c.stderr)),
             Err(e) => Err(fail(node, what, std::io::Error::other(e))),
         }
     }
+}
+
+/// A command in the pod that exited `code`, with what it said on stderr.
+fn exited(node: &NodeRow, what: impl Into<String>, code: i32, stderr: &[u8]) -> TransportError {
+    let said = String::from_utf8_lossy(stderr);
+    fail(
+        node,
+        what,
+        std::io::Error::other(format!("exit {code}: {}", said.trim())),
+    )
 }
 
 fn fail(node: &NodeRow, what: impl Into<String>, source: std::io::Error) -> TransportError {
@@ -557,14 +559,7 @@ impl Transport for ExecTransport {
                     .and_then(gangway_provider::tree::Staged::merge)
                     .map_err(|e| fail(node, copying(), e)),
             },
-            Ok((code, stderr)) => Err(fail(
-                node,
-                what,
-                std::io::Error::other(format!(
-                    "exit {code}: {}",
-                    String::from_utf8_lossy(&stderr).trim()
-                )),
-            )),
+            Ok((code, stderr)) => Err(exited(node, what, code, &stderr)),
             Err(e) => Err(fail(node, what, std::io::Error::other(e))),
         }
     }

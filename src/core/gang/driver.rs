@@ -385,21 +385,22 @@ fn step(job: &Job<'_>, what: &str) {
 /// that fails there stops the new nodes' setup.
 async fn prepare(
     job: &Job<'_>,
-    mut nodes: Vec<NodeRow>,
+    nodes: Vec<NodeRow>,
     transport: &Arc<dyn Transport>,
     storage_env: &[(String, String)],
     cancel: &mut tokio::sync::watch::Receiver<Cancel>,
     outcome: &mut RunOutcome,
 ) -> Result<Result<Vec<NodeRow>, Ended>, DriveError> {
-    let kept: Vec<bool> = nodes
-        .iter()
-        .map(|n| n.extra.contains_key(super::SURVIVOR_FACT))
-        .collect();
+    let kept: Vec<bool> = nodes.iter().map(super::survivor).collect();
     let split = kept.contains(&true) && kept.contains(&false);
     let first: Vec<bool> = kept.iter().map(|k| !split || !k).collect();
-    if let Err(why) = reach_and_place(job, &mut nodes, transport.as_ref(), &first).await {
-        return Ok(Err((JobStatus::FailedSetup, Some(why))));
+    if let Err(e) = transport.connect(&only(&nodes, &first)).await {
+        return Ok(Err((JobStatus::FailedSetup, Some(e.to_string()))));
     }
+    let nodes = match place_off_thread(job, nodes, transport, &first).await? {
+        Ok(nodes) => nodes,
+        Err(why) => return Ok(Err((JobStatus::FailedSetup, Some(why)))),
+    };
     step(
         job,
         if split {
@@ -537,17 +538,7 @@ async fn survivors_ready(
             return Ok(Err((JobStatus::Cancelled, Some(why.into()))));
         }
     }
-    let (spec, t, kept_too) = (job.spec.clone(), Arc::clone(transport), kept.to_vec());
-    let mut all: Vec<NodeRow> = nodes.to_vec();
-    let placed = tokio::task::spawn_blocking(move || {
-        files::discover_and_place(&spec, &mut all, t.as_ref(), &kept_too).map(|()| all)
-    })
-    .await
-    .map_err(|e| DriveError::Other(format!("placing the survivors' files: {e}")))?;
-    for note in transport.take_notes() {
-        job.logs.say(&note);
-    }
-    let all = match placed {
+    let all = match place_off_thread(job, nodes.to_vec(), transport, kept).await? {
         Ok(all) => all,
         Err(why) => return Ok(Err((JobStatus::FailedSetup, Some(why)))),
     };
@@ -575,23 +566,26 @@ fn only(nodes: &[NodeRow], mask: &[bool]) -> Vec<NodeRow> {
         .collect()
 }
 
-/// Reaches the nodes of rank `r` with `mask[r]` and places their files
-/// (see [`files::discover_and_place`]); why not, if it could not.
-async fn reach_and_place(
+/// Places the files of the nodes of rank `r` with `mask[r]`, once they
+/// are reached ([`files::discover_and_place`]), on the blocking pool: it
+/// waits on a transport's processes, and the other side of a replacement's
+/// start runs beside it. The nodes back, or why not.
+async fn place_off_thread(
     job: &Job<'_>,
-    nodes: &mut [NodeRow],
-    transport: &dyn Transport,
+    mut nodes: Vec<NodeRow>,
+    transport: &Arc<dyn Transport>,
     mask: &[bool],
-) -> Result<(), String> {
-    transport
-        .connect(&only(nodes, mask))
-        .await
-        .map_err(|e| e.to_string())?;
-    let placed = files::discover_and_place(job.spec, nodes, transport, mask);
+) -> Result<Result<Vec<NodeRow>, String>, DriveError> {
+    let (spec, t, mask) = (job.spec.clone(), Arc::clone(transport), mask.to_vec());
+    let placed = tokio::task::spawn_blocking(move || {
+        files::discover_and_place(&spec, &mut nodes, t.as_ref(), &mask).map(|()| nodes)
+    })
+    .await
+    .map_err(|e| DriveError::Other(format!("placing the nodes' files: {e}")))?;
     for note in transport.take_notes() {
         job.logs.say(&note);
     }
-    placed
+    Ok(placed)
 }
 
 /// Jobs on one cluster run one at a time, in submission order: waits for
@@ -765,7 +759,7 @@ async fn before_run(
     outcome: &mut RunOutcome,
     only: Option<&[bool]>,
 ) -> Result<Option<Ended>, DriveError> {
-    let survivor = |n: &NodeRow| n.extra.contains_key(super::SURVIVOR_FACT);
+    let survivor = super::survivor;
     let scoped: Vec<&NodeRow> = (info.nodes.iter().enumerate())
         .filter(|(r, _)| only.is_none_or(|o| o[*r]))
         .map(|(_, n)| n)
@@ -987,7 +981,7 @@ impl<'a> Ranks<'a> {
         let mut set: RankWait = JoinSet::new();
         let mut pumps = Vec::new();
         for (rank, node) in self.nodes.iter().enumerate() {
-            if self.which == Phase::Setup && node.extra.contains_key(super::SURVIVOR_FACT) {
+            if self.which == Phase::Setup && super::survivor(node) {
                 // Its setup ran before the loss it survived.
                 self.ends[rank] = Some(RankEnd::Exited { code: 0 });
                 self.setup_done += 1;

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use super::{JobSpec, Transport, TransportError, DEFAULT_CHECKPOINT_DIR, SURVIVOR_FACT};
+use super::{survivor, JobSpec, Transport, TransportError, DEFAULT_CHECKPOINT_DIR};
 use crate::core::state::NodeRow;
 
 /// How many nodes have their files placed at once: each placement is a
@@ -96,7 +96,7 @@ fn place_on(
     transport: &dyn Transport,
     checkpoint_dir_on_node: &str,
 ) -> Result<(), String> {
-    let survivor = n.extra.contains_key(SURVIVOR_FACT);
+    let survivor = survivor(n);
     if survivor {
         // A survivor resumes from the kept checkpoint as the new nodes
         // do: whatever it wrote after that checkpoint goes.

@@ -33,6 +33,11 @@ pub(crate) const DEFAULT_CHECKPOINT_DIR: &str = "~/gangway_checkpoints";
 /// checkpoint before the run resumes, like the new nodes'.
 pub(crate) const SURVIVOR_FACT: &str = "gang.survivor";
 
+/// Whether `n` carries [`SURVIVOR_FACT`].
+pub(crate) fn survivor(n: &NodeRow) -> bool {
+    n.extra.contains_key(SURVIVOR_FACT)
+}
+
 /// What a job runs, as stored with it. Never holds secret values: those go
 /// to the driver over a pipe and only into the nodes' environments.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
